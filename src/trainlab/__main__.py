@@ -1,0 +1,3 @@
+from trainlab.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Telemetry: environment capture, TensorBoard, GPU sampler, progress, run directory."""

@@ -1,0 +1,74 @@
+"""What a result needs to be reproduced from its log alone: versions, hardware, nvidia-smi."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import torch
+
+
+def _version(pkg: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return None
+
+
+def nvidia_smi_snapshot(timeout: float = 10.0) -> str | None:
+    """The text of `nvidia-smi` (replaces the handout's screenshot), or None without a GPU driver."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        return subprocess.run([exe], capture_output=True, text=True, timeout=timeout).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def collect_env(device: torch.device | str | None = None) -> dict:
+    from trainlab import __version__
+    from trainlab.device import device_name
+
+    info = {
+        "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "trainlab": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "numpy": _version("numpy"),
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "tensorboard": _version("tensorboard"),
+        "cpu": device_name("cpu"),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "device": str(device) if device is not None else None,
+        "nvidia_smi": nvidia_smi_snapshot() if torch.cuda.is_available() else None,
+    }
+    return info
+
+
+def format_header(config: dict, env: dict) -> str:
+    """The block every log starts with: resolved config, versions and hardware."""
+    lines = ["== trainlab " + str(env.get("trainlab")) + " ==",
+             f"python {env['python']}  torch {env['torch']}  cuda {env['torch_cuda']}  triton {env['triton']}",
+             f"cpu: {env['cpu']} ({env['cpu_count']} cores, {env['torch_threads']} torch threads)",
+             "gpus: " + (", ".join(env["gpus"]) if env["gpus"] else "none"),
+             f"device: {env['device']}",
+             "config:"]
+    width = max((len(k) for k in config), default=0)
+    for k, v in config.items():
+        lines.append(f"  {k:<{width}} = {v}")
+    return "\n".join(lines)
