@@ -1,0 +1,42 @@
+"""The run directory: everything a run produced, each file written atomically.
+
+runs/<name>/ config.json  env.json  metrics.jsonl  events.out.tfevents.*  checkpoint.pt  summary.json  gpu.csv
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainlab.io import atomic_write_json, atomic_write_text, read_json
+
+
+class RunDir:
+    def __init__(self, path: str | Path, create: bool = True):
+        self.path = Path(path)
+        if create:  # non-main ranks of a data-parallel run never write here
+            self.path.mkdir(parents=True, exist_ok=True)
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / "checkpoint.pt"
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        return atomic_write_json(self.path / name, obj)
+
+    def read_json(self, name: str) -> Any:
+        return read_json(self.path / name)
+
+    def write_metrics(self, records: list[dict]) -> Path:
+        """Rewrites metrics.jsonl whole, atomically: a resumed run never holds records past its checkpoint."""
+        return atomic_write_text(self.path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+
+    def read_metrics(self) -> list[dict]:
+        p = self.path / "metrics.jsonl"
+        if not p.exists():
+            return []
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]

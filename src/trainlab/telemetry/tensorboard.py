@@ -1,0 +1,34 @@
+"""TensorBoard writing, plus the image grids for filters and feature maps.
+
+torchvision's make_grid is not available here (no CPU torchvision build), and a grid is a few lines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def make_writer(run_dir: Path, enabled: bool = True, purge_step: int | None = None):
+    if not enabled:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
+
+
+def image_grid(images: torch.Tensor, ncol: int | None = None, pad: int = 1) -> torch.Tensor:
+    """[N, H, W] → [1, rows*(H+pad), cols*(W+pad)] in [0, 1], each tile min-max normalized on its own."""
+    images = images.detach().float().cpu()
+    n, h, w = images.shape
+    ncol = ncol or min(n, 8)
+    nrow = (n + ncol - 1) // ncol
+    flat = images.reshape(n, -1)
+    lo, hi = flat.min(1, keepdim=True).values, flat.max(1, keepdim=True).values
+    images = ((flat - lo) / (hi - lo).clamp_min(1e-12)).reshape(n, h, w)
+    grid = torch.ones(nrow * (h + pad) + pad, ncol * (w + pad) + pad)
+    for i in range(n):
+        r, c = divmod(i, ncol)
+        grid[pad + r * (h + pad): pad + r * (h + pad) + h, pad + c * (w + pad): pad + c * (w + pad) + w] = images[i]
+    return grid.unsqueeze(0)
