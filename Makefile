@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup train test test-gpu bench report-screenshot clean
+.PHONY: setup train test test-gpu report-screenshot clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,17 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+
+# Screenshot a built report with headless Chromium (Debian package `chromium`), e.g.
+#   trainlab report runs/* -o report && make report-screenshot REPORT=report
+REPORT ?= report
+report-screenshot:
+	@command -v chromium >/dev/null || { echo "report-screenshot: chromium is not installed (apt-get install chromium)"; exit 2; }
+	@test -f $(REPORT)/index.html || { echo "report-screenshot: $(REPORT)/index.html not found (run trainlab report first)"; exit 2; }
+	chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+	  --disable-component-update --disable-sync --user-data-dir=$$(mktemp -d) --hide-scrollbars \
+	  --window-size=1100,4000 --screenshot=$(REPORT)/screenshot.png file://$(abspath $(REPORT))/index.html
+	@echo "wrote $(REPORT)/screenshot.png"
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

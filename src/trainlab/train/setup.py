@@ -48,9 +48,12 @@ def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float) -> torc
 
 def build_scheduler(cfg: TrainConfig, optimizer, lr: float, steps_per_epoch: int):
     total = max(1, cfg.epochs * steps_per_epoch)
-    if cfg.schedule == "onecycle":
+    if cfg.schedule == "onecycle" and total >= 4:
         # OneCycle warms up for 25% of training then anneals: the fastest route to 99% for small nets.
-        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total, pct_start=0.25)
+        # torch's OneCycleLR divides by zero when the warm-up is shorter than 2 steps (tiny runs).
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total, pct_start=max(0.25, 2.0 / total))
+    if cfg.schedule == "onecycle":  # fewer than 4 steps in all: nothing to schedule
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     warmup = int(cfg.warmup_epochs * steps_per_epoch)
     if cfg.schedule == "cosine":
         f = lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup)))  # noqa: E731

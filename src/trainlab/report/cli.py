@@ -1,0 +1,22 @@
+"""`trainlab report RUN_DIR_OR_JSON... -o OUT_DIR`."""
+
+from __future__ import annotations
+
+
+def run_report(args) -> int:
+    from trainlab.report.build import build_report
+
+    result = build_report(args.inputs, args.out, title=args.title)
+    for note in result["notes"]:
+        print(f"note: {note}")
+    print(f"report: {result['index']} ({len(result['runs'])} runs, {len(result['results'])} result files, "
+          f"{len(result['images'])} figures)")
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("report", help="build an HTML/Markdown report from run directories and result JSONs")
+    p.add_argument("inputs", nargs="+", help="run directories (or a folder of runs) and trainlab result .json files")
+    p.add_argument("-o", "--out", required=True, help="output directory (index.html, report.md, PNGs)")
+    p.add_argument("--title", default="trainlab report")
+    p.set_defaults(func=run_report)

@@ -1,0 +1,118 @@
+"""Report figures with matplotlib's Agg backend (no display needed). Each returns the PNG's path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from trainlab.io import atomic_write_bytes  # noqa: E402
+
+
+def _save(fig, path: Path) -> Path:
+    import io
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def loss_curves(run, path: Path) -> Path | None:
+    steps, losses = [], []
+    for rec in run.epochs:
+        first = rec["global_step"] - len(rec.get("step_losses", [])) + 1
+        for i, loss in enumerate(rec.get("step_losses", [])):
+            steps.append(first + i)
+            losses.append(loss)
+    if not run.epochs:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    if losses:
+        ax.plot(steps, losses, lw=0.6, alpha=0.5, label="train loss (per step)")
+    ax.plot([r["global_step"] for r in run.epochs], [r["train_loss"] for r in run.epochs], "o-", label="train loss (epoch mean)")
+    ax.plot([r["global_step"] for r in run.epochs], [r["test_loss"] for r in run.epochs], "s-", label="test loss")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy")
+    ax.set_title(f"{run.name}: loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def accuracy_curve(run, path: Path) -> Path | None:
+    if not run.epochs:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot([r["epoch"] for r in run.epochs], [r["test_accuracy"] for r in run.epochs], "o-")
+    ax.axhline(99.0, color="gray", ls="--", lw=0.8)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"{run.name}: test accuracy")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def per_class_bars(run, path: Path) -> Path:
+    acc = run.summary["per_class_accuracy"]
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    ax.bar(range(len(acc)), acc, color="#4c72b0")
+    ax.set_xticks(range(len(acc)))
+    ax.set_ylim(min(acc) - 1.0, 100.0)
+    ax.set_xlabel("digit")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(f"{run.name}: per-class test accuracy")
+    return _save(fig, path)
+
+
+def confusion(run, path: Path) -> Path:
+    import numpy as np
+
+    cm = np.array(run.summary["confusion_matrix"])
+    fig, ax = plt.subplots(figsize=(5.0, 4.4))
+    off = cm.copy()
+    np.fill_diagonal(off, 0)  # the diagonal dwarfs the errors; colour the errors
+    im = ax.imshow(off, cmap="Reds")
+    for i in range(cm.shape[0]):
+        for j in range(cm.shape[1]):
+            ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=7, color="black" if i != j else "#1f4e9c")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_xticks(range(10))
+    ax.set_yticks(range(10))
+    ax.set_title(f"{run.name}: confusion matrix (errors coloured)")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    return _save(fig, path)
+
+
+def gpu_timeline(run, path: Path) -> Path | None:
+    if not run.gpu:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    t = [r["time_s"] for r in run.gpu]
+    ax.plot(t, [r["utilization_pct"] for r in run.gpu], color="#55a868", label="utilization (%)")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("GPU utilization (%)")
+    ax.set_ylim(0, 105)
+    ax2 = ax.twinx()
+    ax2.plot(t, [r["memory_used_mib"] for r in run.gpu], color="#c44e52", label="memory used (MiB)")
+    ax2.set_ylabel("memory used (MiB)")
+    ax.set_title(f"{run.name}: GPU utilization and memory (NVML)")
+    return _save(fig, path)
+
+
+def bars(labels: list[str], values: list[float], path: Path, title: str, ylabel: str, errors: list[float] | None = None) -> Path:
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(labels) + 2), 3.6))
+    ax.bar(range(len(values)), values, yerr=errors, capsize=3, color="#4c72b0")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)

@@ -1,0 +1,94 @@
+"""`trainlab report` from small real runs made here: HTML parses, images exist and are PNGs, numbers match."""
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from trainlab.cli import main
+from trainlab.config import TrainConfig
+from trainlab.train.loop import train
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class _Collector(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.images, self.text, self.stack = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(path: Path) -> _Collector:
+    c = _Collector()
+    c.feed(path.read_text())
+    c.close()
+    return c
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    out = []
+    for seed in (0, 1):
+        cfg = TrainConfig(epochs=1, train_subset=512, test_subset=300, device="cpu", progress=False, seed=seed,
+                          out=str(root / f"relu-s{seed}"))
+        train(cfg, log=lambda *_: None)
+        out.append(root / f"relu-s{seed}")
+    return out
+
+
+def check_page(out: Path) -> _Collector:
+    page = parse(out / "index.html")
+    assert page.images, "no figures"
+    for src in page.images:
+        img = out / src
+        assert img.exists(), src
+        assert img.read_bytes()[:8] == PNG_MAGIC, src
+        from PIL import Image
+
+        with Image.open(img) as im:
+            im.verify()
+    return page
+
+
+def test_report_from_training_runs(runs, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["report", *map(str, runs), "-o", str(out)]) == 0
+    page = check_page(out)
+    text = " ".join(page.text)
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert json.dumps(summary["test_accuracy"]) in text       # printed as in summary.json
+        assert json.dumps(summary["train_seconds"]) in text
+    assert "Comparison across runs" in text and "tensorboard --logdir" in text
+    md = (out / "report.md").read_text()
+    assert md.count("## Training run:") == 2
+    # a CPU run has no GPU record: said in one line, not a crash
+    assert "No GPU record" in text
+
+
+def test_missing_pieces_are_noted_and_corrupt_input_is_named(runs, tmp_path, capsys):
+    (runs[0] / "metrics.jsonl").rename(runs[0] / "metrics.jsonl.bak")
+    try:
+        empty = tmp_path / "empty-run"
+        empty.mkdir()
+        out = tmp_path / "r"
+        assert main(["report", str(runs[0]), str(empty), "-o", str(out)]) == 0
+        text = " ".join(check_page(out).text)
+        assert "no summary.json" in text and "curve omitted" in text
+    finally:
+        (runs[0] / "metrics.jsonl.bak").rename(runs[0] / "metrics.jsonl")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    capsys.readouterr()
+    assert main(["report", str(bad), "-o", str(tmp_path / "r2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(bad) in err and "not valid JSON" in err and len(err.splitlines()) == 1
