@@ -1,0 +1,112 @@
+"""`trainlab data show|verify|fetch|convert`: parse arguments, call trainlab.data."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from trainlab.errors import DataError
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("data", help="show, verify, fetch or convert the MNIST data",
+                                   description="MNIST sources: the embedded copy (default) or official IDX files.")
+    sub = parser.add_subparsers(dest="data_command", metavar="ACTION")
+    sub.required = True
+
+    def add_source_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--data-dir", default=None,
+                       help="folder with the official IDX files (DIR, DIR/raw or DIR/MNIST/raw); default: embedded")
+        p.add_argument("--cache-dir", default=None,
+                       help="cache for the embedded source (default: $TRAINLAB_CACHE/mnist or ~/.cache/trainlab/mnist)")
+
+    p = sub.add_parser("show", help="where the data comes from, the cache location and sizes")
+    p.add_argument("--cache-dir", default=None, help="cache folder to describe")
+    p.set_defaults(func=run_show)
+
+    p = sub.add_parser("verify", help="check counts, shapes, labels and checksums; say which source was used")
+    add_source_args(p)
+    p.set_defaults(func=run_verify)
+
+    p = sub.add_parser("fetch", help="download the official MNIST files (md5-verified)")
+    p.add_argument("--dir", default="data/mnist", help="destination folder (default: data/mnist)")
+    p.add_argument("--mirror", action="append", default=None,
+                   help="base URL to try (repeatable; default: the built-in mirror list)")
+    p.set_defaults(func=run_fetch)
+
+    p = sub.add_parser("convert", help="write the current source as official IDX files")
+    add_source_args(p)
+    p.add_argument("--out", required=True, help="destination folder")
+    p.add_argument("--gz", action="store_true", help="gzip the files, like the official downloads")
+    p.set_defaults(func=run_convert)
+
+
+def _size(path: Path) -> str:
+    return f"{path.stat().st_size / 1e6:.1f} MB"
+
+
+def run_show(args) -> int:
+    from trainlab.data import mnist
+
+    try:
+        csv = mnist.embedded_csv_paths()
+        print(f"embedded source: {mnist.EMBEDDED_PACKAGE} {mnist.EMBEDDED_VERSION}")
+        for split, path in csv.items():
+            print(f"  {split:5s} {path} ({_size(path)})")
+    except DataError as e:
+        print(f"embedded source: unavailable: {e}")
+    folder = mnist._embedded_cache_folder(args.cache_dir)
+    built = (folder / "manifest.json").is_file()
+    print(f"cache: {folder} ({'built' if built else 'not built yet; the first load converts the CSVs'})")
+    if built:
+        for stem in mnist.IDX_STEMS.values():
+            if (folder / stem).is_file():
+                print(f"  {stem} ({_size(folder / stem)})")
+    print("other sources: --data-dir DIR with the official IDX files (`trainlab data fetch` downloads them)")
+    return 0
+
+
+def run_verify(args) -> int:
+    from trainlab.data import mnist
+
+    start = time.perf_counter()
+    arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
+    load_s = time.perf_counter() - start
+    print(f"source: {arrays.source} (loaded in {load_s:.2f} s)")
+    checks = mnist.verify(arrays)
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        print(f"  {'ok  ' if c.ok else 'FAIL'}  {c.name:<{width}}  {c.detail}")
+    failed = [c.name for c in checks if not c.ok]
+    if failed:
+        raise DataError(f"{arrays.source}: {len(failed)} check(s) failed: {', '.join(failed)}")
+    print(f"all {len(checks)} checks passed: this is the standard MNIST (identical to the official files)")
+    return 0
+
+
+def run_fetch(args) -> int:
+    from trainlab.data import fetch, mnist
+
+    mirrors = tuple(args.mirror) if args.mirror else fetch.MIRRORS
+    fetch.fetch_mnist(args.dir, mirrors=mirrors)
+    arrays = mnist.load_idx_dir(args.dir)
+    print(f"fetched {len(arrays.train_labels)} train / {len(arrays.test_labels)} test images into {args.dir}; "
+          f"use them with --data-dir {args.dir}")
+    return 0
+
+
+def run_convert(args) -> int:
+    from trainlab.data import mnist
+    from trainlab.data.idx import write_idx
+
+    arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
+    out = Path(args.out)
+    for key, stem in mnist.IDX_STEMS.items():
+        try:
+            path = write_idx(out / (stem + (".gz" if args.gz else "")), getattr(arrays, key))
+        except OSError as e:
+            raise DataError(f"{out}: --out cannot be written ({e.strerror or e})") from None
+        print(f"  {path} ({_size(path)})")
+    print(f"wrote {arrays.source} as IDX files in {out}")
+    return 0

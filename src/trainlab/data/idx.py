@@ -1,0 +1,106 @@
+"""IDX files, the format MNIST is distributed in: read, validate, write.
+
+Layout (big-endian): two zero bytes, a dtype byte (0x08 = unsigned byte, the only one MNIST uses),
+a byte with the number of dimensions, one uint32 per dimension, then the payload in C order.
+So labels start with magic 0x00000801 and images with 0x00000803. Files may be gzip-compressed.
+
+Every problem with a file is a one-line `DataError` that starts with the file's path.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from trainlab.errors import DataError
+from trainlab.io import atomic_write_bytes
+
+UBYTE = 0x08  # the IDX dtype code for unsigned bytes
+LABELS_MAGIC = 0x00000801
+IMAGES_MAGIC = 0x00000803
+_GZIP_MAGIC = b"\x1f\x8b"
+_SUPPORTED_NDIM = (1, 3)  # MNIST labels and images; anything else is not an MNIST file
+
+
+def _parse_header(head: bytes, total: int, name: str) -> tuple[tuple[int, ...], int]:
+    """Validate an IDX header against the total byte count → (dims, header length)."""
+    if total < 4:
+        raise DataError(f"{name}: truncated IDX file ({total} bytes, header needs at least 4)")
+    zero, dtype, ndim = struct.unpack(">HBB", head[:4])
+    magic = struct.unpack(">I", head[:4])[0]
+    if zero != 0 or dtype != UBYTE or ndim not in _SUPPORTED_NDIM:
+        raise DataError(
+            f"{name}: wrong magic number 0x{magic:08x}, expected 0x{LABELS_MAGIC:08x} (labels) "
+            f"or 0x{IMAGES_MAGIC:08x} (images)"
+        )
+    header = 4 + 4 * ndim
+    if total < header:
+        raise DataError(f"{name}: truncated IDX header ({total} bytes, expected {header})")
+    dims = struct.unpack(f">{ndim}I", head[4:header])
+    expected = int(np.prod(dims, dtype=np.int64))
+    found = total - header
+    if found < expected:
+        raise DataError(f"{name}: truncated: dims {list(dims)} need {expected} data bytes, found {found}")
+    if found > expected:
+        raise DataError(f"{name}: {found - expected} unexpected trailing bytes after dims {list(dims)}")
+    return dims, header
+
+
+_MAX_HEADER = 4 + 4 * max(_SUPPORTED_NDIM)
+
+
+def parse_idx(data: bytes, name: str = "<bytes>") -> np.ndarray:
+    """Decode IDX bytes into a uint8 array, validating magic, dims and payload length."""
+    dims, header = _parse_header(data[:_MAX_HEADER], len(data), name)
+    # bytearray → writable array (torch.from_numpy warns on read-only buffers)
+    return np.frombuffer(bytearray(data[header:]), dtype=np.uint8).reshape(dims)
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an IDX file (raw or gzip, detected by content) into a writable uint8 array of its declared shape.
+
+    Raises `DataError("<path>: ...")` for a missing, truncated or wrong-magic file.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_MAX_HEADER)
+            if head[:2] == _GZIP_MAGIC:
+                f.seek(0)
+                with gzip.GzipFile(fileobj=f) as gz:
+                    return parse_idx(gz.read(), str(path))
+            # Raw file: validate the header against the file size, then read the payload straight
+            # into the array (one copy; this is what makes the cached MNIST load fast).
+            dims, header = _parse_header(head, os.fstat(f.fileno()).st_size, str(path))
+            f.seek(header)
+            return np.fromfile(f, dtype=np.uint8, count=int(np.prod(dims, dtype=np.int64))).reshape(dims)
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected an IDX file") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise DataError(f"{path}: corrupt or truncated gzip data ({e})") from None
+
+
+def encode_idx(array: np.ndarray) -> bytes:
+    """IDX bytes for a uint8 array of 1 or 3 dimensions."""
+    array = np.asarray(array)
+    if array.dtype != np.uint8:
+        raise ValueError(f"IDX writer supports uint8 only, got {array.dtype}")
+    if array.ndim not in _SUPPORTED_NDIM:
+        raise ValueError(f"IDX writer supports 1-D (labels) or 3-D (images) arrays, got {array.ndim}-D")
+    header = struct.pack(">HBB", 0, UBYTE, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + np.ascontiguousarray(array).tobytes()
+
+
+def write_idx(path: str | os.PathLike, array: np.ndarray) -> Path:
+    """Write `array` (uint8, 1-D or 3-D) as IDX, gzip-compressed if `path` ends in .gz; atomic."""
+    data = encode_idx(array)
+    if str(path).endswith(".gz"):
+        data = gzip.compress(data, compresslevel=6, mtime=0)  # mtime=0: same bytes for same data
+    return atomic_write_bytes(path, data)

