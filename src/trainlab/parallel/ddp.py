@@ -1,0 +1,54 @@
+"""DistributedDataParallel for any `nn.Module`, and gradient-sync control for accumulation.
+
+Used by the GPT engine (`ddp`, `zero1`) and by the LeNet data-parallel comparison, so nothing here
+knows about GPT.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def wrap_ddp(model: nn.Module, device: torch.device, process_group=None, **ddp_kwargs) -> DDP:
+    """Move `model` to `device` and wrap it in DDP (one device per rank).
+
+    DDP broadcasts rank 0's parameters at construction, so ranks start identical even if their
+    initializations differed. Gradients are all-reduced (averaged) in buckets during backward.
+    """
+    device = torch.device(device)
+    model = model.to(device)
+    device_ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
+    return DDP(model, device_ids=device_ids, process_group=process_group, **ddp_kwargs)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside a DDP wrapper (state-dict keys without the 'module.' prefix)."""
+    return model.module if isinstance(model, DDP) else model
+
+
+def gradient_sync(model: nn.Module, enabled: bool):
+    """Context for one backward: with `enabled` False, gradients accumulate locally without any
+    communication (DDP `no_sync`; FSDP2 `set_requires_gradient_sync(False)`), so gradient
+    accumulation communicates once per optimizer step instead of once per micro-step."""
+    if enabled:
+        return nullcontext()
+    if isinstance(model, DDP):
+        return model.no_sync()
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return _fsdp_no_sync(model)
+    return nullcontext()  # single process: nothing to skip
+
+
+@contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

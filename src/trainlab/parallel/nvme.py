@@ -1,0 +1,79 @@
+"""NVMe offload through DeepSpeed ZeRO-Infinity (optional backend).
+
+PyTorch has no native NVMe offload, so `nvme` hands the model to DeepSpeed: ZeRO stage 3 with
+parameters and optimizer states swapped to files under `nvme_path` (async I/O), the AdamW step run
+by DeepSpeed's CPU Adam. It needs the `deepspeed` package (with its async-io op buildable) and a
+CUDA GPU; without them we fail before launching with a one-line HardwareError.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from trainlab.errors import HardwareError
+
+DEFAULT_NVME_PATH = os.environ.get("TRAINLAB_NVME_PATH", "/tmp/trainlab_nvme")
+
+
+def check_nvme_available(device_type: str = "cuda") -> None:
+    """HardwareError unless deepspeed is importable and a CUDA GPU is the training device."""
+    missing = []
+    if importlib.util.find_spec("deepspeed") is None:
+        missing.append("the deepspeed package is not installed")
+    if device_type != "cuda" or not torch.cuda.is_available():
+        missing.append("no CUDA GPU is in use")
+    if missing:
+        raise HardwareError(f"--strategy nvme needs deepspeed and a GPU ({'; '.join(missing)})")
+
+
+def deepspeed_config(*, micro_batch: int, accumulation_steps: int, world_size: int, lr: float,
+                     betas=(0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0, amp: str | None = None,
+                     nvme_path: str = DEFAULT_NVME_PATH) -> dict:
+    """The DeepSpeed config: ZeRO-3 with params and optimizer states on NVMe; same AdamW as ours."""
+    return {
+        "train_batch_size": micro_batch * accumulation_steps * world_size,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": accumulation_steps,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": list(betas), "eps": eps,
+                                                  "weight_decay": weight_decay}},
+        "bf16": {"enabled": amp == "bf16"},
+        "fp16": {"enabled": amp == "fp16"},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_param": {"device": "nvme", "nvme_path": nvme_path, "pin_memory": True},
+            "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path, "pin_memory": True},
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+        },
+        "aio": {"block_size": 1048576, "queue_depth": 8, "single_submit": False, "overlap_events": True},
+        "steps_per_print": 10**9,  # we log ourselves
+    }
+
+
+def build_deepspeed_engine(model: torch.nn.Module, config: dict):
+    """`deepspeed.initialize` on an existing (CPU, full) model; returns the DeepSpeed engine, which
+    partitions the parameters and owns the optimizer (`engine.backward(loss)`, `engine.step()`)."""
+    check_nvme_available("cuda")
+    import deepspeed
+
+    os.makedirs(config["zero_optimization"]["offload_param"]["nvme_path"], exist_ok=True)
+    engine, _optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return engine
+
+
+def gathered_state_dict(engine) -> dict[str, torch.Tensor]:
+    """Full fp32 copies of all parameters (collective: every rank must call it)."""
+    import deepspeed
+
+    module = engine.module
+    out = {}
+    named = dict(module.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(named.values()), modifier_rank=None):
+        for name, p in named.items():
+            out[name] = p.detach().to("cpu", torch.float32).clone()
+    if "wte.weight" in out and "lm_head.weight" not in out:
+        out["lm_head.weight"] = out["wte.weight"]
+    return out
