@@ -1,0 +1,202 @@
+"""The C++ extension (CPU kernels, and the CUDA kernel on a GPU) against F.gelu and float64.
+
+The first test in a fresh cache JIT-compiles the extension (~30-60 s on 2 cores); later runs reuse
+the cached library (see trainlab.ops.gelu_cpp.cache_dir).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainlab.errors import HardwareError
+from trainlab.ops import gelu
+
+APPROX = ["none", "tanh"]
+# (atol, rtol) against float64 F.gelu on the same rounded input; justified in trainlab/ops/check.py.
+TOL = {torch.float64: (1e-13, 1e-12), torch.float32: (2e-6, 2e-6), torch.bfloat16: (1e-5, 2.0 ** -7)}
+
+
+@pytest.fixture(scope="module")
+def ext():
+    from trainlab.ops.gelu_cpp import load
+
+    try:
+        return load()
+    except HardwareError as e:   # no compiler on this machine: the error itself is tested below
+        pytest.skip(str(e))
+
+
+def _x(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(dtype)
+
+
+def _assert_fwd_bwd(x, approximate, device="cpu", impl="cpp"):
+    atol, rtol = TOL[x.dtype]
+    x = x.to(device).requires_grad_()
+    g = torch.randn_like(x)
+    y = gelu(x, impl=impl, approximate=approximate)
+    y.backward(g)
+    xr = x.detach().double().requires_grad_()
+    yr = F.gelu(xr, approximate=approximate)
+    yr.backward(g.double())
+    assert y.dtype == x.dtype and y.shape == x.shape and y.stride() == torch.empty_like(x).stride()
+    torch.testing.assert_close(y.double(), yr, atol=atol, rtol=rtol)
+    torch.testing.assert_close(x.grad.double(), xr.grad, atol=atol * float(g.abs().max()), rtol=rtol)
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_contiguous_matches_float64_reference(ext, dtype, approximate):
+    # 100003: not a multiple of any vector width, and above ATen's grain size, so the parallel
+    # split, the vector body and the scalar tail all run.
+    _assert_fwd_bwd(_x(100003, dtype), approximate)
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_contiguous_layouts(ext, dtype, approximate):
+    base = _x((64, 48), dtype)
+    _assert_fwd_bwd(base.t(), approximate)                  # dense, transposed
+    _assert_fwd_bwd(base[:, ::3], approximate)              # strided gaps
+    _assert_fwd_bwd(_x((4, 6, 9, 9), dtype).to(memory_format=torch.channels_last), approximate)
+
+
+def test_channels_last_output_keeps_layout(ext):
+    x = _x((2, 3, 5, 5), torch.float32).to(memory_format=torch.channels_last)
+    assert gelu(x, impl="cpp").is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+def test_bf16_agrees_with_aten_rounding(ext, approximate):
+    x = _x(50000, torch.bfloat16)
+    y = gelu(x, impl="cpp", approximate=approximate)
+    ref = F.gelu(x, approximate=approximate)
+    big = ref.abs() > 1e-3
+    assert (y[big] != ref[big]).float().mean() < 0.02   # differs only at rounding boundaries
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+def test_edge_values(ext, approximate):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        tiny = torch.finfo(dtype).smallest_normal
+        x = torch.tensor([0.0, -0.0, 10.0, -10.0, 1e4, -1e4, math.inf, -math.inf, math.nan, tiny / 4, -tiny / 4],
+                         dtype=torch.float64).to(dtype)
+        y = gelu(x, impl="cpp", approximate=approximate)
+        ref = F.gelu(x.double(), approximate=approximate)
+        assert torch.equal(torch.isnan(y), torch.isnan(ref)), (dtype, y)
+        assert y[6] == math.inf
+        finite = torch.isfinite(ref)
+        atol, rtol = TOL[dtype]
+        torch.testing.assert_close(y.double()[finite], ref[finite], atol=atol, rtol=rtol)
+        assert math.copysign(1, y[1].item()) == -1   # -0 stays -0
+        dx = torch.ops.trainlab.gelu_bwd(torch.ones_like(x), x, approximate)
+        assert torch.equal(torch.isnan(dx), torch.isnan(torch.ops.aten.gelu_backward(torch.ones_like(x.double()), x.double(), approximate=approximate)))
+
+
+def test_empty_and_zero_dim(ext):
+    assert gelu(torch.empty(0, 5), impl="cpp").shape == (0, 5)
+    s = torch.tensor(-0.5)
+    y = gelu(s, impl="cpp")
+    assert y.dim() == 0 and abs(y.item() - F.gelu(s).item()) < 1e-6
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+def test_gradcheck_float64(ext, approximate):
+    x = _x(40, torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: gelu(t, impl="cpp", approximate=approximate), (x,), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+def test_opcheck_registered_ops(ext, approximate):
+    x = _x((3, 7), torch.float32).requires_grad_()
+    g = torch.randn(3, 7)
+    torch.library.opcheck(torch.ops.trainlab.gelu_fwd.default, (x, approximate))
+    torch.library.opcheck(torch.ops.trainlab.gelu_bwd.default, (g, x.detach(), approximate))
+
+
+def test_torch_compile_fullgraph_no_graph_break(ext):
+    torch._dynamo.reset()
+
+    def f(t):
+        return gelu(t, impl="cpp").sum() * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    x = _x(1000, torch.float32).requires_grad_()
+    out = compiled(x)
+    out.backward()
+    xr = x.detach().clone().requires_grad_()
+    (F.gelu(xr).sum() * 2).backward()
+    torch.testing.assert_close(out, F.gelu(x.detach()).sum() * 2, atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(x.grad, xr.grad, atol=2e-6, rtol=2e-6)
+
+
+def test_op_rejects_integer_input_with_dtype_in_message(ext):
+    with pytest.raises(RuntimeError, match="Long"):
+        torch.ops.trainlab.gelu_fwd(torch.zeros(3, dtype=torch.long), "none")
+    with pytest.raises(RuntimeError, match="'none' or 'tanh'"):
+        torch.ops.trainlab.gelu_fwd(torch.zeros(3), "erf")
+
+
+# ---- build errors ------------------------------------------------------------------------------
+
+def test_missing_compiler_is_one_clear_error(monkeypatch):
+    from trainlab.ops import gelu_cpp
+
+    monkeypatch.setattr(gelu_cpp, "_loaded", None)
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    with pytest.raises(HardwareError, match=r"no C\+\+ compiler.*impl='python'"):
+        gelu_cpp.load()
+
+
+def test_build_failure_is_one_clear_error(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    from trainlab.ops import gelu_cpp
+
+    def failing_load(**kwargs):
+        raise RuntimeError("Error building extension 'x':\nfoo.cpp:1:1: error: expected unqualified-id\nninja: build stopped")
+
+    monkeypatch.setattr(gelu_cpp, "_loaded", None)
+    monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", failing_load)
+    with pytest.raises(HardwareError, match=r"failed \(foo.cpp:1:1: error: expected unqualified-id\).*impl='python'") as e:
+        gelu_cpp.load()
+    assert "\n" not in str(e.value)
+    assert str(tmp_path) in str(e.value)
+
+
+def test_cache_dir_honours_trainlab_cache(monkeypatch, tmp_path):
+    from trainlab.ops.gelu_cpp import cache_dir
+
+    monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path))
+    assert cache_dir().parent == tmp_path / "torch_extensions"
+
+
+# ---- CUDA kernel (needs a GPU) -------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_cuda_kernel_matches_reference(ext, dtype, approximate):
+    if dtype == torch.float16:
+        TOL[torch.float16] = (1e-4, 2.0 ** -10)
+    for n in (1, 7, 4099, 1 << 20):   # tails, a single vector, many waves
+        _assert_fwd_bwd(_x(n, dtype), approximate, device="cuda", impl="cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_kernel_layouts_and_misalignment(ext):
+    base = _x((256, 130), torch.float32).cuda()
+    _assert_fwd_bwd(base.t(), "none", device="cuda", impl="cuda")
+    _assert_fwd_bwd(base[:, ::2], "none", device="cuda", impl="cuda")
+    _assert_fwd_bwd(base.reshape(-1)[1:], "none", device="cuda", impl="cuda")   # 4-byte offset: scalar path
+    torch.library.opcheck(torch.ops.trainlab.gelu_fwd.default, (base.requires_grad_(), "none"))
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpp_cpu_kernel(ext):
+    x = _x(1 << 16, torch.float32)
+    torch.testing.assert_close(gelu(x.cuda(), impl="cuda").cpu(), gelu(x, impl="cpp"), atol=2e-6, rtol=2e-6)
