@@ -84,7 +84,7 @@ def main() -> None:
 
     overrides = {k: v for k, v in {"compile": args.compile, "batch_size": args.batch_size}.items() if v}
     ours = trainlab_run(device, args.seed, log, **overrides)
-    rows = [{"loop": "trainlab (device loader, OneCycle AdamW, batch 128)", **ours}]
+    rows = [{"loop": "trainlab defaults (device loader, OneCycle AdamW 5e-3, batch 256)", **ours}]
     if not args.skip_seed_style:
         rows.append({"loop": "seed-style (Dataset+DataLoader, batch 64, Adam 1e-3)", **seed_style(device, args.max_epochs, args.seed, log)})
     md = ["| loop | time to 99% (s) | epochs | final acc (%) |", "| --- | ---: | ---: | ---: |"]
