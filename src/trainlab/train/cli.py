@@ -53,7 +53,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     for dest, help_ in BOOL_FLAGS.items():
         flag = "--" + dest.replace("_", "-")
         p.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_)
-    p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="default | best (BatchNorm, augmentation, 30 epochs)")
+    p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="default | best (BatchNorm, augmentation, 20 epochs)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -63,9 +63,35 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return apply_preset(cfg, args.preset or "default", explicit=set(explicit))
 
 
+def _relaunch_argv(args: argparse.Namespace) -> list[str]:
+    """The `trainlab train ...` command line each torchrun worker runs (without --nproc)."""
+    argv = ["train"]
+    for flag, (dest, _typ, _help) in TRAIN_FLAGS.items():
+        if getattr(args, dest, None) is not None:
+            argv += [flag, str(getattr(args, dest))]
+    for dest in BOOL_FLAGS:
+        if getattr(args, dest, None) is not None:
+            argv.append(("--" if getattr(args, dest) else "--no-") + dest.replace("_", "-"))
+    for flag, value in (("--preset", args.preset), ("--resume", args.resume), ("--dist-timeout", args.dist_timeout)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.step_timing:
+        argv.append("--step-timing")
+    return argv
+
+
 def run_train(args: argparse.Namespace) -> int:
+    import os
+
+    from trainlab.errors import ConfigError
+    from trainlab.parallel.data_parallel import TIMEOUT_ENV, check_launch
+    from trainlab.parallel.launch import relaunch_with_torchrun
     from trainlab.train.loop import train
 
+    if args.dist_timeout is not None:
+        if args.dist_timeout <= 0:
+            raise ConfigError(f"--dist-timeout {args.dist_timeout:g}: expected a positive number of seconds")
+        os.environ[TIMEOUT_ENV] = str(args.dist_timeout)  # read by every rank (torchrun passes the environment on)
     if args.resume:
         from trainlab.io import read_json
         from pathlib import Path
@@ -75,9 +101,18 @@ def run_train(args: argparse.Namespace) -> int:
         overrides = {k: getattr(args, k) for k in ("epochs", "device", "progress", "tensorboard", "gpu_telemetry")
                      if getattr(args, k, None) is not None}
         cfg = dataclasses.replace(TrainConfig.from_dict(saved), stop_after=None, **overrides)
-        summary = train(cfg, resume=args.resume)
     else:
-        summary = train(config_from_args(args))
+        cfg = config_from_args(args)
+    # All launch problems (mode, --nproc vs GPUs, batch vs world size) fail here, before any process starts.
+    check_launch(cfg.parallel, args.nproc, cfg.device, cfg.batch_size)
+    code = relaunch_with_torchrun(args.nproc, _relaunch_argv(args))
+    if code is not None:
+        return code
+    summary = train(cfg, resume=args.resume, step_timing=args.step_timing)
+    if summary.get("step_times") and int(os.environ.get("RANK", "0")) == 0:
+        st = summary["step_times"]
+        print(f"per step (median ms): data {st['data_ms']['median']:.2f}  compute {st['compute_ms']['median']:.2f}  "
+              f"communication {st['comm_ms']['median']:.2f}{' (overlapped with backward)' if st['comm_overlapped'] else ''}")
     return 0 if summary else 1
 
 
@@ -98,6 +133,11 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("train", help="train LeNet-5 on MNIST", description="Train LeNet-5 on MNIST.")
     add_train_flags(p)
     p.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue an interrupted run from its checkpoint")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="processes on this node (relaunches under torchrun; with --parallel ddp|allreduce)")
+    p.add_argument("--dist-timeout", type=float, default=None, metavar="S",
+                   help="process-group timeout: a dead or hung rank fails the others after S seconds (default 120)")
+    p.add_argument("--step-timing", action="store_true", help="split each step into data / compute / communication time")
     p.set_defaults(func=run_train)
 
     e = subparsers.add_parser("eval", help="re-evaluate a checkpoint on the test set")

@@ -52,6 +52,9 @@ def build_train_batches(cfg: TrainConfig, data, device: torch.device, par: DataP
         return DeviceLoader(images, labels, cfg.batch_size, device, shuffle=True, seed=cfg.seed, augment=cfg.augment,
                             rank=par.rank, world_size=par.world_size)
     if cfg.loader == "dataloader":
+        if par.world_size > 1:
+            raise ConfigError(f"--loader dataloader is single-process; with --parallel {par.mode} over {par.world_size} "
+                              "ranks use --loader device (it shards every global batch across ranks)")
         ds = MNIST(train=True, arrays=data, augment=cfg.augment, seed=cfg.seed)
         if cfg.train_subset is not None:
             ds = torch.utils.data.Subset(ds, range(cfg.train_subset))
@@ -73,12 +76,16 @@ def _to_device(x, y, device, channels_last: bool):
     return x, y
 
 
-def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict:
-    """Train LeNet-5 per `cfg`; with `resume`, continue the run in that directory. Returns the summary."""
+def train(cfg: TrainConfig, resume: str | Path | None = None, log=print, step_timing: bool = False) -> dict:
+    """Train LeNet-5 per `cfg`; with `resume`, continue the run in that directory. Returns the summary.
+
+    `step_timing` synchronizes at every step boundary to split each step into data / compute /
+    communication time (summary["step_times"]); it costs throughput on a GPU, so it is off by default.
+    """
     # ---- resolve everything up front, so a bad flag fails before any work -------------------------
     if cfg.batch_size <= 0 or cfg.epochs <= 0:
         raise ConfigError(f"--batch-size and --epochs must be positive (got {cfg.batch_size}, {cfg.epochs})")
-    par = setup_data_parallel(cfg.parallel, cfg.device, cfg.batch_size)
+    par = setup_data_parallel(cfg.parallel, cfg.device, cfg.batch_size, step_timing=step_timing)
     device = par.device
     if not par.is_main:
         log = _silent  # only rank 0 prints, logs to TensorBoard and writes the run directory
@@ -138,8 +145,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
             t0 = time.perf_counter()
             bar = tqdm(train_batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
                        disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True)
-            for x, y in bar:
-                x, y = _to_device(x, y, device, channels_last)
+            for x, y in par.timer.batches(bar, lambda b: _to_device(*b, device, channels_last)):
                 with autocast(device, precision):
                     logits = model(x)
                 loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
@@ -148,6 +154,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
                 par.after_backward(model)  # hand-written all-reduce; DDP/DP reduce inside backward
                 optimizer.step()
                 scheduler.step()
+                par.timer.step_done()
                 step_losses.append(loss.detach())
                 global_step += 1
                 if cfg.progress and global_step % 50 == 0:
@@ -185,7 +192,11 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
             epochs_run += 1
             if cfg.stop_after is not None and epochs_run >= cfg.stop_after and epoch + 1 < cfg.epochs:
                 log(f"stopping after {epochs_run} epoch(s) as asked (--stop-after); resume with: trainlab train --resume {run.path}")
+                par.close()
                 return {"interrupted": True, "epochs_done": epoch + 1, "run_dir": str(run.path)}
+    except Exception as e:
+        par.raise_if_peer_failure(e)  # a dead or hung peer rank → one clear line, not a gloo/NCCL trace
+        raise
     finally:
         if gpu is not None:
             gpu.stop()
@@ -217,6 +228,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
         "act": cfg.act,
         "seed": cfg.seed,
         "gpu": gpu.summary() if gpu is not None else None,
+        "parallel": par.mode,
+        "world_size": par.world_size,
+        "step_times": par.timer.summary(),
         "run_dir": str(run.path),
     }
     if par.is_main:
