@@ -1,0 +1,108 @@
+"""Planner prediction vs measured peak memory of one training step, per strategy and micro-batch.
+
+CPU: the peak of live tensor bytes, tracked at every ATen op (exact, no allocator rounding).
+CUDA: torch.cuda.max_memory_allocated over the second step (the first creates optimizer states).
+Single-process strategies only (the engine runs in this process).
+
+    python benchmarks/gpt_planner_error.py                       # tiny model on CPU
+    python benchmarks/gpt_planner_error.py --model gpt2-1.6b --device cuda --strategies none,amp+ckpt \
+        --micro-batches 1,4,8 --name gpt_planner_error_1.6b_h100
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import save  # noqa: E402
+
+from trainlab.bench.planner import measure_step_peak_bytes, predict_memory  # noqa: E402
+from trainlab.models.gpt import get_preset  # noqa: E402
+from trainlab.parallel.engine import GPTEngine  # noqa: E402
+from trainlab.parallel.launch import DistInfo  # noqa: E402
+
+MiB = 1024**2
+
+
+def measure(cfg, strategy, b, seq, device, fused):
+    torch.manual_seed(0)
+    tokens = torch.randint(cfg.vocab_size, (b, seq))
+    eng = GPTEngine(cfg, strategy, DistInfo(device=device), global_batch=b, micro_batch=b, seq_len=seq,
+                    fused_optimizer=fused)
+    try:
+        if device.type == "cuda":
+            eng.train_step(tokens)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            eng.train_step(tokens)
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        return measure_step_peak_bytes(eng, tokens), None
+    finally:
+        del eng
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--strategies", default="none,amp,ckpt,ckpt-selective,amp+ckpt")
+    ap.add_argument("--micro-batches", default="4,16")
+    ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--fused", action="store_true", help="fused AdamW (GPU)")
+    ap.add_argument("--name", default="gpt_planner_error_cpu_tiny")
+    args = ap.parse_args()
+
+    cfg = get_preset(args.model)
+    seq = args.seq or cfg.n_positions
+    device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    optimizer = "fused" if args.fused else ("foreach" if device.type == "cuda" else "forloop")
+    rows, log = [], []
+    head = f"{'strategy':<20}{'micro':>6}{'predicted MiB':>15}{'measured MiB':>14}{'error':>8}  phases (MiB)"
+    print(head)
+    log.append(head)
+    for strategy in args.strategies.split(","):
+        for b in map(int, args.micro_batches.split(",")):
+            pred = predict_memory(cfg, strategy, 1, b, seq, optimizer=optimizer)
+            try:
+                measured, reserved = measure(cfg, strategy, b, seq, device, args.fused)
+                err = pred["total_bytes"] / measured - 1
+            except torch.OutOfMemoryError:
+                measured, reserved, err = None, None, None
+            row = {"strategy": strategy, "micro_batch": b, "seq": seq, "predicted_bytes": pred["total_bytes"],
+                   "measured_bytes": measured, "measured_reserved_bytes": reserved, "relative_error": err,
+                   "phases": pred["phase_bytes"]}
+            rows.append(row)
+            phases = " ".join(f"{k}={v / MiB:.1f}" for k, v in pred["phase_bytes"].items())
+            line = (f"{strategy:<20}{b:>6}{pred['total_bytes'] / MiB:>15.2f}"
+                    f"{'OOM' if measured is None else f'{measured / MiB:.2f}':>14}"
+                    f"{'-' if err is None else f'{100 * err:+.1f}%':>8}  {phases}")
+            print(line, flush=True)
+            log.append(line)
+    errs = [abs(r["relative_error"]) for r in rows if r["relative_error"] is not None]
+    summary = f"max |error| {100 * max(errs):.1f}%, mean |error| {100 * sum(errs) / len(errs):.1f}% over {len(errs)} runs"
+    print(summary)
+    log.append(summary)
+    kind = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak live tensor bytes (TorchDispatchMode)"
+    md = [f"Model {args.model}, seq {seq}, device {device}, AdamW {optimizer}. Measured: {kind}, second step.", "",
+          "| strategy | micro-batch | predicted MiB | measured MiB | error |", "|---|---|---|---|---|"]
+    for r in rows:
+        m = "OOM" if r["measured_bytes"] is None else f"{r['measured_bytes'] / MiB:.2f}"
+        e = "-" if r["relative_error"] is None else f"{100 * r['relative_error']:+.1f}%"
+        md.append(f"| {r['strategy']} | {r['micro_batch']} | {r['predicted_bytes'] / MiB:.2f} | {m} | {e} |")
+    md += ["", summary]
+    save(args.name, rows, "\n".join(md), log, device=device)
+
+
+if __name__ == "__main__":
+    main()

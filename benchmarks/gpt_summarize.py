@@ -1,0 +1,64 @@
+"""Collect `trainlab gpt bench --json` results from a directory into one table (md + json).
+
+    python benchmarks/gpt_summarize.py DIR [--name NAME]   # writes DIR/summary.{md,json}, or results/NAME.*
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+GiB = 1024**3
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| run | impl | strategy | micro × accum | step ms median [p10–p90] | tokens/s | TFLOPS/dev 6N+attn "
+             "| TFLOPS/dev handout 8N | MFU | peak alloc GiB | reserved GiB | predicted GiB | loss first→last |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, s in rows:
+        st = s["step_seconds"]
+        mem = s["peak_memory_per_rank"][0]
+        res = mem.get("peak_reserved_bytes")
+        pred = s.get("predicted_peak_bytes")
+        mfu = "-" if s.get("mfu") is None else f"{100 * s['mfu']:.1f}%"
+        accum = s["global_batch"] // s["world_size"] // s["micro_batch"]
+        lines.append(
+            f"| {name} | {s['impl']} | {s['strategy']} | {s['micro_batch']} × {accum} | {1e3 * st['median']:.1f} "
+            f"[{1e3 * st['p10']:.1f}–{1e3 * st['p90']:.1f}] | {s['tokens_per_s']:,.0f} | {s['tflops_per_device']:.1f} | "
+            f"{s['tflops_per_device_handout']:.1f} | {mfu} | {s['peak_memory_bytes'] / GiB:.2f} | "
+            f"{'-' if res is None else f'{res / GiB:.2f}'} | {'-' if pred is None else f'{pred / GiB:.2f}'} | "
+            f"{s['losses'][0]:.3f}→{s['losses'][-1]:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir")
+    args = ap.parse_args()
+    d = Path(args.dir)
+    rows = []
+    for p in sorted(d.glob("*.json")):
+        try:
+            s = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(s, dict) and "step_seconds_median" in s:
+            rows.append((p.stem, s))
+    from trainlab.io import atomic_write_json, atomic_write_text
+
+    md = table(rows)
+    first = rows[0][1] if rows else {}
+    head = (f"Device: {first.get('device_name', '?')}; peak {first.get('peak_tflops')} TFLOPS "
+            f"({first.get('peak_tflops_source', '')}); model {first.get('model')}; seq {first.get('seq_len')}; "
+            f"global batch {first.get('global_batch')}.\n\n")
+    atomic_write_text(d / "summary.md", head + md + "\n")
+    atomic_write_json(d / "summary.json", [{"run": n, **{k: v for k, v in s.items() if k not in ("env",)}} for n, s in rows])
+    print(head + md)
+
+
+if __name__ == "__main__":
+    main()
