@@ -90,7 +90,7 @@ def validate(cfg: BenchConfig):
     if cfg.global_batch >= 1 and cfg.micro_batch >= 1 and cfg.global_batch % cfg.micro_batch:
         raise ConfigError(f"--micro-batch {cfg.micro_batch}: must divide --global-batch {cfg.global_batch}")
     validate_strategy(spec, model_cfg, cfg.nproc, cfg.global_batch, cfg.micro_batch, device, tp=cfg.tp, pp=cfg.pp,
-                      microbatches=cfg.microbatches, impl=cfg.impl, seq_len=seq)
+                      microbatches=cfg.microbatches, impl=cfg.impl, seq_len=seq, pp_schedule=cfg.pp_schedule)
     return model_cfg, spec, seq
 
 
