@@ -30,14 +30,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 ALL_ACTS = ["gelu-torch", "gelu-python", "gelu-cpp", "gelu-triton", "gelu-cuda"]
 
 
-def _accuracy(summary: dict):
-    # The trainer's summary schema is owned by trainlab.train; accept the likely key names.
-    for key in ("test_accuracy", "final_test_accuracy", "best_test_accuracy", "accuracy", "test_acc"):
-        if key in summary:
-            return key, summary[key]
-    return None, None
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--acts", default=",".join(ALL_ACTS))
@@ -72,8 +64,8 @@ def main(argv=None) -> int:
         summary_path = out / "summary.json"
         if proc.returncode == 0 and summary_path.exists():
             summary = json.loads(summary_path.read_text())
-            key, acc = _accuracy(summary)
-            row.update(status="ok", accuracy_key=key, accuracy=acc, test_loss=summary.get("test_loss"))
+            row.update(status="ok", accuracy=summary["test_accuracy"], test_loss=summary["test_loss"],
+                       train_seconds=summary["train_seconds"])
         else:
             row.update(status="failed")
         rows.append(row)

@@ -53,7 +53,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     for dest, help_ in BOOL_FLAGS.items():
         flag = "--" + dest.replace("_", "-")
         p.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_)
-    p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="default | best (BatchNorm, augmentation, 20 epochs)")
+    p.add_argument("--preset", default=None, choices=sorted(PRESETS), help="default | best (BatchNorm, augmentation, 30 epochs)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
