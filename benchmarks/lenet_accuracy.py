@@ -2,6 +2,10 @@
 
     python benchmarks/lenet_accuracy.py --preset default --seeds 0,1,2 [--device cpu]
 Targets: default ≥99.0%, best ≥99.5% (mean over ≥3 seeds).
+
+Seeds can also run as separate processes (one core each) and be merged afterwards:
+    python benchmarks/lenet_accuracy.py --preset best --seeds 1 --part s1   # … one per seed
+    python benchmarks/lenet_accuracy.py --preset best --merge s0,s1,s2
 """
 
 from __future__ import annotations
@@ -10,7 +14,8 @@ import argparse
 import statistics
 import tempfile
 
-from _common import save
+from _common import RESULTS, save
+from trainlab.io import read_json
 from trainlab.config import TrainConfig, apply_preset
 
 
@@ -21,11 +26,19 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--act", default="relu")
     ap.add_argument("--epochs", type=int, default=None)
+    ap.add_argument("--part", default=None, help="write a partial result (merged later with --merge)")
+    ap.add_argument("--merge", default=None, help="comma-separated parts to merge into the final table")
     args = ap.parse_args()
     from trainlab.train.loop import train
 
+    name = f"lenet_accuracy_{args.preset}_{args.act}"
     rows, lines = [], []
-    for seed in [int(s) for s in args.seeds.split(",")]:
+    if args.merge:
+        for part in args.merge.split(","):
+            data = read_json(RESULTS / f"{name}.{part}.json")
+            rows += data["rows"]["rows"]
+            lines += (RESULTS / f"{name}.{part}.log").read_text().splitlines()
+    for seed in [int(s) for s in args.seeds.split(",")] if not args.merge else []:
         explicit = {"epochs": args.epochs} if args.epochs else {}
         cfg = apply_preset(TrainConfig(device=args.device, seed=seed, act=args.act, progress=False, tensorboard=False, **explicit),
                            args.preset, explicit=set(explicit))
@@ -34,6 +47,8 @@ def main() -> None:
             s = train(cfg, log=lambda line: (print(line, flush=True), lines.append(line)) if line.startswith(("epoch", "done")) else None)
         rows.append({"preset": args.preset, "act": args.act, "seed": seed, "epochs": cfg.epochs, "test_accuracy": s["test_accuracy"],
                      "train_seconds": s["train_seconds"], "time_to_99_s": s["time_to_99_seconds"], "device": s["device"]})
+    if args.part:
+        name += f".{args.part}"
     accs = [r["test_accuracy"] for r in rows]
     mean = statistics.mean(accs)
     sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
@@ -42,7 +57,7 @@ def main() -> None:
     md.append(f"\n**{args.preset} / {args.act}: {mean:.2f} ± {sd:.2f} % (mean ± sd over {len(accs)} seeds; min {min(accs):.2f}, max {max(accs):.2f})**")
     text = "\n".join(md)
     print(text)
-    save(f"lenet_accuracy_{args.preset}_{args.act}", {"rows": rows, "mean": mean, "sd": sd, "min": min(accs), "max": max(accs)}, text, lines)
+    save(name, {"rows": rows, "mean": mean, "sd": sd, "min": min(accs), "max": max(accs)}, text, lines)
 
 
 if __name__ == "__main__":
