@@ -75,6 +75,28 @@ def test_report_from_training_runs(runs, tmp_path, capsys):
     assert "No GPU record" in text
 
 
+def test_report_with_gelu_check_and_gpt_bench_json(runs, tmp_path, capsys):
+    """The operator and strategy tables come from real `gelu check` / `gpt bench` outputs made here."""
+    from trainlab.report.build import _fmt
+
+    assert main(["gelu", "check", "--json", "--impl", "python", "--dtype", "float64"]) == 0
+    check = json.loads(capsys.readouterr().out)
+    (tmp_path / "gelu_check.json").write_text(json.dumps(check))
+    bench_json = tmp_path / "gpt_bench.json"
+    assert main(["gpt", "bench", "--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
+                 "--global-batch", "2", "--micro-batch", "2", "--seq", "16", "--json", str(bench_json)]) == 0
+    bench = json.loads(bench_json.read_text())
+    out = tmp_path / "report"
+    assert main(["report", str(runs[0]), str(tmp_path / "gelu_check.json"), str(bench_json), "-o", str(out)]) == 0
+    page = check_page(out)
+    text = " ".join(page.text)
+    assert "GELU correctness" in text and "GPT benchmark" in text
+    for row in check["rows"]:
+        assert _fmt(row["fwd_max_abs_err"]) in text and _fmt(row["grad_max_abs_err"]) in text
+    assert str(bench["params"]) in text and _fmt(bench["tokens_per_s"]) in text and _fmt(bench["mfu"]) in text
+    assert ", ".join(_fmt(x) for x in bench["losses"]) in text
+
+
 def test_missing_pieces_are_noted_and_corrupt_input_is_named(runs, tmp_path, capsys):
     (runs[0] / "metrics.jsonl").rename(runs[0] / "metrics.jsonl.bak")
     try:

@@ -111,8 +111,8 @@ def comparison_section(runs: list[TrainingRun], out: Path) -> list[Block]:
 
 
 def table_from_rows(rows: list[dict], preferred: list[str]) -> list[list[str]]:
+    """The preferred columns that the rows have, in that order, one table row per input row."""
     keys = [k for k in preferred if any(k in r for r in rows)]
-    keys += [k for k in dict.fromkeys(k for r in rows for k in r) if k not in keys and not isinstance(rows[0].get(k), (list, dict))][:4]
     return [keys] + [[_bytes(r.get(k)) if k.endswith("bytes") and isinstance(r.get(k), (int, float)) else _fmt(r.get(k)) for k in keys] for r in rows]
 
 
@@ -132,7 +132,8 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
         blocks.append(Block("p", f"{len(rows)} rows, {len(failed)} failing."))
         blocks.append(Block("table", rows=table_from_rows(rows, ["impl", "approximate", "dtype", "fwd_max_abs_err", "grad_max_abs_err", "gradcheck", "ok"])))
     elif res.kind == "gelu_bench":
-        blocks.append(Block("table", rows=table_from_rows(rows, ["impl", "size", "numel", "dtype", "fwd_ms", "fwd_bwd_ms", "gbps", "ratio_to_torch"])))
+        blocks.append(Block("table", rows=table_from_rows(rows, ["size", "impl", "pass", "dtype", "approximate", "median_s", "p10_s", "p90_s",
+                                                                 "gbps", "ratio_to_torch", "pct_of_copy_bw"])))
     elif res.kind == "dp_compare":
         blocks.append(Block("table", rows=table_from_rows(rows, ["mode", "world_size", "loader", "workers", "epoch_seconds", "images_per_s",
                                                                  "data_ms_per_step", "compute_ms_per_step", "comm_ms_per_step", "test_accuracy"])))
@@ -149,18 +150,21 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
     elif res.kind == "gpt_plan":
         d = res.data
         blocks.append(Block("p", f"model params: {d.get('params'):,}"))
-        blocks.append(Block("table", rows=table_from_rows(rows, ["strategy", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "total_bytes", "fits"])))
+        blocks.append(Block("table", rows=table_from_rows(rows, ["strategy", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
+                                                                 "total_bytes", "fits", "max_micro_batch"])))
     elif res.kind == "gpt_compare":
-        blocks.append(Block("table", rows=table_from_rows(rows, ["strategy", "world_size", "status", "tokens_per_s", "tflops_per_device", "mfu",
-                                                                 "peak_memory_bytes", "predicted_bytes"])))
+        blocks.append(Block("table", rows=table_from_rows(rows, ["strategy", "nproc", "status", "step_ms_median", "tokens_per_s",
+                                                                 "tflops_per_device", "mfu", "peak_tensor_bytes", "predicted_bytes",
+                                                                 "first_loss_diff_vs_none"])))
         ok = [r for r in rows if r.get("tokens_per_s")]
         if ok:
             png = plots.bars([r["strategy"] for r in ok], [r["tokens_per_s"] for r in ok], out / f"result{index}_gpt_tps.png", "GPT throughput per strategy", "tokens/s")
             blocks.append(Block("img", "Throughput per strategy", src=png.name))
-            mem = [r for r in ok if r.get("peak_memory_bytes")]
+            key = "peak_tensor_bytes" if any(r.get("peak_tensor_bytes") for r in ok) else "peak_memory_bytes"
+            mem = [r for r in ok if r.get(key)]
             if mem:
-                png = plots.bars([r["strategy"] for r in mem], [r["peak_memory_bytes"] / 2**20 for r in mem], out / f"result{index}_gpt_mem.png",
-                                 "Peak memory per strategy", "MiB")
+                png = plots.bars([r["strategy"] for r in mem], [r[key] / 2**20 for r in mem], out / f"result{index}_gpt_mem.png",
+                                 f"Peak memory per strategy ({key.replace('_', ' ')})", "MiB")
                 blocks.append(Block("img", "Peak memory per strategy", src=png.name))
     return blocks
 

@@ -41,7 +41,7 @@ class ResultFile:
         d = self.data
         if isinstance(d, list):
             return d
-        for key in ("rows", "results", "strategies", "per_strategy"):
+        for key in ("rows", "strategies"):
             if isinstance(d, dict) and isinstance(d.get(key), list):
                 return d[key]
         return [d] if isinstance(d, dict) else []
@@ -84,19 +84,19 @@ def load_run(path: Path) -> TrainingRun:
 
 def classify(data: Any) -> str | None:
     """The kind of a result JSON, from the keys its producer guarantees."""
+    if isinstance(data, dict) and {"strategy", "tokens_per_s", "world_size"} <= set(data):
+        return "gpt_bench"
+    if isinstance(data, dict) and "params" in data and isinstance(data.get("strategies"), list):
+        return "gpt_plan"
     rows = ResultFile(Path(), "", data).rows
     first = rows[0] if rows and isinstance(rows[0], dict) else {}
-    if isinstance(data, dict) and "params" in data and any(k in data for k in ("strategies", "per_strategy")):
-        return "gpt_plan"
     if {"impl", "fwd_max_abs_err"} <= set(first):
         return "gelu_check"
-    if "impl" in first and any("ms" in k or "gbps" in k.lower() for k in first):
+    if {"impl", "size", "median_s"} <= set(first):
         return "gelu_bench"
     if {"mode", "world_size", "epoch_seconds"} <= set(first):
         return "dp_compare"
-    if isinstance(data, dict) and {"strategy", "tokens_per_s", "world_size"} <= set(data):
-        return "gpt_bench"
-    if "strategy" in first and any(k in first for k in ("tokens_per_s", "status", "predicted_bytes")):
+    if {"strategy", "status"} <= set(first):
         return "gpt_compare"
     return None
 
