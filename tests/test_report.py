@@ -75,6 +75,27 @@ def test_report_from_training_runs(runs, tmp_path, capsys):
     assert "No GPU record" in text
 
 
+def test_gpu_record_is_plotted(runs, tmp_path):
+    """A run with gpu.csv (the NVML sampler's format) gets the utilization/memory figure."""
+    import csv
+    import shutil
+
+    from trainlab.telemetry.gpu import FIELDS
+
+    run = tmp_path / "gpu-run"
+    shutil.copytree(runs[0], run)
+    with (run / "gpu.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows({"time_s": i / 10, "gpu": 0, "utilization_pct": 90 + i % 5, "memory_used_mib": 1500 + i,
+                     "memory_total_mib": 81559, "power_w": 300.0, "temperature_c": 55} for i in range(50))
+    out = tmp_path / "report"
+    assert main(["report", str(run), "-o", str(out)]) == 0
+    page = check_page(out)
+    assert "run0_gpu_timeline.png" in page.images
+    assert "No GPU record" not in " ".join(page.text)
+
+
 def test_report_with_gelu_check_and_gpt_bench_json(runs, tmp_path, capsys):
     """The operator and strategy tables come from real `gelu check` / `gpt bench` outputs made here."""
     from trainlab.report.build import _fmt
