@@ -7,6 +7,7 @@ The loop keeps the GPU busy: per-step losses stay on the device and are read bac
 from __future__ import annotations
 
 import copy
+import statistics
 import warnings
 import time
 from datetime import datetime
@@ -221,7 +222,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print, step_ti
         "train_seconds": train_seconds,
         "warmup_seconds": warmup_seconds,
         "time_to_99_seconds": time_to_target,
-        "images_per_s_median": _median([h["images_per_s"] for h in history]),
+        "images_per_s_median": statistics.median(h["images_per_s"] for h in history) if history else None,
         "device": str(device),
         "device_name": env["gpus"][0] if device.type == "cuda" and env["gpus"] else env["cpu"],
         "params": params,
@@ -243,11 +244,6 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print, step_ti
 
 def _silent(*_args, **_kwargs) -> None:
     pass
-
-
-def _median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else None
 
 
 def _warm_up(model, batches, device, precision, channels_last) -> float:
