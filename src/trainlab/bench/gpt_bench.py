@@ -324,7 +324,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
 
 def bench_command(cfg: BenchConfig) -> int:
     """CLI entry: validate, relaunch under torchrun when --nproc > 1, else run here."""
-    from trainlab.parallel.launch import relaunch_with_torchrun
+    from trainlab.parallel.launch import exit_worker, relaunch_with_torchrun, under_torchrun
 
     cfg = _with_world_size(cfg)
     validate(cfg)  # fail before launching N processes
@@ -332,4 +332,6 @@ def bench_command(cfg: BenchConfig) -> int:
     if rc is not None:
         return rc
     run_bench(cfg, log=lambda *a: print(*a, flush=True))
+    if under_torchrun():
+        exit_worker(0)  # results are written; don't let a stuck gloo teardown hang torchrun
     return 0

@@ -26,7 +26,7 @@ import torch.nn as nn
 from trainlab.bench.stats import summarize
 from trainlab.device import resolve_device, synchronize
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.parallel.launch import DEFAULT_TIMEOUT_S, DistInfo, ensure_process_group, init_distributed
+from trainlab.parallel.launch import DEFAULT_TIMEOUT_S, DistInfo, destroy_distributed, ensure_process_group, init_distributed
 
 MODES = ("none", "dp", "ddp", "allreduce")
 MULTI_PROCESS_MODES = ("ddp", "allreduce")
@@ -188,7 +188,7 @@ class DataParallelContext:
 
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+            destroy_distributed()  # bounded: gloo's teardown can block (see launch.destroy_distributed)
             self.owns_group = False
 
 
