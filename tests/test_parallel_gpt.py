@@ -150,7 +150,7 @@ def test_strategy_really_partitions_parameters(spawned, name, expected):
     cfg = get_preset(PRESET)
     full = 4 * count_params(cfg)
     per_rank = [spawned[r][(name, "sgd")]["param_bytes"] for r in range(2)]
-    C, L, V, T = cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.n_positions
+    C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
     block = 4 * (12 * C * C + 13 * C)
     if expected == "replicated":
         assert per_rank == [full, full]

@@ -29,7 +29,6 @@ Peak memory is predicted as the largest of three moments of the step:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from trainlab.errors import ConfigError
@@ -211,7 +210,6 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
             unsharded_fwd = FP32 * lp * st.layers if spec.data_parallel == "zero2" else prefetch
             if spec.data_parallel == "zero2" and spec.offload:
                 unsharded_fwd = FP32 * lp * st.layers
-        grads_during = FP32 * P if not spec.uses_fsdp and not spec.offload else 0.0
         persistent_grads = grads_full if accumulation_steps > 1 else 0.0
 
         # A: start of backward (set_to_none=True: no gradients yet unless accumulating)
