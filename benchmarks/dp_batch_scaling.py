@@ -20,8 +20,8 @@ import time
 import torch
 
 from _common import save
-from trainlab.config import TrainConfig
-from trainlab.train.setup import scaled_lr
+from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.setup import scaled_lr
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--name", default="dp_batch_scaling")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from trainlab.train.loop import train
+    from trainlab.lenet.loop import train
 
     rows, lines = [], []
     for batch in [int(b) for b in args.batches.split(",")]:

@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 
 from _common import save
-from trainlab.bench.stats import format_spread, summarize
+from trainlab.stats import format_spread, summarize
 from trainlab.data.loader import DeviceLoader
 from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device, synchronize
-from trainlab.models.lenet import LeNet5
+from trainlab.lenet.model import LeNet5
 
 
 def make_model(device, seed=0):

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from trainlab.device import resolve_device
-from trainlab.ops.bench import DEFAULT_SIZES, QUICK_SIZES, format_table, parse_size, run_bench, write_results
+from trainlab.ops.bench import DEFAULT_SIZES, QUICK_SIZES, format_table, parse_size, run_bench, write_bench_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     table = format_table(result)
     print(table)
     stem = "gelu_bench" + (f"_{args.tag}" if args.tag else "")
-    paths = write_results(RESULTS, result, table, command="python " + " ".join(["benchmarks/gelu_bench.py"] + sys.argv[1:]), stem=stem)
+    paths = write_bench_results(RESULTS, result, table, command="python " + " ".join(["benchmarks/gelu_bench.py"] + sys.argv[1:]), stem=stem)
     print("wrote", ", ".join(paths.values()))
     return 0
 

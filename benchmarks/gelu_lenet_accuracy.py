@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from trainlab.io import atomic_write_json, atomic_write_text
 from trainlab.telemetry.env import collect_env, format_header
+from trainlab.telemetry.results import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -79,10 +79,9 @@ def main(argv=None) -> int:
     env_info = collect_env(args.device)
     command = "python " + " ".join(["benchmarks/gelu_lenet_accuracy.py"] + (argv if argv is not None else sys.argv[1:]))
     header = format_header({"command": command, "epochs": args.epochs, "device": args.device}, env_info)
-    results = Path(args.results)
-    atomic_write_json(results / "gelu_lenet_accuracy.json", {"command": command, "env": env_info, "rows": rows})
-    atomic_write_text(results / "gelu_lenet_accuracy.md", f"# LeNet-5 accuracy per GELU implementation\n\n`{command}`\n\n```\n{header}\n\n{table}\n```\n")
-    atomic_write_text(results / "gelu_lenet_accuracy.log", f"$ {command}\n{header}\n\n{table}\n")
+    write_results(args.results, "gelu_lenet_accuracy", rows,
+                  f"# LeNet-5 accuracy per GELU implementation\n\n```\n{header}\n\n{table}\n```",
+                  [header, "", table], command, env=env_info)
     return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1
 
 

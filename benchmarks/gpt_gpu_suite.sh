@@ -73,8 +73,8 @@ run baseline_hf_fp32_ckpt $PY -m trainlab gpt bench "${COMMON[@]}" --impl hf --s
 fits() {  # fits STRATEGY MICRO -> exit 0 when the planner predicts it fits this device
   $PY - "$1" "$2" <<PYEOF
 import sys
-from trainlab.bench.planner import predict_memory, usable_bytes, parse_bytes
-from trainlab.models.gpt import get_preset
+from trainlab.gpt.planner import predict_memory, usable_bytes, parse_bytes
+from trainlab.gpt.model import get_preset
 p = predict_memory(get_preset("$MODEL"), sys.argv[1], 1, int(sys.argv[2]), None, optimizer="fused",
                    accumulation_steps=max(1, $GLOBAL // int(sys.argv[2])))
 sys.exit(0 if p["total_bytes"] <= usable_bytes(parse_bytes("$MEM")) else 1)
@@ -99,7 +99,7 @@ for B in $MICROS; do
     # 4. planner vs measured right after the first sweep point (most important when time runs short)
     run planner_error $PY benchmarks/gpt_planner_error.py --model "$MODEL" --device "$DEVICE" \
         --strategies amp+ckpt,amp --micro-batches 4 $( [ "$DEVICE" = cuda ] && echo --fused ) \
-        --seq "$($PY -c "from trainlab.models.gpt import get_preset; print(get_preset('$MODEL').n_positions)")" \
+        --seq "$($PY -c "from trainlab.gpt.model import get_preset; print(get_preset('$MODEL').n_positions)")" \
         --name "gpt_planner_error_${MODEL}_${DEVICE}"
     cp benchmarks/results/gpt_planner_error_${MODEL}_${DEVICE}.* "$OUT/" 2>/dev/null
   fi

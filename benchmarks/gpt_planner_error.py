@@ -21,10 +21,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import save  # noqa: E402
 
-from trainlab.bench.planner import measure_step_peak_bytes, predict_memory  # noqa: E402
-from trainlab.models.gpt import get_preset  # noqa: E402
-from trainlab.parallel.engine import GPTEngine  # noqa: E402
-from trainlab.parallel.launch import DistInfo  # noqa: E402
+from trainlab.gpt.planner import measure_step_peak_bytes, predict_memory  # noqa: E402
+from trainlab.gpt.model import get_preset  # noqa: E402
+from trainlab.gpt.engine import GPTEngine  # noqa: E402
+from trainlab.distributed.launch import DistInfo  # noqa: E402
 
 MiB = 1024**2
 

@@ -16,7 +16,7 @@ import tempfile
 
 from _common import RESULTS, save
 from trainlab.io import read_json
-from trainlab.config import TrainConfig, apply_preset
+from trainlab.lenet.config import TrainConfig, apply_preset
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--part", default=None, help="write a partial result (merged later with --merge)")
     ap.add_argument("--merge", default=None, help="comma-separated parts to merge into the final table")
     args = ap.parse_args()
-    from trainlab.train.loop import train
+    from trainlab.lenet.loop import train
 
     name = f"lenet_accuracy_{args.preset}_{args.act}"
     rows, lines = [], []

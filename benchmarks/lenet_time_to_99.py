@@ -19,13 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from _common import save
-from trainlab.config import TrainConfig
+from trainlab.lenet.config import TrainConfig
 from trainlab.data.mnist import MNIST, load_mnist
 from trainlab.device import resolve_device, synchronize
-from trainlab.models.lenet import LeNet5
-from trainlab.train.evaluate import evaluate
+from trainlab.lenet.model import LeNet5
+from trainlab.lenet.evaluate import evaluate
 from trainlab.telemetry.rundir import RunDir
-from trainlab.train.loop import build_test_batches, train
+from trainlab.lenet.batches import build_test_batches
+from trainlab.lenet.loop import train
 
 TARGET = 99.0
 

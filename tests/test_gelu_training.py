@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainlab.models.lenet import LeNet5
+from trainlab.lenet.model import LeNet5
 
 STEPS = 8
 BATCH = 32

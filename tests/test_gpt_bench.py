@@ -8,17 +8,18 @@ import sys
 
 import pytest
 
-from trainlab.bench.flops import (
+from trainlab.gpt.flops import (
     attention_flops_per_token,
     flops_per_token,
     handout_tflops,
     hardware_flops_per_token,
     mfu,
 )
-from trainlab.bench.gpt_bench import BenchConfig, run_bench, token_batches
-from trainlab.bench.gpt_compare import CompareConfig, _classify, run_compare
+from trainlab.gpt.bench import run_bench, token_batches
+from trainlab.gpt.config import BenchConfig, CompareConfig
+from trainlab.gpt.compare import _classify, run_compare
 from trainlab.cli import main
-from trainlab.models.gpt import count_params, get_preset
+from trainlab.gpt.model import count_params, get_preset
 
 TINY = ["--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--global-batch", "4",
         "--micro-batch", "4", "--seq", "32"]
@@ -118,7 +119,7 @@ def test_compare_classifies_failures():
 
 def test_compare_runs_isolated_and_writes_tables(tmp_path):
     bench = BenchConfig(model="tiny", device="cpu", steps=2, warmup=1, global_batch=4, micro_batch=4, seq=32)
-    res = run_compare(CompareConfig(bench=bench, strategies=["none", "tp"], out=str(tmp_path)), log=lambda *a: None)
+    res = run_compare(CompareConfig(bench=bench, strategies="none,tp", out=str(tmp_path)), log=lambda *a: None)
     rows = {r["strategy"]: r for r in res["rows"]}
     assert rows["none"]["status"] == "ok" and rows["none"]["predicted_bytes"] > 0
     assert rows["tp"]["status"] == "invalid"  # tp on one process: reported, not a crash

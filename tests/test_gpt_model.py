@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from trainlab.errors import ConfigError
-from trainlab.models.gpt import (
+from trainlab.gpt.model import (
     GPT,
     PRESETS,
     build_gpt,
@@ -42,7 +42,7 @@ def test_count_params_matches_hf(name):
 
     cfg = get_preset(name)
     with torch.device("meta"):
-        hf = GPT2LMHeadModel(__import__("trainlab.models.gpt", fromlist=["hf_config"]).hf_config(cfg))
+        hf = GPT2LMHeadModel(__import__("trainlab.gpt.model", fromlist=["hf_config"]).hf_config(cfg))
     assert count_params(cfg) == sum(p.numel() for p in hf.parameters())
     # published sizes: GPT-2 small 124,439,808 and medium 354,823,168 parameters
     expected = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168}

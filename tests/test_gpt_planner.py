@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from trainlab.bench.planner import (
+from trainlab.gpt.planner import (
     korthikanti_layer_bytes,
     layer_activation_bytes_per_token,
     layer_param_count,
@@ -17,7 +17,7 @@ from trainlab.bench.planner import (
 )
 from trainlab.cli import main
 from trainlab.errors import ConfigError
-from trainlab.models.gpt import GPTConfig, count_params, get_preset
+from trainlab.gpt.model import GPTConfig, count_params, get_preset
 
 SMALL = GPTConfig(vocab_size=100, n_positions=16, n_embd=8, n_layer=2, n_head=2)
 
@@ -89,8 +89,8 @@ def test_checkpointing_and_tp_reduce_activations():
 
 
 def _engine(strategy, b):
-    from trainlab.parallel.engine import GPTEngine
-    from trainlab.parallel.launch import DistInfo
+    from trainlab.gpt.engine import GPTEngine
+    from trainlab.distributed.launch import DistInfo
 
     return GPTEngine(get_preset("tiny"), strategy, DistInfo(), global_batch=b, micro_batch=b, seq_len=64)
 
@@ -121,7 +121,7 @@ def test_measured_activations_match_prediction():
         return t
 
     tokens = torch.randint(512, (8, 64))
-    from trainlab.models.gpt import lm_loss
+    from trainlab.gpt.model import lm_loss
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = lm_loss(model(tokens), tokens)
@@ -180,8 +180,8 @@ def test_prediction_matches_cuda_allocator_peak(strategy):
     """On a GPU: prediction vs torch.cuda.max_memory_allocated of the second step (GPT-2 small,
     seq 256, micro-batch 4). Written without a GPU at hand; tolerance 15% (allocator rounding,
     cuBLAS workspaces)."""
-    from trainlab.parallel.engine import GPTEngine
-    from trainlab.parallel.launch import DistInfo
+    from trainlab.gpt.engine import GPTEngine
+    from trainlab.distributed.launch import DistInfo
 
     cfg = get_preset("gpt2")
     device = torch.device("cuda", 0)

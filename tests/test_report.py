@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from trainlab.cli import main
-from trainlab.config import TrainConfig
-from trainlab.train.loop import train
+from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.loop import train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,27 +1,48 @@
 """Command line: parse arguments and call the library. No logic lives here.
 
-Each command group lives in its own module that exposes `add_parser(subparsers)`; the parser it
-adds sets `func` to the function that runs the command with the parsed namespace.
+Each command group lives in its workload's `cli` module, which exposes `add_parser(subparsers)`; the
+parser it adds sets `func` to the function that runs the command with the parsed namespace. A group
+whose module fails to import is a bug, and it fails loudly: a command must never silently vanish.
+
+`trainlab worker SPEC.json` (hidden) is how every worker process starts: the parent wrote its resolved
+config as JSON (`distributed.launch`), and `WORKERS` names the function that runs it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 from trainlab.errors import UserError
 
-# command → module that defines `add_parser(subparsers)`
-COMMANDS = {
-    "train": "trainlab.train.cli",
-    "eval": "trainlab.train.cli",
-    "data": "trainlab.data.cli",
-    "gelu": "trainlab.ops.cli",
-    "dp": "trainlab.parallel.cli",
-    "gpt": "trainlab.bench.gpt_cli",
-    "report": "trainlab.report.cli",
+# command group → module that defines `add_parser(subparsers)`, in --help order
+COMMAND_MODULES = (
+    "trainlab.lenet.cli",      # train, eval, dp
+    "trainlab.data.cli",       # data
+    "trainlab.ops.cli",        # gelu
+    "trainlab.gpt.cli",        # gpt
+    "trainlab.report.cli",     # report
+)
+
+# spec["worker"] → "module:function" taking the spec dict and returning an exit code
+WORKERS = {
+    "train": "trainlab.lenet.cli:train_worker",
+    "dp-compare": "trainlab.lenet.compare:run_worker",
+    "gpt-bench": "trainlab.gpt.bench:bench_worker",
 }
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from trainlab.io import read_json
+
+    spec = read_json(args.spec)
+    name = spec.get("worker") if isinstance(spec, dict) else None
+    if name not in WORKERS:
+        raise UserError(f"{args.spec}: not a trainlab worker spec (\"worker\" must be one of {', '.join(WORKERS)})")
+    module, func = WORKERS[name].split(":")
+    return getattr(importlib.import_module(module), func)(spec)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,20 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="`trainlab COMMAND --help` lists a command's flags.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module_name in dict.fromkeys(COMMANDS.values()):  # each module once, in order
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("trainlab"):
-                continue  # command group not built in this checkout
-            raise
-        module.add_parser(sub)
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).add_parser(sub)
+    w = sub.add_parser("worker")  # internal; not listed in the COMMAND help
+    w.add_argument("spec", help="JSON spec written by the launching process")
+    w.set_defaults(func=_run_worker)
+    sub._choices_actions = [a for a in sub._choices_actions if a.dest != "worker"]
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = shlex.join(["trainlab", *argv])  # recorded next to results
     try:
         result = args.func(args)
     except UserError as e:

@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from trainlab.errors import UserError
+
 
 def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) -> Path:
     path = Path(path)
@@ -61,8 +63,6 @@ def _json_default(o: Any) -> Any:
 
 def read_json(path: str | os.PathLike) -> Any:
     """Read a JSON file; a missing or corrupt file is a one-line `UserError` naming it."""
-    from trainlab.errors import UserError
-
     path = Path(path)
     try:
         return json.loads(path.read_text())

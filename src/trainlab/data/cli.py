@@ -6,6 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
+from trainlab.data import fetch, mnist
+from trainlab.data.idx import write_idx
 from trainlab.errors import DataError
 
 
@@ -47,8 +49,6 @@ def _size(path: Path) -> str:
 
 
 def run_show(args) -> int:
-    from trainlab.data import mnist
-
     try:
         csv = mnist.embedded_csv_paths()
         print(f"embedded source: {mnist.EMBEDDED_PACKAGE} {mnist.EMBEDDED_VERSION}")
@@ -68,8 +68,6 @@ def run_show(args) -> int:
 
 
 def run_verify(args) -> int:
-    from trainlab.data import mnist
-
     start = time.perf_counter()
     arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
     load_s = time.perf_counter() - start
@@ -86,8 +84,6 @@ def run_verify(args) -> int:
 
 
 def run_fetch(args) -> int:
-    from trainlab.data import fetch, mnist
-
     mirrors = tuple(args.mirror) if args.mirror else fetch.MIRRORS
     fetch.fetch_mnist(args.dir, mirrors=mirrors)
     arrays = mnist.load_idx_dir(args.dir)
@@ -97,9 +93,6 @@ def run_fetch(args) -> int:
 
 
 def run_convert(args) -> int:
-    from trainlab.data import mnist
-    from trainlab.data.idx import write_idx
-
     arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
     out = Path(args.out)
     for key, stem in mnist.IDX_STEMS.items():

@@ -18,10 +18,12 @@ import time
 
 import torch
 
-from trainlab.bench.stats import summarize
 from trainlab.device import synchronize
 from trainlab.errors import ConfigError, UserError
 from trainlab.ops.gelu import APPROXIMATIONS, gelu
+from trainlab.stats import summarize
+from trainlab.telemetry.env import collect_env, format_header
+from trainlab.telemetry.results import write_results
 
 DEFAULT_SIZES = [2**10, 2**14, 2**18, 2**20, 2**22, 2**24, 2**26]   # 1K … 64M elements
 QUICK_SIZES = [2**10, 2**16, 2**20]
@@ -171,21 +173,10 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_results(out_dir, result: dict, table: str, command: str, stem: str = "gelu_bench") -> dict:
-    """Write <stem>.json, <stem>.md and <stem>.log (command, machine, versions, table) atomically."""
-    from pathlib import Path
-
-    from trainlab.io import atomic_write_json, atomic_write_text
-    from trainlab.telemetry.env import collect_env, format_header
-
-    out = Path(out_dir)
+def write_bench_results(out_dir, result: dict, table: str, command: str, stem: str = "gelu_bench") -> dict:
+    """<stem>.json/.md/.log through the shared result writer: the table, headed by config and machine."""
     env = collect_env(result["device"])
     config = {"command": command, "device": result["device"], "dtype": result["dtype"],
               "approximate": result["approximate"], "sizes": ",".join(format_size(s) for s in result["sizes"])}
-    header = format_header(config, env)
-    paths = {
-        "json": atomic_write_json(out / f"{stem}.json", {"command": command, "env": env, **result}),
-        "md": atomic_write_text(out / f"{stem}.md", f"# GELU benchmark\n\n`{command}`\n\n```\n{header}\n\n{table}\n```\n"),
-        "log": atomic_write_text(out / f"{stem}.log", f"$ {command}\n{header}\n\n{table}\n"),
-    }
-    return {k: str(v) for k, v in paths.items()}
+    text = f"{format_header(config, env)}\n\n{table}"
+    return write_results(out_dir, stem, result, f"# GELU benchmark\n\n```\n{text}\n```", [text], command, env=env)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from trainlab.errors import UserError
 from trainlab.ops.gelu import APPROXIMATIONS, IMPLS, gelu
+from trainlab.ops.gelu_cpp import load
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -100,8 +101,6 @@ def _gradcheck(impl: str, approximate: str, interpret: bool, device: torch.devic
 
 
 def _opcheck(dtype: torch.dtype, approximate: str, device: torch.device) -> bool:
-    from trainlab.ops.gelu_cpp import load
-
     load()
     x = torch.randn(3, 5, dtype=dtype, device=device, requires_grad=True)
     g = torch.randn(3, 5, dtype=dtype, device=device)

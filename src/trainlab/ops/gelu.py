@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainlab.errors import ConfigError
+from trainlab.ops import gelu_cpp
 
 IMPLS = ("torch", "python", "cpp", "triton", "cuda")
 APPROXIMATIONS = ("none", "tanh")
@@ -39,12 +40,17 @@ _BETA = math.sqrt(2.0 / math.pi)
 _KAPPA = 0.044715
 
 
-def validate(x: torch.Tensor, impl: str, approximate: str) -> None:
-    """Raise ConfigError for unknown impl/approximate, TypeError for non-floating inputs."""
+def validate_options(impl: str, approximate: str) -> None:
+    """ConfigError for an unknown impl or approximation (the one check, for `gelu` and `GELU`)."""
     if impl not in IMPLS:
         raise ConfigError(f"gelu impl={impl!r}: unknown implementation; choose one of {', '.join(IMPLS)}")
     if approximate not in APPROXIMATIONS:
         raise ConfigError(f"gelu approximate={approximate!r}: choose one of {', '.join(APPROXIMATIONS)}")
+
+
+def validate(x: torch.Tensor, impl: str, approximate: str) -> None:
+    """Raise ConfigError for unknown impl/approximate, TypeError for non-floating inputs."""
+    validate_options(impl, approximate)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"gelu expects a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in SUPPORTED_DTYPES:
@@ -119,14 +125,10 @@ def gelu(x: torch.Tensor, impl: str = "torch", approximate: str = "none") -> tor
     if impl == "python":
         return gelu_python(x, approximate)
     if impl == "cpp":
-        from trainlab.ops.gelu_cpp import gelu_cpp
-
-        return gelu_cpp(x, approximate)
+        return gelu_cpp.gelu_cpp(x, approximate)
     if impl == "cuda":
-        from trainlab.ops.gelu_cpp import gelu_cuda
-
-        return gelu_cuda(x, approximate)
-    from trainlab.ops.gelu_triton import gelu_triton
+        return gelu_cpp.gelu_cuda(x, approximate)
+    from trainlab.ops.gelu_triton import gelu_triton  # imports Triton: only when asked for
 
     return gelu_triton(x, approximate)
 
@@ -136,18 +138,13 @@ class GELU(nn.Module):
 
     def __init__(self, impl: str = "torch", approximate: str = "none"):
         super().__init__()
-        if impl not in IMPLS:
-            raise ConfigError(f"gelu impl={impl!r}: unknown implementation; choose one of {', '.join(IMPLS)}")
-        if approximate not in APPROXIMATIONS:
-            raise ConfigError(f"gelu approximate={approximate!r}: choose one of {', '.join(APPROXIMATIONS)}")
+        validate_options(impl, approximate)
         self.impl = impl
         self.approximate = approximate
         if impl == "cpp" or (impl == "cuda" and torch.cuda.is_available()):
             # Build/load the extension now, outside any torch.compile region: the first load takes
             # a lock and may run the compiler, which Dynamo cannot trace (fullgraph would fail).
-            from trainlab.ops.gelu_cpp import load
-
-            load()
+            gelu_cpp.load()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu(x, impl=self.impl, approximate=self.approximate)

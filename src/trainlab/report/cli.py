@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from trainlab.report.build import build_report
+
 
 def run_report(args) -> int:
-    from trainlab.report.build import build_report
-
     result = build_report(args.inputs, args.out, title=args.title)
     for note in result["notes"]:
         print(f"note: {note}")

@@ -11,6 +11,9 @@ from datetime import datetime, timezone
 
 import torch
 
+from trainlab import __version__
+from trainlab.device import device_name
+
 
 def _version(pkg: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
@@ -33,9 +36,6 @@ def nvidia_smi_snapshot(timeout: float = 10.0) -> str | None:
 
 
 def collect_env(device: torch.device | str | None = None) -> dict:
-    from trainlab import __version__
-    from trainlab.device import device_name
-
     info = {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "trainlab": __version__,

@@ -35,6 +35,11 @@ class RunDir:
         """Rewrites metrics.jsonl whole, atomically: a resumed run never holds records past its checkpoint."""
         return atomic_write_text(self.path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
 
+    def append_metric(self, record: dict) -> None:
+        """One more metrics.jsonl line, for runs that log per step (a lost tail costs only those steps)."""
+        with open(self.path / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
     def read_metrics(self) -> list[dict]:
         p = self.path / "metrics.jsonl"
         if not p.exists():

@@ -1,0 +1,91 @@
+"""Run a function in N fresh CPU processes joined by gloo: how the tests check every parallel strategy.
+
+`spawn_for_test(fn, world_size, *args)` returns each rank's result, or raises `SpawnError` with the
+failing rank's traceback (or after a timeout), so a broken strategy fails a test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+import traceback
+
+import torch
+
+from trainlab.distributed.launch import destroy_distributed, init_distributed
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SpawnError(RuntimeError):
+    """A spawned rank failed (the message carries its traceback) or the run exceeded its timeout."""
+
+
+def _spawn_entry(rank, fn, world_size, port, result_dir, pg_timeout_s, threads, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    torch.set_num_threads(threads)
+    path = os.path.join(result_dir, f"rank{rank}.pt")
+    try:
+        info = init_distributed(backend="gloo", timeout_s=pg_timeout_s, device="cpu")
+        out = fn(info, *args)
+        torch.save({"ok": True, "value": out}, path)
+    except BaseException:
+        torch.save({"ok": False, "error": traceback.format_exc()}, path)
+        raise
+    finally:
+        # Waiting for peers at the end would hang on a dead rank: destroy without a barrier.
+        destroy_distributed()
+
+
+def spawn_for_test(fn, world_size: int, *args, timeout_s: float = 120.0, pg_timeout_s: float = 60.0,
+                   threads: int = 1) -> list:
+    """Run ``fn(DistInfo, *args)`` in `world_size` fresh processes on CPU with gloo on a free local port.
+
+    Returns the list of per-rank return values (they must be picklable with torch.save). Raises
+    SpawnError with the failing rank's traceback if any rank fails, or after `timeout_s` seconds.
+    `fn` must be importable (a module-level function).
+    """
+    import torch.multiprocessing as mp
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="trainlab_spawn_") as result_dir:
+        ctx = mp.start_processes(_spawn_entry, args=(fn, world_size, port, result_dir, pg_timeout_s, threads, args),
+                                 nprocs=world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        failure = None
+        try:
+            while not ctx.join(timeout=0.5):
+                if time.monotonic() > deadline:
+                    raise SpawnError(f"spawned run of {world_size} ranks exceeded {timeout_s:.0f} s")
+        except mp.ProcessRaisedException as e:
+            failure = e
+        except mp.ProcessExitedException as e:
+            failure = e
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+            for p in ctx.processes:
+                p.join(5)
+        records = []
+        for rank in range(world_size):
+            path = os.path.join(result_dir, f"rank{rank}.pt")
+            records.append(torch.load(path, weights_only=False) if os.path.exists(path) else None)
+        # Report a rank that raised before ranks that were merely terminated because of it.
+        for rank, rec in enumerate(records):
+            if rec is not None and not rec["ok"]:
+                raise SpawnError(f"rank {rank} failed:\n{rec['error']}")
+        for rank, rec in enumerate(records):
+            if rec is None:
+                raise SpawnError(f"rank {rank} left no result ({failure})")
+        if failure is not None:
+            raise SpawnError(str(failure))
+        results = [rec["value"] for rec in records]
+        return results

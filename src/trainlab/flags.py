@@ -1,0 +1,139 @@
+"""Typed command configs: one dataclass per command; its CLI flags and its JSON follow from its fields.
+
+A field is declared once, with its default and its help:
+
+    @dataclass
+    class BenchConfig(Config):
+        steps: int = opt(10, "timed optimizer steps")
+
+- `add_flags(parser, BenchConfig)` adds `--steps` (type from the annotation, help from the field, booleans
+  as `--x/--no-x`). Every flag defaults to None, so `explicit_values(args, BenchConfig)` knows which values
+  the user gave; the dataclass (or a preset, or a resumed run's saved config) supplies the rest.
+- `BenchConfig.from_dict(d, source=path)` rebuilds a config from JSON with its types checked: a hand-edited
+  config.json with a string where a number belongs is one error line naming the file and the key, not a
+  crash deep inside training.
+- Worker processes receive the resolved config as JSON (`distributed.launch`), never as a command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any
+
+from trainlab.errors import ConfigError
+
+
+def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | list | None = None,
+        metavar: str | None = None, cli: bool = True) -> Any:
+    """A config field: its default, its help text, and how it appears on the command line.
+
+    `flag` overrides the derived `--field-name`; `cli=False` keeps a field out of the command line
+    (set by the program, recorded in the JSON)."""
+    return dataclasses.field(default=default, metadata={"help": help, "flag": flag, "choices": choices,
+                                                        "metavar": metavar, "cli": cli})
+
+
+def _field_type(cls, f: dataclasses.Field) -> tuple[Any, bool]:
+    """(base type, optional?) of a field: `int | None` → (int, True); `list[str]` → (list[str], False)."""
+    hint = typing.get_type_hints(cls)[f.name]
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0], len(args) < len(typing.get_args(hint))
+    return hint, False
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def cli_fields(cls, exclude=()) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("cli", False) and f.name not in exclude]
+
+
+def add_flags(parser: argparse.ArgumentParser, cls, exclude=(), defaults: Any = None) -> None:
+    """One flag per CLI field of `cls` (all defaulting to None; see `explicit_values`). The help text
+    shows the default of `defaults` (an instance, e.g. after a preset) or of the dataclass."""
+    for f in cli_fields(cls, exclude):
+        typ, _ = _field_type(cls, f)
+        meta = f.metadata
+        default = getattr(defaults, f.name) if defaults is not None else f.default
+        help_ = meta["help"] + (f" (default: {default})" if default not in (None, False, dataclasses.MISSING) else "")
+        kw: dict[str, Any] = {"dest": f.name, "default": None, "help": help_}
+        if typ is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(typ) is list:
+            kw.update(action="append", type=typing.get_args(typ)[0])
+        else:
+            kw["type"] = typ
+        if meta.get("choices") is not None:
+            kw["choices"] = list(meta["choices"])
+        if typ is not bool and meta.get("choices") is None:
+            kw["metavar"] = meta.get("metavar") or flag_name(f).lstrip("-").upper().replace("-", "_")
+        parser.add_argument(flag_name(f), **kw)
+
+
+def add_command(subparsers, name: str, help: str, cls, func, exclude=()) -> argparse.ArgumentParser:
+    """A subcommand whose flags are the CLI fields of `cls` and which runs `func(args)`."""
+    p = subparsers.add_parser(name, help=help, description=help[:1].upper() + help[1:] + ".")
+    add_flags(p, cls, exclude)
+    p.set_defaults(func=func)
+    return p
+
+
+def explicit_values(args: argparse.Namespace, cls, exclude=()) -> dict[str, Any]:
+    """The CLI fields of `cls` the user set on the command line."""
+    return {f.name: getattr(args, f.name) for f in cli_fields(cls, exclude) if getattr(args, f.name, None) is not None}
+
+
+def _check_type(cls, f: dataclasses.Field, value: Any, source: str) -> Any:
+    typ, optional = _field_type(cls, f)
+    if value is None:
+        if optional or f.default is None:
+            return None
+        raise ConfigError(f"{source}: {f.name!r} must not be null (expected {_type_name(typ)})")
+    ok = False
+    if typ is bool:
+        ok = isinstance(value, bool)
+    elif typ is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif typ is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif typ is str:
+        ok = isinstance(value, str)
+    elif typing.get_origin(typ) is list:
+        inner = typing.get_args(typ)[0]
+        ok = isinstance(value, list) and all(isinstance(v, inner) for v in value)
+    elif dataclasses.is_dataclass(typ) and isinstance(value, dict):
+        return typ.from_dict(value, source=f"{source} [{f.name}]")
+    else:
+        ok = isinstance(value, typ) if isinstance(typ, type) else True
+    if not ok:
+        raise ConfigError(f"{source}: {f.name!r} must be {_type_name(typ)}{' or null' if optional else ''}, "
+                          f"got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _type_name(typ) -> str:
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(typ, str(typ))
+
+
+class Config:
+    """Mixin for the command dataclasses: JSON out (`to_dict`) and typed JSON in (`from_dict`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "config"):
+        if not isinstance(d, dict):
+            raise ConfigError(f"{source}: expected a JSON object of {cls.__name__} fields, got {type(d).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(d) - set(fields)
+        if unknown:
+            raise ConfigError(f"{source}: unknown config keys: {', '.join(sorted(unknown))}")
+        return cls(**{k: _check_type(cls, fields[k], v, source) for k, v in d.items()})

@@ -1,0 +1,281 @@
+"""`trainlab gpt compare`: run a matrix of strategies on the same tokens, one subprocess each.
+
+Each strategy runs as its own `trainlab gpt bench` process, so an out-of-memory error, a crash or
+a hang is isolated and reported in the table ("OOM", "failed", "timeout", "invalid") next to the
+planner's predicted memory, instead of ending the comparison.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import subprocess
+import time
+from dataclasses import replace
+
+import torch
+
+from trainlab.distributed.launch import worker_command, write_spec
+from trainlab.errors import ConfigError
+from trainlab.gpt.config import BenchConfig, CompareConfig
+from trainlab.gpt.model import get_preset
+from trainlab.gpt.planner import predict_memory
+from trainlab.gpt.strategy import parse_strategy
+from trainlab.io import atomic_write_text, read_json
+from trainlab.telemetry.env import collect_env, format_header
+from trainlab.telemetry.results import write_results
+
+GiB = 1024**3
+OOM_MARKERS = ("out of memory", "OutOfMemoryError", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED",
+               "std::bad_alloc", "Cannot allocate memory")
+
+
+def default_matrix(nproc: int) -> list[str]:
+    """The handout's list — single device, DP/ZeRO, pipeline, tensor parallel, mixed precision,
+    accumulation, checkpointing, offload — each alone and in useful combinations."""
+    single = ["none", "amp", "ckpt", "ckpt-selective", "accum", "amp+ckpt", "offload", "compile", "amp+compile"]
+    if nproc < 2:
+        return single
+    multi = ["ddp", "ddp+accum", "ddp+amp", "zero1", "zero2", "zero3", "zero3+amp+ckpt", "zero3+offload", "tp",
+             "tp+amp", "pp", "pp+amp"]
+    if nproc >= 4 and nproc % 2 == 0:
+        multi.append("tp+pp")
+    return single + multi
+
+
+def _classify(rc: int, text: str) -> str:
+    if rc == 0:
+        return "ok"
+    if any(m.lower() in text.lower() for m in OOM_MARKERS):
+        return "OOM"
+    if "trainlab: error:" in text:  # rc 2 directly, or torchrun's rc 1 around a worker's exit 2
+        return "invalid"
+    return "failed"
+
+
+def _error_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    for marker in ("trainlab: error:", *OOM_MARKERS):
+        for line in lines:
+            if marker.lower() in line.lower():
+                return line.strip()[:200]
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("trainlab: error:") or "Error" in line:
+            return line[:200]
+    return (text.strip().splitlines() or [""])[-1][:200]
+
+
+def _strategy_run(bench: BenchConfig, strategy: str) -> BenchConfig:
+    """Per-strategy settings: parallel strategies use all `nproc` ranks, single-device ones one;
+    accumulation gets a micro-batch half the per-rank batch; the tokens stay identical."""
+    spec = parse_strategy(strategy)
+    nproc = bench.nproc if spec.distributed else 1
+    per_rank = bench.global_batch // max(1, nproc // (bench.tp * bench.pp) if spec.data_parallel else 1)
+    micro = min(bench.micro_batch, max(1, per_rank))
+    if spec.accum and micro >= bench.global_batch // max(1, nproc if spec.data_parallel else 1):
+        micro = max(1, micro // 2)
+    # on CPU, RSS is mostly the runtime: count live tensor bytes too (one extra untimed step)
+    on_cpu = bench.device == "cpu" or (bench.device == "auto" and not torch.cuda.is_available())
+    return replace(bench, strategy=spec.text, nproc=nproc, micro_batch=micro, json=None, out=None,
+                   track_memory=bench.track_memory or on_cpu)
+
+
+def predicted_bytes(run: BenchConfig) -> int | None:
+    cfg = get_preset(run.model)
+    spec = parse_strategy(run.strategy)
+    if run.impl != "ours":
+        return None
+    per_rank = run.global_batch // max(1, run.nproc // (run.tp * run.pp) if spec.data_parallel else 1)
+    try:
+        return predict_memory(cfg, spec, run.nproc, run.micro_batch, run.seq, tp=run.tp, pp=run.pp,
+                              microbatches=run.microbatches or (per_rank // run.micro_batch if spec.pp else None),
+                              pp_schedule=run.pp_schedule, accumulation_steps=per_rank // run.micro_batch,
+                              optimizer="fused" if run.fused_optimizer else ("foreach" if run.device.startswith("cuda") else "forloop"))["total_bytes"]
+    except ConfigError:
+        return None
+
+
+def _child_env(run: BenchConfig) -> dict:
+    """On CPU every process gets one thread — a "device" is one core, as torchrun's workers get
+    (OMP_NUM_THREADS=1). Two threads per process on a busy 2-core box measured 30× slower steps
+    (OpenMP spin-waiting), which would compare thread contention instead of strategies."""
+    env = dict(os.environ)
+    if run.device == "cpu" or (run.device == "auto" and not torch.cuda.is_available()):
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compare") -> dict:
+    """Run every strategy; write compare.md/.csv/.json/.log and plots under `cc.out`; return the table."""
+    get_preset(cc.bench.model)  # an unknown preset is one error, not one per strategy
+    strategies = cc.strategy_list or default_matrix(cc.bench.nproc)
+    runs = [_strategy_run(cc.bench, s) for s in strategies]  # ConfigError for unknown names, up front
+    os.makedirs(cc.out, exist_ok=True)
+    env = collect_env(cc.bench.device)
+    header = format_header({"strategies": ",".join(strategies), **cc.bench.to_dict()}, env)
+    log(header)
+    lines = header.splitlines()
+    rows = []
+    for run in runs:
+        slug = run.strategy.replace("+", "_")
+        json_path = os.path.join(cc.out, f"{slug}.json")
+        log_path = os.path.join(cc.out, f"{slug}.log")
+        row = {"strategy": run.strategy, "nproc": run.nproc, "micro_batch": run.micro_batch,
+               "predicted_bytes": predicted_bytes(run)}
+        try:
+            run.validate()
+        except ConfigError as e:
+            row.update(status="invalid", error=str(e))
+            rows.append(row)
+            lines.append(f"{run.strategy:<22} invalid: {e}")
+            log(lines[-1])
+            continue
+        if os.path.exists(json_path):
+            os.remove(json_path)
+        spec = write_spec(os.path.join(cc.out, f"{slug}.spec.json"), "gpt-bench", config=replace(run, json=json_path).to_dict())
+        cmd = worker_command(run.nproc, spec)
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cc.timeout_s, env=_child_env(run))
+            rc, text = proc.returncode, proc.stdout + proc.stderr
+            status = _classify(rc, text)
+        except subprocess.TimeoutExpired as e:
+            rc, status = -1, "timeout"
+            text = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")) + \
+                   ((e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
+        atomic_write_text(log_path, "$ " + " ".join(cmd) + "\n" + text)
+        row["wall_s"] = time.perf_counter() - t0
+        if status == "ok" and os.path.exists(json_path):
+            s = read_json(json_path)
+            row.update(status="ok", step_ms_median=s["step_seconds_median"] * 1e3,
+                       step_ms_p10=s["step_seconds"]["p10"] * 1e3, step_ms_p90=s["step_seconds"]["p90"] * 1e3,
+                       tokens_per_s=s["tokens_per_s"], tokens_per_s_per_device=s["tokens_per_s_per_device"],
+                       tflops_per_device=s["tflops_per_device"],
+                       tflops_per_device_handout=s["tflops_per_device_handout"], mfu=s["mfu"],
+                       peak_memory_bytes=s["peak_memory_bytes"], peak_memory_kind=s["peak_memory_kind"],
+                       peak_tensor_bytes=s.get("peak_tensor_bytes"),
+                       first_loss=s["losses"][0], last_loss=s["losses"][-1], losses=s["losses"])
+        else:
+            row.update(status=status if status != "ok" else "failed", error=_error_line(text))
+        rows.append(row)
+        lines.append(_row_line(row))
+        log(lines[-1])
+
+    _check_same_start(rows)
+    result = {"config": cc.bench.to_dict(), "env": env, "rows": rows}
+    table = to_markdown(rows)
+    write_results(cc.out, "compare", result, header_md(cc) + table, lines + ["", table], command, env=env)
+    atomic_write_text(os.path.join(cc.out, "compare.csv"), to_csv(rows))
+    plot(rows, cc.out)
+    log("\n" + table)
+    log(f"wrote {cc.out}/compare.md, compare.csv, compare.json, compare.log, throughput.png, memory.png")
+    return {"command": command, **result}
+
+
+def _check_same_start(rows: list[dict]) -> None:
+    """Same seed and tokens ⇒ the first loss is the same for every strategy (up to precision)."""
+    ref = next((r["first_loss"] for r in rows if r.get("status") == "ok" and r["strategy"] == "none"), None)
+    for r in rows:
+        if r.get("status") == "ok" and ref is not None:
+            r["first_loss_diff_vs_none"] = r["first_loss"] - ref
+
+
+def _gib(x) -> str:
+    return "-" if x is None else f"{x / GiB:.3f}"
+
+
+def _mib(x) -> str:
+    return "-" if x is None else f"{x / 2**20:.2f}"
+
+
+def _row_line(r: dict) -> str:
+    if r.get("status") != "ok":
+        return f"{r['strategy']:<22} {r['status']}: {r.get('error', '')}  (predicted {_gib(r.get('predicted_bytes'))} GiB)"
+    return (f"{r['strategy']:<22} {r['step_ms_median']:9.1f} ms  {r['tokens_per_s']:10,.0f} tok/s  "
+            f"{r['tflops_per_device']:.3f} TFLOPS/dev  peak {_gib(r['peak_memory_bytes'])} GiB, tensors "
+            f"{_gib(r.get('peak_tensor_bytes'))} GiB (predicted {_gib(r['predicted_bytes'])})  "
+            f"loss {r['first_loss']:.4f}→{r['last_loss']:.4f}")
+
+
+COLUMNS = ["strategy", "nproc", "micro_batch", "status", "step_ms_median", "step_ms_p10", "step_ms_p90", "tokens_per_s",
+           "tokens_per_s_per_device", "tflops_per_device", "tflops_per_device_handout", "mfu", "peak_memory_bytes",
+           "peak_tensor_bytes", "predicted_bytes", "first_loss", "last_loss", "first_loss_diff_vs_none", "error"]
+
+
+def to_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    return buf.getvalue()
+
+
+def header_md(cc: CompareConfig) -> str:
+    b = cc.bench
+    return (f"# GPT strategy comparison: {b.model}\n\nglobal batch {b.global_batch} × seq {b.seq or 'n_positions'}, "
+            f"{b.steps} timed steps after {b.warmup} warm-up, seed {b.seed}, device {b.device}, impl {b.impl}. "
+            "Step time: median [p10–p90]. TFLOPS per device: 6N + 12·L·C·T model FLOPs (handout's 8·N·B·T in its "
+            "column). On CPU each process runs one thread (a device = a core). Peak memory: max allocated per rank "
+            "on CUDA, process RSS on CPU; live tensors: peak bytes of "
+            "live tensors in one extra untimed step (CPU), the figure the planner predicts.\n\n")
+
+
+def to_markdown(rows: list[dict]) -> str:
+    lines = ["| strategy | ranks | micro | step ms (p10–p90) | tokens/s | tokens/s/dev | TFLOPS/dev | TFLOPS/dev (handout) "
+             "| MFU | peak mem GiB | live tensors MiB | predicted MiB | loss first→last |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['strategy']} | {r['nproc']} | {r['micro_batch']} | **{r['status']}** | | | | | | | | "
+                         f"{_mib(r.get('predicted_bytes'))} | {r.get('error', '')[:80]} |")
+            continue
+        mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        lines.append(f"| {r['strategy']} | {r['nproc']} | {r['micro_batch']} | {r['step_ms_median']:.1f} "
+                     f"({r['step_ms_p10']:.1f}–{r['step_ms_p90']:.1f}) | {r['tokens_per_s']:,.0f} | "
+                     f"{r['tokens_per_s_per_device']:,.0f} | {r['tflops_per_device']:.3f} | "
+                     f"{r['tflops_per_device_handout']:.3f} | {mfu} | {_gib(r['peak_memory_bytes'])} | "
+                     f"{_mib(r.get('peak_tensor_bytes'))} | {_mib(r['predicted_bytes'])} | "
+                     f"{r['first_loss']:.4f}→{r['last_loss']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], out: str) -> None:
+    """throughput.png (tokens/s per strategy) and memory.png (measured vs predicted peak)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["strategy"] for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows)), 4))
+    tps = [r.get("tokens_per_s") or 0 for r in rows]
+    ax.bar(x, tps, color=["tab:blue" if r.get("status") == "ok" else "tab:red" for r in rows])
+    for i, r in enumerate(rows):
+        if r.get("status") != "ok":
+            ax.text(i, 0, r["status"], ha="center", va="bottom", rotation=90, color="tab:red")
+    ax.set_xticks(list(x), names, rotation=45, ha="right")
+    ax.set_ylabel("tokens/s (total)")
+    ax.set_title("throughput per strategy (same tokens)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "throughput.png"), dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows)), 4))
+    w = 0.4
+    # measured: live tensor bytes where counted (CPU), else the allocator's peak (CUDA)
+    measured = [r.get("peak_tensor_bytes") or r.get("peak_memory_bytes") or 0 for r in rows]
+    predicted = [r.get("predicted_bytes") or 0 for r in rows]
+    scale, unit = (GiB, "GiB") if max(measured + predicted + [0]) >= GiB else (2**20, "MiB")
+    ax.bar([i - w / 2 for i in x], [m / scale for m in measured], w, label="measured peak")
+    ax.bar([i + w / 2 for i in x], [p / scale for p in predicted], w, label="predicted (planner)")
+    ax.set_xticks(list(x), names, rotation=45, ha="right")
+    ax.set_ylabel(f"{unit} per device")
+    ax.set_title("peak memory per strategy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "memory.png"), dpi=120)
+    plt.close(fig)

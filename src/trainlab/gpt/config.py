@@ -1,0 +1,103 @@
+"""The configs of `trainlab gpt bench|compare|plan`: one dataclass each, flags derived from the fields.
+
+`CompareConfig` holds a `BenchConfig` (the settings every strategy shares) instead of repeating its
+fields; `gpt compare` takes the bench flags except --strategy/--json/--out, which are per run there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainlab.errors import ConfigError
+from trainlab.flags import Config, opt
+from trainlab.gpt.model import PRESETS, get_preset
+from trainlab.gpt.strategy import parse_strategy, validate_strategy
+
+MODEL_HELP = "preset: " + ", ".join(PRESETS)
+
+
+@dataclass
+class BenchConfig(Config):
+    """One strategy, timed on seeded random tokens (`trainlab gpt bench`)."""
+
+    model: str = opt("gpt2-1.6b", MODEL_HELP)
+    strategy: str = opt("none", "e.g. none, ddp, zero3+amp+ckpt, tp+pp ('+'-joined; see gpt.strategy)")
+    nproc: int = opt(1, "processes, one per GPU (>1 relaunches under torchrun)")
+    steps: int = opt(10, "timed optimizer steps")
+    warmup: int = opt(2, "untimed steps before them (compile, allocator, caches)")
+    global_batch: int = opt(8, "sequences per optimizer step (identical for every strategy)")
+    micro_batch: int = opt(8, "sequences per forward/backward on one rank")
+    seq: int | None = opt(None, "sequence length (default: the model's n_positions)")
+    device: str = opt("auto", "auto | cpu | cuda")
+    impl: str = opt("ours", "ours | hf (HF GPT2LMHeadModel, the handout's baseline)", choices=("ours", "hf"))
+    tp: int = opt(1, "tensor-parallel degree (with tp; default: all ranks)")
+    pp: int = opt(1, "pipeline stages (with pp; default: all ranks)")
+    pp_schedule: str = opt("1f1b", "1f1b | gpipe")
+    microbatches: int | None = opt(None, "pipeline micro-batches (default: per-rank batch / micro-batch)")
+    lr: float = opt(5e-4, "learning rate (the handout's)")
+    seed: int = opt(0, "seed of the weights and the tokens")
+    fused_optimizer: bool = opt(False, "AdamW(fused=True) (GPU)")
+    track_memory: bool = opt(False, "one extra, untimed step counting live tensor bytes (CPU: the exact peak)")
+    json: str | None = opt(None, "write the summary JSON here")
+    out: str | None = opt(None, "run directory: config, env, metrics.jsonl, TensorBoard, summary")
+
+    def validate(self):
+        """Everything checkable before launching processes; returns (model config, strategy spec, seq).
+        The strategy, sizes and device are checked by `gpt.strategy.validate_strategy`, their one owner."""
+        model_cfg = get_preset(self.model)
+        spec = parse_strategy(self.strategy)
+        if self.steps < 1:
+            raise ConfigError(f"--steps {self.steps}: expected >= 1")
+        if self.warmup < 0:
+            raise ConfigError(f"--warmup {self.warmup}: expected >= 0")
+        if not self.lr > 0:
+            raise ConfigError(f"--lr {self.lr}: expected > 0")
+        seq = self.seq or model_cfg.n_positions
+        validate_strategy(spec, model_cfg, self.nproc, self.global_batch, self.micro_batch, self.device, tp=self.tp,
+                          pp=self.pp, microbatches=self.microbatches, impl=self.impl, seq_len=seq,
+                          pp_schedule=self.pp_schedule)
+        return model_cfg, spec, seq
+
+
+@dataclass
+class CompareConfig(Config):
+    """A matrix of strategies on the same tokens, one process each (`trainlab gpt compare`)."""
+
+    bench: BenchConfig = opt(None, "the settings every strategy shares", cli=False)
+    strategies: str | None = opt(None, "comma-separated list (default: the handout's list and combinations)")
+    out: str = opt("runs/gpt_compare", "directory for tables, plots and logs")
+    timeout_s: float = opt(1800.0, "seconds per strategy", flag="--timeout")
+    gpu_mem: int | None = opt(None, "device memory for the prediction's 'fits' (default: the GPU's)", cli=False)
+
+    def __post_init__(self):
+        if self.bench is None:
+            self.bench = BenchConfig()
+        if not self.timeout_s > 0:
+            raise ConfigError(f"--timeout {self.timeout_s}: expected seconds > 0")
+
+    @property
+    def strategy_list(self) -> list[str] | None:
+        return [s for s in self.strategies.split(",") if s] if self.strategies else None
+
+
+# `gpt compare` takes the shared bench flags; these are per strategy run there.
+COMPARE_EXCLUDED_BENCH_FLAGS = ("strategy", "json", "out")
+
+
+@dataclass
+class PlanConfig(Config):
+    """Predicted per-device memory of every strategy (`trainlab gpt plan`)."""
+
+    model: str = opt("gpt2-1.6b", MODEL_HELP)
+    gpus: int = opt(1, "devices to plan for")
+    gpu_mem: str = opt("80GiB", "memory per device, e.g. 80GiB, 40GB")
+    micro_batch: int = opt(1, "sequences per forward/backward on one rank")
+    seq: int | None = opt(None, "sequence length (default: the model's n_positions)")
+    strategies: str | None = opt(None, "comma-separated list (default: a matrix for --gpus)")
+    optimizer: str = opt("foreach", "AdamW implementation (its temporaries differ)",
+                         choices=("foreach", "fused", "forloop"))
+    json: bool = opt(False, "print JSON instead of a table")
+
+    @property
+    def strategy_list(self) -> list[str] | None:
+        return [s for s in self.strategies.split(",") if s] if self.strategies else None

@@ -1,0 +1,430 @@
+"""GPT-2 built from `nn.Linear` layers, with a state-dict mapping to and from HF `GPT2LMHeadModel`.
+
+Why our own model and not HF's: HF's `Conv1D` stores weights transposed and cannot be split by
+DTensor tensor parallel, and a pipeline stage needs to delete blocks while keeping parameter names
+(`h` is a `ModuleDict` keyed "0".."L-1" for that reason). The math is GPT-2's exactly: pre-LayerNorm
+blocks, causal scaled-dot-product attention, GELU tanh approximation ("gelu_new"), tied input and
+output embeddings, no dropout (training on random tokens; dropout would make strategies differ).
+
+`--impl hf` runs HF's model itself (`build_hf_model`), the handout's baseline.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from trainlab.distributed.wrappers import unwrap
+from trainlab.errors import ConfigError
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50257          # GPT-2 BPE vocabulary
+    n_positions: int = 1024          # maximum sequence length (learned position embeddings)
+    n_embd: int = 768                # hidden size C
+    n_layer: int = 12                # number of transformer blocks L
+    n_head: int = 12                 # attention heads; head_dim = n_embd // n_head
+    layer_norm_epsilon: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+PRESETS: dict[str, GPTConfig] = {
+    # the handout's bonus model: 1,557,611,200 parameters
+    "gpt2-1.6b": GPTConfig(n_embd=1600, n_layer=48, n_head=32),
+    "gpt2": GPTConfig(n_embd=768, n_layer=12, n_head=12),
+    "gpt2-medium": GPTConfig(n_embd=1024, n_layer=24, n_head=16),
+    "gpt2-large": GPTConfig(n_embd=1280, n_layer=36, n_head=20),
+    "gpt2-xl": GPTConfig(n_embd=1600, n_layer=48, n_head=25),
+    # CPU-test sizes: small enough for 2 cores, heads divisible by 2 and 4 for tensor parallel
+    "tiny": GPTConfig(vocab_size=512, n_positions=64, n_embd=64, n_layer=4, n_head=4),
+    "tiny-8l": GPTConfig(vocab_size=512, n_positions=64, n_embd=64, n_layer=8, n_head=4),
+}
+
+
+def get_preset(name: str) -> GPTConfig:
+    """The preset's config (a copy). Unknown names are a ConfigError listing the valid ones."""
+    if name not in PRESETS:
+        raise ConfigError(f"--model {name!r}: unknown preset; expected one of {', '.join(PRESETS)}")
+    return replace(PRESETS[name])
+
+
+def count_params(cfg: GPTConfig) -> int:
+    """Parameter count from the config alone (tied embedding counted once)."""
+    C, L, V, T = cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.n_positions
+    embeddings = V * C + T * C
+    block = 2 * 2 * C + 4 * (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)  # 2 LN, q/k/v/o, fc, proj
+    return embeddings + L * block + 2 * C  # + ln_f
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        C = cfg.n_embd
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(C, C, bias=True)
+        self.k_proj = nn.Linear(C, C, bias=True)
+        self.v_proj = nn.Linear(C, C, bias=True)
+        self.o_proj = nn.Linear(C, C, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(x.device.type):
+            # cast once: autocast would otherwise make (and save for backward) one 16-bit copy of
+            # the LayerNorm output for each of q, k and v
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        B, T = q.shape[0], q.shape[1]
+        # heads from the *local* width: under tensor parallel q holds only this rank's heads
+        n_head = q.shape[-1] // self.head_dim
+        q, k, v = (t.view(B, T, n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).reshape(B, T, n_head * self.head_dim)
+        return self.o_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=True)
+        self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))  # HF "gelu_new"
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.mlp = MLP(cfg)
+        # "selective" recomputation of the MLP sub-block (see set_activation_checkpointing)
+        self.recompute_mlp = False
+
+    def _mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.ln_2(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        if self.recompute_mlp and torch.is_grad_enabled():
+            return x + checkpoint(self._mlp_branch, x, use_reentrant=False)
+        return x + self._mlp_branch(x)
+
+
+CHECKPOINT_MODES = ("none", "full", "selective")
+
+
+class GPT(nn.Module):
+    """GPT-2 language model. `forward(tokens[B,T]) -> logits[B,T,V]`.
+
+    Pipeline stages delete parts (set `wte`/`wpe`/`ln_f`/`lm_head` to None, `del model.h[key]`):
+    without `wte` the input is the hidden state [B,T,C]; without `lm_head` the output is too.
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.wte: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe: nn.Embedding | None = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        self.h = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
+        self.ln_f: nn.LayerNorm | None = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.lm_head: nn.Linear | None = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+        self.activation_checkpointing = "none"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.wte is not None:
+            T = x.shape[1]
+            if T > self.config.n_positions:
+                raise ConfigError(f"--seq {T}: longer than the model's n_positions {self.config.n_positions}")
+            pos = torch.arange(T, device=x.device)
+            x = self.wte(x) + self.wpe(pos)
+        full = self.activation_checkpointing == "full" and torch.is_grad_enabled()
+        for block in self.h.values():
+            # use_reentrant=False: works with FSDP2 hooks, torch.compile and inputs without grad
+            x = checkpoint(block, x, use_reentrant=False) if full else block(x)
+        if self.ln_f is not None:
+            x = self.ln_f(x)
+        if self.lm_head is not None:
+            x = self.lm_head(x)
+        return x
+
+
+def set_activation_checkpointing(model: nn.Module, mode: str) -> None:
+    """Recompute activations in the backward pass instead of storing them.
+
+    "full": every block is a `torch.utils.checkpoint` region; only block inputs are kept (2·s·b·h
+      bytes per layer in 16-bit, Korthikanti et al.).
+    "selective": only the MLP sub-block (ln_2 → fc → GELU → proj) is recomputed. Korthikanti's
+      selective recompute targets the attention core (softmax/dropout, the 5as/h term), but with
+      `scaled_dot_product_attention` (flash / memory-efficient kernels) that core already stores
+      only O(s·h); the MLP's 4h-wide pre-activation and GELU output are then the largest stored
+      tensors; the price is recomputing fc and proj, 16·s·h² of the block's 24·s·h² matmul FLOPs.
+    "none": store everything.
+    """
+    if mode not in CHECKPOINT_MODES:
+        raise ConfigError(f"activation checkpointing {mode!r}: expected one of {', '.join(CHECKPOINT_MODES)}")
+    gpt = _find_gpt(model)
+    gpt.activation_checkpointing = mode
+    for block in gpt.h.values():
+        unwrap(block).recompute_mlp = mode == "selective"
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The per-layer blocks of our GPT (`model.h`) or HF's GPT2LMHeadModel (`model.transformer.h`)."""
+    if hasattr(model, "h") and isinstance(model.h, nn.ModuleDict):
+        return list(model.h.values())
+    if hasattr(model, "transformer") and hasattr(model.transformer, "h"):
+        return list(model.transformer.h)
+    raise TypeError(f"{type(model).__name__}: cannot find the transformer blocks to shard")
+
+
+def _find_gpt(model: nn.Module) -> GPT:
+    for m in model.modules():
+        if isinstance(m, GPT):
+            return m
+    raise TypeError("set_activation_checkpointing: no trainlab GPT inside this module")
+
+
+# ----------------------------------------------------------------------------------------------
+# deterministic initialization
+
+
+def _canonical_param_names(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every parameter of the full model, in a fixed order."""
+    C, V, T = cfg.n_embd, cfg.vocab_size, cfg.n_positions
+    names = [("wte.weight", (V, C)), ("wpe.weight", (T, C))]
+    for i in range(cfg.n_layer):
+        p = f"h.{i}."
+        names += [(p + "ln_1.weight", (C,)), (p + "ln_1.bias", (C,))]
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            names += [(p + f"attn.{proj}.weight", (C, C)), (p + f"attn.{proj}.bias", (C,))]
+        names += [(p + "ln_2.weight", (C,)), (p + "ln_2.bias", (C,))]
+        names += [(p + "mlp.fc.weight", (4 * C, C)), (p + "mlp.fc.bias", (4 * C,))]
+        names += [(p + "mlp.proj.weight", (C, 4 * C)), (p + "mlp.proj.bias", (C,))]
+    names += [("ln_f.weight", (C,)), ("ln_f.bias", (C,))]
+    return names
+
+
+def initial_value(cfg: GPTConfig, name: str, seed: int) -> torch.Tensor:
+    """The initial fp32 value of parameter `name` (our FQN) for `seed`, on the CPU.
+
+    Each parameter draws from its own generator seeded by (seed, name), so a pipeline stage that
+    holds only some blocks, a tensor-parallel shard and the full model all see the same numbers.
+    """
+    shapes = dict(_canonical_param_names(cfg))
+    if name == "lm_head.weight":  # tied to the input embedding
+        name = "wte.weight"
+    if name not in shapes:
+        raise KeyError(f"{name!r} is not a parameter of GPT")
+    shape = shapes[name]
+    leaf = name.rsplit(".", 1)[-1]
+    if ".ln_" in name or name.startswith("ln_f."):
+        return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
+    if leaf == "bias":
+        return torch.zeros(shape)
+    std = 0.02
+    if name.endswith("attn.o_proj.weight") or name.endswith("mlp.proj.weight"):
+        std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2's scaled init of residual projections
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+    return torch.empty(shape).normal_(0.0, std, generator=gen)
+
+
+@torch.no_grad()
+def init_gpt_weights(model: nn.Module, seed: int) -> nn.Module:
+    """GPT-2 init, identical for every strategy with the same seed (see `initial_value`).
+
+    Must be called on a materialized (non-meta), not yet sharded model; the values are drawn on
+    the CPU and copied to each parameter's device and dtype.
+    """
+    gpt = _find_gpt(model)
+    prefix = next(n for n, m in model.named_modules() if m is gpt)
+    prefix = prefix + "." if prefix else ""
+    for name, param in model.named_parameters():
+        local = name[len(prefix):] if name.startswith(prefix) else name
+        local = local.replace("._orig_mod", "").replace("_orig_mod.", "")
+        param.copy_(initial_value(gpt.config, local, seed).to(param.dtype))
+    return model
+
+
+def build_gpt(cfg: GPTConfig, seed: int = 0, device: torch.device | str = "cpu") -> GPT:
+    """A GPT with the deterministic init for `seed` (meta device: structure only, no init)."""
+    device = torch.device(device)
+    if device.type == "meta":
+        with torch.device("meta"):
+            return GPT(cfg)
+    model = GPT(cfg)
+    init_gpt_weights(model, seed)
+    return model.to(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# loss
+
+
+def lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy, mean over B·(T-1) predictions.
+
+    Shifting the *targets* (last position ignored) instead of slicing the logits avoids a copy of
+    the [B, T, V] logits, the largest activation of the model.
+    """
+    B, T, V = logits.shape
+    targets = torch.full_like(tokens, -100)
+    targets[:, :-1] = tokens[:, 1:]
+    return F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-100)
+
+
+# ----------------------------------------------------------------------------------------------
+# HF GPT2LMHeadModel interop
+
+_HF_LAYER = re.compile(r"^transformer\.h\.(\d+)\.(.+)$")
+_OUR_LAYER = re.compile(r"^h\.(\d+)\.(.+)$")
+_SIMPLE_TO_HF = {
+    "wte.weight": "transformer.wte.weight",
+    "wpe.weight": "transformer.wpe.weight",
+    "ln_f.weight": "transformer.ln_f.weight",
+    "ln_f.bias": "transformer.ln_f.bias",
+    "lm_head.weight": "lm_head.weight",
+}
+_LAYER_SIMPLE_TO_HF = {
+    "ln_1.weight": "ln_1.weight", "ln_1.bias": "ln_1.bias",
+    "ln_2.weight": "ln_2.weight", "ln_2.bias": "ln_2.bias",
+    "attn.o_proj.bias": "attn.c_proj.bias",
+    "mlp.fc.bias": "mlp.c_fc.bias",
+    "mlp.proj.bias": "mlp.c_proj.bias",
+}
+# Conv1D stores weight as [in, out]; nn.Linear as [out, in]
+_LAYER_TRANSPOSED_TO_HF = {
+    "attn.o_proj.weight": "attn.c_proj.weight",
+    "mlp.fc.weight": "mlp.c_fc.weight",
+    "mlp.proj.weight": "mlp.c_proj.weight",
+}
+
+
+def gpt_state_dict_to_hf(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our GPT state dict → HF GPT2LMHeadModel's (q/k/v merged into c_attn, Linear → Conv1D)."""
+    out: dict[str, torch.Tensor] = {}
+    qkv: dict[int, dict[str, torch.Tensor]] = {}
+    for key, t in sd.items():
+        if key in _SIMPLE_TO_HF:
+            out[_SIMPLE_TO_HF[key]] = t
+            continue
+        m = _OUR_LAYER.match(key)
+        if not m:
+            raise KeyError(f"gpt_state_dict_to_hf: unexpected key {key!r}")
+        i, rest = int(m.group(1)), m.group(2)
+        p = f"transformer.h.{i}."
+        if rest in _LAYER_SIMPLE_TO_HF:
+            out[p + _LAYER_SIMPLE_TO_HF[rest]] = t
+        elif rest in _LAYER_TRANSPOSED_TO_HF:
+            out[p + _LAYER_TRANSPOSED_TO_HF[rest]] = t.t().contiguous()
+        elif rest.startswith("attn.") and rest.split(".")[1] in ("q_proj", "k_proj", "v_proj"):
+            qkv.setdefault(i, {})[rest] = t
+        else:
+            raise KeyError(f"gpt_state_dict_to_hf: unexpected key {key!r}")
+    for i, parts in qkv.items():
+        p = f"transformer.h.{i}.attn."
+        for leaf in ("weight", "bias"):
+            pieces = [parts.get(f"attn.{n}.{leaf}") for n in ("q_proj", "k_proj", "v_proj")]
+            if any(x is None for x in pieces):
+                raise KeyError(f"gpt_state_dict_to_hf: layer {i} lacks one of q/k/v_proj.{leaf}")
+            if leaf == "weight":
+                out[p + "c_attn.weight"] = torch.cat([x.t() for x in pieces], dim=1).contiguous()
+            else:
+                out[p + "c_attn.bias"] = torch.cat(pieces, dim=0)
+    if "transformer.wte.weight" in out and "lm_head.weight" not in out:
+        out["lm_head.weight"] = out["transformer.wte.weight"]
+    return out
+
+
+def gpt_state_dict_from_hf(hf_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF GPT2LMHeadModel state dict → ours (c_attn split into q/k/v, Conv1D → Linear)."""
+    to_ours = {v: k for k, v in _SIMPLE_TO_HF.items()}
+    layer_simple = {v: k for k, v in _LAYER_SIMPLE_TO_HF.items()}
+    layer_t = {v: k for k, v in _LAYER_TRANSPOSED_TO_HF.items()}
+    out: dict[str, torch.Tensor] = {}
+    for key, t in hf_sd.items():
+        if key in to_ours:
+            out[to_ours[key]] = t
+            continue
+        m = _HF_LAYER.match(key)
+        if not m:
+            raise KeyError(f"gpt_state_dict_from_hf: unexpected key {key!r}")
+        i, rest = int(m.group(1)), m.group(2)
+        p = f"h.{i}."
+        if rest in ("attn.bias", "attn.masked_bias"):
+            continue  # causal-mask buffers of older transformers versions
+        if rest in layer_simple:
+            out[p + layer_simple[rest]] = t
+        elif rest in layer_t:
+            out[p + layer_t[rest]] = t.t().contiguous()
+        elif rest == "attn.c_attn.weight":  # [C, 3C] = [in, q|k|v out]
+            for name, part in zip(("q_proj", "k_proj", "v_proj"), t.chunk(3, dim=1)):
+                out[p + f"attn.{name}.weight"] = part.t().contiguous()
+        elif rest == "attn.c_attn.bias":
+            for name, part in zip(("q_proj", "k_proj", "v_proj"), t.chunk(3, dim=0)):
+                out[p + f"attn.{name}.bias"] = part.contiguous()
+        else:
+            raise KeyError(f"gpt_state_dict_from_hf: unexpected key {key!r}")
+    if "wte.weight" in out and "lm_head.weight" not in out:
+        out["lm_head.weight"] = out["wte.weight"]
+    return out
+
+
+def hf_config(cfg: GPTConfig, dropout: float = 0.0):
+    """The transformers GPT2Config for `cfg` (dropout 0: same function as our GPT)."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=cfg.vocab_size, n_positions=cfg.n_positions, n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer, n_head=cfg.n_head, layer_norm_epsilon=cfg.layer_norm_epsilon,
+        activation_function="gelu_new", resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+        use_cache=False,
+        # GPT-2's <|endoftext|> id does not exist in tiny vocabularies
+        bos_token_id=min(50256, cfg.vocab_size - 1), eos_token_id=min(50256, cfg.vocab_size - 1),
+    )
+
+
+def build_hf_model(cfg: GPTConfig, gradient_checkpointing: bool = False, *, seed: int | None = None,
+                   dropout: float = 0.0):
+    """HF `GPT2LMHeadModel` — the handout's baseline (`--impl hf`).
+
+    With `seed`, its weights are our deterministic init for that seed (converted), so `--impl hf`
+    and `--impl ours` start from identical weights. The handout's GPT2Config keeps HF's default
+    dropout 0.1; we default to 0 so both implementations compute the same function (pass
+    `dropout=0.1` for the literal handout model).
+    """
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError:  # pragma: no cover - transformers is a dependency of the GPT commands
+        raise ConfigError("--impl hf needs the 'transformers' package (pip install transformers)") from None
+    model = GPT2LMHeadModel(hf_config(cfg, dropout))
+    if seed is not None:
+        ours = {name: initial_value(cfg, name, seed) for name, _ in _canonical_param_names(cfg)}
+        missing, unexpected = model.load_state_dict(gpt_state_dict_to_hf(ours), strict=False)
+        missing = [k for k in missing if not k.endswith(("attn.bias", "attn.masked_bias"))]
+        if missing or unexpected:
+            raise RuntimeError(f"build_hf_model: state dict mismatch: missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+    if gradient_checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name warns)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def hf_logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of an HF GPT2LMHeadModel for `tokens` (no KV cache, as in the handout's training)."""
+    return model(input_ids=tokens, use_cache=False).logits

@@ -1,0 +1,441 @@
+"""Memory planner: per-device bytes of one GPT training step for a strategy, before running it.
+
+The model follows what `trainlab.gpt.engine.GPTEngine` actually does (fp32 master weights,
+AdamW with fp32 m and v, bf16 autocast for `amp`, DDP gradient buckets, FSDP2 per-block groups,
+DTensor TP of the blocks with replicated embeddings, pipeline stages that cut the blocks).
+
+Activations use Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models") bookkeeping, redone for *this* model: no dropout and `scaled_dot_product_attention`
+(flash / memory-efficient kernels keep no s×s matrices), so the paper's per-layer
+s·b·h·(34 + 5·a·s/h) bytes (16-bit, with dropout) becomes, per token and layer,
+
+    h·(2·r + 14·p)   bytes      (r = residual-stream bytes, p = matmul-activation bytes)
+
+= LN1 input r + LN1 output p + q,k,v 3p + attention output p + LN2 input r + LN2 output p + fc
+output 4p + GELU output 4p. fp32: 64·h; bf16 autocast (fp32 residual): 36·h. Full recompute keeps
+only the block input (r·h; the paper's 2sbh) plus one recomputed layer at a time; our selective
+mode (MLP recomputed) keeps h·(2r + 5p). Tensor parallel divides the head/MLP-wide tensors by t
+(the paper's 10 + 24/t); sequence parallel divides everything by t. The paper's own numbers are
+reported alongside (`korthikanti_layer_bytes`).
+
+Peak memory is predicted as the largest of three moments of the step:
+  A. start of backward: weights, optimizer states, all saved activations and the loss's
+     [b, s, V] gradient temporaries;
+  C. during backward (walked layer by layer): gradients produced so far + activations not yet freed
+     (+ the recomputed layer with checkpointing, + unsharded FSDP parameters);
+  B. optimizer step: weights + gradients + optimizer states + the optimizer's temporaries.
+`total_bytes` is that peak; `sum_bytes` (every component at once) is the conservative bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainlab.errors import ConfigError
+from trainlab.gpt.model import GPTConfig, count_params
+from trainlab.gpt.parallel.pipeline import stage_layer_ranges
+from trainlab.gpt.strategy import StrategySpec, parse_strategy, resolve_degrees
+
+GiB = 1024**3
+FP32 = 4
+# Fraction of device memory kept free for the caching allocator's fragmentation, and a fixed
+# reserve for the CUDA context / NCCL buffers, which max_memory_allocated does not count.
+FRAGMENTATION_MARGIN = 0.05
+CONTEXT_RESERVE_BYTES = 1 * GiB
+
+
+def parse_bytes(text: str | int | float, flag: str = "--gpu-mem") -> int:
+    """'80GiB', '80GB', '512MiB', '1e9' → bytes."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    s = str(text).strip()
+    units = {"tib": 1024**4, "gib": GiB, "mib": 1024**2, "kib": 1024, "tb": 10**12, "gb": 10**9, "mb": 10**6,
+             "kb": 10**3, "t": 1024**4, "g": GiB, "m": 1024**2, "k": 1024, "b": 1, "": 1}
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    unit = s[len(num):].strip().lower()
+    try:
+        value = float(num)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected a size such as 80GiB, 40GB or 512MiB") from None
+    if unit not in units or value <= 0:
+        raise ConfigError(f"{flag} {text!r}: expected a size such as 80GiB, 40GB or 512MiB")
+    return int(value * units[unit])
+
+
+def _spec(strategy):
+    return strategy if isinstance(strategy, StrategySpec) else parse_strategy(strategy)
+
+
+# ----------------------------------------------------------------------------------------------
+# per-layer quantities
+
+
+def layer_param_count(cfg: GPTConfig, tp: int = 1) -> int:
+    """Parameters of one block held by one TP rank (column-split q/k/v/fc with their biases,
+    row-split o_proj/proj weights; LayerNorms and row-wise biases replicated)."""
+    h = cfg.n_embd
+    split = (3 * h * h + 3 * h) + (h * h) + (4 * h * h + 4 * h) + (4 * h * h)
+    replicated = 4 * h + h + h  # 2 LayerNorms, o_proj bias, proj bias
+    return split // tp + replicated
+
+
+def layer_linear_param_count(cfg: GPTConfig, tp: int = 1) -> int:
+    """Parameters of one block that autocast casts to 16-bit (all Linear weights and biases)."""
+    return layer_param_count(cfg, tp) - 4 * cfg.n_embd
+
+
+def layer_activation_bytes_per_token(cfg: GPTConfig, ckpt: str, residual_bytes: int, act_bytes: int,
+                                     tp: int = 1, sequence_parallel: bool = False) -> float:
+    """Bytes one layer keeps for backward, per token of the micro-batch (see module docstring)."""
+    h, r, p, t = cfg.n_embd, residual_bytes, act_bytes, tp
+    heads = cfg.n_head / t
+    small = 2 * 2 * FP32 + FP32 * heads  # LayerNorm mean/rstd ×2, attention log-sum-exp per head
+    sp = t if sequence_parallel else 1   # sequence parallel also splits the h-wide tensors
+    if ckpt == "full":
+        return r * h / sp
+    if ckpt == "selective":
+        return (2 * r * h + p * h) / sp + 4 * p * h / t + small
+    return (2 * r * h + 2 * p * h) / sp + 12 * p * h / t + small
+
+
+def korthikanti_layer_bytes(cfg: GPTConfig, micro_batch: int, seq_len: int, tp: int = 1, recompute: str = "none",
+                            sequence_parallel: bool = False) -> float:
+    """The paper's per-layer activation bytes (16-bit, with dropout, non-fused attention)."""
+    s, b, h, a, t = seq_len, micro_batch, cfg.n_embd, cfg.n_head, tp
+    if recompute == "full":
+        return 2 * s * b * h
+    attn_core = 5 * a * s / h
+    if recompute == "selective":
+        attn_core = 0.0
+    if sequence_parallel:
+        return s * b * h * (34 + attn_core) / t
+    return s * b * h * (10 + (24 + attn_core) / t)
+
+
+# ----------------------------------------------------------------------------------------------
+# prediction
+
+
+@dataclass
+class _Stage:
+    layers: int
+    has_embedding: bool
+    has_head: bool
+    in_flight: int  # micro-batches whose activations this stage holds at once
+
+
+def _stages(cfg: GPTConfig, pp: int, schedule: str, microbatches: int) -> list[_Stage]:
+    out = []
+    for s, layers in enumerate(stage_layer_ranges(cfg.n_layer, pp)):
+        in_flight = microbatches if schedule == "gpipe" else min(pp - s, microbatches)
+        out.append(_Stage(len(layers), s == 0, s == pp - 1, in_flight))
+    return out
+
+
+def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_batch: int = 1,
+                   seq_len: int | None = None, tp: int = 1, pp: int = 1, *, microbatches: int | None = None,
+                   pp_schedule: str = "1f1b", accumulation_steps: int = 1, optimizer: str = "foreach",
+                   sequence_parallel: bool = False) -> dict:
+    """Predicted per-device bytes for one training step (the worst pipeline stage).
+
+    Returns params_bytes, grads_bytes, optimizer_bytes, activations_bytes, buffers_bytes,
+    temporaries_bytes, total_bytes (predicted peak), sum_bytes, host_bytes (CPU offload) and the
+    per-phase peaks. `optimizer`: "foreach" (one fp32 temporary the size of the parameters),
+    "fused" (none) or "forloop" (the largest parameter).
+    """
+    spec = _spec(strategy)
+    if spec.data_parallel == "nvme":
+        raise ConfigError("--strategy nvme: the planner does not model DeepSpeed ZeRO-Infinity's NVMe swapping")
+    seq = seq_len or cfg.n_positions
+    deg = resolve_degrees(spec, world_size, tp, pp)
+    if cfg.n_head % deg.tp:
+        raise ConfigError(f"--tp {deg.tp}: must divide the number of heads ({cfg.n_head})")
+    if deg.pp > cfg.n_layer:
+        raise ConfigError(f"--pp {deg.pp}: more pipeline stages than layers ({cfg.n_layer})")
+    dp = deg.dp
+    tokens = micro_batch * seq
+    amp = spec.amp is not None
+    r, p = FP32, (2 if amp else FP32)   # autocast keeps the residual stream (and LayerNorms) in fp32
+    V, h = cfg.vocab_size, cfg.n_embd
+    n_mb = microbatches or 1
+    stages = _stages(cfg, deg.pp, pp_schedule, n_mb) if deg.pp > 1 else [_Stage(cfg.n_layer, True, True, 1)]
+
+    best = None
+    for st in stages:
+        lp = layer_param_count(cfg, deg.tp)
+        embed = (V * h + cfg.n_positions * h) if st.has_embedding else 0
+        head = (2 * h + (0 if st.has_embedding else V * h)) if st.has_head else 0  # pp: last stage's own copy of wte
+        P = st.layers * lp + embed + head             # parameters this rank computes with
+        shard = dp if spec.uses_fsdp else 1
+        root = embed + head                           # FSDP2 root group: embeddings, ln_f (unsharded fwd→bwd)
+
+        # --- persistent state
+        params_dev = FP32 * P / shard
+        host = 0.0
+        opt_state = 2 * FP32 * P / (dp if spec.data_parallel in ("zero1", "zero2", "zero3") else 1)
+        grads_full = FP32 * P / shard                 # after backward (sharded under FSDP)
+        buffers = FP32 * P if spec.data_parallel in ("ddp", "zero1") else 0.0  # DDP gradient buckets
+        if spec.offload:                              # sharded state lives in host memory
+            host = params_dev + grads_full + opt_state
+            params_dev, grads_full, opt_state = 0.0, 0.0, 0.0
+        if spec.uses_fsdp:
+            params_dev += FP32 * root                 # root stays unsharded between forward and backward
+
+        # --- activations (per micro-batch, times the micro-batches a pipeline stage holds)
+        layer_act = layer_activation_bytes_per_token(cfg, spec.ckpt, r, p, deg.tp, sequence_parallel) * tokens
+        layer_full = layer_activation_bytes_per_token(cfg, "none", r, p, deg.tp, sequence_parallel) * tokens
+        if amp and spec.ckpt != "full":
+            layer_act += 2 * layer_linear_param_count(cfg, deg.tp)  # bf16 weight copies saved for backward
+        if amp:
+            layer_full += 2 * layer_linear_param_count(cfg, deg.tp)
+        head_act = 0.0
+        logits_tmp = 0.0
+        if st.has_head:
+            head_act = tokens * (r * h + p * h + FP32 * V)   # ln_f input, lm_head input, log_softmax output
+            logits_tmp = tokens * 2 * FP32 * V               # d(log_softmax out), d(logits) at backward start
+            if amp:
+                logits_tmp += tokens * 2 * V                 # 16-bit gradient of the 16-bit logits
+        acts = st.in_flight * (st.layers * layer_act + head_act)
+        if deg.pp > 1 and not st.has_head:
+            acts += st.in_flight * r * h * tokens            # the stage output kept for its backward
+
+        # --- unsharded FSDP parameters during compute
+        unsharded_fwd = 0.0
+        if spec.uses_fsdp:
+            prefetch = 2 * FP32 * lp                        # the current and the prefetched block
+            unsharded_fwd = FP32 * lp * st.layers if spec.data_parallel == "zero2" else prefetch
+            if spec.data_parallel == "zero2" and spec.offload:
+                unsharded_fwd = FP32 * lp * st.layers
+        persistent_grads = grads_full if accumulation_steps > 1 else 0.0
+
+        # A: start of backward (set_to_none=True: no gradients yet unless accumulating)
+        static = params_dev + opt_state + buffers + persistent_grads
+        phase_a = static + acts + logits_tmp + unsharded_fwd
+        # C: walk the backward through this stage's layers, last to first
+        phase_c = 0.0
+        for i in reversed(range(st.layers)):
+            done = st.layers - 1 - i                        # layers whose backward finished
+            if spec.uses_fsdp or spec.offload:
+                g = FP32 * (root + 2 * lp)                   # unsharded grads of the head and the current block
+                g += FP32 * (done * lp) / shard if not spec.offload else 0.0
+                unsh = (FP32 * lp * (i + 1)) if spec.data_parallel == "zero2" else 2 * FP32 * lp
+            else:
+                g = FP32 * (root + (done + 1) * lp) if not persistent_grads else 0.0
+                unsh = 0.0
+            live = st.in_flight * (i + 1) * layer_act + (st.in_flight - 1) * head_act
+            if spec.ckpt != "none":
+                live += layer_full - (layer_act if spec.ckpt == "full" else 0)  # the recomputed layer
+            bwd_tmp = tokens * (2 * 4 * p * h / deg.tp + 2 * r * h)  # d(GELU out), d(fc out), residual grads
+            phase_c = max(phase_c, static + g + live + unsh + bwd_tmp)
+        # B: optimizer step
+        grads_b = grads_full if not spec.offload else 0.0
+        if optimizer == "fused" or spec.offload:
+            opt_tmp = 0.0
+        elif optimizer == "forloop" or spec.tp:
+            opt_tmp = FP32 * max(V * h if (st.has_embedding or st.has_head) else 0, 4 * h * h // deg.tp)
+        else:
+            opt_tmp = FP32 * P / (dp if spec.data_parallel in ("zero1", "zero2", "zero3") else 1)
+        phase_b = params_dev + opt_state + buffers + grads_b + opt_tmp
+
+        peak = max(phase_a, phase_b, phase_c)
+        result = {
+            "strategy": spec.text,
+            "params_bytes": int(params_dev),
+            "grads_bytes": int(grads_b if not spec.uses_fsdp else max(grads_b, FP32 * (root + 2 * lp))),
+            "optimizer_bytes": int(opt_state),
+            "activations_bytes": int(acts),
+            "buffers_bytes": int(buffers + unsharded_fwd),
+            "temporaries_bytes": int(max(logits_tmp, opt_tmp)),
+            "host_bytes": int(host),
+            "phase_bytes": {"backward_start": int(phase_a), "backward_walk": int(phase_c), "optimizer_step": int(phase_b)},
+            "total_bytes": int(peak),
+            "params_on_device": int(P),
+        }
+        result["sum_bytes"] = int(sum(result[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                                          "activations_bytes", "buffers_bytes", "temporaries_bytes")))
+        if best is None or result["total_bytes"] > best["total_bytes"]:
+            best = result
+    best["degrees"] = {"dp": deg.dp, "tp": deg.tp, "pp": deg.pp}
+    best["micro_batch"] = micro_batch
+    best["seq_len"] = seq
+    return best
+
+
+def usable_bytes(gpu_mem: int) -> int:
+    """Device memory a step may use: minus the CUDA context reserve and a fragmentation margin."""
+    return int((gpu_mem - CONTEXT_RESERVE_BYTES) * (1 - FRAGMENTATION_MARGIN))
+
+
+def default_strategies(gpus: int) -> list[str]:
+    """Strategies worth planning for `gpus` devices (the handout's list alone and combined)."""
+    single = ["none", "amp", "ckpt", "ckpt-selective", "amp+ckpt", "amp+ckpt-selective", "offload",
+              "offload+amp", "offload+amp+ckpt"]
+    if gpus == 1:
+        return single
+    multi = ["ddp", "ddp+amp", "ddp+amp+ckpt", "zero1", "zero1+amp", "zero2", "zero2+amp", "zero2+amp+ckpt",
+             "zero3", "zero3+amp", "zero3+amp+ckpt", "zero3+offload+amp", "pp", "pp+amp", "pp+amp+ckpt"]
+    if gpus % 2 == 0:
+        multi += ["tp", "tp+amp", "tp+amp+ckpt"]
+    if gpus >= 4 and gpus % 2 == 0:
+        multi += ["tp+pp", "tp+pp+amp"]
+    return multi
+
+
+def largest_micro_batch(cfg: GPTConfig, strategy, world_size: int, budget: int, seq_len: int, limit: int = 4096,
+                        **kw) -> int:
+    """Largest micro-batch whose predicted peak fits `budget` bytes (0 if even 1 does not)."""
+    def fits(b):
+        return predict_memory(cfg, strategy, world_size, b, seq_len, **kw)["total_bytes"] <= budget
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def plan(cfg: GPTConfig, gpus: int, gpu_mem: int, micro_batch: int = 1, seq_len: int | None = None,
+         strategies: list[str] | None = None, optimizer: str = "foreach", model_name: str = "") -> dict:
+    """Predictions for every strategy on `gpus` devices of `gpu_mem` bytes each."""
+    if gpus < 1:
+        raise ConfigError(f"--gpus {gpus}: expected >= 1")
+    if micro_batch < 1:
+        raise ConfigError(f"--micro-batch {micro_batch}: expected >= 1")
+    seq = seq_len or cfg.n_positions
+    if not 1 < seq <= cfg.n_positions:
+        raise ConfigError(f"--seq {seq}: expected 2..{cfg.n_positions} (the model's n_positions)")
+    budget = usable_bytes(gpu_mem)
+    rows = []
+    for name in strategies or default_strategies(gpus):
+        spec = _spec(name)
+        world = gpus if spec.distributed else 1
+        if spec.distributed and gpus == 1 and (spec.tp or spec.pp or spec.data_parallel in ("ddp", "zero1")):
+            continue  # nothing to split on one device
+        kw = dict(optimizer=optimizer)
+        if spec.pp:
+            kw["microbatches"] = max(1, 2 * gpus)  # enough micro-batches to keep the bubble small
+        try:
+            pred = predict_memory(cfg, spec, world, micro_batch, seq, **kw)
+        except ConfigError as e:
+            rows.append({"strategy": spec.text, "error": str(e), "fits": False, "total_bytes": None})
+            continue
+        pred["fits"] = pred["total_bytes"] <= budget
+        pred["max_micro_batch"] = largest_micro_batch(cfg, spec, world, budget, seq, **kw)
+        rows.append(pred)
+    return {
+        "model": model_name,
+        "params": count_params(cfg),
+        "gpus": gpus,
+        "gpu_mem_bytes": gpu_mem,
+        "usable_bytes": budget,
+        "micro_batch": micro_batch,
+        "seq_len": seq,
+        "assumptions": {
+            "master_weights": "fp32 (autocast for amp)",
+            "optimizer": f"AdamW fp32 m and v, {optimizer} step",
+            "fragmentation_margin": FRAGMENTATION_MARGIN,
+            "context_reserve_bytes": CONTEXT_RESERVE_BYTES,
+            "activations": "Korthikanti et al. 2022 bookkeeping for flash attention, no dropout",
+        },
+        "strategies": rows,
+    }
+
+
+def format_plan(result: dict) -> str:
+    """A fixed-width table of `plan()`'s result."""
+    def g(x):
+        return "-" if x is None else f"{x / GiB:7.2f}"
+
+    lines = [f"model {result['model']}  params {result['params']:,}  gpus {result['gpus']}  "
+             f"memory {result['gpu_mem_bytes'] / GiB:.1f} GiB (usable {result['usable_bytes'] / GiB:.1f} GiB)  "
+             f"micro-batch {result['micro_batch']}  seq {result['seq_len']}",
+             f"{'strategy':<22}{'params':>8}{'grads':>8}{'optim':>8}{'activ':>8}{'other':>8}{'PEAK GiB':>9}"
+             f"{'host':>8}  fits  max-micro-batch"]
+    for r in result["strategies"]:
+        if r.get("error"):
+            lines.append(f"{r['strategy']:<22}  error: {r['error']}")
+            continue
+        other = r["buffers_bytes"] + r["temporaries_bytes"]
+        lines.append(f"{r['strategy']:<22}{g(r['params_bytes'])} {g(r['grads_bytes'])}{g(r['optimizer_bytes'])} "
+                     f"{g(r['activations_bytes'])}{g(other)} {g(r['total_bytes'])}{g(r['host_bytes'])}  "
+                     f"{'yes ' if r['fits'] else 'NO  '}  {r['max_micro_batch']}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# measurement, to validate the prediction where torch.cuda's peak counters do not exist (CPU)
+
+
+def _live_bytes_mode():
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class LiveBytes(TorchDispatchMode):
+        """Peak bytes of live tensor storages, seen at every ATen op (any device).
+
+        Storages are keyed by address and held by weak reference, so a freed tensor stops counting
+        as soon as it dies, like the caching allocator's `allocated` counter without its rounding.
+        Tensors that exist before the mode (weights, optimizer states) are passed in `tensors`.
+        """
+
+        def __init__(self, tensors=()):
+            super().__init__()
+            self.live: dict[int, tuple] = {}
+            self.peak = 0
+            for t in tensors:
+                self._add(t)
+            self.peak = self.current()
+
+        def _add(self, t):
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                return
+            t = getattr(t, "_local_tensor", t)  # DTensor (FSDP2 / TP): its local shard holds the bytes
+            try:
+                st = t.untyped_storage()
+                key = st.data_ptr()
+            except (RuntimeError, NotImplementedError):  # tensor subclasses / functional collectives
+                return                                   # without a real storage
+            old = self.live.get(key)
+            if old is not None and old[0]() is not None:
+                return
+            self.live[key] = (weakref.ref(st), st.nbytes())
+
+        def current(self) -> int:
+            for k in [k for k, (ref, _) in self.live.items() if ref() is None]:
+                del self.live[k]
+            return sum(n for _, n in self.live.values())
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                self._add(t)
+            self.peak = max(self.peak, self.current())
+            return out
+
+    return LiveBytes
+
+
+def measure_step_peak_bytes(engine, tokens, warm: bool = False) -> int:
+    """Peak live tensor bytes (this rank) of one `engine.train_step(tokens)`.
+
+    Runs a first untracked step unless `warm` (the optimizer states must exist). Exact on CPU (no
+    allocator rounding, no CUDA context); inside DTensor ops only their outputs are seen."""
+    import torch
+
+    if not warm:
+        engine.train_step(tokens)  # creates the optimizer states
+    opt = engine.optimizer
+    opt = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps the local optimizer here
+    opt_states = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    tensors = list(engine.model.parameters()) + list(engine.model.buffers()) + opt_states
+    with _live_bytes_mode()(tensors) as tracker:
+        engine.train_step(tokens)
+    return tracker.peak

@@ -1,0 +1,232 @@
+"""`trainlab dp compare`: the same LeNet-5 run under each data-parallel mode, and where the time goes.
+
+Every mode trains from the same seed on the same global batches in the same order (the device
+loader shards each global batch across ranks), so only the execution differs. Single-process
+modes run in this process; ddp/allreduce run as `trainlab worker SPEC.json` under torchrun, each rank
+timing its steps, and rank 0 writes its row to the JSON file the spec names, which this process collects.
+A second table sweeps DataLoader `num_workers` next to the device-resident loader, with the same
+data / compute split — does a loader with workers catch up with data that already lives on the device?
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainlab.distributed.launch import worker_command, write_spec
+from trainlab.errors import ConfigError, UserError
+from trainlab.flags import Config, opt
+from trainlab.io import atomic_write_json, atomic_write_text, read_json
+from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launch
+from trainlab.lenet.loop import train
+from trainlab.telemetry.rundir import RunDir
+
+MODES_HELP = "comma-separated: none (single process), dp (nn.DataParallel, ≥2 GPUs), ddp, allreduce (hand-written)"
+
+
+@dataclass
+class CompareConfig(Config):
+    """`trainlab dp compare`: which modes, on which data, how often."""
+
+    modes: str = opt("none,ddp,allreduce", MODES_HELP)
+    nproc: int = opt(2, "processes for ddp/allreduce (one per GPU on CUDA)")
+    epochs: int = opt(1, "passes over the training set per mode")
+    device: str = opt("auto", "auto | cpu | cuda")
+    batch_size: int = opt(128, "global batch, split across ranks (128: the reference batch of --scale-lr)")
+    train_subset: int | None = opt(None, "train on the first N images")
+    test_subset: int | None = opt(None, "evaluate on the first N test images")
+    workers: str = opt("0,1,2,4", "DataLoader num_workers sweep ('' to skip)")
+    seed: int = opt(0, "seed of every mode")
+    repeats: int = opt(1, "run everything R times round-robin; report medians")
+    threads: int | None = opt(None, "torch CPU threads per process for every mode "
+                                    "(default: torch's choice single-process, 1 per rank)")
+    json: str | None = opt(None, "write the rows (and OUT.loaders.json for the sweep)", metavar="OUT.json")
+    md: str | None = opt(None, "write the tables as markdown", metavar="OUT.md")
+
+
+ROW_KEYS = ("mode", "world_size", "loader", "workers", "epoch_seconds", "images_per_s", "data_ms", "compute_ms",
+            "comm_ms", "test_accuracy")
+
+
+def parse_modes(text: str) -> list[str]:
+    modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    if not modes:
+        raise ConfigError("--modes: expected a comma-separated list such as none,ddp,allreduce")
+    for m in modes:
+        if m not in MODES:
+            raise ConfigError(f"--modes: unknown mode {m!r}; expected some of {', '.join(MODES)}")
+    return modes
+
+
+def parse_workers(text: str) -> list[int]:
+    try:
+        workers = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise ConfigError(f"--workers {text!r}: expected a comma-separated list of integers such as 0,1,2,4") from None
+    if any(w < 0 for w in workers):
+        raise ConfigError(f"--workers {text!r}: worker counts must be >= 0")
+    return workers
+
+
+def row_from_run(cfg: TrainConfig, summary: dict, history: list[dict]) -> dict:
+    """One table row from a finished run (rank 0's view)."""
+    st = summary.get("step_times") or {}
+    med = lambda key: st[key]["median"] if st.get(key) else None  # noqa: E731
+    epoch_seconds = statistics.median(h["epoch_seconds"] for h in history)
+    n_train = history[0]["images_per_s"] * history[0]["epoch_seconds"]
+    return {
+        "mode": summary["parallel"], "world_size": summary["world_size"], "loader": cfg.loader,
+        "workers": cfg.workers if cfg.loader == "dataloader" else None,
+        "global_batch": cfg.batch_size, "epochs": len(history), "seed": cfg.seed, "device": summary["device"],
+        "epoch_seconds": epoch_seconds, "images_per_s": n_train / epoch_seconds,
+        "steps": st.get("steps"), "data_ms": med("data_ms"), "compute_ms": med("compute_ms"), "comm_ms": med("comm_ms"),
+        "comm_overlapped": st.get("comm_overlapped"), "step_times": st or None,
+        "test_accuracy": summary["test_accuracy"], "test_loss": summary["test_loss"],
+    }
+
+
+def run_worker(spec: dict) -> int:
+    """One process (or one torchrun rank) of a comparison: train with step timing, rank 0 writes its row."""
+    cfg = TrainConfig.from_dict(spec["config"], source="dp compare spec")
+    threads_before = torch.get_num_threads()
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    prefix = f"[{cfg.parallel}{'' if cfg.loader == 'device' else f' dataloader w={cfg.workers}'}] "
+    summary = train(cfg, log=lambda line: print(prefix + line, flush=True) if line.startswith(("epoch", "done")) else None)
+    torch.set_num_threads(threads_before)  # an in-process run must not change the caller's setting
+    if int(os.environ.get("RANK", "0")) == 0:  # the process group is already gone here
+        row = row_from_run(cfg, summary, RunDir(cfg.out, create=False).read_metrics())
+        atomic_write_json(spec["result"], {**row, "torch_threads": spec.get("threads") or threads_before})
+    return 0
+
+
+def _run_one(cfg: TrainConfig, nproc: int, workdir: Path, tag: str, threads: int | None = None) -> dict:
+    result = workdir / f"{tag}.row.json"
+    spec = {"config": cfg.to_dict(), "threads": threads, "result": str(result)}
+    if cfg.parallel in MULTI_PROCESS_MODES and nproc > 1:
+        cmd = worker_command(nproc, write_spec(workdir / f"{tag}.spec.json", "dp-compare", **spec))
+        print("launching: " + " ".join(cmd), flush=True)
+        code = subprocess.call(cmd)
+        if code != 0 or not result.exists():
+            raise UserError(f"--modes {cfg.parallel}: the {nproc}-process run failed (exit code {code}); see its output above")
+    else:
+        run_worker(spec)
+    return read_json(result)
+
+
+def compare(cc: CompareConfig, log=print) -> tuple[list[dict], list[dict]]:
+    """Run each mode (and the DataLoader sweep) on the same global batches; returns (mode rows, loader rows).
+
+    `threads`: torch CPU threads per process for every mode (default: torch's own choice for single-process
+    runs, 1 per rank under torchrun). On a shared CPU, more threads than free cores makes OpenMP spin.
+    `repeats`: run the whole list that many times, round-robin (so a burst of load from elsewhere hits
+    every configuration alike), and report medians over the repeats with min–max of epoch seconds.
+    """
+    modes, workers = parse_modes(cc.modes), parse_workers(cc.workers)
+    nproc, device, batch_size, threads, repeats = cc.nproc, cc.device, cc.batch_size, cc.threads, cc.repeats
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads {threads}: expected a positive number")
+    if repeats < 1:
+        raise ConfigError(f"--repeats {repeats}: expected a positive number")
+    for mode in modes:  # every problem is reported before the first run starts
+        check_launch(mode, nproc if mode in MULTI_PROCESS_MODES else 1, device, batch_size)
+    base = dict(epochs=cc.epochs, device=device, batch_size=batch_size, train_subset=cc.train_subset,
+                test_subset=cc.test_subset, seed=cc.seed, progress=False, tensorboard=False, gpu_telemetry=False,
+                step_timing=True)
+    plan = [(mode, TrainConfig(**base, parallel=mode), nproc) for mode in modes]
+    if workers:
+        if "none" not in modes:
+            plan.append(("device", TrainConfig(**base), 1))
+        plan += [(f"dl{w}", TrainConfig(**base, loader="dataloader", workers=w), 1) for w in workers]
+    results: dict[str, list[dict]] = {tag: [] for tag, _, _ in plan}
+    with tempfile.TemporaryDirectory(prefix="trainlab_dp_compare_") as tmp:
+        work = Path(tmp)
+        for r in range(repeats):
+            for tag, cfg, n in plan:
+                multi = cfg.parallel in MULTI_PROCESS_MODES
+                log(f"== {_describe(tag, cfg, n if multi else 1)}" + (f"  (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
+                run_cfg = TrainConfig(**{**cfg.to_dict(), "out": str(work / f"{tag}-{r}")})
+                results[tag].append(_run_one(run_cfg, n if multi else 1, work, f"{tag}-{r}", threads))
+    rows = [_combine(results[m]) for m in modes]
+    loader_rows = []
+    if workers:
+        loader_rows = [_combine(results["none" if "none" in modes else "device"])] + [_combine(results[f"dl{w}"]) for w in workers]
+    return rows, loader_rows
+
+
+def _describe(tag: str, cfg: TrainConfig, nproc: int) -> str:
+    if cfg.loader == "dataloader":
+        return f"loader sweep: DataLoader num_workers={cfg.workers}"
+    if tag == "device":
+        return "loader sweep: device-resident loader"
+    return f"mode {cfg.parallel}" + (f" × {nproc} processes" if nproc > 1 else "")
+
+
+def _combine(runs: list[dict]) -> dict:
+    """One row from repeated runs of one configuration: medians of the timings, all epoch times kept."""
+    row = dict(runs[0])
+    for key in ("epoch_seconds", "images_per_s", "data_ms", "compute_ms", "comm_ms"):
+        values = [r[key] for r in runs if r[key] is not None]
+        row[key] = statistics.median(values) if values else None
+    row["repeats"] = len(runs)
+    row["epoch_seconds_runs"] = [r["epoch_seconds"] for r in runs]
+    row["test_accuracy_runs"] = [r["test_accuracy"] for r in runs]
+    return row
+
+
+def _ms(x) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
+def _spread(r: dict) -> str:
+    runs = r.get("epoch_seconds_runs") or [r["epoch_seconds"]]
+    return f"{r['epoch_seconds']:.2f}" + (f" [{min(runs):.2f}–{max(runs):.2f}]" if len(runs) > 1 else "")
+
+
+def format_table(rows: list[dict], title: str) -> str:
+    lines = [f"### {title}", "",
+             "| mode | world size | threads/proc | loader | epoch s, median [min–max] | images/s | data ms/step | compute ms/step | comm ms/step | test acc (%) |",
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        loader = r["loader"] if r["loader"] == "device" else f"dataloader ×{r['workers']} workers"
+        comm = _ms(r["comm_ms"]) + (" (overlapped)" if r.get("comm_overlapped") else "")
+        lines.append(f"| {r['mode']} | {r['world_size']} | {r.get('torch_threads')} | {loader} | {_spread(r)} | {r['images_per_s']:,.0f} | "
+                     f"{_ms(r['data_ms'])} | {_ms(r['compute_ms'])} | {comm} | {r['test_accuracy']:.2f} |")
+    return "\n".join(lines)
+
+
+NOTES = """Per-step times are medians over the steps of a run (then over repeats) (synchronized at each step boundary on CUDA).
+data = fetching the (per-rank) batch and moving it to the device; comm = gradient all-reduce: exposed for
+`allreduce` (nothing runs meanwhile) and for `ddp` measured by a comm hook from launch to completion —
+*overlapped* with the backward pass, so it is part of compute there, not additional to it.
+All modes use the same global batch, seed and sample order; images/s counts global images."""
+
+
+def format_report(rows: list[dict], loader_rows: list[dict]) -> str:
+    parts = [format_table(rows, "Data-parallel modes")]
+    if loader_rows:
+        parts.append(format_table(loader_rows, "DataLoader num_workers sweep vs the device-resident loader (single process)"))
+    parts.append(NOTES)
+    return "\n\n".join(parts) + "\n"
+
+
+def run_compare(cc: CompareConfig, log=print) -> str:
+    """`trainlab dp compare`: run, print the tables, write --json (the rows; the sweep beside it) and --md."""
+    rows, loader_rows = compare(cc, log=log)
+    report = format_report(rows, loader_rows)
+    log(report)
+    if cc.json:
+        atomic_write_json(cc.json, rows)  # the contract: a list of rows, one per mode
+        if loader_rows:
+            sweep = cc.json[:-5] if cc.json.endswith(".json") else cc.json
+            atomic_write_json(sweep + ".loaders.json", loader_rows)
+    if cc.md:
+        atomic_write_text(cc.md, report)
+    return report

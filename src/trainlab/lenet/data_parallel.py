@@ -1,0 +1,253 @@
+"""How the LeNet-5 trainer runs data-parallel: one object the training loop asks a few questions.
+
+- which rank am I and where do I compute (`rank`, `world_size`, `device`, `is_main`)
+- `wrap(model)`: DataParallel / DDP wrapper, or the model itself
+- `after_backward(model)`: the hand-written all-reduce (no-op for the other modes)
+- `mean(value)`: average a tensor over ranks (for logging)
+- `timer`: where each step's time goes (data / compute / communication), when asked for
+- `raise_if_peer_failure(exc)`: turn a failed collective into one clear line
+
+Modes: none (single process), dp (nn.DataParallel), ddp (DistributedDataParallel), allreduce
+(hand-written bucketed all-reduce, lenet/allreduce.py). The loop stays the same for all of them.
+Multi-process modes run one process per device under torchrun (or `spawn_for_test`); the global
+batch is split evenly across ranks by the device loader, so every mode sees the same global batches.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from trainlab.device import resolve_device, synchronize
+from trainlab.distributed.failure import raise_if_peer_failure
+from trainlab.distributed.launch import (DEFAULT_TIMEOUT_S, DistInfo, destroy_distributed, dist_timeout_s,
+                                         ensure_process_group, init_distributed)
+from trainlab.distributed.wrappers import wrap_ddp
+from trainlab.errors import ConfigError, HardwareError
+from trainlab.lenet.allreduce import HandAllReduce, broadcast_parameters
+from trainlab.lenet.dataparallel import check_data_parallel, wrap_data_parallel
+from trainlab.stats import summarize
+
+MODES = ("none", "dp", "ddp", "allreduce")
+MULTI_PROCESS_MODES = ("ddp", "allreduce")
+
+
+class StepTimer:
+    """Per-step data / compute / communication time, synchronized (on CUDA) at each boundary.
+
+    Disabled (the default) it only forwards batches: synchronizing every step would stall an
+    asynchronous device, so it is switched on for measurements (`trainlab dp compare`), not for training.
+    - data: fetching the batch and moving it to the device
+    - communication: the hand-written all-reduce (exposed: nothing else runs meanwhile), or, under
+      DDP, the bucket all-reduces measured by a comm hook from launch to completion — these overlap
+      the backward pass, so for DDP they are *part of* compute, not additional to it
+    - compute: the rest of the step (forward, backward, optimizer), exposed communication excluded
+    """
+
+    def __init__(self, device: torch.device, enabled: bool = False):
+        self.device, self.enabled = device, enabled
+        self.data: list[float] = []
+        self.compute: list[float] = []
+        self.comm: list[float] = []
+        self.comm_overlapped = False
+        self._pending_comm = 0.0
+        self._t = 0.0
+
+    def batches(self, iterable, prepare):
+        """Yield `prepare(batch)` for each batch, timing fetch + prepare as data time."""
+        if not self.enabled:
+            for batch in iterable:
+                yield prepare(batch)
+            return
+        it = iter(iterable)
+        while True:
+            synchronize(self.device)
+            t0 = time.perf_counter()
+            try:
+                batch = prepare(next(it))
+            except StopIteration:
+                return
+            synchronize(self.device)
+            self._t = time.perf_counter()
+            self.data.append(self._t - t0)
+            self._pending_comm = 0.0
+            yield batch
+
+    def add_comm(self, seconds: float) -> None:
+        self._pending_comm += seconds
+
+    def communication(self):
+        """Context that times an exposed (blocking) communication phase."""
+        return _TimedComm(self) if self.enabled else _NULL
+
+    def step_done(self) -> None:
+        if not self.enabled:
+            return
+        synchronize(self.device)
+        step = time.perf_counter() - self._t
+        self.comm.append(self._pending_comm)
+        self.compute.append(step if self.comm_overlapped else step - self._pending_comm)
+
+    def summary(self) -> dict | None:
+        """Milliseconds per step: median with spread for each phase (None when disabled)."""
+        if not self.enabled or not self.data:
+            return None
+        ms = lambda xs: summarize([x * 1e3 for x in xs])  # noqa: E731
+        return {"steps": len(self.data), "data_ms": ms(self.data), "compute_ms": ms(self.compute),
+                "comm_ms": ms(self.comm), "comm_overlapped": self.comm_overlapped}
+
+
+class _TimedComm:
+    def __init__(self, timer: StepTimer):
+        self.timer = timer
+
+    def __enter__(self):
+        synchronize(self.timer.device)
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        synchronize(self.timer.device)
+        self.timer.add_comm(time.perf_counter() - self.t0)
+
+
+class _Null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL = _Null()
+
+
+@dataclass
+class DataParallelContext:
+    mode: str = "none"
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    owns_group: bool = False          # this context created the process group, so it destroys it
+    timer: StepTimer | None = None
+    _reducer: object = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.timer is None:
+            self.timer = StepTimer(self.device, enabled=False)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if self.mode == "dp":
+            return wrap_data_parallel(model)
+        if self.mode == "ddp":
+            ddp = wrap_ddp(model, self.device)  # broadcasts rank 0's weights
+            if self.timer.enabled:
+                self.timer.comm_overlapped = True
+                ddp.register_comm_hook(self.timer, _timed_allreduce_hook)
+            return ddp
+        if self.mode == "allreduce":
+            if self.world_size > 1:
+                broadcast_parameters(model)  # replicas start identical, as under DDP
+            self._reducer = HandAllReduce(model, self.world_size)
+        return model
+
+    def after_backward(self, model: nn.Module) -> None:
+        """Average gradients over ranks (hand-written mode only; DDP does it inside backward)."""
+        if self._reducer is not None and self.world_size > 1:
+            with self.timer.communication():
+                self._reducer.sync()
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1 or self.mode not in MULTI_PROCESS_MODES:
+            return value
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        return value / self.world_size
+
+    def raise_if_peer_failure(self, exc: BaseException) -> None:
+        """Re-raise a failed collective as one clear line (the caller re-raises anything else)."""
+        raise_if_peer_failure(exc, self.rank, self.world_size, self.timeout_s)
+
+    def close(self) -> None:
+        if self.owns_group and dist.is_initialized():
+            destroy_distributed()  # bounded: gloo's teardown can block (see launch.destroy_distributed)
+            self.owns_group = False
+
+
+def _timed_allreduce_hook(timer: StepTimer, bucket):
+    """DDP's default all-reduce (SUM then divide by world size), timed from launch to completion.
+    On CUDA the completion callback fires when the work is done on the stream as seen by the host,
+    so the figure is approximate there; on CPU (gloo) it is the transfer's wall time."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    t0 = time.perf_counter()
+    fut = allreduce_hook(None, bucket)
+
+    def done(f):
+        timer.add_comm(time.perf_counter() - t0)
+        return f.value()
+
+    return fut.then(done)
+
+
+def check_launch(mode: str, nproc: int, device: str, global_batch: int) -> None:
+    """Every reason a data-parallel launch cannot work, checked before any process starts."""
+    if mode not in MODES:
+        raise ConfigError(f"--parallel {mode!r}: expected one of {', '.join(MODES)}")
+    if nproc < 1:
+        raise ConfigError(f"--nproc {nproc}: expected a positive number of processes")
+    if nproc > 1 and mode not in MULTI_PROCESS_MODES:
+        raise ConfigError(f"--nproc {nproc} starts {nproc} processes, which needs --parallel ddp or allreduce "
+                          f"(got --parallel {mode})")
+    if mode == "dp":
+        check_data_parallel(device, global_batch)
+        return
+    dev = resolve_device(device)
+    if dev.type == "cuda" and nproc > torch.cuda.device_count():
+        raise HardwareError(f"--nproc {nproc}: only {torch.cuda.device_count()} CUDA device(s) visible "
+                            "(one process per GPU; use --device cpu for more processes than GPUs)")
+    if global_batch % nproc:
+        raise ConfigError(f"--batch-size {global_batch} must be divisible by --nproc {nproc} "
+                          "(it is the global batch, split evenly across ranks)")
+
+
+def setup_data_parallel(mode: str, device: str, global_batch: int, step_timing: bool = False,
+                        timeout_s: float | None = None) -> DataParallelContext:
+    """Resolve `--parallel MODE` into a context; errors before anything starts.
+
+    ddp/allreduce join the process group described by torchrun's RANK/WORLD_SIZE/LOCAL_RANK (or an
+    existing one, as under `spawn_for_test`); without those variables they run as a world of one.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"--parallel {mode!r}: expected one of {', '.join(MODES)}")
+    if mode == "none":
+        dev = resolve_device(device)
+        return DataParallelContext(mode="none", device=dev, timer=StepTimer(dev, step_timing))
+    if mode == "dp":
+        check_data_parallel(device, global_batch)
+        dev = torch.device("cuda", 0)  # the module and the gathered outputs live on GPU 0
+        return DataParallelContext(mode="dp", device=dev, timer=StepTimer(dev, step_timing))
+    world_size = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    check_launch(mode, 1, device, global_batch)  # device exists; mode is valid
+    if global_batch % world_size:
+        raise ConfigError(f"--batch-size {global_batch} must be divisible by the world size {world_size} "
+                          "(it is the global batch, split evenly across ranks)")
+    timeout_s = timeout_s if timeout_s is not None else dist_timeout_s()  # --dist-timeout, else the environment
+    already = dist.is_initialized()
+    info: DistInfo = init_distributed(device=device, timeout_s=timeout_s)
+    if dist.is_initialized():
+        info = DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=info.local_rank, device=info.device)
+    if mode == "ddp":
+        ensure_process_group(info, timeout_s)  # DDP needs a group even for a world of one
+    return DataParallelContext(mode=mode, rank=info.rank, world_size=info.world_size, device=info.device,
+                               timeout_s=timeout_s, owns_group=not already and dist.is_initialized(),
+                               timer=StepTimer(info.device, step_timing))

@@ -1,0 +1,56 @@
+"""Test-set evaluation: loss, accuracy, per-class accuracy and the confusion matrix; `trainlab eval`."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trainlab.data.mnist import load_mnist
+from trainlab.device import resolve_device
+from trainlab.lenet.batches import build_test_batches
+from trainlab.lenet.checkpoint import load_checkpoint
+from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.setup import amp_dtype, autocast, build_model
+
+NUM_CLASSES = 10
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype=None) -> dict:
+    """`batches` yields (x, y) on `device`. Accumulates on the device; one sync at the end."""
+    was_training = model.training
+    model.eval()
+    confusion = torch.zeros(NUM_CLASSES, NUM_CLASSES, dtype=torch.long, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for x, y in batches:
+        with autocast(device, amp_dtype):
+            logits = model(x)
+        loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").double()
+        pred = logits.argmax(1)
+        confusion += torch.bincount(y * NUM_CLASSES + pred, minlength=NUM_CLASSES**2).view(NUM_CLASSES, NUM_CLASSES)
+    model.train(was_training)
+    confusion = confusion.cpu()  # sync point
+    n = int(confusion.sum())
+    correct = int(confusion.diag().sum())
+    per_class_total = confusion.sum(1).clamp_min(1)
+    return {
+        "test_loss": float(loss_sum) / max(1, n),
+        "test_accuracy": 100.0 * correct / max(1, n),
+        "per_class_accuracy": (100.0 * confusion.diag() / per_class_total).tolist(),
+        "confusion_matrix": confusion.tolist(),
+        "test_samples": n,
+    }
+
+
+def evaluate_checkpoint(path, device: str = "auto", data_dir: str | None = None) -> dict:
+    """`trainlab eval CHECKPOINT`: rebuild the model a checkpoint was trained with and re-test it."""
+    ckpt = load_checkpoint(path)
+    cfg = TrainConfig.from_dict(ckpt["config"], source=f"{path} [config]")
+    cfg.device, cfg.test_subset = device, None
+    if data_dir is not None:
+        cfg.data_dir = data_dir
+    dev = resolve_device(device)
+    model = build_model(cfg, dev)
+    model.load_state_dict(ckpt["model"])
+    result = evaluate(model, build_test_batches(cfg, load_mnist(cfg.data_dir), dev), dev, amp_dtype(cfg, dev))
+    return {**result, "device": str(dev), "epochs_done": ckpt["epochs_done"], "checkpoint": str(path)}

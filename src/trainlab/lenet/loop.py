@@ -1,0 +1,264 @@
+"""LeNet-5 training, top to bottom: set up → (resume) → per epoch: train, evaluate, log, checkpoint → summary.
+
+The loop keeps the GPU busy: per-step losses stay on the device and are read back once per epoch
+(a `.item()` per step would be a CPU-GPU sync point per step).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import warnings
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from trainlab.data.mnist import load_mnist
+from trainlab.device import synchronize
+from trainlab.distributed.wrappers import unwrap
+from trainlab.errors import ConfigError
+from trainlab.lenet.batches import build_test_batches, build_train_batches, to_device
+from trainlab.lenet.checkpoint import load_checkpoint, save_checkpoint
+from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.data_parallel import setup_data_parallel
+from trainlab.lenet.evaluate import evaluate
+from trainlab.lenet.model import count_parameters
+from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, build_scheduler, scaled_lr, use_channels_last
+from trainlab.telemetry.env import collect_env, format_header
+from trainlab.telemetry.gpu import GPUSampler
+from trainlab.telemetry.rundir import RunDir
+from trainlab.telemetry.tensorboard import image_grid, make_writer
+
+TARGET_ACCURACY = 99.0  # for time-to-accuracy
+
+
+def default_run_dir(cfg: TrainConfig) -> Path:
+    name = cfg.name or f"{cfg.act}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    return Path(cfg.out) if cfg.out else Path("runs") / name
+
+
+def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict:
+    """Train LeNet-5 per `cfg`; with `resume`, continue the run in that directory. Returns the summary.
+
+    `cfg.step_timing` synchronizes at every step boundary to split each step into data / compute /
+    communication time (summary["step_times"]); it costs throughput on a GPU, so it is off by default.
+    """
+    # ---- resolve everything up front, so a bad flag fails before any work -------------------------
+    if cfg.batch_size <= 0 or cfg.epochs <= 0:
+        raise ConfigError(f"--batch-size and --epochs must be positive (got {cfg.batch_size}, {cfg.epochs})")
+    par = setup_data_parallel(cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing,
+                              timeout_s=cfg.dist_timeout)
+    device = par.device
+    if not par.is_main:
+        log = _silent  # only rank 0 prints, logs to TensorBoard and writes the run directory
+    run = RunDir(resume if resume is not None else default_run_dir(cfg), create=par.is_main)
+    ckpt = load_checkpoint(run.checkpoint) if resume is not None else None
+    data = load_mnist(cfg.data_dir)
+    train_batches = build_train_batches(cfg, data, device, par)
+    test_batches = build_test_batches(cfg, data, device)
+    steps_per_epoch = len(train_batches)
+    n_train = len(data.train_images) if cfg.train_subset is None else min(cfg.train_subset, len(data.train_images))
+    channels_last = use_channels_last(cfg, device)
+    precision = amp_dtype(cfg, device)
+
+    model = build_model(cfg, device)
+    lr = scaled_lr(cfg)
+    optimizer = build_optimizer(cfg, model, lr)
+    scheduler = build_scheduler(cfg, optimizer, lr, steps_per_epoch)
+    start_epoch, global_step, history, train_seconds = 0, 0, [], 0.0
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        start_epoch, global_step = ckpt["epochs_done"], ckpt["global_step"]
+        history, train_seconds = ckpt["history"], ckpt["train_seconds"]
+    params = count_parameters(model)
+
+    # ---- record what this run is, before it runs -------------------------------------------------
+    env = collect_env(device)
+    if par.is_main:
+        run.write_json("config.json", cfg.to_dict())
+        run.write_json("env.json", env)
+    log(format_header({**cfg.to_dict(), "run_dir": str(run.path), "params": params, "data_source": data.source,
+                       "resumed_from_epoch": start_epoch if ckpt else None}, env))
+    writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=global_step if ckpt else None)
+    if writer is not None and ckpt is None:
+        _log_graph(writer, model, next(iter(test_batches))[0][:8])
+    gpu = GPUSampler(log=log) if cfg.gpu_telemetry and device.type == "cuda" and par.is_main else None
+    if cfg.gpu_telemetry and device.type != "cuda":
+        log("gpu telemetry: skipped — training on the CPU")
+
+    model = par.wrap(model)
+    if cfg.compile:
+        model = torch.compile(model)
+    warmup_seconds = _warm_up(model, train_batches, device, precision, channels_last) if (cfg.compile or device.type == "cuda") else 0.0
+
+    # ---- train ----------------------------------------------------------------------------------
+    if gpu is not None:
+        gpu.start()
+    time_to_target = next((h["train_seconds"] for h in history if h["test_accuracy"] >= TARGET_ACCURACY), None)
+    epochs_run = 0
+    try:
+        for epoch in range(start_epoch, cfg.epochs):
+            train_batches.set_epoch(epoch)  # the order is a pure function of (seed, epoch): resumable
+            model.train()
+            step_losses = []
+            synchronize(device)
+            t0 = time.perf_counter()
+            bar = tqdm(train_batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
+                       disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True)
+            for x, y in par.timer.batches(bar, lambda b: to_device(*b, device, channels_last)):
+                with autocast(device, precision):
+                    logits = model(x)
+                loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                par.after_backward(model)  # hand-written all-reduce; DDP/DP reduce inside backward
+                optimizer.step()
+                scheduler.step()
+                par.timer.step_done()
+                step_losses.append(loss.detach())
+                global_step += 1
+                if cfg.progress and global_step % 50 == 0:
+                    bar.set_postfix(loss=f"{loss.item():.4f}")  # sync point, once per 50 steps
+            synchronize(device)
+            epoch_seconds = time.perf_counter() - t0
+            train_seconds += epoch_seconds
+            losses = par.mean(torch.stack(step_losses).float()).cpu().tolist()  # one sync for the whole epoch
+
+            result = evaluate(model, test_batches, device, precision)
+            record = {
+                "epoch": epoch + 1,
+                "global_step": global_step,
+                "train_loss": sum(losses) / len(losses),
+                "test_loss": result["test_loss"],
+                "test_accuracy": result["test_accuracy"],
+                "per_class_accuracy": result["per_class_accuracy"],
+                "lr": scheduler.get_last_lr()[0],
+                "epoch_seconds": epoch_seconds,
+                "train_seconds": train_seconds,
+                "images_per_s": n_train / epoch_seconds,
+                "step_losses": losses,
+            }
+            history.append(record)
+            if time_to_target is None and result["test_accuracy"] >= TARGET_ACCURACY:
+                time_to_target = train_seconds
+            log(f"epoch {epoch + 1:>3}/{cfg.epochs}  train_loss {record['train_loss']:.4f}  test_loss {record['test_loss']:.4f}  "
+                f"test_acc {record['test_accuracy']:6.2f}%  {record['images_per_s']:>9,.0f} img/s  {epoch_seconds:6.2f} s")
+            if writer is not None:
+                _log_epoch(writer, record, losses, global_step, result, scheduler)
+            if par.is_main:
+                run.write_metrics(history)
+                save_checkpoint(run.checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch + 1,
+                                global_step=global_step, history=history, train_seconds=train_seconds, config=cfg.to_dict())
+            epochs_run += 1
+            if cfg.stop_after is not None and epochs_run >= cfg.stop_after and epoch + 1 < cfg.epochs:
+                log(f"stopping after {epochs_run} epoch(s) as asked (--stop-after); resume with: trainlab train --resume {run.path}")
+                par.close()
+                return {"interrupted": True, "epochs_done": epoch + 1, "run_dir": str(run.path)}
+    except Exception as e:
+        par.raise_if_peer_failure(e)  # a dead or hung peer rank → one clear line, not a gloo/NCCL trace
+        raise
+    finally:
+        if gpu is not None:
+            gpu.stop()
+            gpu.write_csv(run.file("gpu.csv"))
+            if writer is not None:
+                # step = sample index (~10 Hz); the CSV holds the exact times
+                for i, s in enumerate(gpu.samples):
+                    writer.add_scalar("gpu/utilization", s["utilization_pct"], i)
+                    writer.add_scalar("gpu/memory_used_mib", s["memory_used_mib"], i)
+
+    # ---- summarize ------------------------------------------------------------------------------
+    final = evaluate(model, test_batches, device, precision)
+    if writer is not None:
+        _log_images(writer, unwrap(model), test_batches, global_step)
+        writer.close()
+    summary = {
+        "test_accuracy": final["test_accuracy"],
+        "test_loss": final["test_loss"],
+        "per_class_accuracy": final["per_class_accuracy"],
+        "confusion_matrix": final["confusion_matrix"],
+        "epochs": cfg.epochs,
+        "train_seconds": train_seconds,
+        "warmup_seconds": warmup_seconds,
+        "time_to_99_seconds": time_to_target,
+        "images_per_s_median": statistics.median(h["images_per_s"] for h in history) if history else None,
+        "device": str(device),
+        "device_name": env["gpus"][0] if device.type == "cuda" and env["gpus"] else env["cpu"],
+        "params": params,
+        "act": cfg.act,
+        "seed": cfg.seed,
+        "gpu": gpu.summary() if gpu is not None else None,
+        "parallel": par.mode,
+        "world_size": par.world_size,
+        "step_times": par.timer.summary(),
+        "run_dir": str(run.path),
+    }
+    if par.is_main:
+        run.write_json("summary.json", summary)
+    par.close()
+    log(f"done: test accuracy {summary['test_accuracy']:.2f}%  train time {train_seconds:.1f} s  "
+        f"time to {TARGET_ACCURACY:g}%: {'%.1f s' % time_to_target if time_to_target is not None else 'not reached'}  run dir: {run.path}")
+    return summary
+
+
+def _silent(*_args, **_kwargs) -> None:
+    pass
+
+
+def _warm_up(model, batches, device, precision, channels_last) -> float:
+    """One forward/backward on a real batch to trigger compilation and cuDNN autotuning, then restore
+    the model exactly (BatchNorm running stats included) so the run stays deterministic."""
+    state = copy.deepcopy(unwrap(model).state_dict())
+    batches.set_epoch(0)
+    x, y = next(iter(batches))
+    x, y = to_device(x, y, device, channels_last)
+    synchronize(device)
+    t0 = time.perf_counter()
+    with autocast(device, precision):
+        loss = F.cross_entropy(model(x).float(), y)
+    loss.backward()
+    synchronize(device)
+    seconds = time.perf_counter() - t0
+    unwrap(model).load_state_dict(state)
+    for p in model.parameters():
+        p.grad = None
+    return seconds
+
+
+def _log_graph(writer, model, example) -> None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer warns about LeNet5's input-shape check
+            writer.add_graph(model, example)
+    except Exception as e:  # tracing custom ops can fail; the graph is a nicety, not a result
+        print(f"tensorboard: model graph skipped ({type(e).__name__})")
+
+
+def _log_epoch(writer, record, losses, global_step, result, scheduler) -> None:
+    first = global_step - len(losses) + 1
+    for i, loss in enumerate(losses):
+        writer.add_scalar("train/loss", loss, first + i)
+    writer.add_scalar("train/lr", record["lr"], global_step)
+    writer.add_scalar("test/loss", record["test_loss"], global_step)
+    writer.add_scalar("test/accuracy", record["test_accuracy"], global_step)
+    for c, acc in enumerate(result["per_class_accuracy"]):
+        writer.add_scalar(f"test/class_accuracy/{c}", acc, global_step)
+    writer.add_scalar("perf/images_per_s", record["images_per_s"], global_step)
+    writer.flush()
+
+
+@torch.no_grad()
+def _log_images(writer, model, test_batches, global_step) -> None:
+    """First-layer filters and feature maps of a few test digits: the handout's 'visualize intermediate layers'."""
+    writer.add_image("layers/conv1_filters", image_grid(model.conv1.weight[:, 0]), global_step)
+    x, _ = next(iter(test_batches))
+    model.eval()
+    maps = model.first_layer_maps(x[:4].contiguous())  # [4, 6, 28, 28]
+    writer.add_image("layers/input_digits", image_grid(x[:4, 0]), global_step)
+    writer.add_image("layers/conv1_feature_maps", image_grid(maps.flatten(0, 1), ncol=maps.shape[1]), global_step)

@@ -1,1 +1,0 @@
-"""Models: LeNet-5 (models.lenet), GPT-2 (models.gpt), and the activation registry."""

@@ -1,1 +1,0 @@
-"""LeNet-5 training: the loop (train.loop), its parts (train.setup), evaluation and checkpoints."""

@@ -1,0 +1,82 @@
+"""The command line: one config dataclass per command, flags derived from it, loud import failures,
+and one way to start workers (a JSON spec)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import pytest
+
+from trainlab import cli
+from trainlab.errors import ConfigError
+from trainlab.flags import cli_fields, flag_name
+from trainlab.gpt.config import BenchConfig, CompareConfig, PlanConfig
+from trainlab.lenet.compare import CompareConfig as DPCompareConfig
+from trainlab.lenet.config import TrainConfig
+from trainlab.ops.config import BenchConfig as GeluBenchConfig
+from trainlab.ops.config import CheckConfig as GeluCheckConfig
+
+
+def test_a_broken_command_group_fails_loudly(monkeypatch):
+    monkeypatch.setattr(cli, "COMMAND_MODULES", cli.COMMAND_MODULES + ("trainlab.no_such_group",))
+    with pytest.raises(ModuleNotFoundError, match="trainlab.no_such_group"):
+        cli.build_parser()
+
+
+@pytest.mark.parametrize("argv, cls", [
+    (["train"], TrainConfig), (["dp", "compare"], DPCompareConfig), (["gpt", "bench"], BenchConfig),
+    (["gpt", "plan"], PlanConfig), (["gelu", "check"], GeluCheckConfig), (["gelu", "bench"], GeluBenchConfig),
+])
+def test_every_cli_field_is_a_flag_and_defaults_come_from_the_dataclass(argv, cls):
+    parser = cli.build_parser()
+    sub = parser._subparsers._group_actions[0].choices[argv[0]]
+    if len(argv) > 1:
+        sub = sub._subparsers._group_actions[0].choices[argv[1]]
+    flags = {opt for action in sub._actions for opt in action.option_strings}
+    for f in cli_fields(cls):
+        assert flag_name(f) in flags, f"{' '.join(argv)}: {f.name} has no flag"
+    args = parser.parse_args(argv)
+    assert all(getattr(args, f.name) is None for f in cli_fields(cls))  # unset flags leave the dataclass default
+
+
+def test_gpt_compare_takes_the_shared_bench_flags_once():
+    args = cli.build_parser().parse_args(["gpt", "compare", "--model", "tiny", "--steps", "3", "--strategies", "none,ddp"])
+    assert args.model == "tiny" and args.steps == 3 and args.strategies == "none,ddp"
+    assert CompareConfig(strategies="none,ddp").strategy_list == ["none", "ddp"]
+    assert BenchConfig().model == "gpt2-1.6b"  # the one default, as documented
+
+
+def test_config_json_is_type_checked_with_one_line_naming_file_and_key():
+    good = TrainConfig(epochs=3).to_dict()
+    assert TrainConfig.from_dict(good) == TrainConfig(epochs=3)
+    with pytest.raises(ConfigError, match=r"run/config.json: 'epochs' must be an integer, got '3'"):
+        TrainConfig.from_dict({**good, "epochs": "3"}, source="run/config.json")
+    with pytest.raises(ConfigError, match="unknown config keys: bogus"):
+        TrainConfig.from_dict({**good, "bogus": 1})
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        TrainConfig.from_dict([1, 2])
+    assert TrainConfig.from_dict({**good, "lr": 1}).lr == 1.0  # an integer is a valid float
+
+
+def test_worker_spec_must_name_a_known_worker(tmp_path, capsys):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"worker": "rm -rf"}))
+    assert cli.main(["worker", str(spec)]) == 2
+    assert "not a trainlab worker spec" in capsys.readouterr().err
+    assert "worker" not in cli.build_parser().format_help().split("options:")[0].split("COMMAND\n", 1)[-1]
+
+
+def test_a_worker_runs_from_its_json_spec_alone(tmp_path):
+    # The parent's resolved config reaches the worker as JSON: here a 1-process train worker.
+    from trainlab.distributed.launch import worker_command, write_spec
+    import subprocess
+
+    cfg = TrainConfig(epochs=1, train_subset=128, test_subset=64, batch_size=64, device="cpu", progress=False,
+                      tensorboard=False, gpu_telemetry=False, out=str(tmp_path / "run"), lr=2e-3)
+    cmd = worker_command(1, write_spec(tmp_path / "spec.json", "train", config=cfg.to_dict(), resume=None))
+    assert cmd[:4] == [sys.executable, "-m", "trainlab", "worker"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved == dataclasses.asdict(cfg)

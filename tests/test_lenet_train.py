@@ -1,0 +1,129 @@
+"""The LeNet-5 trainer on real (embedded) MNIST, small subsets unless stated."""
+
+import json
+
+import pytest
+import torch
+
+from trainlab.cli import main
+from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.loop import train
+
+SMALL = dict(epochs=1, train_subset=1024, test_subset=500, batch_size=128, device="cpu", progress=False)
+
+
+def quiet(*_a, **_k):
+    pass
+
+
+def run(tmp_path, name, **kw):
+    cfg = TrainConfig(**{**SMALL, "tensorboard": False, **kw, "out": str(tmp_path / name)})
+    return train(cfg, log=quiet), tmp_path / name
+
+
+def step_losses(run_dir):
+    return [loss for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) for loss in rec["step_losses"]]
+
+
+def test_same_seed_same_loss_curve_and_other_seed_differs(tmp_path):
+    _, a = run(tmp_path, "a", seed=3)
+    _, b = run(tmp_path, "b", seed=3)
+    _, c = run(tmp_path, "c", seed=4)
+    assert len(step_losses(a)) == 8
+    assert step_losses(a) == step_losses(b)
+    assert step_losses(a) != step_losses(c)
+
+
+def test_dataloader_path_matches_device_path(tmp_path):
+    # Same order, same normalization, no augmentation → the same batches → the same losses.
+    _, dev = run(tmp_path, "dev", loader="device")
+    _, dl = run(tmp_path, "dl", loader="dataloader", workers=0)
+    torch.testing.assert_close(torch.tensor(step_losses(dl)), torch.tensor(step_losses(dev)), rtol=1e-6, atol=1e-6)
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    full, full_dir = run(tmp_path, "full", epochs=3)
+    partial, part_dir = run(tmp_path, "part", epochs=3, stop_after=1)
+    assert partial["interrupted"] and partial["epochs_done"] == 1
+    cfg = TrainConfig.from_dict(json.loads((part_dir / "config.json").read_text()))
+    cfg.stop_after = None
+    resumed = train(cfg, resume=part_dir, log=quiet)
+    assert resumed["test_accuracy"] == full["test_accuracy"]
+    assert resumed["test_loss"] == full["test_loss"]
+    assert step_losses(part_dir) == step_losses(full_dir)
+    a = torch.load(full_dir / "checkpoint.pt")["model"]
+    b = torch.load(part_dir / "checkpoint.pt")["model"]
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_run_directory_and_summary(tmp_path):
+    summary, d = run(tmp_path, "s", epochs=2)
+    for f in ("config.json", "env.json", "metrics.jsonl", "checkpoint.pt", "summary.json"):
+        assert (d / f).exists(), f
+    on_disk = json.loads((d / "summary.json").read_text())
+    assert on_disk["test_accuracy"] == summary["test_accuracy"]
+    assert on_disk["epochs"] == 2 and on_disk["params"] == 61_706 and on_disk["device"] == "cpu"
+    assert len(on_disk["per_class_accuracy"]) == 10
+    cm = torch.tensor(on_disk["confusion_matrix"])
+    assert cm.shape == (10, 10) and int(cm.sum()) == 500
+    assert on_disk["test_accuracy"] == pytest.approx(100.0 * int(cm.diag().sum()) / 500)
+    assert on_disk["train_seconds"] > 0
+    env = json.loads((d / "env.json").read_text())
+    assert env["torch"] == torch.__version__
+
+
+def test_tensorboard_tags_read_back(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, d = run(tmp_path, "tb", epochs=2, tensorboard=True)
+    acc = EventAccumulator(str(d), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    scalars = set(acc.Tags()["scalars"])
+    expected = {"train/loss", "train/lr", "test/loss", "test/accuracy", "perf/images_per_s"}
+    expected |= {f"test/class_accuracy/{c}" for c in range(10)}
+    assert expected <= scalars
+    assert len(acc.Scalars("train/loss")) == 16  # 8 steps per epoch × 2 epochs
+    summary = json.loads((d / "summary.json").read_text())
+    assert acc.Scalars("test/accuracy")[-1].value == pytest.approx(summary["test_accuracy"], rel=1e-6)
+    assert {"layers/conv1_filters", "layers/conv1_feature_maps"} <= set(acc.Tags()["images"])
+
+
+def test_real_mnist_reaches_98_percent_and_eval_reproduces_it(tmp_path, capsys):
+    """The acceptance bar of the handout (≥98%) on the full 60k/10k, inside the suite."""
+    cfg = TrainConfig(epochs=2, batch_size=128, device="cpu", progress=False, tensorboard=False,
+                      out=str(tmp_path / "real"))
+    summary = train(cfg, log=quiet)
+    assert summary["test_accuracy"] >= 98.0
+    assert main(["eval", str(tmp_path / "real"), "--device", "cpu", "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["test_accuracy"] == pytest.approx(summary["test_accuracy"])
+    assert evaluated["test_samples"] == 10_000
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--optimizer", "lion"], "--optimizer 'lion'"),
+    (["train", "--loader", "magic"], "--loader 'magic'"),
+    (["train", "--act", "swishy"], "--act 'swishy'"),
+    (["train", "--schedule", "steps"], "--schedule 'steps'"),
+    (["train", "--epochs", "0"], "--epochs"),
+])
+def test_bad_flags_are_one_line_errors(tmp_path, capsys, argv, needle):
+    assert main(argv + ["--out", str(tmp_path / "x"), "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trainlab: error:") and needle in err[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_cuda_without_gpu_is_a_clear_error(tmp_path, capsys):
+    assert main(["train", "--device", "cuda", "--out", str(tmp_path / "x")]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_eval_of_a_corrupt_checkpoint_names_the_file(tmp_path, capsys):
+    bad = tmp_path / "checkpoint.pt"
+    bad.write_bytes(b"not a checkpoint")
+    assert main(["eval", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "not a readable checkpoint" in err
+    assert main(["train", "--resume", str(tmp_path / "nowhere")]) == 2
