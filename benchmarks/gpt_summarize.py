@@ -17,8 +17,9 @@ GiB = 1024**3
 
 def table(rows: list[dict]) -> str:
     lines = ["| run | impl | strategy | micro × accum | step ms median [p10–p90] | tokens/s | TFLOPS/dev 6N+attn "
-             "| TFLOPS/dev handout 8N | MFU | peak alloc GiB | reserved GiB | predicted GiB | loss first→last |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| TFLOPS/dev handout (8·N·B·T, N = its get_model_size) | TFLOPS/dev 8N (distinct N) | MFU | peak alloc GiB | reserved GiB "
+             "| predicted GiB | loss first→last |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in rows:
         st = s["step_seconds"]
         mem = s["peak_memory_per_rank"][0]
@@ -29,7 +30,7 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {name} | {s['impl']} | {s['strategy']} | {s['micro_batch']} × {accum} | {1e3 * st['median']:.1f} "
             f"[{1e3 * st['p10']:.1f}–{1e3 * st['p90']:.1f}] | {s['tokens_per_s']:,.0f} | {s['tflops_per_device']:.1f} | "
-            f"{s['tflops_per_device_handout']:.1f} | {mfu} | {s['peak_memory_bytes'] / GiB:.2f} | "
+            f"{s['tflops_per_device_handout']:.1f} | {s.get('tflops_per_device_8n', float('nan')):.1f} | {mfu} | {s['peak_memory_bytes'] / GiB:.2f} | "
             f"{'-' if res is None else f'{res / GiB:.2f}'} | {'-' if pred is None else f'{pred / GiB:.2f}'} | "
             f"{s['losses'][0]:.3f}→{s['losses'][-1]:.3f} |")
     return "\n".join(lines)

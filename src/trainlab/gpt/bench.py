@@ -16,12 +16,12 @@ from dataclasses import asdict, replace
 import torch
 import torch.distributed as dist
 
-from trainlab.device import device_name, peak_memory, peak_tflops, reset_peak_memory, synchronize
+from trainlab.device import device_name, peak_memory, peak_tflops, reset_peak_memory, set_tf32, synchronize
 from trainlab.distributed.launch import (destroy_distributed, exit_worker, init_distributed, launch_workers,
                                          needs_launch, under_torchrun)
 from trainlab.gpt.config import BenchConfig
 from trainlab.gpt.engine import GPTEngine
-from trainlab.gpt.flops import flops_per_token, handout_tflops, hardware_flops_per_token, mfu
+from trainlab.gpt.flops import flops_per_token, handout_param_count, handout_tflops, hardware_flops_per_token, mfu
 from trainlab.gpt.model import count_params
 from trainlab.gpt.planner import measure_step_peak_bytes, predict_memory
 from trainlab.io import atomic_write_json
@@ -86,6 +86,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
     """
     cfg = _with_world_size(cfg)
     model_cfg, spec, seq = cfg.validate()
+    tf32 = set_tf32(cfg.tf32)
     info = init_distributed(device=None if cfg.device == "auto" else cfg.device)
     main = info.rank == 0
     say = log if main else (lambda *a, **k: None)
@@ -205,7 +206,11 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
             "tflops_per_device": tfl_model,
             "tflops_per_device_6n_ckpt": ckpt_fpt * tok_s / world / 1e12,   # the issue's "+2N with ckpt"
             "tflops_per_device_hardware": hw_fpt * tok_s / world / 1e12,    # with the recomputation done
-            "tflops_per_device_handout": handout_tflops(params, cfg.global_batch, seq, med) / world,
+            # the handout's get_tflops with the handout's get_model_size (tied embedding counted twice) …
+            "params_handout": handout_param_count(model_cfg),
+            "tflops_per_device_handout": handout_tflops(handout_param_count(model_cfg), cfg.global_batch, seq, med) / world,
+            # … and the same 8·N·B·T formula with the distinct parameter count
+            "tflops_per_device_8n": handout_tflops(params, cfg.global_batch, seq, med) / world,
             "flops_per_token": model_fpt,
             "peak_tflops": peak,
             "peak_tflops_source": peak_src,
@@ -218,12 +223,14 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
             "losses": losses,
             "device": str(device),
             "device_name": device_name(device),
+            "tf32": tf32,
             "config": config,
             "env": env,
         }
         say(f"summary {spec.text} ({world} rank(s), {cfg.impl}): step {format_spread(st, 1e3, ' ms')}  "
             f"{tok_s:,.0f} tok/s ({tok_s / world:,.0f}/device)  TFLOPS/device: 6N+attn {tfl_model:.3f}, "
-            f"+2N ckpt {summary['tflops_per_device_6n_ckpt']:.3f}, handout 8·N·B·T {summary['tflops_per_device_handout']:.3f}  "
+            f"+2N ckpt {summary['tflops_per_device_6n_ckpt']:.3f}, handout 8·N·B·T {summary['tflops_per_device_handout']:.3f} "
+            f"(N = {summary['params_handout']:,}, its get_model_size), 8·N·B·T {summary['tflops_per_device_8n']:.3f} (N = {params:,})  "
             f"MFU {_pct(summary['mfu'])}")
         if summary["predicted_peak_bytes"] is not None:
             say(f"  planner predicted peak {_fmt_bytes(summary['predicted_peak_bytes'])} per device "

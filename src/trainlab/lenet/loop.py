@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from trainlab.data.mnist import load_mnist
-from trainlab.device import synchronize
+from trainlab.device import set_tf32, synchronize
 from trainlab.distributed.wrappers import unwrap
 from trainlab.errors import ConfigError
 from trainlab.lenet.batches import build_test_batches, build_train_batches, to_device
@@ -50,6 +50,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     # ---- resolve everything up front, so a bad flag fails before any work -------------------------
     if cfg.batch_size <= 0 or cfg.epochs <= 0:
         raise ConfigError(f"--batch-size and --epochs must be positive (got {cfg.batch_size}, {cfg.epochs})")
+    tf32 = set_tf32(cfg.tf32)
     par = setup_data_parallel(cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing,
                               timeout_s=cfg.dist_timeout)
     device = par.device
@@ -190,6 +191,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
         "images_per_s_median": statistics.median(h["images_per_s"] for h in history) if history else None,
         "device": str(device),
         "device_name": env["gpus"][0] if device.type == "cuda" and env["gpus"] else env["cpu"],
+        "tf32": tf32,
         "params": params,
         "act": cfg.act,
         "seed": cfg.seed,
