@@ -67,9 +67,18 @@ def _predicted_peak(cfg: BenchConfig, model_cfg, spec, engine, seq: int, device:
         micro = engine.per_rank_batch // steps if spec.pp else cfg.micro_batch  # pp: the pipeline's micro-batch
         return predict_memory(model_cfg, spec, engine.dist.world_size, micro, seq, tp=cfg.tp, pp=cfg.pp,
                               microbatches=steps if spec.pp else None, pp_schedule=cfg.pp_schedule,
-                              accumulation_steps=1 if spec.pp else steps, optimizer=opt)["total_bytes"]
+                              accumulation_steps=1 if spec.pp else steps, optimizer=opt,
+                              **device_attention_kwargs(device))["total_bytes"]
     except Exception:  # a prediction must never break a measurement
         return None
+
+
+def device_attention_kwargs(device: torch.device) -> dict:
+    """What decides the SDPA kernel on this device, for the planner: type, compute capability, cuDNN."""
+    if device.type != "cuda":
+        return {"device_type": device.type}
+    major, minor = torch.cuda.get_device_capability(device)
+    return {"device_type": "cuda", "sm": 10 * major + minor, "cudnn_version": torch.backends.cudnn.version()}
 
 
 def _with_world_size(cfg: BenchConfig) -> BenchConfig:

@@ -101,6 +101,7 @@ class PlanConfig(Config):
     strategies: str | None = opt(None, "comma-separated list (default: a matrix for --gpus)")
     optimizer: str = opt("foreach", "AdamW implementation (its temporaries differ)",
                          choices=("foreach", "fused", "forloop"))
+    sm: int = opt(90, "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs")
     json: bool = opt(False, "print JSON instead of a table")
 
     @property
