@@ -26,7 +26,7 @@ from trainlab.gpt.model import count_params
 from trainlab.gpt.planner import measure_step_peak_bytes, predict_memory
 from trainlab.io import atomic_write_json
 from trainlab.stats import format_spread, summarize
-from trainlab.telemetry.env import collect_env, format_header
+from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.rundir import RunDir
 from trainlab.telemetry.tensorboard import make_writer
 
@@ -132,6 +132,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
 
         losses, times = [], []
         warm_times = []
+        busy = BusySnapshot()   # nvidia-smi during the timed steps (env.json's is taken idle)
         batches = token_batches(model_cfg.vocab_size, cfg.global_batch, seq, cfg.warmup + cfg.steps, cfg.seed)
         for i, tokens in enumerate(batches):
             timed = i >= cfg.warmup
@@ -141,6 +142,8 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
                 dist.barrier()
             synchronize(device)
             t = time.perf_counter()
+            if i == cfg.warmup and main:
+                busy.start()
             loss = engine.train_step(tokens)
             synchronize(device)
             dt = time.perf_counter() - t
@@ -169,6 +172,12 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
                 if mem["peak_bytes"] is not None:
                     writer.add_scalar("peak_memory_gib", mem["peak_bytes"] / GiB, i + 1)
 
+        snapshot = busy.finish() if main else None
+        if snapshot is not None:
+            env["nvidia_smi_busy"] = snapshot
+            if run is not None:
+                run.write_json("env.json", env)
+                run.write_text("nvidia-smi-busy.txt", snapshot["text"])
         rank_mem = _rank_peak(device)
         if cfg.track_memory:
             # after timing: the per-op bookkeeping slows the step, and this step is not in `losses`

@@ -28,7 +28,7 @@ from trainlab.lenet.data_parallel import setup_data_parallel
 from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
 from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, build_scheduler, scaled_lr, use_channels_last
-from trainlab.telemetry.env import collect_env, format_header
+from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.gpu import GPUSampler
 from trainlab.telemetry.rundir import RunDir
 from trainlab.telemetry.tensorboard import image_grid, make_writer
@@ -89,7 +89,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=global_step if ckpt else None)
     if writer is not None and ckpt is None:
         _log_graph(writer, model, next(iter(test_batches))[0][:8])
-    gpu = GPUSampler(log=log) if cfg.gpu_telemetry and device.type == "cuda" and par.is_main else None
+    gpu = (GPUSampler(indices=[device.index if device.index is not None else torch.cuda.current_device()], log=log)
+           if cfg.gpu_telemetry and device.type == "cuda" and par.is_main else None)
+    busy = BusySnapshot()   # nvidia-smi while the first epoch trains (env.json's is taken idle)
     if cfg.gpu_telemetry and device.type != "cuda":
         log("gpu telemetry: skipped — training on the CPU")
 
@@ -124,11 +126,17 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
                 par.timer.step_done()
                 step_losses.append(loss.detach())
                 global_step += 1
+                if epochs_run == 0 and gpu is not None and len(step_losses) == 1:
+                    busy.start()
                 if cfg.progress and global_step % 50 == 0:
                     bar.set_postfix(loss=f"{loss.item():.4f}")  # sync point, once per 50 steps
             synchronize(device)
             epoch_seconds = time.perf_counter() - t0
             train_seconds += epoch_seconds
+            if epochs_run == 0 and (snapshot := busy.finish()) is not None:
+                env["nvidia_smi_busy"] = snapshot
+                run.write_json("env.json", env)
+                run.write_text("nvidia-smi-busy.txt", snapshot["text"])
             losses = par.mean(torch.stack(step_losses).float()).cpu().tolist()  # one sync for the whole epoch
 
             result = evaluate(model, test_batches, device, precision)
