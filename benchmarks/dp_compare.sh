@@ -10,20 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-OUT=benchmarks/results
-FORCE=0
-ARGS=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) OUT=$2; shift 2 ;;
-    --force) FORCE=1; shift ;;
-    *) ARGS+=("$1"); shift ;;
-  esac
-done
-if [ "$FORCE" = 0 ] && [ -e "$OUT/dp_compare.json" ]; then
-  echo "dp_compare.sh: error: $OUT/dp_compare.json exists; pass --force to overwrite it, or --out DIR" >&2; exit 2
-fi
-mkdir -p "$OUT"
+. benchmarks/out_args.sh
+parse_out_args dp_compare.json "$@"
 MODES=${MODES:-none,ddp,allreduce}
 CMD=("$PY" -m trainlab dp compare --modes "$MODES" --nproc "${NPROC:-2}" --json "$OUT/dp_compare.json" --md "$OUT/dp_compare.md.tmp" ${ARGS[@]+"${ARGS[@]}"})
 LOG="$OUT/dp_compare.log"

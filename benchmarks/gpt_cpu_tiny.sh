@@ -10,19 +10,10 @@ set -eu
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export OMP_NUM_THREADS=1  # one core per process, as torchrun's workers (2 threads on a busy 2-core box: 30x slower)
-R=benchmarks/results
-FORCE=0
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) R=$2; shift 2 ;;
-    --force) FORCE=1; shift ;;
-    *) echo "usage: gpt_cpu_tiny.sh [--out DIR] [--force]" >&2; exit 2 ;;
-  esac
-done
-if [ "$FORCE" = 0 ] && [ -e "$R/gpt_bench_cpu_tiny.json" ]; then
-  echo "gpt_cpu_tiny.sh: error: $R/gpt_bench_cpu_tiny.json exists; pass --force to overwrite it, or --out DIR" >&2; exit 2
-fi
-mkdir -p "$R"
+. benchmarks/out_args.sh
+parse_out_args gpt_bench_cpu_tiny.json "$@"
+[ ${#ARGS[@]} = 0 ] || { echo "usage: gpt_cpu_tiny.sh [--out DIR] [--force]" >&2; exit 2; }
+R=$OUT
 F=$( [ "$FORCE" = 1 ] && echo --force || true )
 COMMON=(--model tiny --device cpu --global-batch 8 --micro-batch 4 --steps ${STEPS:-5} --warmup 2)
 

@@ -221,13 +221,18 @@ def test_cuda_matches_cpp_cpu_kernel(ext):
 
 
 @pytest.mark.gpu
-def test_cuda_kernel_indexes_past_2_31(ext):
-    """2^31 + 5 bf16 elements: the grid-stride loop's 64-bit indices reach the last ones."""
+@pytest.mark.parametrize("impl", ["cuda", "triton"])
+def test_gpu_kernels_index_past_2_31(ext, impl):
+    """2^31 + 5 bf16 elements: 64-bit offsets (Triton) and grid-stride indices (CUDA) reach the last ones."""
+    if impl == "triton":
+        pytest.importorskip("triton")
     free, _ = torch.cuda.mem_get_info()
     n = 2**31 + 5
     if free < 3 * 2 * n + 2**30:
         pytest.skip(f"needs ~{3 * 2 * n / 2**30:.0f} GiB of free GPU memory")
     x = torch.full((n,), -1.5, dtype=torch.bfloat16, device="cuda")
     x[-3:] = torch.tensor([0.5, 1.0, 2.0], dtype=torch.bfloat16)
-    y = gelu(x, impl="cuda")
-    assert torch.equal(y[-4:], F.gelu(x[-4:].float()).to(torch.bfloat16))
+    for approximate in APPROX:
+        y = gelu(x, impl=impl, approximate=approximate)
+        assert torch.equal(y[-4:], F.gelu(x[-4:].float(), approximate=approximate).to(torch.bfloat16))
+        del y

@@ -242,26 +242,30 @@ def test_parse_bytes():
         parse_bytes("-3GiB")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("strategy", ["none", "amp", "amp+ckpt"])
-def test_prediction_matches_cuda_allocator_peak(strategy):
-    """On a GPU: prediction vs torch.cuda.max_memory_allocated of the second step (GPT-2 small,
-    seq 256, micro-batch 4). Written without a GPU at hand; tolerance 15% (allocator rounding,
-    cuBLAS workspaces)."""
-    from trainlab.gpt.engine import GPTEngine
+def _cuda_predicted_and_measured(cfg, strategy, micro, seq) -> tuple[int, int]:
+    """(predicted, measured) peak of one training step on cuda:0: max_memory_allocated over the
+    second step (the first creates the optimizer states)."""
     from trainlab.distributed.launch import DistInfo
+    from trainlab.gpt.engine import GPTEngine
 
-    cfg = get_preset("gpt2")
     device = torch.device("cuda", 0)
-    tokens = torch.randint(cfg.vocab_size, (4, 256))
-    engine = GPTEngine(cfg, strategy, DistInfo(device=device), global_batch=4, micro_batch=4, seq_len=256)
+    tokens = torch.randint(cfg.vocab_size, (micro, seq))
+    engine = GPTEngine(cfg, strategy, DistInfo(device=device), global_batch=micro, micro_batch=micro, seq_len=seq)
     engine.train_step(tokens)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     engine.train_step(tokens)
     torch.cuda.synchronize()
-    measured = torch.cuda.max_memory_allocated()
-    predicted = predict_memory(cfg, strategy, 1, 4, 256, optimizer="foreach", **device_attention_kwargs(device))["total_bytes"]
+    predicted = predict_memory(cfg, strategy, 1, micro, seq, optimizer="foreach", **device_attention_kwargs(device))
+    return predicted["total_bytes"], torch.cuda.max_memory_allocated()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["none", "amp", "amp+ckpt"])
+def test_prediction_matches_cuda_allocator_peak(strategy):
+    """On a GPU: prediction vs torch.cuda.max_memory_allocated (GPT-2 small, seq 256, micro-batch 4).
+    Written without a GPU at hand; tolerance 15% (allocator rounding, cuBLAS workspaces)."""
+    predicted, measured = _cuda_predicted_and_measured(get_preset("gpt2"), strategy, 4, 256)
     assert abs(predicted / measured - 1) < 0.15, (predicted, measured)
 
 
@@ -297,18 +301,5 @@ def test_head_dim_50_prediction_matches_cuda_peak(strategy):
     (scores stored), bf16 flash with heads padded to 56. Tolerance 15%."""
     from dataclasses import replace
 
-    from trainlab.distributed.launch import DistInfo
-    from trainlab.gpt.engine import GPTEngine
-
-    cfg = replace(get_preset("gpt2-1.6b"), n_layer=2)
-    device = torch.device("cuda", 0)
-    tokens = torch.randint(cfg.vocab_size, (2, 1024))
-    engine = GPTEngine(cfg, strategy, DistInfo(device=device), global_batch=2, micro_batch=2, seq_len=1024)
-    engine.train_step(tokens)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    engine.train_step(tokens)
-    torch.cuda.synchronize()
-    measured = torch.cuda.max_memory_allocated()
-    predicted = predict_memory(cfg, strategy, 1, 2, 1024, optimizer="foreach", **device_attention_kwargs(device))["total_bytes"]
+    predicted, measured = _cuda_predicted_and_measured(replace(get_preset("gpt2-1.6b"), n_layer=2), strategy, 2, 1024)
     assert abs(predicted / measured - 1) < 0.15, (predicted, measured)
