@@ -18,16 +18,9 @@ APPROX = ["none", "tanh"]
 TOL = {torch.float64: (1e-13, 1e-12), torch.float32: (2e-6, 2e-6), torch.bfloat16: (1e-5, 2.0 ** -7)}
 
 
-@pytest.fixture(scope="module")
-def ext():
-    from trainlab.ops.gelu_cpp import load
-
-    try:
-        return load()
-    except HardwareError as e:
-        if torch.cuda.is_available():
-            raise   # a GPU machine must build the extension: its tests fail, never skip
-        pytest.skip(str(e))   # no compiler on this CPU machine: the error itself is tested below
+@pytest.fixture
+def ext(gelu_ext):
+    return gelu_ext
 
 
 def _x(shape, dtype, seed=0):
@@ -169,6 +162,23 @@ def test_build_failure_is_one_clear_error(monkeypatch, tmp_path):
         gelu_cpp.load()
     assert "\n" not in str(e.value)
     assert str(tmp_path) in str(e.value)
+
+
+def test_failed_build_fails_gpu_tests_instead_of_skipping(monkeypatch):
+    from conftest import load_gelu_ext
+
+    from trainlab.ops import gelu_cpp
+
+    def broken():
+        raise HardwareError("impl='cpp': building the C++ GELU extension failed (nvcc: error)")
+
+    monkeypatch.setattr(gelu_cpp, "load", broken)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(HardwareError, match="building"):
+        load_gelu_ext()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(pytest.skip.Exception, match="building"):
+        load_gelu_ext()
 
 
 def test_cache_dir_honours_trainlab_cache(monkeypatch, tmp_path):

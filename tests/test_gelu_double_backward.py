@@ -11,27 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainlab.errors import HardwareError
 from trainlab.ops import gelu, gelu_math
 
 APPROX = ["none", "tanh"]
 
 
-def _cpp_available():
-    from trainlab.ops.gelu_cpp import load
-
-    try:
-        load()
-    except HardwareError as e:
-        if torch.cuda.is_available():
-            raise
-        pytest.skip(str(e))
-
-
 @pytest.fixture(params=["python", "cpp", "triton"])
 def impl(request, monkeypatch):
     if request.param == "cpp":
-        _cpp_available()
+        request.getfixturevalue("gelu_ext")
     if request.param == "triton":
         pytest.importorskip("triton")
         if not torch.cuda.is_available():
@@ -124,8 +112,7 @@ def test_gradient_penalty_matches_f_gelu(impl):
     assert ref[0].abs().sum() > 0.1   # the second-derivative path carries real gradient
 
 
-def test_opcheck_double_backward_op():
-    _cpp_available()
+def test_opcheck_double_backward_op(gelu_ext):
     for approximate in APPROX:
         args = (torch.randn(4, 5, requires_grad=True), torch.randn(4, 5, requires_grad=True),
                 torch.randn(4, 5, requires_grad=True), approximate)

@@ -48,19 +48,13 @@ def reference():
 
 
 @pytest.mark.parametrize("act", ["gelu-python", "gelu-cpp", "gelu-triton"])
-def test_losses_agree_with_f_gelu(reference, act, monkeypatch):
+def test_losses_agree_with_f_gelu(reference, act, monkeypatch, request):
     if act == "gelu-triton":
         pytest.importorskip("triton")
         if not torch.cuda.is_available():
             monkeypatch.setenv("TRITON_INTERPRET", "1")
     if act == "gelu-cpp":
-        from trainlab.errors import HardwareError
-        from trainlab.ops.gelu_cpp import load
-
-        try:
-            load()
-        except HardwareError as e:
-            pytest.skip(str(e))
+        request.getfixturevalue("gelu_ext")   # skips without a compiler, fails on a GPU machine
     losses = _train(act)
     assert reference[-1] < reference[0]   # it is learning
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=1e-4, atol=1e-5)
