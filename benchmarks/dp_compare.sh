@@ -2,17 +2,18 @@
 # Where the time goes in data-parallel LeNet-5 on this machine: `trainlab dp compare` for every
 # multi-process mode plus the DataLoader num_workers sweep, results in benchmarks/results/dp_compare.*
 #
-#   bash benchmarks/dp_compare.sh [--device cpu] [--train-subset 20000] [--threads 1] [--epochs 1]
+#   bash benchmarks/dp_compare.sh [--out DIR] [--force] [--device cpu] [--train-subset 20000] [--threads 1] [--epochs 1]
 #
-# Extra arguments go to `trainlab dp compare`. On a GPU box use `--device cuda --nproc <GPUs>` and add
+# --out DIR (default benchmarks/results): where dp_compare.* go; existing ones are kept unless --force.
+# Other arguments go to `trainlab dp compare`. On a GPU box use `--device cuda --nproc <GPUs>` and add
 # `dp` to the modes (needs ≥2 GPUs). The raw log starts with the command, the machine and the versions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-OUT=benchmarks/results
-mkdir -p "$OUT"
+. benchmarks/out_args.sh
+parse_out_args dp_compare.json "$@"
 MODES=${MODES:-none,ddp,allreduce}
-CMD=("$PY" -m trainlab dp compare --modes "$MODES" --nproc "${NPROC:-2}" --json "$OUT/dp_compare.json" --md "$OUT/dp_compare.md.tmp" "$@")
+CMD=("$PY" -m trainlab dp compare --modes "$MODES" --nproc "${NPROC:-2}" --json "$OUT/dp_compare.json" --md "$OUT/dp_compare.md.tmp" ${ARGS[@]+"${ARGS[@]}"})
 LOG="$OUT/dp_compare.log"
 {
   echo "\$ ${CMD[*]}"

@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from _common import save
+from _common import add_output_args, check_output, save
 from trainlab.stats import format_spread, summarize
 from trainlab.data.loader import DeviceLoader
 from trainlab.data.mnist import load_mnist
@@ -131,7 +131,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--variants", default=None, help="default: eager,compile (+ compile-reduce-overhead,cudagraph on CUDA)")
+    add_output_args(ap)
     args = ap.parse_args()
+    check_output(args.out, "dp_compile", force=args.force)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
@@ -176,7 +178,7 @@ def main() -> None:
     load = os.getloadavg()
     md.append(f"\nLoad average at the end: {load[0]:.1f} on {os.cpu_count()} cores (a shared machine: timings are noisy; "
               "compare rows of one run, not runs).")
-    save("dp_compile", rows, "\n".join(md), lines, device=device)
+    save("dp_compile", rows, "\n".join(md), lines, device=device, out=args.out)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import torch
 
+from _common import add_output_args, check_output
 from trainlab.device import resolve_device
 from trainlab.ops.bench import DEFAULT_SIZES, QUICK_SIZES, format_table, parse_size, run_bench, write_bench_results
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv=None) -> int:
@@ -34,7 +33,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--budget", type=float, default=0.5, help="seconds of timed runs per impl and size")
     p.add_argument("--tag", default="", help="suffix for the result files")
+    add_output_args(p)
     args = p.parse_args(argv)
+    stem = "gelu_bench" + (f"_{args.tag}" if args.tag else "")
+    check_output(args.out, stem, force=args.force)
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (QUICK_SIZES if args.quick else DEFAULT_SIZES)
@@ -44,8 +46,7 @@ def main(argv=None) -> int:
                                                 f"{r['median_s'] * 1e3:9.3f} ms  x{r['ratio_to_torch']:.2f}", flush=True))
     table = format_table(result)
     print(table)
-    stem = "gelu_bench" + (f"_{args.tag}" if args.tag else "")
-    paths = write_bench_results(RESULTS, result, table, command="python " + " ".join(["benchmarks/gelu_bench.py"] + sys.argv[1:]), stem=stem)
+    paths = write_bench_results(args.out, result, table, command="python " + " ".join(["benchmarks/gelu_bench.py"] + sys.argv[1:]), stem=stem)
     print("wrote", ", ".join(paths.values()))
     return 0
 

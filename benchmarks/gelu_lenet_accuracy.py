@@ -3,11 +3,11 @@
     .venv/bin/python benchmarks/gelu_lenet_accuracy.py --epochs 10
     .venv/bin/python benchmarks/gelu_lenet_accuracy.py --acts gelu-torch,gelu-cpp --epochs 1 --device cpu
 
-Runs `trainlab train --act ACT --epochs N --out runs/gelu_acc/ACT --device DEVICE` for each
+Runs `trainlab train --act ACT --epochs N --out RUNS/ACT --device DEVICE` (RUNS: --runs, default runs/gelu_acc) for each
 activation (gelu-triton only with a GPU unless --allow-interpreter, which sets TRITON_INTERPRET=1 —
 very slow; gelu-cuda only with a GPU), reads each run's summary.json, and writes
-benchmarks/results/gelu_lenet_accuracy.{json,md,log}. The README's "accuracy per impl" table comes
-from here.
+<--out>/gelu_lenet_accuracy.{json,md,log} (default benchmarks/results; existing files need --force).
+The README's "accuracy per impl" table comes from here.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
+from _common import add_output_args, check_output
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 ALL_ACTS = ["gelu-torch", "gelu-python", "gelu-cpp", "gelu-triton", "gelu-cuda"]
 
 
@@ -35,11 +35,12 @@ def main(argv=None) -> int:
     p.add_argument("--acts", default=",".join(ALL_ACTS))
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--device", default="auto")
-    p.add_argument("--out", default=str(ROOT / "runs" / "gelu_acc"))
+    p.add_argument("--runs", default=str(ROOT / "runs" / "gelu_acc"), help="parent of the run directories")
     p.add_argument("--allow-interpreter", action="store_true", help="run gelu-triton on CPU under TRITON_INTERPRET=1")
-    p.add_argument("--results", default=str(RESULTS), help="where the json/md/log go")
     p.add_argument("--extra", default="", help="extra arguments passed to `trainlab train`, e.g. '--seed 0'")
+    add_output_args(p)
     args = p.parse_args(argv)
+    check_output(args.out, "gelu_lenet_accuracy", force=args.force)
 
     gpu = torch.cuda.is_available()
     rows = []
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
                 rows.append({"act": act, "status": "skipped", "reason": "no GPU (pass --allow-interpreter to run interpreted)"})
                 continue
             env["TRITON_INTERPRET"] = "1"
-        out = Path(args.out) / act
+        out = Path(args.runs) / act
         cmd = [sys.executable, "-m", "trainlab", "train", "--act", act, "--epochs", str(args.epochs),
                "--out", str(out), "--device", args.device, *args.extra.split()]
         print("$", " ".join(cmd), flush=True)
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
     env_info = collect_env(args.device)
     command = "python " + " ".join(["benchmarks/gelu_lenet_accuracy.py"] + (argv if argv is not None else sys.argv[1:]))
     header = format_header({"command": command, "epochs": args.epochs, "device": args.device}, env_info)
-    write_results(args.results, "gelu_lenet_accuracy", rows,
+    write_results(args.out, "gelu_lenet_accuracy", rows,
                   f"# LeNet-5 accuracy per GELU implementation\n\n```\n{header}\n\n{table}\n```",
                   [header, "", table], command, env=env_info)
     return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1

@@ -2,9 +2,13 @@
 
 CPU: the peak of live tensor bytes, tracked at every ATen op (exact, no allocator rounding).
 CUDA: torch.cuda.max_memory_allocated over the second step (the first creates optimizer states).
-Single-process strategies only (the engine runs in this process).
+Single-process strategies only (the engine runs in this process). The planner is told the device
+(type, compute capability, cuDNN) so it models the SDPA kernel PyTorch runs there; `--attention math`
+forces SDPA's math path (torch.nn.attention.sdpa_kernel) in the measurement and the prediction: on
+CPU this validates the s×s-scores term that fp32 with head width 50 needs on a GPU.
 
-    python benchmarks/gpt_planner_error.py                       # tiny model on CPU
+    python benchmarks/gpt_planner_error.py --out /tmp/r          # tiny model on CPU
+    python benchmarks/gpt_planner_error.py --attention math --name gpt_planner_error_cpu_tiny_math
     python benchmarks/gpt_planner_error.py --model gpt2-1.6b --device cuda --strategies none,amp+ckpt \
         --micro-batches 1,4,8 --name gpt_planner_error_1.6b_h100
 """
@@ -19,8 +23,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save  # noqa: E402
+from _common import add_output_args, check_output, save  # noqa: E402
 
+from trainlab.gpt.attention_backend import AttentionChoice  # noqa: E402
+from trainlab.gpt.bench import device_attention_kwargs  # noqa: E402
 from trainlab.gpt.planner import measure_step_peak_bytes, predict_memory  # noqa: E402
 from trainlab.gpt.model import get_preset  # noqa: E402
 from trainlab.gpt.engine import GPTEngine  # noqa: E402
@@ -29,7 +35,12 @@ from trainlab.distributed.launch import DistInfo  # noqa: E402
 MiB = 1024**2
 
 
-def measure(cfg, strategy, b, seq, device, fused):
+def measure(cfg, strategy, b, seq, device, fused, attention):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if attention == "math":
+        with sdpa_kernel([SDPBackend.MATH]):
+            return measure(cfg, strategy, b, seq, device, fused, "auto")
     torch.manual_seed(0)
     tokens = torch.randint(cfg.vocab_size, (b, seq))
     eng = GPTEngine(cfg, strategy, DistInfo(device=device), global_batch=b, micro_batch=b, seq_len=seq,
@@ -59,7 +70,11 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--fused", action="store_true", help="fused AdamW (GPU)")
     ap.add_argument("--name", default="gpt_planner_error_cpu_tiny")
+    ap.add_argument("--attention", default="auto", choices=("auto", "math"),
+                    help="auto: the kernel PyTorch picks; math: force SDPA's math path (measured and predicted)")
+    add_output_args(ap)
     args = ap.parse_args()
+    check_output(args.out, args.name, force=args.force)
 
     cfg = get_preset(args.model)
     seq = args.seq or cfg.n_positions
@@ -73,20 +88,22 @@ def main() -> None:
     log.append(head)
     for strategy in args.strategies.split(","):
         for b in map(int, args.micro_batches.split(",")):
-            pred = predict_memory(cfg, strategy, 1, b, seq, optimizer=optimizer)
+            forced = AttentionChoice("math", cfg.head_dim, cfg.head_dim, True, "forced") if args.attention == "math" else None
+            pred = predict_memory(cfg, strategy, 1, b, seq, optimizer=optimizer, attention=forced,
+                                  **device_attention_kwargs(device))
             try:
-                measured, reserved = measure(cfg, strategy, b, seq, device, args.fused)
+                measured, reserved = measure(cfg, strategy, b, seq, device, args.fused, args.attention)
                 err = pred["total_bytes"] / measured - 1
             except torch.OutOfMemoryError:
                 measured, reserved, err = None, None, None
             row = {"strategy": strategy, "micro_batch": b, "seq": seq, "predicted_bytes": pred["total_bytes"],
                    "measured_bytes": measured, "measured_reserved_bytes": reserved, "relative_error": err,
-                   "phases": pred["phase_bytes"]}
+                   "phases": pred["phase_bytes"], "attention": pred["attention"]["label"]}
             rows.append(row)
             phases = " ".join(f"{k}={v / MiB:.1f}" for k, v in pred["phase_bytes"].items())
             line = (f"{strategy:<20}{b:>6}{pred['total_bytes'] / MiB:>15.2f}"
                     f"{'OOM' if measured is None else f'{measured / MiB:.2f}':>14}"
-                    f"{'-' if err is None else f'{100 * err:+.1f}%':>8}  {phases}")
+                    f"{'-' if err is None else f'{100 * err:+.1f}%':>8}  {phases}  [{pred['attention']['label']}]")
             print(line, flush=True)
             log.append(line)
     errs = [abs(r["relative_error"]) for r in rows if r["relative_error"] is not None]
@@ -94,14 +111,15 @@ def main() -> None:
     print(summary)
     log.append(summary)
     kind = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak live tensor bytes (TorchDispatchMode)"
-    md = [f"Model {args.model}, seq {seq}, device {device}, AdamW {optimizer}. Measured: {kind}, second step.", "",
-          "| strategy | micro-batch | predicted MiB | measured MiB | error |", "|---|---|---|---|---|"]
+    md = [f"Model {args.model}, seq {seq}, device {device}, AdamW {optimizer}, attention {args.attention}. "
+          f"Measured: {kind}, second step.", "",
+          "| strategy | micro-batch | attention (SDPA kernel) | predicted MiB | measured MiB | error |", "|---|---|---|---|---|---|"]
     for r in rows:
         m = "OOM" if r["measured_bytes"] is None else f"{r['measured_bytes'] / MiB:.2f}"
         e = "-" if r["relative_error"] is None else f"{100 * r['relative_error']:+.1f}%"
-        md.append(f"| {r['strategy']} | {r['micro_batch']} | {r['predicted_bytes'] / MiB:.2f} | {m} | {e} |")
+        md.append(f"| {r['strategy']} | {r['micro_batch']} | {r['attention']} | {r['predicted_bytes'] / MiB:.2f} | {m} | {e} |")
     md += ["", summary]
-    save(args.name, rows, "\n".join(md), log, device=device)
+    save(args.name, rows, "\n".join(md), log, device=device, out=args.out)
 
 
 if __name__ == "__main__":

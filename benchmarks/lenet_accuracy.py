@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from pathlib import Path
 
-from _common import RESULTS, save
+from _common import add_output_args, check_output, save
 from trainlab.io import read_json
 from trainlab.lenet.config import TrainConfig, apply_preset
 
@@ -28,16 +29,18 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument("--part", default=None, help="write a partial result (merged later with --merge)")
     ap.add_argument("--merge", default=None, help="comma-separated parts to merge into the final table")
+    add_output_args(ap)
     args = ap.parse_args()
     from trainlab.lenet.loop import train
 
     name = f"lenet_accuracy_{args.preset}_{args.act}"
+    check_output(args.out, name + (f".{args.part}" if args.part else ""), force=args.force)
     rows, lines = [], []
     if args.merge:
         for part in args.merge.split(","):
-            data = read_json(RESULTS / f"{name}.{part}.json")
+            data = read_json(Path(args.out) / f"{name}.{part}.json")
             rows += data["rows"]["rows"]
-            lines += (RESULTS / f"{name}.{part}.log").read_text().splitlines()
+            lines += (Path(args.out) / f"{name}.{part}.log").read_text().splitlines()
     for seed in [int(s) for s in args.seeds.split(",")] if not args.merge else []:
         explicit = {"epochs": args.epochs} if args.epochs else {}
         cfg = apply_preset(TrainConfig(device=args.device, seed=seed, act=args.act, progress=False, tensorboard=False, **explicit),
@@ -57,7 +60,7 @@ def main() -> None:
     md.append(f"\n**{args.preset} / {args.act}: {mean:.2f} ± {sd:.2f} % (mean ± sd over {len(accs)} seeds; min {min(accs):.2f}, max {max(accs):.2f})**")
     text = "\n".join(md)
     print(text)
-    save(name, {"rows": rows, "mean": mean, "sd": sd, "min": min(accs), "max": max(accs)}, text, lines)
+    save(name, {"rows": rows, "mean": mean, "sd": sd, "min": min(accs), "max": max(accs)}, text, lines, out=args.out)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from _common import save
+from _common import add_output_args, check_output, save
 from trainlab.lenet.config import TrainConfig
 from trainlab.data.mnist import MNIST, load_mnist
 from trainlab.device import resolve_device, synchronize
@@ -75,8 +75,10 @@ def main() -> None:
     ap.add_argument("--skip-seed-style", action="store_true", help="GPU runs: only trainlab's time-to-99")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--batch-size", type=int, default=None)
+    add_output_args(ap)
     args = ap.parse_args()
     device = resolve_device(args.device)
+    check_output(args.out, f"lenet_time_to_99_{device.type}", force=args.force)
     lines: list[str] = []
 
     def log(line):
@@ -100,7 +102,7 @@ def main() -> None:
         md.append(f"\nWarm-up/compile (excluded): {ours['warmup_s']:.2f} s.")
     text = "\n".join(md)
     print(text)
-    save(f"lenet_time_to_99_{device.type}", rows, text, lines, device)
+    save(f"lenet_time_to_99_{device.type}", rows, text, lines, device, out=args.out)
 
 
 if __name__ == "__main__":

@@ -14,3 +14,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def load_gelu_ext():
+    """The C++ (and, on a GPU, CUDA) GELU extension. Without a compiler on a CPU machine its tests
+    skip (test_gelu_cpp.py tests that error itself); on a machine with a GPU a failed build fails
+    them: the GPU suite must never report "skipped" for a broken build."""
+    from trainlab.errors import HardwareError
+    from trainlab.ops import gelu_cpp
+
+    try:
+        return gelu_cpp.load()
+    except HardwareError as e:
+        if torch.cuda.is_available():
+            raise
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def gelu_ext():
+    return load_gelu_ext()

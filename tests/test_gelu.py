@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from trainlab.cli import main
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.ops import GELU, IMPLS, gelu
-from trainlab.ops.gelu import GeluFunction, _gelu_python_backward
+from trainlab.ops import gelu_math
+from trainlab.ops.gelu import GeluFunction
 
 APPROX = ["none", "tanh"]
 
@@ -43,7 +44,7 @@ def test_python_backward_formula_against_autograd_of_the_formula():
     # d/dx of x*Phi(x) computed by autograd on the composite must equal the hand-derived one.
     x = _x(500).requires_grad_()
     assert (torch.autograd.grad((0.5 * x * (1 + torch.erf(x / math.sqrt(2)))).sum(), x)[0]
-     - _gelu_python_backward(torch.ones_like(x), x.detach(), "none")).abs().max() < 1e-14
+     - gelu_math.derivative(x.detach(), "none")).abs().max() < 1e-14
 
 
 def test_python_saves_only_the_input():
@@ -156,12 +157,17 @@ def test_check_json_contract_and_skipped_rows(capsys):
         assert REQUIRED <= set(row)
         assert row["gradcheck"] in (True, False, None)
     py64 = [r for r in doc["rows"] if r["impl"] == "python" and r["dtype"] == "float64"]
-    assert all(r["gradcheck"] is True and r["fwd_max_abs_err"] < 1e-13 for r in py64)
+    assert all(r["gradcheck"] is True and r["gradgradcheck"] is True and r["fwd_max_abs_err"] < 1e-13 for r in py64)
     py32 = [r for r in doc["rows"] if r["impl"] == "python" and r["dtype"] == "float32"]
     assert all(r["gradcheck"] is None and 0 < r["fwd_max_abs_err"] < 2e-6 for r in py32)
     cuda = [r for r in doc["rows"] if r["impl"] == "cuda"]
     if not torch.cuda.is_available():
-        assert all(r["skipped"] and r["reason"] and r["ok"] for r in cuda)
+        # could not run: "skipped" with the reason, never reported as ok
+        assert all(r["skipped"] and r["reason"] and r["ok"] is None and r["status"] == "skipped" for r in cuda)
+        assert doc["skipped"] == len(cuda)
+        assert main(["gelu", "check", "--impl", "cuda", "--dtype", "float32", "--approximate", "none"]) == 0
+        table = capsys.readouterr().out
+        assert "skipped: no CUDA GPU" in table and "0 rows that ran" in table and "1 skipped" in table
 
 
 def test_check_fails_with_nonzero_exit_when_a_row_is_out_of_tolerance(monkeypatch, capsys):
@@ -179,13 +185,13 @@ def test_check_flags_a_wrong_backward(monkeypatch):
 
     from trainlab.ops import check
 
-    gelu_mod = importlib.import_module("trainlab.ops.gelu")   # the module, not the function
+    math_mod = importlib.import_module("trainlab.ops.gelu_math")
 
     # A classic published bug: dropping the x*phi(x) term of the exact backward.
-    def bad_backward(grad, x, approximate):
-        return grad * 0.5 * (1.0 + torch.erf(x * gelu_mod._SQRT1_2))
+    def bad_derivative(x, approximate):
+        return 0.5 * (1.0 + torch.erf(x * math_mod.SQRT1_2))
 
-    monkeypatch.setattr(gelu_mod, "_gelu_python_backward", bad_backward)
+    monkeypatch.setattr(math_mod, "derivative", bad_derivative)
     row = check.check_row("python", "none", torch.float64, n=128)
     assert row["ok"] is False and row["gradcheck"] is False and row["grad_max_abs_err"] > 0.1
 
@@ -216,3 +222,29 @@ def test_bench_json_rows_and_baseline(capsys):
             assert r["ratio_to_torch"] == 1.0
     if not torch.cuda.is_available():
         assert "triton" in doc["skipped"] and "cuda" in doc["skipped"]
+
+
+def test_bench_on_cuda_does_not_time_cpp_as_a_second_copy_of_cuda():
+    from trainlab.ops.bench import available_impls
+
+    impls, skipped = available_impls(torch.device("cuda"))
+    assert "cpp" not in impls and "cuda" in impls
+    assert "same CUDA kernel" in skipped["cpp"]
+    impls, skipped = available_impls(torch.device("cpu"))
+    assert "cpp" in impls and "cuda" not in impls
+
+
+def test_bench_survives_an_impl_that_fails(monkeypatch, capsys):
+    """Any error of one impl (not only a UserError) is listed under `skipped`; the others are timed."""
+    from trainlab.ops import bench
+
+    def flaky_gelu(x, impl="torch", approximate="none"):
+        if impl == "python":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
+        return gelu(x, impl=impl, approximate=approximate)
+
+    monkeypatch.setattr(bench, "gelu", flaky_gelu)
+    rc = main(["gelu", "bench", "--json", "--sizes", "1K", "--impl", "python", "--budget", "0.01", "--device", "cpu"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and {r["impl"] for r in doc["rows"]} == {"torch"}
+    assert doc["skipped"]["python"] == "RuntimeError: CUDA error: an illegal memory access was encountered (at 1K elements)"

@@ -48,19 +48,13 @@ def reference():
 
 
 @pytest.mark.parametrize("act", ["gelu-python", "gelu-cpp", "gelu-triton"])
-def test_losses_agree_with_f_gelu(reference, act, monkeypatch):
+def test_losses_agree_with_f_gelu(reference, act, monkeypatch, request):
     if act == "gelu-triton":
         pytest.importorskip("triton")
         if not torch.cuda.is_available():
             monkeypatch.setenv("TRITON_INTERPRET", "1")
     if act == "gelu-cpp":
-        from trainlab.errors import HardwareError
-        from trainlab.ops.gelu_cpp import load
-
-        try:
-            load()
-        except HardwareError as e:
-            pytest.skip(str(e))
+        request.getfixturevalue("gelu_ext")   # skips without a compiler, fails on a GPU machine
     losses = _train(act)
     assert reference[-1] < reference[0]   # it is learning
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=1e-4, atol=1e-5)
@@ -69,8 +63,7 @@ def test_losses_agree_with_f_gelu(reference, act, monkeypatch):
 def test_wrong_backward_is_detected(reference, monkeypatch):
     import importlib
 
-    gelu_mod = importlib.import_module("trainlab.ops.gelu")
-    monkeypatch.setattr(gelu_mod, "_gelu_python_backward",
-                        lambda g, x, a: g * 0.5 * (1.0 + torch.erf(x * gelu_mod._SQRT1_2)))
+    math_mod = importlib.import_module("trainlab.ops.gelu_math")
+    monkeypatch.setattr(math_mod, "derivative", lambda x, a: 0.5 * (1.0 + torch.erf(x * math_mod.SQRT1_2)))
     losses = _train("gelu-python")
     assert max(abs(a - b) for a, b in zip(losses[1:], reference[1:])) > 1e-3

@@ -94,3 +94,30 @@ def test_interpreter_env_is_read_per_call(monkeypatch):
 def test_compiled_kernels_match_cpp_on_gpu():
     x = _x(1 << 20, torch.float32).cuda()
     torch.testing.assert_close(gelu(x, impl="triton"), F.gelu(x), atol=2e-6, rtol=2e-6)
+
+
+def test_compiled_path_never_becomes_the_interpreter(monkeypatch):
+    """With TRITON_INTERPRET=1 in the environment `triton.jit` returns an interpreter wrapper, which
+    would copy CUDA tensors through NumPy without a word; the compiled path builds a JITFunction."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    from trainlab.ops import gelu_triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(gelu_triton, "_kernels", {})
+    assert isinstance(gelu_triton._get_kernel(False), JITFunction)
+    assert isinstance(gelu_triton._get_kernel(True), InterpretedFunction)
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_run_compiled_even_with_triton_interpret_set(monkeypatch):
+    from trainlab.ops import gelu_triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(gelu_triton, "_warned_interpret_on_cuda", False)
+    x = _x(1 << 16, torch.float32).cuda()
+    with pytest.warns(RuntimeWarning, match="run compiled on CUDA"):
+        y = gelu(x, impl="triton")
+    assert y.is_cuda
+    torch.testing.assert_close(y, F.gelu(x), atol=2e-6, rtol=2e-6)

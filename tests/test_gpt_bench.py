@@ -68,7 +68,12 @@ def test_bench_json_contract_and_run_dir(tmp_path, capsys):
     assert s["step_seconds_median"] > 0
     assert s["tokens_per_s"] == pytest.approx(4 * 32 / s["step_seconds_median"])
     assert s["tflops_per_device"] == pytest.approx(flops_per_token(get_preset("tiny"), 32) * s["tokens_per_s"] / 1e12)
-    assert s["tflops_per_device_handout"] == pytest.approx(handout_tflops(236_928, 4, 32, s["step_seconds_median"]))
+    # the handout's N (its get_model_size: tied 512×64 embedding twice) and the distinct N
+    assert s["params_handout"] == 236_928 + 512 * 64
+    assert s["tflops_per_device_handout"] == pytest.approx(handout_tflops(236_928 + 512 * 64, 4, 32, s["step_seconds_median"]))
+    assert s["tflops_per_device_8n"] == pytest.approx(handout_tflops(236_928, 4, 32, s["step_seconds_median"]))
+    assert s["tf32"] == {"matmul_allow_tf32": False, "cudnn_allow_tf32": False, "float32_matmul_precision": "highest"}
+    assert s["config"]["tf32"] == "off"
     assert 0 < s["mfu"] < 5 and s["peak_memory_bytes"] > 10**7
     assert (run_dir / "summary.json").exists() and (run_dir / "config.json").exists() and (run_dir / "env.json").exists()
     assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())

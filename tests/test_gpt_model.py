@@ -28,12 +28,36 @@ def _tokens(cfg, B=2, T=None, seed=0):
     return torch.randint(cfg.vocab_size, (B, T or cfg.n_positions), generator=g)
 
 
-def test_param_count_1_6b_on_meta_matches_handout():
+def test_param_count_1_6b_on_meta_distinct_parameters():
     cfg = get_preset("gpt2-1.6b")
     model = build_gpt(cfg, device="meta")
     assert all(p.is_meta for p in model.parameters())
-    assert sum(p.numel() for p in model.parameters()) == 1_557_611_200
+    assert sum(p.numel() for p in model.parameters()) == 1_557_611_200   # each parameter once
     assert count_params(cfg) == 1_557_611_200
+
+
+def test_handouts_get_model_size_counts_the_tied_embedding_twice():
+    """The handout's get_model_size, applied literally to HF's GPT2LMHeadModel (the handout's model)
+    and to ours: 1,638,022,400 = 1,557,611,200 + the 50257×1600 embedding again as lm_head.weight."""
+    from transformers import GPT2LMHeadModel
+
+    from trainlab.gpt.flops import handout_model_size, handout_param_count
+    from trainlab.gpt.model import hf_config
+
+    def get_model_size(model):   # the handout's code, verbatim
+        total_numel = 0
+        for module in model.modules():
+            for p in module.parameters(recurse=False):
+                total_numel += p.numel()
+        return total_numel
+
+    cfg = get_preset("gpt2-1.6b")
+    with torch.device("meta"):
+        hf = GPT2LMHeadModel(hf_config(cfg))
+    assert get_model_size(hf) == 1_638_022_400
+    assert get_model_size(build_gpt(cfg, device="meta")) == 1_638_022_400
+    assert handout_model_size(hf) == handout_param_count(cfg) == 1_638_022_400
+    assert 1_638_022_400 - 1_557_611_200 == cfg.vocab_size * cfg.n_embd
 
 
 @pytest.mark.parametrize("name", ["gpt2", "gpt2-medium", "tiny", "tiny-8l"])

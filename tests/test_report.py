@@ -5,6 +5,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainlab.cli import main
 from trainlab.lenet.config import TrainConfig
@@ -116,6 +117,22 @@ def test_report_with_gelu_check_and_gpt_bench_json(runs, tmp_path, capsys):
         assert _fmt(row["fwd_max_abs_err"]) in text and _fmt(row["grad_max_abs_err"]) in text
     assert str(bench["params"]) in text and _fmt(bench["tokens_per_s"]) in text and _fmt(bench["mfu"]) in text
     assert ", ".join(_fmt(x) for x in bench["losses"]) in text
+
+
+def test_report_shows_gelu_rows_that_could_not_run_as_skipped(runs, tmp_path):
+    from trainlab.ops.check import check_row
+
+    ran = check_row("python", "none", torch.float64, n=64)
+    # a cuda row from a machine without a GPU, in today's form and in the older form (ok: true)
+    skipped = {**ran, "impl": "cuda", "skipped": True, "ok": None, "status": "skipped", "reason": "no CUDA GPU on this machine"}
+    older = {k: v for k, v in {**skipped, "impl": "cuda-old", "ok": True}.items() if k != "status"}
+    path = tmp_path / "gelu_check.json"
+    path.write_text(json.dumps({"rows": [ran, skipped, older], "tolerances": {}, "reference": "float64"}))
+    out = tmp_path / "report"
+    assert main(["report", str(runs[0]), str(path), "-o", str(out)]) == 0
+    text = " ".join(check_page(out).text)
+    assert "1 ok, 0 failing, 2 skipped" in text
+    assert text.count("skipped: no CUDA GPU on this machine") == 2
 
 
 def test_missing_pieces_are_noted_and_corrupt_input_is_named(runs, tmp_path, capsys):

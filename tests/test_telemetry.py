@@ -5,11 +5,16 @@ import sys
 import time
 import types
 
+import pytest
 import torch
 
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.gpu import FIELDS, GPUSampler
 from trainlab.telemetry.tensorboard import image_grid
+
+
+# A machine with 4 GPUs; NVML numbers them 0-3 whatever CUDA_VISIBLE_DEVICES says.
+MACHINE_UUIDS = ["GPU-aaaa", "GPU-bbbb", "GPU-cccc", "GPU-dddd"]
 
 
 def fake_nvml(util=(40, 90), mem_mib=1234):
@@ -22,17 +27,43 @@ def fake_nvml(util=(40, 90), mem_mib=1234):
         calls["n"] += 1
         return types.SimpleNamespace(gpu=util[calls["n"] % 2])
 
+    def by_uuid(uuid):
+        if uuid not in MACHINE_UUIDS:
+            raise NVMLError(f"NVML: not found {uuid}")
+        return f"h{MACHINE_UUIDS.index(uuid)}"
+
     return types.SimpleNamespace(
         NVMLError=NVMLError, NVML_TEMPERATURE_GPU=0,
-        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 4, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetHandleByUUID=by_uuid,
         nvmlDeviceGetUtilizationRates=utilization,
-        nvmlDeviceGetMemoryInfo=lambda _h: types.SimpleNamespace(used=mem_mib * 2**20, total=80 * 2**30),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=(mem_mib + int(h[1:])) * 2**20, total=80 * 2**30),
         nvmlDeviceGetPowerUsage=lambda _h: 250_000, nvmlDeviceGetTemperature=lambda _h, _s: 61,
     )
 
 
+def fake_cuda(monkeypatch, visible=(2, 3)):
+    """This process sees the machine's GPUs `visible` (CUDA_VISIBLE_DEVICES=2,3) as cuda:0, cuda:1.
+    torch reports a UUID without the "GPU-" prefix."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(visible))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(uuid=MACHINE_UUIDS[visible[i]][4:]))
+
+
+def test_sampler_follows_cuda_visible_devices_by_uuid(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
+    fake_cuda(monkeypatch)
+    sampler = GPUSampler(interval_s=0.01, indices=[1], log=lambda *a: None)
+    assert sampler.available and sampler.uuids == {1: "GPU-dddd"}
+    assert sampler._handles == [(1, "h3")]        # NVML's GPU 3, not NVML index 1
+    assert sampler._read(1, "h3")["memory_used_mib"] == 1234 + 3
+    everything = GPUSampler(log=lambda *a: None)   # default: every GPU this process sees
+    assert everything._handles == [(0, "h2"), (1, "h3")]
+
+
 def test_sampler_records_fake_gpu_and_writes_csv(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml())
+    fake_cuda(monkeypatch, visible=(0,))
     messages = []
     sampler = GPUSampler(interval_s=0.01, log=messages.append)
     assert sampler.available and not messages
@@ -45,6 +76,7 @@ def test_sampler_records_fake_gpu_and_writes_csv(monkeypatch, tmp_path):
     assert s["memory_used_mib"] == 1234 and s["power_w"] == 250.0 and s["temperature_c"] == 61
     summary = sampler.summary()
     assert summary["utilization_max_pct"] == 90 and 40 <= summary["utilization_mean_pct"] <= 90
+    assert summary["gpus"] == {"0": "GPU-aaaa"}
     sampler.write_csv(tmp_path / "gpu.csv")
     rows = list(csv.DictReader((tmp_path / "gpu.csv").open()))
     assert list(rows[0]) == FIELDS and len(rows) == len(sampler.samples)
@@ -71,3 +103,40 @@ def test_image_grid_layout_and_range():
     grid = image_grid(torch.arange(6 * 25, dtype=torch.float32).view(6, 5, 5), ncol=3, pad=1)
     assert grid.shape == (1, 2 * 6 + 1, 3 * 6 + 1)
     assert float(grid.min()) == 0.0 and float(grid.max()) == 1.0
+
+
+def test_busy_snapshot_runs_nvidia_smi_in_the_background(monkeypatch, tmp_path):
+    from trainlab.telemetry.env import BusySnapshot
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nsleep 0.2\necho '| 0  NVIDIA H100 80GB HBM3 |  97%  Default |'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    t0 = time.perf_counter()
+    snap = BusySnapshot().start()
+    assert time.perf_counter() - t0 < 0.15          # does not wait for nvidia-smi: the GPU keeps working
+    result = snap.finish()
+    assert "97%" in result["text"] and result["taken_utc"]
+    assert BusySnapshot().finish() is None           # never started
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert BusySnapshot().start().finish() is None   # no driver tools: nothing, no error
+
+
+@pytest.mark.gpu
+def test_gpu_run_records_busy_nvidia_smi_and_samples_its_own_gpu(tmp_path):
+    import json
+    import shutil
+
+    from trainlab.lenet.config import TrainConfig
+    from trainlab.lenet.loop import train
+    from trainlab.telemetry.gpu import cuda_uuid
+
+    run = tmp_path / "run"
+    summary = train(TrainConfig(epochs=1, train_subset=30000, device="cuda", progress=False, out=str(run)),
+                    log=lambda *a: None)
+    index = torch.cuda.current_device()
+    assert summary["gpu"]["gpus"] == {str(index): cuda_uuid(index)}
+    if shutil.which("nvidia-smi"):
+        env = json.loads((run / "env.json").read_text())
+        assert env["nvidia_smi"] and env["nvidia_smi_busy"]["text"] == (run / "nvidia-smi-busy.txt").read_text()

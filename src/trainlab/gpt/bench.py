@@ -16,17 +16,17 @@ from dataclasses import asdict, replace
 import torch
 import torch.distributed as dist
 
-from trainlab.device import device_name, peak_memory, peak_tflops, reset_peak_memory, synchronize
+from trainlab.device import device_name, peak_memory, peak_tflops, reset_peak_memory, set_tf32, synchronize
 from trainlab.distributed.launch import (destroy_distributed, exit_worker, init_distributed, launch_workers,
                                          needs_launch, under_torchrun)
 from trainlab.gpt.config import BenchConfig
 from trainlab.gpt.engine import GPTEngine
-from trainlab.gpt.flops import flops_per_token, handout_tflops, hardware_flops_per_token, mfu
+from trainlab.gpt.flops import flops_per_token, handout_param_count, handout_tflops, hardware_flops_per_token, mfu
 from trainlab.gpt.model import count_params
 from trainlab.gpt.planner import measure_step_peak_bytes, predict_memory
 from trainlab.io import atomic_write_json
 from trainlab.stats import format_spread, summarize
-from trainlab.telemetry.env import collect_env, format_header
+from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.rundir import RunDir
 from trainlab.telemetry.tensorboard import make_writer
 
@@ -67,9 +67,18 @@ def _predicted_peak(cfg: BenchConfig, model_cfg, spec, engine, seq: int, device:
         micro = engine.per_rank_batch // steps if spec.pp else cfg.micro_batch  # pp: the pipeline's micro-batch
         return predict_memory(model_cfg, spec, engine.dist.world_size, micro, seq, tp=cfg.tp, pp=cfg.pp,
                               microbatches=steps if spec.pp else None, pp_schedule=cfg.pp_schedule,
-                              accumulation_steps=1 if spec.pp else steps, optimizer=opt)["total_bytes"]
+                              accumulation_steps=1 if spec.pp else steps, optimizer=opt,
+                              **device_attention_kwargs(device))["total_bytes"]
     except Exception:  # a prediction must never break a measurement
         return None
+
+
+def device_attention_kwargs(device: torch.device) -> dict:
+    """What decides the SDPA kernel on this device, for the planner: type, compute capability, cuDNN."""
+    if device.type != "cuda":
+        return {"device_type": device.type}
+    major, minor = torch.cuda.get_device_capability(device)
+    return {"device_type": "cuda", "sm": 10 * major + minor, "cudnn_version": torch.backends.cudnn.version()}
 
 
 def _with_world_size(cfg: BenchConfig) -> BenchConfig:
@@ -86,6 +95,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
     """
     cfg = _with_world_size(cfg)
     model_cfg, spec, seq = cfg.validate()
+    tf32 = set_tf32(cfg.tf32)
     info = init_distributed(device=None if cfg.device == "auto" else cfg.device)
     main = info.rank == 0
     say = log if main else (lambda *a, **k: None)
@@ -122,6 +132,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
 
         losses, times = [], []
         warm_times = []
+        busy = BusySnapshot()   # nvidia-smi during the timed steps (env.json's is taken idle)
         batches = token_batches(model_cfg.vocab_size, cfg.global_batch, seq, cfg.warmup + cfg.steps, cfg.seed)
         for i, tokens in enumerate(batches):
             timed = i >= cfg.warmup
@@ -131,6 +142,8 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
                 dist.barrier()
             synchronize(device)
             t = time.perf_counter()
+            if i == cfg.warmup and main:
+                busy.start()
             loss = engine.train_step(tokens)
             synchronize(device)
             dt = time.perf_counter() - t
@@ -159,6 +172,12 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
                 if mem["peak_bytes"] is not None:
                     writer.add_scalar("peak_memory_gib", mem["peak_bytes"] / GiB, i + 1)
 
+        snapshot = busy.finish() if main else None
+        if snapshot is not None:
+            env["nvidia_smi_busy"] = snapshot
+            if run is not None:
+                run.write_json("env.json", env)
+                run.write_text("nvidia-smi-busy.txt", snapshot["text"])
         rank_mem = _rank_peak(device)
         if cfg.track_memory:
             # after timing: the per-op bookkeeping slows the step, and this step is not in `losses`
@@ -205,7 +224,11 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
             "tflops_per_device": tfl_model,
             "tflops_per_device_6n_ckpt": ckpt_fpt * tok_s / world / 1e12,   # the issue's "+2N with ckpt"
             "tflops_per_device_hardware": hw_fpt * tok_s / world / 1e12,    # with the recomputation done
-            "tflops_per_device_handout": handout_tflops(params, cfg.global_batch, seq, med) / world,
+            # the handout's get_tflops with the handout's get_model_size (tied embedding counted twice) …
+            "params_handout": handout_param_count(model_cfg),
+            "tflops_per_device_handout": handout_tflops(handout_param_count(model_cfg), cfg.global_batch, seq, med) / world,
+            # … and the same 8·N·B·T formula with the distinct parameter count
+            "tflops_per_device_8n": handout_tflops(params, cfg.global_batch, seq, med) / world,
             "flops_per_token": model_fpt,
             "peak_tflops": peak,
             "peak_tflops_source": peak_src,
@@ -218,12 +241,14 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
             "losses": losses,
             "device": str(device),
             "device_name": device_name(device),
+            "tf32": tf32,
             "config": config,
             "env": env,
         }
         say(f"summary {spec.text} ({world} rank(s), {cfg.impl}): step {format_spread(st, 1e3, ' ms')}  "
             f"{tok_s:,.0f} tok/s ({tok_s / world:,.0f}/device)  TFLOPS/device: 6N+attn {tfl_model:.3f}, "
-            f"+2N ckpt {summary['tflops_per_device_6n_ckpt']:.3f}, handout 8·N·B·T {summary['tflops_per_device_handout']:.3f}  "
+            f"+2N ckpt {summary['tflops_per_device_6n_ckpt']:.3f}, handout 8·N·B·T {summary['tflops_per_device_handout']:.3f} "
+            f"(N = {summary['params_handout']:,}, its get_model_size), 8·N·B·T {summary['tflops_per_device_8n']:.3f} (N = {params:,})  "
             f"MFU {_pct(summary['mfu'])}")
         if summary["predicted_peak_bytes"] is not None:
             say(f"  planner predicted peak {_fmt_bytes(summary['predicted_peak_bytes'])} per device "

@@ -20,7 +20,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     pc = PlanConfig(**explicit_values(args, PlanConfig))
     result = plan(get_preset(pc.model), pc.gpus, parse_bytes(pc.gpu_mem), pc.micro_batch, pc.seq, pc.strategy_list,
-                  optimizer=pc.optimizer, model_name=pc.model)
+                  optimizer=pc.optimizer, model_name=pc.model, sm=pc.sm)
     print(json.dumps(result, indent=2) if pc.json else format_plan(result))
     return 0
 

@@ -153,7 +153,8 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
                        step_ms_p10=s["step_seconds"]["p10"] * 1e3, step_ms_p90=s["step_seconds"]["p90"] * 1e3,
                        tokens_per_s=s["tokens_per_s"], tokens_per_s_per_device=s["tokens_per_s_per_device"],
                        tflops_per_device=s["tflops_per_device"],
-                       tflops_per_device_handout=s["tflops_per_device_handout"], mfu=s["mfu"],
+                       tflops_per_device_handout=s["tflops_per_device_handout"],
+                       tflops_per_device_8n=s.get("tflops_per_device_8n"), mfu=s["mfu"],
                        peak_memory_bytes=s["peak_memory_bytes"], peak_memory_kind=s["peak_memory_kind"],
                        peak_tensor_bytes=s.get("peak_tensor_bytes"),
                        first_loss=s["losses"][0], last_loss=s["losses"][-1], losses=s["losses"])
@@ -200,7 +201,8 @@ def _row_line(r: dict) -> str:
 
 
 COLUMNS = ["strategy", "nproc", "micro_batch", "status", "step_ms_median", "step_ms_p10", "step_ms_p90", "tokens_per_s",
-           "tokens_per_s_per_device", "tflops_per_device", "tflops_per_device_handout", "mfu", "peak_memory_bytes",
+           "tokens_per_s_per_device", "tflops_per_device", "tflops_per_device_handout", "tflops_per_device_8n", "mfu",
+           "peak_memory_bytes",
            "peak_tensor_bytes", "predicted_bytes", "first_loss", "last_loss", "first_loss_diff_vs_none", "error"]
 
 
@@ -217,26 +219,32 @@ def header_md(cc: CompareConfig) -> str:
     b = cc.bench
     return (f"# GPT strategy comparison: {b.model}\n\nglobal batch {b.global_batch} × seq {b.seq or 'n_positions'}, "
             f"{b.steps} timed steps after {b.warmup} warm-up, seed {b.seed}, device {b.device}, impl {b.impl}. "
-            "Step time: median [p10–p90]. TFLOPS per device: 6N + 12·L·C·T model FLOPs (handout's 8·N·B·T in its "
-            "column). On CPU each process runs one thread (a device = a core). Peak memory: max allocated per rank "
+            "Step time: median [p10–p90]. TFLOPS per device: 6N + 12·L·C·T model FLOPs; the handout's 8·N·B·T "
+            "with its get_model_size N (tied embedding counted twice), and 8·N·B·T with the distinct N, in their "
+            "columns. On CPU each process runs one thread (a device = a core). Peak memory: max allocated per rank "
             "on CUDA, process RSS on CPU; live tensors: peak bytes of "
             "live tensors in one extra untimed step (CPU), the figure the planner predicts.\n\n")
 
 
+def _f3(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def to_markdown(rows: list[dict]) -> str:
     lines = ["| strategy | ranks | micro | step ms (p10–p90) | tokens/s | tokens/s/dev | TFLOPS/dev | TFLOPS/dev (handout) "
-             "| MFU | peak mem GiB | live tensors MiB | predicted MiB | loss first→last |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| TFLOPS/dev (8N) | MFU | peak mem GiB | live tensors MiB | predicted MiB | loss first→last |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['strategy']} | {r['nproc']} | {r['micro_batch']} | **{r['status']}** | | | | | | | | "
+            lines.append(f"| {r['strategy']} | {r['nproc']} | {r['micro_batch']} | **{r['status']}** | | | | | | | | | "
                          f"{_mib(r.get('predicted_bytes'))} | {r.get('error', '')[:80]} |")
             continue
         mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         lines.append(f"| {r['strategy']} | {r['nproc']} | {r['micro_batch']} | {r['step_ms_median']:.1f} "
                      f"({r['step_ms_p10']:.1f}–{r['step_ms_p90']:.1f}) | {r['tokens_per_s']:,.0f} | "
                      f"{r['tokens_per_s_per_device']:,.0f} | {r['tflops_per_device']:.3f} | "
-                     f"{r['tflops_per_device_handout']:.3f} | {mfu} | {_gib(r['peak_memory_bytes'])} | "
+                     f"{r['tflops_per_device_handout']:.3f} | {_f3(r.get('tflops_per_device_8n'))} | {mfu} | "
+                     f"{_gib(r['peak_memory_bytes'])} | "
                      f"{_mib(r.get('peak_tensor_bytes'))} | {_mib(r['predicted_bytes'])} | "
                      f"{r['first_loss']:.4f}→{r['last_loss']:.4f} |")
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainlab.device import TF32_MODES
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, opt
 from trainlab.gpt.model import PRESETS, get_preset
@@ -37,6 +38,8 @@ class BenchConfig(Config):
     lr: float = opt(5e-4, "learning rate (the handout's)")
     seed: int = opt(0, "seed of the weights and the tokens")
     fused_optimizer: bool = opt(False, "AdamW(fused=True) (GPU)")
+    tf32: str = opt("off", "TF32 tensor cores for fp32 matmuls on Ampere+ GPUs (recorded in the summary)",
+                    choices=("on", "off"))
     track_memory: bool = opt(False, "one extra, untimed step counting live tensor bytes (CPU: the exact peak)")
     json: str | None = opt(None, "write the summary JSON here")
     out: str | None = opt(None, "run directory: config, env, metrics.jsonl, TensorBoard, summary")
@@ -52,6 +55,8 @@ class BenchConfig(Config):
             raise ConfigError(f"--warmup {self.warmup}: expected >= 0")
         if not self.lr > 0:
             raise ConfigError(f"--lr {self.lr}: expected > 0")
+        if self.tf32 not in TF32_MODES:
+            raise ConfigError(f"--tf32 {self.tf32!r}: expected on or off")
         seq = self.seq or model_cfg.n_positions
         validate_strategy(spec, model_cfg, self.nproc, self.global_batch, self.micro_batch, self.device, tp=self.tp,
                           pp=self.pp, microbatches=self.microbatches, impl=self.impl, seq_len=seq,
@@ -96,6 +101,7 @@ class PlanConfig(Config):
     strategies: str | None = opt(None, "comma-separated list (default: a matrix for --gpus)")
     optimizer: str = opt("foreach", "AdamW implementation (its temporaries differ)",
                          choices=("foreach", "fused", "forloop"))
+    sm: int = opt(90, "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs")
     json: bool = opt(False, "print JSON instead of a table")
 
     @property

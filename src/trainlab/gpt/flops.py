@@ -2,7 +2,11 @@
 
 1. The handout's `get_tflops`: params · batch · seq · 8. The 8 = 2 (forward) + 4 (backward) + 2
    (forward again, for activation recomputation) FLOPs per parameter and token; it ignores the
-   attention's s×s matmuls and assumes recomputation even when none happens.
+   attention's s×s matmuls and assumes recomputation even when none happens. Its `params` is the
+   handout's `get_model_size`, which sums `module.parameters(recurse=False)` over every module: the
+   tied embedding (`wte.weight` is also `lm_head.weight`) is counted twice, 1,638,022,400 for the
+   1.6B model instead of its 1,557,611,200 distinct parameters. The "handout" TFLOPS we report use
+   the handout's number, as the handout's code computes it; "8N" uses the distinct count.
 2. PaLM / nanoGPT: 6·N per token for the parameter matmuls (forward 2N, backward 4N) plus the
    attention scores and the weighted sum, 12·L·C·T per token (QKᵀ and A·V, 2·T·C each, forward and
    backward: ×3). With full activation checkpointing the forward runs twice: +2N (+4·L·C·T)
@@ -43,6 +47,22 @@ def hardware_flops_per_token(cfg: GPTConfig, seq_len: int, ckpt: str = "none") -
     if ckpt == "selective":
         return base + 16.0 * cfg.n_layer * cfg.n_embd**2
     return base
+
+
+def handout_model_size(model) -> int:
+    """The handout's `get_model_size(model)`, literally: per module, its own parameters (a parameter
+    shared by two modules — the tied embedding — is counted once for each)."""
+    total = 0
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            total += p.numel()
+    return total
+
+
+def handout_param_count(cfg: GPTConfig) -> int:
+    """What `handout_model_size` returns for a GPT-2 of this config (ours or HF's): the distinct
+    parameters plus the tied V×C embedding a second time (as `lm_head.weight`)."""
+    return count_params(cfg) + cfg.vocab_size * cfg.n_embd
 
 
 def handout_tflops(params: int, batch: int, seq: int, step_s: float) -> float:

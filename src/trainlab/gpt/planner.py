@@ -5,14 +5,22 @@ AdamW with fp32 m and v, bf16 autocast for `amp`, DDP gradient buckets, FSDP2 pe
 DTensor TP of the blocks with replicated embeddings, pipeline stages that cut the blocks).
 
 Activations use Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-Models") bookkeeping, redone for *this* model: no dropout and `scaled_dot_product_attention`
-(flash / memory-efficient kernels keep no s×s matrices), so the paper's per-layer
+Models") bookkeeping, redone for *this* model: no dropout and `scaled_dot_product_attention`, so
+with a fused kernel (flash / memory-efficient / cuDNN keep no s×s matrices) the paper's per-layer
 s·b·h·(34 + 5·a·s/h) bytes (16-bit, with dropout) becomes, per token and layer,
 
     h·(2·r + 14·p)   bytes      (r = residual-stream bytes, p = matmul-activation bytes)
 
 = LN1 input r + LN1 output p + q,k,v 3p + attention output p + LN2 input r + LN2 output p + fc
-output 4p + GELU output 4p. fp32: 64·h; bf16 autocast (fp32 residual): 36·h. Full recompute keeps
+output 4p + GELU output 4p. fp32: 64·h; bf16 autocast (fp32 residual): 36·h. Which kernel SDPA runs
+is decided as PyTorch decides it (`gpt.attention_backend`), and two of its choices add to this:
+  * math (e.g. fp32 with head_dim 50: no fused kernel accepts it): the softmax probabilities,
+    heads·s·p bytes per token and layer, are kept for backward (and two such tensors are temporaries
+    while a layer's attention backward runs) — the paper's 5·a·s/h term, without dropout;
+  * flash with a head width that is not a multiple of 8 (50 → 56): SDPA pads q, k, v; backward
+    keeps the padded q, k, v and output (4·p·heads·padded) and the output projection a compact copy
+    (p·h), instead of q, k, v and the output once (4·p·h).
+Full recompute keeps
 only the block input (r·h; the paper's 2sbh) plus one recomputed layer at a time; our selective
 mode (MLP recomputed) keeps h·(2r + 5p). Tensor parallel divides the head/MLP-wide tensors by t
 (the paper's 10 + 24/t); sequence parallel divides everything by t. The paper's own numbers are
@@ -32,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainlab.errors import ConfigError
+from trainlab.gpt.attention_backend import AttentionChoice, choose
 from trainlab.gpt.model import GPTConfig, count_params
 from trainlab.gpt.parallel.pipeline import stage_layer_ranges
 from trainlab.gpt.strategy import StrategySpec, parse_strategy, resolve_degrees
@@ -84,18 +93,36 @@ def layer_linear_param_count(cfg: GPTConfig, tp: int = 1) -> int:
     return layer_param_count(cfg, tp) - 4 * cfg.n_embd
 
 
+def attention_extra_bytes_per_token(cfg: GPTConfig, act_bytes: int, seq_len: int, attention: AttentionChoice | None,
+                                    tp: int = 1) -> float:
+    """What the attention kernel keeps for backward beyond q, k, v and the output once (per token
+    and layer, this TP rank): the math path's s×s probabilities, flash's padded copies."""
+    if attention is None:
+        return 0.0
+    heads, p = cfg.n_head / tp, act_bytes
+    extra = 0.0
+    if attention.stores_scores:
+        extra += heads * seq_len * p
+    if attention.padded_head_dim != attention.head_dim:
+        extra += 4 * p * heads * (attention.padded_head_dim - attention.head_dim) + p * cfg.n_embd / tp
+    return extra
+
+
 def layer_activation_bytes_per_token(cfg: GPTConfig, ckpt: str, residual_bytes: int, act_bytes: int,
-                                     tp: int = 1, sequence_parallel: bool = False) -> float:
-    """Bytes one layer keeps for backward, per token of the micro-batch (see module docstring)."""
+                                     tp: int = 1, sequence_parallel: bool = False,
+                                     attention: AttentionChoice | None = None, seq_len: int | None = None) -> float:
+    """Bytes one layer keeps for backward, per token of the micro-batch (see module docstring);
+    `attention` (with `seq_len`) adds what a non-fused or padded attention kernel keeps."""
     h, r, p, t = cfg.n_embd, residual_bytes, act_bytes, tp
     heads = cfg.n_head / t
     small = 2 * 2 * FP32 + FP32 * heads  # LayerNorm mean/rstd ×2, attention log-sum-exp per head
     sp = t if sequence_parallel else 1   # sequence parallel also splits the h-wide tensors
     if ckpt == "full":
         return r * h / sp
+    extra = attention_extra_bytes_per_token(cfg, p, seq_len or cfg.n_positions, attention, t)
     if ckpt == "selective":
-        return (2 * r * h + p * h) / sp + 4 * p * h / t + small
-    return (2 * r * h + 2 * p * h) / sp + 12 * p * h / t + small
+        return (2 * r * h + p * h) / sp + 4 * p * h / t + small + extra
+    return (2 * r * h + 2 * p * h) / sp + 12 * p * h / t + small + extra
 
 
 def korthikanti_layer_bytes(cfg: GPTConfig, micro_batch: int, seq_len: int, tp: int = 1, recompute: str = "none",
@@ -132,16 +159,27 @@ def _stages(cfg: GPTConfig, pp: int, schedule: str, microbatches: int) -> list[_
     return out
 
 
+def attention_for(cfg: GPTConfig, strategy, device_type: str = "cuda", sm: int = 90,
+                  cudnn_version: int | None = None) -> AttentionChoice:
+    """The SDPA kernel a strategy's attention runs (autocast's dtype, or fp32)."""
+    spec = _spec(strategy)
+    dtype = {"bf16": "bf16", "fp16": "fp16"}.get(spec.amp, "fp32")
+    return choose(cfg.head_dim, dtype, device_type, sm, cudnn_version)
+
+
 def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_batch: int = 1,
                    seq_len: int | None = None, tp: int = 1, pp: int = 1, *, microbatches: int | None = None,
                    pp_schedule: str = "1f1b", accumulation_steps: int = 1, optimizer: str = "foreach",
-                   sequence_parallel: bool = False) -> dict:
+                   sequence_parallel: bool = False, device_type: str = "cuda", sm: int = 90,
+                   cudnn_version: int | None = None, attention: AttentionChoice | None = None) -> dict:
     """Predicted per-device bytes for one training step (the worst pipeline stage).
 
     Returns params_bytes, grads_bytes, optimizer_bytes, activations_bytes, buffers_bytes,
-    temporaries_bytes, total_bytes (predicted peak), sum_bytes, host_bytes (CPU offload) and the
-    per-phase peaks. `optimizer`: "foreach" (one fp32 temporary the size of the parameters),
-    "fused" (none) or "forloop" (the largest parameter).
+    temporaries_bytes, total_bytes (predicted peak), sum_bytes, host_bytes (CPU offload), the
+    per-phase peaks and the attention kernel assumed. `optimizer`: "foreach" (one fp32 temporary the
+    size of the parameters), "fused" (none) or "forloop" (the largest parameter). The attention
+    kernel is the one PyTorch picks on `device_type` (GPU compute capability `sm` × 10, cuDNN version)
+    unless `attention` names one (e.g. forced with torch.nn.attention.sdpa_kernel).
     """
     spec = _spec(strategy)
     if spec.data_parallel == "nvme":
@@ -156,6 +194,7 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
     tokens = micro_batch * seq
     amp = spec.amp is not None
     r, p = FP32, (2 if amp else FP32)   # autocast keeps the residual stream (and LayerNorms) in fp32
+    attn = attention or attention_for(cfg, spec, device_type, sm, cudnn_version)
     V, h = cfg.vocab_size, cfg.n_embd
     n_mb = microbatches or 1
     stages = _stages(cfg, deg.pp, pp_schedule, n_mb) if deg.pp > 1 else [_Stage(cfg.n_layer, True, True, 1)]
@@ -182,8 +221,8 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
             params_dev += FP32 * root                 # root stays unsharded between forward and backward
 
         # --- activations (per micro-batch, times the micro-batches a pipeline stage holds)
-        layer_act = layer_activation_bytes_per_token(cfg, spec.ckpt, r, p, deg.tp, sequence_parallel) * tokens
-        layer_full = layer_activation_bytes_per_token(cfg, "none", r, p, deg.tp, sequence_parallel) * tokens
+        layer_act = layer_activation_bytes_per_token(cfg, spec.ckpt, r, p, deg.tp, sequence_parallel, attn, seq) * tokens
+        layer_full = layer_activation_bytes_per_token(cfg, "none", r, p, deg.tp, sequence_parallel, attn, seq) * tokens
         if amp and spec.ckpt != "full":
             layer_act += 2 * layer_linear_param_count(cfg, deg.tp)  # bf16 weight copies saved for backward
         if amp:
@@ -226,6 +265,9 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
             if spec.ckpt != "none":
                 live += layer_full - (layer_act if spec.ckpt == "full" else 0)  # the recomputed layer
             bwd_tmp = tokens * (2 * 4 * p * h / deg.tp + 2 * r * h)  # d(GELU out), d(fc out), residual grads
+            if attn.stores_scores:   # math path: d(probabilities) and d(scores) while the layer's attention
+                # backward runs — after its MLP's backward, so instead of (not on top of) the MLP temporaries
+                bwd_tmp = max(bwd_tmp, tokens * 2 * (cfg.n_head / deg.tp) * seq * p)
             phase_c = max(phase_c, static + g + live + unsh + bwd_tmp)
         # B: optimizer step
         grads_b = grads_full if not spec.offload else 0.0
@@ -250,6 +292,8 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
             "phase_bytes": {"backward_start": int(phase_a), "backward_walk": int(phase_c), "optimizer_step": int(phase_b)},
             "total_bytes": int(peak),
             "params_on_device": int(P),
+            "attention": {"backend": attn.backend, "label": attn.label, "head_dim": attn.head_dim,
+                          "padded_head_dim": attn.padded_head_dim, "stores_scores": attn.stores_scores, "why": attn.why},
         }
         result["sum_bytes"] = int(sum(result[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                           "activations_bytes", "buffers_bytes", "temporaries_bytes")))
@@ -300,8 +344,10 @@ def largest_micro_batch(cfg: GPTConfig, strategy, world_size: int, budget: int, 
 
 
 def plan(cfg: GPTConfig, gpus: int, gpu_mem: int, micro_batch: int = 1, seq_len: int | None = None,
-         strategies: list[str] | None = None, optimizer: str = "foreach", model_name: str = "") -> dict:
-    """Predictions for every strategy on `gpus` devices of `gpu_mem` bytes each."""
+         strategies: list[str] | None = None, optimizer: str = "foreach", model_name: str = "", sm: int = 90,
+         cudnn_version: int | None = None) -> dict:
+    """Predictions for every strategy on `gpus` devices of `gpu_mem` bytes each, compute capability
+    `sm` × 10 (it decides the attention kernel; 90 = H100/H200, 80 = A100)."""
     if gpus < 1:
         raise ConfigError(f"--gpus {gpus}: expected >= 1")
     if micro_batch < 1:
@@ -316,7 +362,7 @@ def plan(cfg: GPTConfig, gpus: int, gpu_mem: int, micro_batch: int = 1, seq_len:
         world = gpus if spec.distributed else 1
         if spec.distributed and gpus == 1 and (spec.tp or spec.pp or spec.data_parallel in ("ddp", "zero1")):
             continue  # nothing to split on one device
-        kw = dict(optimizer=optimizer)
+        kw = dict(optimizer=optimizer, sm=sm, cudnn_version=cudnn_version)
         if spec.pp:
             kw["microbatches"] = max(1, 2 * gpus)  # enough micro-batches to keep the bubble small
         try:
@@ -335,12 +381,14 @@ def plan(cfg: GPTConfig, gpus: int, gpu_mem: int, micro_batch: int = 1, seq_len:
         "usable_bytes": budget,
         "micro_batch": micro_batch,
         "seq_len": seq,
+        "sm": sm,
         "assumptions": {
             "master_weights": "fp32 (autocast for amp)",
             "optimizer": f"AdamW fp32 m and v, {optimizer} step",
             "fragmentation_margin": FRAGMENTATION_MARGIN,
             "context_reserve_bytes": CONTEXT_RESERVE_BYTES,
-            "activations": "Korthikanti et al. 2022 bookkeeping for flash attention, no dropout",
+            "activations": "Korthikanti et al. 2022 bookkeeping, no dropout, with the SDPA kernel PyTorch picks "
+                           "per dtype and head width (see each row's attention)",
         },
         "strategies": rows,
     }
@@ -353,9 +401,9 @@ def format_plan(result: dict) -> str:
 
     lines = [f"model {result['model']}  params {result['params']:,}  gpus {result['gpus']}  "
              f"memory {result['gpu_mem_bytes'] / GiB:.1f} GiB (usable {result['usable_bytes'] / GiB:.1f} GiB)  "
-             f"micro-batch {result['micro_batch']}  seq {result['seq_len']}",
+             f"micro-batch {result['micro_batch']}  seq {result['seq_len']}  sm{result.get('sm', 90)}",
              f"{'strategy':<22}{'params':>8}{'grads':>8}{'optim':>8}{'activ':>8}{'other':>8}{'PEAK GiB':>9}"
-             f"{'host':>8}  fits  max-micro-batch"]
+             f"{'host':>8}  fits  max-micro-batch  attention (SDPA kernel)"]
     for r in result["strategies"]:
         if r.get("error"):
             lines.append(f"{r['strategy']:<22}  error: {r['error']}")
@@ -363,7 +411,9 @@ def format_plan(result: dict) -> str:
         other = r["buffers_bytes"] + r["temporaries_bytes"]
         lines.append(f"{r['strategy']:<22}{g(r['params_bytes'])} {g(r['grads_bytes'])}{g(r['optimizer_bytes'])} "
                      f"{g(r['activations_bytes'])}{g(other)} {g(r['total_bytes'])}{g(r['host_bytes'])}  "
-                     f"{'yes ' if r['fits'] else 'NO  '}  {r['max_micro_batch']}")
+                     f"{'yes ' if r['fits'] else 'NO  '}  {r['max_micro_batch']:<15d}  {r['attention']['label']}")
+    why = {r["attention"]["label"]: r["attention"]["why"] for r in result["strategies"] if not r.get("error")}
+    lines += [f"  {label}: {reason}" for label, reason in why.items()]
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from trainlab.data.mnist import load_mnist
-from trainlab.device import synchronize
+from trainlab.device import set_tf32, synchronize
 from trainlab.distributed.wrappers import unwrap
 from trainlab.errors import ConfigError
 from trainlab.lenet.batches import build_test_batches, build_train_batches, to_device
@@ -28,7 +28,7 @@ from trainlab.lenet.data_parallel import setup_data_parallel
 from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
 from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, build_scheduler, scaled_lr, use_channels_last
-from trainlab.telemetry.env import collect_env, format_header
+from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.gpu import GPUSampler
 from trainlab.telemetry.rundir import RunDir
 from trainlab.telemetry.tensorboard import image_grid, make_writer
@@ -50,6 +50,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     # ---- resolve everything up front, so a bad flag fails before any work -------------------------
     if cfg.batch_size <= 0 or cfg.epochs <= 0:
         raise ConfigError(f"--batch-size and --epochs must be positive (got {cfg.batch_size}, {cfg.epochs})")
+    tf32 = set_tf32(cfg.tf32)
     par = setup_data_parallel(cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing,
                               timeout_s=cfg.dist_timeout)
     device = par.device
@@ -88,7 +89,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=global_step if ckpt else None)
     if writer is not None and ckpt is None:
         _log_graph(writer, model, next(iter(test_batches))[0][:8])
-    gpu = GPUSampler(log=log) if cfg.gpu_telemetry and device.type == "cuda" and par.is_main else None
+    gpu = (GPUSampler(indices=[device.index if device.index is not None else torch.cuda.current_device()], log=log)
+           if cfg.gpu_telemetry and device.type == "cuda" and par.is_main else None)
+    busy = BusySnapshot()   # nvidia-smi while the first epoch trains (env.json's is taken idle)
     if cfg.gpu_telemetry and device.type != "cuda":
         log("gpu telemetry: skipped — training on the CPU")
 
@@ -123,11 +126,17 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
                 par.timer.step_done()
                 step_losses.append(loss.detach())
                 global_step += 1
+                if epochs_run == 0 and gpu is not None and len(step_losses) == 1:
+                    busy.start()
                 if cfg.progress and global_step % 50 == 0:
                     bar.set_postfix(loss=f"{loss.item():.4f}")  # sync point, once per 50 steps
             synchronize(device)
             epoch_seconds = time.perf_counter() - t0
             train_seconds += epoch_seconds
+            if epochs_run == 0 and (snapshot := busy.finish()) is not None:
+                env["nvidia_smi_busy"] = snapshot
+                run.write_json("env.json", env)
+                run.write_text("nvidia-smi-busy.txt", snapshot["text"])
             losses = par.mean(torch.stack(step_losses).float()).cpu().tolist()  # one sync for the whole epoch
 
             result = evaluate(model, test_batches, device, precision)
@@ -190,6 +199,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
         "images_per_s_median": statistics.median(h["images_per_s"] for h in history) if history else None,
         "device": str(device),
         "device_name": env["gpus"][0] if device.type == "cuda" and env["gpus"] else env["cpu"],
+        "tf32": tf32,
         "params": params,
         "act": cfg.act,
         "seed": cfg.seed,

@@ -8,7 +8,10 @@ is 5 N. On a GPU the measured device copy bandwidth (y.copy_(x), 2 N) is reporte
 
 The `python` impl is timed like the others — its cost (several unfused passes over memory) is the
 point of the comparison. Triton on CPU only runs under the interpreter, whose speed means nothing,
-so it is benchmarked only on a GPU.
+so it is benchmarked only on a GPU. On CUDA tensors `cpp` is not timed: the registered op
+`trainlab::gelu_fwd` dispatches CUDA tensors to the same kernel as `cuda`, so its row would be a
+second copy of that one. An impl that cannot run (not built, not installed, out of memory at a size)
+is listed under `skipped` with the error, and the others are still timed.
 """
 
 from __future__ import annotations
@@ -70,21 +73,32 @@ def _time_interleaved(fns: dict, device, warmup: int, min_runs: int, max_runs: i
     return {k: summarize(v) for k, v in samples.items()}
 
 
+CPP_ON_CUDA = ("on CUDA tensors impl='cpp' dispatches to the same CUDA kernel as impl='cuda' "
+               "(trainlab::gelu_fwd's CUDA key): timed once, as 'cuda'")
+
+
 def available_impls(device: torch.device) -> tuple[list[str], dict]:
     """Impls to time on `device`, and {impl: reason} for those skipped."""
     skipped = {}
-    impls = ["torch", "python", "cpp"]
+    impls = ["torch", "python"]
     if device.type == "cuda":
         impls += ["cuda"]
+        skipped["cpp"] = CPP_ON_CUDA
         try:
             import triton  # noqa: F401
             impls.append("triton")
         except ImportError:
             skipped["triton"] = "triton not installed"
     else:
+        impls += ["cpp"]
         skipped["triton"] = "CPU: Triton only runs interpreted here; interpreter speed is meaningless"
         skipped["cuda"] = "no CUDA GPU"
     return impls, skipped
+
+
+def _error_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
 
 
 def run_bench(sizes=None, impls=None, dtype: str = "float32", approximate: str = "none",
@@ -101,6 +115,9 @@ def run_bench(sizes=None, impls=None, dtype: str = "float32", approximate: str =
     impls = list(impls or default_impls)
     if "torch" not in impls:
         impls.insert(0, "torch")   # the baseline every ratio is taken against
+    if device.type == "cuda" and "cpp" in impls:
+        impls.remove("cpp")
+        skipped["cpp"] = CPP_ON_CUDA
     dt = _DTYPES[dtype]
     elem = torch.finfo(dt).bits // 8
     rows = []
@@ -115,13 +132,20 @@ def run_bench(sizes=None, impls=None, dtype: str = "float32", approximate: str =
             copy_gbps[n] = 2 * n * elem / s["median"] / 1e9
             del out
         runnable = []
+        xr = {}
         for impl in impls:
-            try:
-                gelu(x[:1], impl=impl, approximate=approximate)   # build / JIT / import outside the timing
+            if impl in skipped and impl != "torch":
+                continue   # failed at an earlier size
+            try:   # build / JIT / import, and one full-size forward+backward, outside the timing
+                xr[impl] = x.detach().clone().requires_grad_()
+                gelu(xr[impl], impl=impl, approximate=approximate).backward(g)
+                synchronize(device)
                 runnable.append(impl)
-            except UserError as e:
-                skipped[impl] = str(e)
-        xr = {impl: x.detach().clone().requires_grad_() for impl in runnable}
+            except Exception as e:   # unavailable here, or failing at this size: report, time the rest
+                if impl == "torch":
+                    raise
+                xr.pop(impl, None)
+                skipped[impl] = (str(e) if isinstance(e, UserError) else _error_line(e)) + f" (at {format_size(n)} elements)"
 
         def make_fwd(impl):
             def fwd():

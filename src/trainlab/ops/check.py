@@ -5,10 +5,14 @@ For each impl x approximate x dtype the row records
     rounded) input — so the error measures the kernel, not the rounding of the input;
   * whether the NaN/inf pattern matches the reference on the edge inputs (+-0, +-10, +-1e4, +-inf,
     NaN, denormals), and results on an empty tensor, a 0-dim tensor and a non-contiguous view;
-  * `torch.autograd.gradcheck` in float64 (null for other dtypes);
+  * `torch.autograd.gradcheck` and `gradgradcheck` (the double backward) in float64 (null for
+    other dtypes);
   * `torch.library.opcheck` for the registered C++ ops (null for the others);
   * the handout's recipe: the same MSE loss through F.gelu and through the impl — |loss1 - loss2|
     and the MSE between the two input gradients, both ~0 up to rounding.
+
+Rows that cannot run here (no GPU for `cuda`, Triton not installed) are `skipped` with the reason,
+`ok` null, status "skipped": never reported as passing. The overall `ok` is over the rows that ran.
 
 Tolerances (|err| <= atol + rtol |ref| elementwise, on finite reference values):
   float64  atol 1e-13, rtol 1e-12: Sleef/libm erf, exp, tanh are accurate to ~1 ulp (2.2e-16);
@@ -91,13 +95,14 @@ def _errors(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, scale: float =
     return {"max_abs": max_abs, "max_rel": max_rel, "within": within, "nonfinite_match": same_nonfinite}
 
 
-def _gradcheck(impl: str, approximate: str, interpret: bool, device: torch.device) -> bool:
+def _gradchecks(impl: str, approximate: str, interpret: bool, device: torch.device) -> tuple[bool, bool]:
+    """(gradcheck, gradgradcheck) of the impl in float64."""
     x = (torch.randn(24, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 3).to(device).requires_grad_()
     # Interpreted Triton costs ~0.1 s per call; fast_mode checks a random projection of the
     # Jacobian (2 evaluations instead of 2 per input element) — still fails on a wrong backward.
-    return bool(torch.autograd.gradcheck(lambda t: _call(impl, t, approximate, interpret), (x,),
-                                         eps=1e-6, atol=1e-5, rtol=1e-4, raise_exception=False,
-                                         fast_mode=interpret))
+    kw = dict(eps=1e-6, atol=1e-5, rtol=1e-4, raise_exception=False, fast_mode=interpret)
+    fn = lambda t: _call(impl, t, approximate, interpret)  # noqa: E731
+    return bool(torch.autograd.gradcheck(fn, (x,), **kw)), bool(torch.autograd.gradgradcheck(fn, (x,), **kw))
 
 
 def _opcheck(dtype: torch.dtype, approximate: str, device: torch.device) -> bool:
@@ -105,8 +110,9 @@ def _opcheck(dtype: torch.dtype, approximate: str, device: torch.device) -> bool
     x = torch.randn(3, 5, dtype=dtype, device=device, requires_grad=True)
     g = torch.randn(3, 5, dtype=dtype, device=device)
     r1 = torch.library.opcheck(torch.ops.trainlab.gelu_fwd.default, (x, approximate))
-    r2 = torch.library.opcheck(torch.ops.trainlab.gelu_bwd.default, (g, x.detach(), approximate))
-    return all(v == "SUCCESS" for v in list(r1.values()) + list(r2.values()))
+    r2 = torch.library.opcheck(torch.ops.trainlab.gelu_bwd.default, (g.requires_grad_(), x, approximate))
+    r3 = torch.library.opcheck(torch.ops.trainlab.gelu_bwd2.default, (torch.randn_like(g).requires_grad_(), g, x, approximate))
+    return all(v == "SUCCESS" for r in (r1, r2, r3) for v in r.values())
 
 
 def _recipe(impl: str, approximate: str, dtype: torch.dtype, interpret: bool, device: torch.device) -> dict:
@@ -150,12 +156,12 @@ def check_row(impl: str, approximate: str, dtype: torch.dtype, n: int = 4096, se
     row = {"impl": impl, "approximate": approximate, "dtype": name, "device": None, "mode": None,
            "fwd_max_abs_err": None, "fwd_max_rel_err": None, "grad_max_abs_err": None, "grad_max_rel_err": None,
            "edge_nonfinite_ok": None, "empty_ok": None, "scalar_ok": None, "noncontig_ok": None,
-           "gradcheck": None, "opcheck": None, "recipe_loss_diff": None, "recipe_grad_mse": None,
+           "gradcheck": None, "gradgradcheck": None, "opcheck": None, "recipe_loss_diff": None, "recipe_grad_mse": None,
            "atol": TOLERANCES[dtype].atol, "rtol": TOLERANCES[dtype].rtol,
-           "ok": False, "skipped": False, "reason": None, "note": None, "seconds": None}
+           "ok": False, "status": "FAIL", "skipped": False, "reason": None, "note": None, "seconds": None}
     skip, interpret = _availability(impl)
-    if skip:
-        row.update(skipped=True, ok=True, reason=skip)
+    if skip:   # could not run here: neither a pass nor a failure
+        row.update(skipped=True, ok=None, status="skipped", reason=skip)
         return row
     device = torch.device("cuda" if impl == "cuda" or (impl == "triton" and not interpret) else "cpu")
     row["device"] = str(device)
@@ -194,7 +200,7 @@ def check_row(impl: str, approximate: str, dtype: torch.dtype, n: int = 4096, se
         row["noncontig_ok"] = v_out.shape == view.shape and _errors(v_out.cpu(), F.gelu(view.double(), approximate=approximate).cpu(), tol)["within"]
 
         if dtype == torch.float64:
-            row["gradcheck"] = _gradcheck(impl, approximate, interpret, device)
+            row["gradcheck"], row["gradgradcheck"] = _gradchecks(impl, approximate, interpret, device)
         if impl in ("cpp", "cuda") and run_opcheck and dtype in (torch.float32, torch.float64):
             row["opcheck"] = _opcheck(dtype, approximate, device)
         row.update(_recipe(impl, approximate, dtype, interpret, device))
@@ -208,7 +214,7 @@ def check_row(impl: str, approximate: str, dtype: torch.dtype, n: int = 4096, se
             edge_ok = True
         row["ok"] = bool(fe["within"] and ge["within"] and edge_ok and row["empty_ok"]
                          and row["scalar_ok"] and row["noncontig_ok"] and row["gradcheck"] is not False
-                         and row["opcheck"] is not False and recipe_ok)
+                         and row["gradgradcheck"] is not False and row["opcheck"] is not False and recipe_ok)
         if not row["ok"]:
             row["reason"] = "outside tolerance or a layout/edge case failed (see fields)"
     except UserError as e:
@@ -216,6 +222,7 @@ def check_row(impl: str, approximate: str, dtype: torch.dtype, n: int = 4096, se
         row.update(ok=False, reason=str(e))
     except Exception as e:  # a kernel crash is a failed row, not a crashed check
         row.update(ok=False, reason=f"{type(e).__name__}: {e}")
+    row["status"] = "ok" if row["ok"] else "FAIL"
     row["seconds"] = round(time.perf_counter() - t0, 3)
     return row
 
@@ -236,7 +243,8 @@ def run_check(impls=IMPLS, approximations=APPROXIMATIONS, dtypes=("float32", "fl
         "tolerances": {k: {"atol": TOLERANCES[v].atol, "rtol": TOLERANCES[v].rtol} for k, v in DTYPES.items()},
         "reference": "F.gelu in float64 on the same (rounded) inputs",
         "rows": rows,
-        "ok": all(r["ok"] for r in rows),
+        "ok": all(r["ok"] for r in rows if not r["skipped"]),
+        "skipped": sum(r["skipped"] for r in rows),
     }
 
 
@@ -254,7 +262,7 @@ def format_table(result: dict) -> str:
     cols = [("impl", "impl"), ("approximate", "approx"), ("dtype", "dtype"), ("mode", "mode"),
             ("fwd_max_abs_err", "fwd abs"), ("fwd_max_rel_err", "fwd rel"), ("grad_max_abs_err", "grad abs"),
             ("grad_max_rel_err", "grad rel"), ("edge_nonfinite_ok", "inf/nan"), ("noncontig_ok", "strided"),
-            ("gradcheck", "gradchk"), ("opcheck", "opchk"), ("recipe_loss_diff", "|dloss|"),
+            ("gradcheck", "gradchk"), ("gradgradcheck", "gradgrad"), ("opcheck", "opchk"), ("recipe_loss_diff", "|dloss|"),
             ("recipe_grad_mse", "grad mse"), ("ok", "ok")]
     table = [[h for _, h in cols]]
     for r in result["rows"]:
@@ -270,12 +278,14 @@ def format_table(result: dict) -> str:
         else:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)))
     tol = ", ".join(f"{k} atol {v['atol']:.0e} rtol {v['rtol']:.1e}" for k, v in result["tolerances"].items())
-    failed = [r for r in result["rows"] if not r["ok"]]
+    failed = [r for r in result["rows"] if r["ok"] is False]
     lines.append(f"reference: {result['reference']}; tolerances: {tol}")
     for r in result["rows"]:
         if r.get("note"):
             lines.append(f"note {r['impl']}/{r['approximate']}/{r['dtype']}: {r['note']}")
     for r in failed:
         lines.append(f"FAILED {r['impl']}/{r['approximate']}/{r['dtype']}: {r['reason']}")
-    lines.append("all ok" if result["ok"] else f"{len(failed)} row(s) failed")
+    ran = len(result["rows"]) - result["skipped"]
+    skipped = f", {result['skipped']} skipped (could not run here)" if result["skipped"] else ""
+    lines.append((f"all {ran} rows that ran are ok" if result["ok"] else f"{len(failed)} of {ran} row(s) failed") + skipped)
     return "\n".join(lines)

@@ -17,27 +17,25 @@ the input x (not y), so the autograd functions save x alone, exactly as ATen's `
 
 Edge values follow float64 F.gelu (the reference): NaN -> NaN; y(+inf) = +inf; y(-inf) = NaN
 (it evaluates -inf * 0); the gradient at +-inf is NaN (inf * 0 in x phi(x)).
+
+Higher orders (gradient penalties, Hessian-vector products): every impl differentiates exactly to any
+order. `python` is built from torch ops, so autograd differentiates its backward; `cpp`/`cuda`
+register the backward op's own derivative (a `gelu_bwd2` kernel computing gg g d'(x)), and `triton`
+does the same with a third kernel; the second and third derivatives are in `gelu_math`.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from trainlab.errors import ConfigError
-from trainlab.ops import gelu_cpp
+from trainlab.ops import gelu_cpp, gelu_math
 
 IMPLS = ("torch", "python", "cpp", "triton", "cuda")
 APPROXIMATIONS = ("none", "tanh")
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-
-_SQRT1_2 = 1.0 / math.sqrt(2.0)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_BETA = math.sqrt(2.0 / math.pi)
-_KAPPA = 0.044715
 
 
 def validate_options(impl: str, approximate: str) -> None:
@@ -62,24 +60,6 @@ def validate(x: torch.Tensor, impl: str, approximate: str) -> None:
 
 # ---- python: the reference autograd.Function ---------------------------------------------------
 
-def _gelu_python_forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
-    if approximate == "tanh":
-        u = _BETA * (x + _KAPPA * x * x * x)
-        return 0.5 * x * (1.0 + torch.tanh(u))
-    return 0.5 * x * (1.0 + torch.erf(x * _SQRT1_2))
-
-
-def _gelu_python_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
-    if approximate == "tanh":
-        x2 = x * x
-        t = torch.tanh(_BETA * (x + _KAPPA * x2 * x))
-        du_dx = _BETA * (1.0 + 3.0 * _KAPPA * x2)
-        return grad * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du_dx)
-    cdf = 0.5 * (1.0 + torch.erf(x * _SQRT1_2))
-    pdf = _INV_SQRT_2PI * torch.exp(-0.5 * x * x)
-    return grad * (cdf + x * pdf)
-
-
 class GeluFunction(torch.autograd.Function):
     """GELU written with torch element-wise ops and the backward derived above (module docstring).
 
@@ -94,14 +74,16 @@ class GeluFunction(torch.autograd.Function):
         ctx.save_for_backward(x)   # the backward needs x only
         ctx.approximate = approximate
         xc = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
-        return _gelu_python_forward(xc, approximate).to(x.dtype)
+        return gelu_math.forward(xc, approximate).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (x,) = ctx.saved_tensors
+        # torch ops on the saved x: with create_graph=True autograd records them, so the double
+        # backward (and any higher order) of the python impl is exact without further code.
         if x.dtype in (torch.bfloat16, torch.float16):
-            return _gelu_python_backward(grad.float(), x.float(), ctx.approximate).to(x.dtype), None
-        return _gelu_python_backward(grad, x, ctx.approximate), None
+            return (grad.float() * gelu_math.derivative(x.float(), ctx.approximate)).to(x.dtype), None
+        return grad * gelu_math.derivative(x, ctx.approximate), None
 
 
 def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:

@@ -1,12 +1,18 @@
 """The C++ (and, with a GPU, CUDA) GELU extension: JIT build, cached, registered as real operators.
 
-`load()` compiles `csrc/gelu_cpu.cpp` (+ `csrc/gelu_cuda.cu` when torch has CUDA and a GPU is
-visible) with `torch.utils.cpp_extension.load` the first time it is called on a machine, and reuses
-the shared library afterwards (ninja rebuilds only when a source or flag changed). The library
-defines `trainlab::gelu_fwd(Tensor x, str approximate)` and
-`trainlab::gelu_bwd(Tensor grad, Tensor x, str approximate)` with CPU (and CUDA) kernels; this
-module adds the autograd formula and the fake (shape-only) implementation, which is what lets
-`torch.compile(fullgraph=True)` trace through the op and `torch.library.opcheck` pass.
+`load()` compiles `csrc/gelu_cpu.cpp` (+ `csrc/gelu_cuda.cpp`, the ATen glue, and
+`csrc/gelu_cuda_kernels.cu`, the CUDA-only kernels, when torch has CUDA and a GPU is visible) with
+`torch.utils.cpp_extension.load` the first time it is called on a machine, and reuses the shared
+library afterwards (ninja rebuilds only when a source or flag changed). The library defines
+
+    trainlab::gelu_fwd(Tensor x, str approximate)                          y = GELU(x)
+    trainlab::gelu_bwd(Tensor grad, Tensor x, str approximate)             grad * GELU'(x)
+    trainlab::gelu_bwd2(Tensor grad_grad, Tensor grad, Tensor x, str a)    grad_grad * grad * GELU''(x)
+
+with CPU (and CUDA) kernels; this module adds the autograd formulas and the fake (shape-only)
+implementations, which is what lets `torch.compile(fullgraph=True)` trace through the ops and
+`torch.library.opcheck` pass. Each op's autograd formula uses the next op, so derivatives of any
+order are exact: gelu_fwd → gelu_bwd → (gelu_bwd, gelu_bwd2) → torch ops (`gelu_math.bwd2_backward`).
 
 Build cache: `$TRAINLAB_CACHE/torch_extensions/<torch version>/<name>` if `TRAINLAB_CACHE` is set,
 else `$XDG_CACHE_HOME/trainlab/...` (default `~/.cache/trainlab/...`). The extension name encodes
@@ -23,6 +29,7 @@ from pathlib import Path
 import torch
 
 from trainlab.errors import HardwareError
+from trainlab.ops import gelu_math
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 
@@ -96,7 +103,7 @@ def load(verbose: bool = False) -> dict:
         build_dir.mkdir(parents=True, exist_ok=True)
         sources = [str(CSRC / "gelu_cpu.cpp")]
         if with_cuda:
-            sources.append(str(CSRC / "gelu_cuda.cu"))
+            sources += [str(CSRC / "gelu_cuda.cpp"), str(CSRC / "gelu_cuda_kernels.cu")]
         try:
             cpp_extension.load(
                 name=name,
@@ -120,7 +127,7 @@ def load(verbose: bool = False) -> dict:
 
 
 def _register_python_side() -> None:
-    """Autograd formula and fake implementation for the C++-defined ops."""
+    """Autograd formulas and fake implementations for the C++-defined ops."""
 
     @torch.library.register_fake("trainlab::gelu_fwd")
     def _gelu_fwd_fake(x, approximate):
@@ -130,16 +137,31 @@ def _register_python_side() -> None:
     def _gelu_bwd_fake(grad, x, approximate):
         return torch.empty_like(x)
 
-    def _setup_context(ctx, inputs, output):
-        x, approximate = inputs
-        ctx.save_for_backward(x)   # only the input is kept, as for F.gelu
+    @torch.library.register_fake("trainlab::gelu_bwd2")
+    def _gelu_bwd2_fake(grad_grad, grad, x, approximate):
+        return torch.empty_like(x)
+
+    def _save_inputs(ctx, inputs, output):
+        *tensors, approximate = inputs
+        ctx.save_for_backward(*tensors)   # gelu_fwd keeps only x, as F.gelu does
         ctx.approximate = approximate
 
-    def _backward(ctx, grad):
+    def _fwd_backward(ctx, grad):
         (x,) = ctx.saved_tensors
         return torch.ops.trainlab.gelu_bwd(grad, x, ctx.approximate), None
 
-    torch.library.register_autograd("trainlab::gelu_fwd", _backward, setup_context=_setup_context)
+    def _bwd_backward(ctx, gg):
+        # d/dgrad (grad * d(x)) = d(x): the same kernel on gg; d/dx = grad * d'(x): the bwd2 kernel
+        grad, x = ctx.saved_tensors
+        return (torch.ops.trainlab.gelu_bwd(gg, x, ctx.approximate),
+                torch.ops.trainlab.gelu_bwd2(gg, grad, x, ctx.approximate), None)
+
+    def _bwd2_backward(ctx, ggg):
+        return (*gelu_math.bwd2_backward(ggg, *ctx.saved_tensors, ctx.approximate), None)
+
+    torch.library.register_autograd("trainlab::gelu_fwd", _fwd_backward, setup_context=_save_inputs)
+    torch.library.register_autograd("trainlab::gelu_bwd", _bwd_backward, setup_context=_save_inputs)
+    torch.library.register_autograd("trainlab::gelu_bwd2", _bwd2_backward, setup_context=_save_inputs)
 
 
 def gelu_cpp(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:

@@ -1,33 +1,45 @@
-"""GELU as Triton kernels (forward and backward), compiled on a GPU or run by Triton's interpreter.
+"""GELU as Triton kernels (forward, backward, double backward), compiled on a GPU or interpreted.
 
 Where the kernels run:
-  * CUDA tensors: compiled with `triton.jit` (the normal path on a GPU).
+  * CUDA tensors: always compiled (`JITFunction`, the object `triton.jit` makes), even when
+    `TRITON_INTERPRET=1` is set — `triton.jit` would then silently hand back an interpreter wrapper
+    and copy every CUDA tensor through NumPy; we warn once instead and run the real kernel.
   * CPU tensors: only under Triton's interpreter — set `TRITON_INTERPRET=1` (or call with
     `interpret=True`). The interpreter executes each program instance with NumPy on the CPU; it is
-    slow and exists for testing. The kernels are wrapped in `InterpretedFunction` explicitly, so
-    the choice is made per call and nothing depends on when `triton` was first imported.
+    slow and exists for testing. The kernel is wrapped in `InterpretedFunction` explicitly, so the
+    choice is made per call and nothing depends on when `triton` was first imported.
   * Otherwise: HardwareError, which names both ways out.
+
+One kernel, `_gelu_kernel`, specialized at compile time by ORDER: 0 = forward y = GELU(x),
+1 = backward g·GELU'(x), 2 = double backward gg·g·GELU''(x) (formulas in `gelu_math`). Offsets are
+64-bit, so tensors of 2^31 elements and more (real on 141 GB GPUs) index correctly; with 16-byte
+aligned pointers and sizes Triton emits 128-bit loads and stores (checked ahead of time for sm_80
+and sm_90 in tests/test_gelu_triton_compile.py, no GPU needed).
 
 bfloat16 under the interpreter (triton 3.9): NumPy has no bf16, so the interpreter carries bf16 as
 raw uint16 words and converts to/from float32 in software (`_convert_float`). Widening is exact, but
 narrowing float32 -> bf16 *truncates* (round toward zero, even with fp_downcast_rounding="rtne"),
-which costs up to one ulp and biases results toward zero. The kernels therefore round to nearest
-even by hand (integer bit trick) when interpreted, and use the hardware conversion (RTNE) when
+which costs up to one ulp and biases results toward zero. The kernel therefore rounds to nearest
+even by hand (integer bit trick) when interpreted, and uses the hardware conversion (RTNE) when
 compiled; both then agree with ATen's bf16 rounding (checked in tests/test_gelu_triton.py).
 
 Math: computed in float32 for float32/bfloat16/float16 inputs (float64 for float64). The tanh form
 uses the identity (1 + tanh u)/2 = sigmoid(2u) = 1 / (1 + exp(-2u)), which needs only exp, and its
-backward (1 - t^2)/2 = 2 s (1 - s) with s = sigmoid(2u) — exact identities, not approximations.
-Non-contiguous inputs are made contiguous first (one extra read and write of the input).
+derivative uses 1 - t^2 = 4 s (1 - s), t = 2 s - 1 with s = sigmoid(2u) — exact identities, not
+approximations; the double backward takes 1 - t^2 = 4e / (1 + e)^2, e = exp(-2|u|), which does not
+cancel in float32 for large |u| (see gelu_math). Non-contiguous inputs are made contiguous first
+(one extra read and write each).
 """
 
 # No `from __future__ import annotations` here: Triton reads the kernels' `tl.constexpr`
 # annotations as objects, and string annotations would turn the constexpr arguments into tensors.
 import os
+import warnings
 
 import torch
 
 from trainlab.errors import HardwareError
+from trainlab.ops import gelu_math
 
 try:  # optional dependency: without it impl="triton" raises a HardwareError naming the fix
     import triton
@@ -43,62 +55,66 @@ _kernels: dict = {}
 
 
 if tl is not None:
-    # Plain Python functions; wrapped per mode (triton.jit or InterpretedFunction) in _get_kernels.
-    def _gelu_fwd_kernel(x_ptr, y_ptr, n, TANH: tl.constexpr, F64: tl.constexpr, BLOCK: tl.constexpr,
-                         RNE_BF16: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    # A plain Python function; wrapped per mode (JITFunction or InterpretedFunction) in _get_kernel.
+    def _gelu_kernel(x_ptr, g_ptr, gg_ptr, out_ptr, n, ORDER: tl.constexpr, TANH: tl.constexpr, F64: tl.constexpr,
+                     BLOCK: tl.constexpr, RNE_BF16: tl.constexpr):
+        # program_id is int32: multiply in int64, or block 2^31 / BLOCK and beyond wraps around.
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-        if F64:   # constexpr branch: resolved at compile time
-            x = x.to(tl.float64)
-        else:
+        if not F64:   # constexpr branch, resolved at compile time: 16-bit and fp32 math in fp32
             x = x.to(tl.float32)
-        if TANH:
-            u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-            y = x / (1.0 + tl.exp(-2.0 * u))            # x (1 + tanh u) / 2
+        x2 = x * x
+        if ORDER == 0:
+            if TANH:
+                u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
+                r = x / (1.0 + tl.exp(-2.0 * u))                     # x (1 + tanh u) / 2
+            else:
+                r = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        elif ORDER == 1:
+            g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+            if not F64:
+                g = g.to(tl.float32)
+            if TANH:
+                u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
+                s = 1.0 / (1.0 + tl.exp(-2.0 * u))                   # (1 + tanh u) / 2
+                du = 0.7978845608028654 * (1.0 + 0.134145 * x2)
+                d = s + x * 2.0 * s * (1.0 - s) * du                  # (1 + t)/2 + x (1 - t^2)/2 u'
+            else:
+                cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
+                pdf = 0.3989422804014327 * tl.exp(-0.5 * x2)
+                d = cdf + x * pdf
+            r = g * d
         else:
-            y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+            g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+            gg = tl.load(gg_ptr + offs, mask=mask, other=0.0)
+            if not F64:
+                g = g.to(tl.float32)
+                gg = gg.to(tl.float32)
+            if TANH:
+                u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
+                s = 1.0 / (1.0 + tl.exp(-2.0 * u))
+                t = 2.0 * s - 1.0                                     # tanh u
+                e = tl.exp(-2.0 * tl.abs(u))
+                sech2 = 4.0 * e / ((1.0 + e) * (1.0 + e))             # 1 - t^2 without cancellation
+                du = 0.7978845608028654 * (1.0 + 0.134145 * x2)
+                d2u = 0.21406444881780076 * x                         # 6 beta kappa x
+                d2 = sech2 * (du + 0.5 * x * (d2u - 2.0 * t * du * du))
+            else:
+                d2 = 0.3989422804014327 * tl.exp(-0.5 * x2) * (2.0 - x2)   # phi (2 - x^2)
+            r = gg * g * d2
         if RNE_BF16:
             # Interpreter only: its float32 -> bfloat16 cast truncates; round to nearest even by hand
             # (add 0x7FFF + the lowest kept bit, drop 16 bits; NaN keeps its truncated pattern).
-            bits = y.to(tl.uint32, bitcast=True)
+            bits = r.to(tl.uint32, bitcast=True)
             rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-            bits = tl.where(y != y, bits, rounded)
-            tl.store(y_ptr + offs, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+            bits = tl.where(r != r, bits, rounded)
+            tl.store(out_ptr + offs, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
         else:
-            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.store(out_ptr + offs, r.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-    def _gelu_bwd_kernel(g_ptr, x_ptr, dx_ptr, n, TANH: tl.constexpr, F64: tl.constexpr, BLOCK: tl.constexpr,
-                         RNE_BF16: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0)
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-        if F64:
-            g = g.to(tl.float64)
-            x = x.to(tl.float64)
-        else:
-            g = g.to(tl.float32)
-            x = x.to(tl.float32)
-        if TANH:
-            x2 = x * x
-            u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
-            s = 1.0 / (1.0 + tl.exp(-2.0 * u))           # (1 + tanh u) / 2
-            du = 0.7978845608028654 * (1.0 + 0.134145 * x2)
-            d = s + x * 2.0 * s * (1.0 - s) * du          # (1 + t)/2 + x (1 - t^2)/2 u'
-        else:
-            cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
-            pdf = 0.3989422804014327 * tl.exp(-0.5 * x * x)
-            d = cdf + x * pdf
-        dx = g * d
-        if RNE_BF16:   # see the forward kernel
-            bits = dx.to(tl.uint32, bitcast=True)
-            rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-            bits = tl.where(dx != dx, bits, rounded)
-            tl.store(dx_ptr + offs, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
-        else:
-            tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+ORDERS = {"forward": 0, "backward": 1, "double_backward": 2}
 
 
 def _import_triton():
@@ -108,17 +124,20 @@ def _import_triton():
     return triton
 
 
-def _get_kernels(interpreted: bool):
-    """(fwd, bwd) kernel objects: compiled JIT functions, or interpreter-wrapped ones."""
+def _get_kernel(interpreted: bool):
+    """The kernel object: compiled JITFunction, or interpreter-wrapped. Never `triton.jit`, which
+    follows TRITON_INTERPRET at wrap time and would interpret CUDA tensors too."""
     key = "interp" if interpreted else "jit"
     if key not in _kernels:
         _import_triton()
         if interpreted:
             from triton.runtime.interpreter import InterpretedFunction
 
-            _kernels[key] = (InterpretedFunction(_gelu_fwd_kernel), InterpretedFunction(_gelu_bwd_kernel))
+            _kernels[key] = InterpretedFunction(_gelu_kernel)
         else:
-            _kernels[key] = (triton.jit(_gelu_fwd_kernel), triton.jit(_gelu_bwd_kernel))
+            from triton.runtime.jit import JITFunction
+
+            _kernels[key] = JITFunction(_gelu_kernel)
     return _kernels[key]
 
 
@@ -126,10 +145,18 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
+_warned_interpret_on_cuda = False
+
+
 def _mode(x: torch.Tensor, interpret: bool | None) -> bool:
     """True → interpreted, False → compiled; raises when neither is possible."""
+    global _warned_interpret_on_cuda
     _import_triton()
     if x.device.type == "cuda":
+        if (interpret or (interpret is None and interpreter_enabled())) and not _warned_interpret_on_cuda:
+            _warned_interpret_on_cuda = True
+            warnings.warn("trainlab: TRITON_INTERPRET is set, but the GELU Triton kernels run compiled on CUDA "
+                          "tensors (the interpreter is for CPU tensors only)", RuntimeWarning, stacklevel=3)
         return False
     if x.device.type == "cpu" and (interpret if interpret is not None else interpreter_enabled()):
         return True
@@ -138,54 +165,86 @@ def _mode(x: torch.Tensor, interpret: bool | None) -> bool:
         "set TRITON_INTERPRET=1 to run them in Triton's (slow) CPU interpreter, or use impl='cpp'")
 
 
-def _launch(kernel, n: int, interpreted: bool, *args, tanh: bool, f64: bool):
+def run_kernel(order: int, x: torch.Tensor, approximate: str, interpret: bool | None = None,
+               g: torch.Tensor | None = None, gg: torch.Tensor | None = None) -> torch.Tensor:
+    """One launch of `_gelu_kernel` (ORDER 0/1/2); inputs are made contiguous, the output is too."""
+    interpreted = _mode(x, interpret)
+    kernel = _get_kernel(interpreted)
+    xc = x.contiguous()
+    gc = g.contiguous() if g is not None else xc     # unused pointers: any tensor of the right dtype
+    ggc = gg.contiguous() if gg is not None else xc
+    out = torch.empty_like(xc)
+    n = xc.numel()
+    if n == 0:
+        return out
     block = _BLOCK_INTERPRETED if interpreted else _BLOCK_GPU
-    rne = interpreted and args[-1].dtype == torch.bfloat16   # args[-1] is the output tensor
-    grid = (max(1, -(-n // block)),)
+    consts = dict(ORDER=order, TANH=approximate == "tanh", F64=x.dtype == torch.float64, BLOCK=block,
+                  RNE_BF16=interpreted and x.dtype == torch.bfloat16)
+    grid = (-(-n // block),)
     if interpreted:
         import numpy as np
 
         # NumPy warns on inf*0 and inf/inf, which are the defined NaN results at x = +-inf.
         with np.errstate(all="ignore"):
-            kernel[grid](*args, n, TANH=tanh, F64=f64, BLOCK=block, RNE_BF16=rne)
+            kernel[grid](xc, gc, ggc, out, n, **consts)
     else:
-        kernel[grid](*args, n, TANH=tanh, F64=f64, BLOCK=block, RNE_BF16=rne)
+        kernel[grid](xc, gc, ggc, out, n, **consts)
+    return out
 
 
 def gelu_fwd_triton(x: torch.Tensor, approximate: str, interpret: bool | None = None) -> torch.Tensor:
-    interpreted = _mode(x, interpret)
-    fwd, _ = _get_kernels(interpreted)
-    xc = x.contiguous()
-    y = torch.empty_like(xc)
-    if xc.numel():
-        _launch(fwd, xc.numel(), interpreted, xc, y, tanh=approximate == "tanh", f64=x.dtype == torch.float64)
-    return y
+    return run_kernel(0, x, approximate, interpret)
 
 
 def gelu_bwd_triton(grad: torch.Tensor, x: torch.Tensor, approximate: str, interpret: bool | None = None) -> torch.Tensor:
-    interpreted = _mode(x, interpret)
-    _, bwd = _get_kernels(interpreted)
-    gc, xc = grad.contiguous(), x.contiguous()
-    dx = torch.empty_like(xc)
-    if xc.numel():
-        _launch(bwd, xc.numel(), interpreted, gc, xc, dx, tanh=approximate == "tanh", f64=x.dtype == torch.float64)
-    return dx
+    return run_kernel(1, x, approximate, interpret, g=grad)
 
 
 class TritonGeluFunction(torch.autograd.Function):
-    """Autograd glue: forward and backward are the two Triton kernels; saves only x."""
+    """y = GELU(x) by the ORDER-0 kernel; saves only x. Its backward is itself differentiable."""
 
     @staticmethod
     def forward(ctx, x, approximate, interpret):
         ctx.save_for_backward(x)
-        ctx.approximate = approximate
-        ctx.interpret = interpret
-        return gelu_fwd_triton(x, approximate, interpret)
+        ctx.approximate, ctx.interpret = approximate, interpret
+        return run_kernel(0, x, approximate, interpret)
 
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        return gelu_bwd_triton(grad, x, ctx.approximate, ctx.interpret), None, None
+        return TritonGeluBackward.apply(grad, x, ctx.approximate, ctx.interpret), None, None
+
+
+class TritonGeluBackward(torch.autograd.Function):
+    """g·GELU'(x) by the ORDER-1 kernel. Its gradients: gg·GELU'(x) (this kernel again) for g and
+    gg·g·GELU''(x) (the ORDER-2 kernel) for x — so gradient penalties and Hessian-vector products
+    through impl='triton' are exact."""
+
+    @staticmethod
+    def forward(ctx, grad, x, approximate, interpret):
+        ctx.save_for_backward(grad, x)
+        ctx.approximate, ctx.interpret = approximate, interpret
+        return run_kernel(1, x, approximate, interpret, g=grad)
+
+    @staticmethod
+    def backward(ctx, gg):
+        grad, x = ctx.saved_tensors
+        return (TritonGeluBackward.apply(gg, x, ctx.approximate, ctx.interpret),
+                TritonGeluDoubleBackward.apply(gg, grad, x, ctx.approximate, ctx.interpret), None, None)
+
+
+class TritonGeluDoubleBackward(torch.autograd.Function):
+    """gg·g·GELU''(x) by the ORDER-2 kernel; the third order is torch ops (`gelu_math.bwd2_backward`)."""
+
+    @staticmethod
+    def forward(ctx, gg, grad, x, approximate, interpret):
+        ctx.save_for_backward(gg, grad, x)
+        ctx.approximate = approximate
+        return run_kernel(2, x, approximate, interpret, g=grad, gg=gg)
+
+    @staticmethod
+    def backward(ctx, ggg):
+        return (*gelu_math.bwd2_backward(ggg, *ctx.saved_tensors, ctx.approximate), None, None)
 
 
 def gelu_triton(x: torch.Tensor, approximate: str = "none", interpret: bool | None = None) -> torch.Tensor:

@@ -128,9 +128,15 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
     }[res.kind]
     blocks = [Block("h2", title), Block("p", f"Source: <code>{html.escape(str(res.path))}</code>")]
     if res.kind == "gelu_check":
-        failed = [r for r in rows if r.get("ok") is False]
-        blocks.append(Block("p", f"{len(rows)} rows, {len(failed)} failing."))
-        blocks.append(Block("table", rows=table_from_rows(rows, ["impl", "approximate", "dtype", "fwd_max_abs_err", "grad_max_abs_err", "gradcheck", "ok"])))
+        # A row that could not run here (no GPU, no Triton) is "skipped", never "ok" (older files: ok + skipped)
+        rows = [{**r, "status": "skipped: " + str(r.get("reason")) if r.get("skipped")
+                 else r.get("status") or ("ok" if r.get("ok") else "FAIL")} for r in rows]
+        failed = [r for r in rows if r["status"] == "FAIL"]
+        skipped = [r for r in rows if r["status"].startswith("skipped")]
+        blocks.append(Block("p", f"{len(rows)} rows: {len(rows) - len(failed) - len(skipped)} ok, {len(failed)} failing, "
+                                 f"{len(skipped)} skipped (could not run on the machine that made the file)."))
+        blocks.append(Block("table", rows=table_from_rows(rows, ["impl", "approximate", "dtype", "fwd_max_abs_err", "grad_max_abs_err",
+                                                                 "gradcheck", "gradgradcheck", "status"])))
     elif res.kind == "gelu_bench":
         blocks.append(Block("table", rows=table_from_rows(rows, ["size", "impl", "pass", "dtype", "approximate", "median_s", "p10_s", "p90_s",
                                                                  "gbps", "ratio_to_torch", "pct_of_copy_bw"])))

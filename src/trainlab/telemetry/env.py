@@ -35,6 +35,40 @@ def nvidia_smi_snapshot(timeout: float = 10.0) -> str | None:
         return None
 
 
+class BusySnapshot:
+    """`nvidia-smi` taken while the GPU works — the handout's "GPU utilization" screenshot. The one in
+    env.json (`nvidia_smi`) is taken at start-up, when the GPU is idle; start this inside the first
+    timed epoch or steps (it runs in the background, the work goes on) and `finish()` after them."""
+
+    def __init__(self):
+        self._proc: subprocess.Popen | None = None
+        self._started_utc: str | None = None
+
+    def start(self) -> "BusySnapshot":
+        exe = shutil.which("nvidia-smi")
+        if exe is not None and self._proc is None and torch.cuda.is_available():
+            try:
+                self._proc = subprocess.Popen([exe], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                self._started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            except OSError:
+                self._proc = None
+        return self
+
+    def finish(self, timeout: float = 10.0) -> dict | None:
+        """{"text", "taken_utc"} or None (no GPU driver, or nvidia-smi failed)."""
+        if self._proc is None:
+            return None
+        try:
+            out, _ = self._proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.communicate()
+            return None
+        finally:
+            proc, self._proc = self._proc, None
+        return {"text": out, "taken_utc": self._started_utc} if proc.returncode == 0 and out else None
+
+
 def collect_env(device: torch.device | str | None = None) -> dict:
     info = {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

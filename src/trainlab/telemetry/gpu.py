@@ -2,6 +2,11 @@
 
 This replaces the handout's nvidia-smi screenshot with a time series. Without a GPU or without the
 NVML library it does nothing, and says so once.
+
+Which GPUs: the ones this process uses, found by UUID. NVML numbers every GPU of the machine and
+ignores CUDA_VISIBLE_DEVICES (and may order them differently from CUDA), so NVML index 0 is often
+not the GPU a `CUDA_VISIBLE_DEVICES=1 trainlab train` runs on. CUDA device i's UUID
+(torch.cuda.get_device_properties(i).uuid) names the same physical GPU in NVML.
 """
 
 from __future__ import annotations
@@ -11,19 +16,45 @@ import io
 import threading
 import time
 
+import torch
+
 from trainlab.io import atomic_write_text
 
 FIELDS = ["time_s", "gpu", "utilization_pct", "memory_used_mib", "memory_total_mib", "power_w", "temperature_c"]
 
 
+def cuda_uuid(index: int) -> str | None:
+    """NVML's name ("GPU-…"/"MIG-…") for CUDA device `index` of this process, or None."""
+    try:
+        raw = str(torch.cuda.get_device_properties(index).uuid)
+    except (AssertionError, RuntimeError, AttributeError):   # no CUDA, or a torch without the field
+        return None
+    return raw if raw.startswith(("GPU-", "MIG-")) else f"GPU-{raw}"
+
+
+def nvml_handles(nvml, indices: list[int] | None = None) -> list[tuple[int, str, object]]:
+    """[(CUDA index, UUID, NVML handle)] for the given CUDA devices of this process (default: all it
+    can see), matched by UUID. Raises when a device cannot be matched."""
+    indices = list(range(torch.cuda.device_count())) if indices is None else indices
+    out = []
+    for i in indices:
+        uuid = cuda_uuid(i)
+        if uuid is None:
+            raise RuntimeError(f"CUDA device {i} has no UUID")
+        out.append((i, uuid, nvml.nvmlDeviceGetHandleByUUID(uuid)))
+    return out
+
+
 class GPUSampler:
-    """Samples every visible GPU (or the given indices) on a daemon thread until `stop()`."""
+    """Samples the GPUs this process uses (CUDA indices `indices`, default all it can see), matched
+    to NVML by UUID, on a daemon thread until `stop()`."""
 
     def __init__(self, interval_s: float = 0.1, indices: list[int] | None = None, log=print):
         self.interval_s = interval_s
         self.samples: list[dict] = []
         self.available = False
         self.reason = ""
+        self.uuids: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
@@ -31,12 +62,13 @@ class GPUSampler:
             import pynvml  # from nvidia-ml-py
 
             pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
             self._nvml = pynvml
-            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in (indices if indices is not None else range(count))]
+            matched = nvml_handles(pynvml, indices)
+            self._handles = [(i, h) for i, _, h in matched]
+            self.uuids = {i: u for i, u, _ in matched}
             self.available = bool(self._handles)
             if not self.available:
-                self.reason = "NVML reports no GPU"
+                self.reason = "no CUDA device visible to this process"
         except Exception as e:  # no driver / no library: a CPU machine
             self.reason = f"no NVIDIA GPU telemetry ({type(e).__name__}: {e})".strip()
         if not self.available:
@@ -93,7 +125,8 @@ class GPUSampler:
         utils = [s["utilization_pct"] for s in self.samples]
         mems = [s["memory_used_mib"] for s in self.samples]
         return {"samples": len(self.samples), "utilization_mean_pct": sum(utils) / len(utils),
-                "utilization_max_pct": max(utils), "memory_used_max_mib": max(mems)}
+                "utilization_max_pct": max(utils), "memory_used_max_mib": max(mems),
+                "gpus": {str(i): u for i, u in self.uuids.items()}}
 
     def write_csv(self, path) -> None:
         buf = io.StringIO()

@@ -1,6 +1,7 @@
 """The run directory: everything a run produced, each file written atomically.
 
 runs/<name>/ config.json  env.json  metrics.jsonl  events.out.tfevents.*  checkpoint.pt  summary.json  gpu.csv
+             nvidia-smi-busy.txt (on a GPU: nvidia-smi taken during the first timed epoch/steps)
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class RunDir:
     @property
     def checkpoint(self) -> Path:
         return self.path / "checkpoint.pt"
+
+    def write_text(self, name: str, text: str) -> Path:
+        return atomic_write_text(self.path / name, text)
 
     def write_json(self, name: str, obj: Any) -> Path:
         return atomic_write_json(self.path / name, obj)

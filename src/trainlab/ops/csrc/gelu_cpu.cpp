@@ -1,8 +1,10 @@
-// GELU forward and backward for CPU: one fused pass over memory each, vectorized and parallel.
+// GELU forward, backward and double backward for CPU: one fused pass over memory each, vectorized
+// and parallel.
 //
-// Registered as real operators `trainlab::gelu_fwd` and `trainlab::gelu_bwd` (schemas below), so
-// autograd, FakeTensor and torch.compile treat them like any ATen op. The autograd formula and the
-// fake (meta) implementation are registered from Python in trainlab/ops/gelu_cpp.py.
+// Registered as real operators `trainlab::gelu_fwd`, `trainlab::gelu_bwd` and `trainlab::gelu_bwd2`
+// (schemas below), so autograd, FakeTensor and torch.compile treat them like any ATen op. The
+// autograd formulas and the fake (meta) implementations are registered from Python in
+// trainlab/ops/gelu_cpp.py; the derivatives are derived in trainlab/ops/gelu_math.py.
 //
 // Why TensorIterator + cpu_kernel_vec rather than a hand-written loop over data_ptr():
 //   * it handles every layout without a `.contiguous()` copy: contiguous and channels-last tensors
@@ -126,6 +128,26 @@ template <typename T> inline T bwd_tanh(T g, T x) {
   return g * (left + right);
 }
 
+// Double backward: the x-gradient of g * d(x) for an incoming gg is gg * g * d'(x).
+//   exact: d' = phi(x) (2 - x^2)
+//   tanh:  d' = (1 - t^2) (u' + x/2 (u'' - 2 t u'^2)),  u' = beta (1 + 3 kappa x^2),  u'' = 6 beta kappa x
+// with 1 - t^2 = sech^2 u = 4e / (1 + e)^2, e = exp(-2|u|): `1 - t*t` cancels to nothing in float32
+// once t rounds to 1, and this derivative multiplies the loss by x u'^2 (see gelu_math.py).
+template <typename T> inline T bwd2_exact(T gg, T g, T x) {
+  const T x2 = x * x;
+  return gg * g * T(kInvSqrt2Pi) * std::exp(T(-0.5) * x2) * (T(2) - x2);
+}
+template <typename T> inline T bwd2_tanh(T gg, T g, T x) {
+  const T x2 = x * x;
+  const T u = T(kBeta) * (x + T(kKappa) * x2 * x);
+  const T t = std::tanh(u);
+  const T e = std::exp(T(-2) * std::abs(u));
+  const T sech2 = T(4) * e / ((T(1) + e) * (T(1) + e));
+  const T du = T(kBeta) * (T(1) + T(3 * kKappa) * x2);
+  const T d2u = T(6 * kBeta * kKappa) * x;
+  return gg * g * sech2 * (du + T(0.5) * x * (d2u - T(2) * t * du * du));
+}
+
 // ---- the same math on Vectorized<T> (T = float or double) ----------------------------------------
 
 template <typename T> inline Vectorized<T> vfwd_exact(Vectorized<T> x) {
@@ -150,6 +172,24 @@ template <typename T> inline Vectorized<T> vbwd_tanh(Vectorized<T> g, Vectorized
   const Vectorized<T> left = half * (one + t);
   const Vectorized<T> right = half * x * (one - t * t) * beta * (one + kappa3 * x2);
   return g * (left + right);
+}
+
+template <typename T> inline Vectorized<T> vbwd2_exact(Vectorized<T> gg, Vectorized<T> g, Vectorized<T> x) {
+  const Vectorized<T> inv{T(kInvSqrt2Pi)}, mhalf{T(-0.5)}, two{T(2)};
+  const Vectorized<T> x2 = x * x;
+  return gg * g * inv * (mhalf * x2).exp() * (two - x2);
+}
+template <typename T> inline Vectorized<T> vbwd2_tanh(Vectorized<T> gg, Vectorized<T> g, Vectorized<T> x) {
+  const Vectorized<T> half{T(0.5)}, one{T(1)}, two{T(2)}, four{T(4)}, mtwo{T(-2)}, beta{T(kBeta)},
+      kappa{T(kKappa)}, kappa3{T(3 * kKappa)}, c2{T(6 * kBeta * kKappa)};
+  const Vectorized<T> x2 = x * x;
+  const Vectorized<T> u = beta * (x + kappa * x2 * x);
+  const Vectorized<T> t = u.tanh();
+  const Vectorized<T> e = (mtwo * u.abs()).exp();
+  const Vectorized<T> sech2 = four * e / ((one + e) * (one + e));
+  const Vectorized<T> du = beta * (one + kappa3 * x2);
+  const Vectorized<T> d2u = c2 * x;
+  return gg * g * sech2 * (du + half * x * (d2u - two * t * du * du));
 }
 
 // ---- kernels --------------------------------------------------------------------------------------
@@ -210,6 +250,42 @@ void backward_kernel(at::TensorIteratorBase& iter) {
   }
 }
 
+template <typename scalar_t, bool kTanh>
+void double_backward_kernel(at::TensorIteratorBase& iter) {
+  if constexpr (c10::is_reduced_floating_point_v<scalar_t>) {
+    at::native::cpu_kernel_vec(
+        iter,
+        [](scalar_t gg, scalar_t g, scalar_t x) -> scalar_t {
+          const float a = static_cast<float>(gg), b = static_cast<float>(g), c = static_cast<float>(x);
+          return static_cast<scalar_t>(kTanh ? bwd2_tanh(a, b, c) : bwd2_exact(a, b, c));
+        },
+        [](Vectorized<scalar_t> gg, Vectorized<scalar_t> g, Vectorized<scalar_t> x) -> Vectorized<scalar_t> {
+          auto [a0, a1] = at::vec::convert_to_float<scalar_t>(gg);
+          auto [b0, b1] = at::vec::convert_to_float<scalar_t>(g);
+          auto [c0, c1] = at::vec::convert_to_float<scalar_t>(x);
+          if constexpr (kTanh) {
+            return at::vec::convert_from_float<scalar_t>(vbwd2_tanh(a0, b0, c0), vbwd2_tanh(a1, b1, c1));
+          } else {
+            return at::vec::convert_from_float<scalar_t>(vbwd2_exact(a0, b0, c0), vbwd2_exact(a1, b1, c1));
+          }
+        });
+  } else {
+    at::native::cpu_kernel_vec(
+        iter,
+        [](scalar_t gg, scalar_t g, scalar_t x) -> scalar_t { return kTanh ? bwd2_tanh(gg, g, x) : bwd2_exact(gg, g, x); },
+        [](Vectorized<scalar_t> gg, Vectorized<scalar_t> g, Vectorized<scalar_t> x) -> Vectorized<scalar_t> {
+          if constexpr (kTanh) return vbwd2_tanh(gg, g, x); else return vbwd2_exact(gg, g, x);
+        });
+  }
+}
+
+inline void check_like_x(const at::Tensor& t, const at::Tensor& x, const char* op, const char* what) {
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "trainlab::", op, ": ", what, " dtype ", t.scalar_type(),
+              " differs from x dtype ", x.scalar_type());
+  TORCH_CHECK(t.sizes() == x.sizes(), "trainlab::", op, ": ", what, " shape ", t.sizes(), " differs from x shape ",
+              x.sizes());
+}
+
 at::Tensor gelu_fwd_cpu(const at::Tensor& x, c10::string_view approximate) {
   check_dtype(x, "x");
   const Approx approx = parse_approximate(std::string_view(approximate.data(), approximate.size()));
@@ -230,10 +306,7 @@ at::Tensor gelu_fwd_cpu(const at::Tensor& x, c10::string_view approximate) {
 
 at::Tensor gelu_bwd_cpu(const at::Tensor& grad, const at::Tensor& x, c10::string_view approximate) {
   check_dtype(x, "x");
-  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), "trainlab::gelu_bwd: grad dtype ", grad.scalar_type(),
-              " differs from x dtype ", x.scalar_type());
-  TORCH_CHECK(grad.sizes() == x.sizes(), "trainlab::gelu_bwd: grad shape ", grad.sizes(), " differs from x shape ",
-              x.sizes());
+  check_like_x(grad, x, "gelu_bwd", "grad");
   const Approx approx = parse_approximate(std::string_view(approximate.data(), approximate.size()));
   at::Tensor out = at::empty_like(x);
   auto iter = at::TensorIteratorConfig()
@@ -249,6 +322,27 @@ at::Tensor gelu_bwd_cpu(const at::Tensor& grad, const at::Tensor& x, c10::string
   return out;
 }
 
+at::Tensor gelu_bwd2_cpu(const at::Tensor& grad_grad, const at::Tensor& grad, const at::Tensor& x,
+                         c10::string_view approximate) {
+  check_dtype(x, "x");
+  check_like_x(grad, x, "gelu_bwd2", "grad");
+  check_like_x(grad_grad, x, "gelu_bwd2", "grad_grad");
+  const Approx approx = parse_approximate(std::string_view(approximate.data(), approximate.size()));
+  at::Tensor out = at::empty_like(x);
+  auto iter = at::TensorIteratorConfig()
+                  .add_output(out)
+                  .add_const_input(grad_grad)
+                  .add_const_input(grad)
+                  .add_const_input(x)
+                  .check_all_same_dtype(true)
+                  .build();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "trainlab_gelu_bwd2", [&] {
+    if (approx == Approx::Tanh) double_backward_kernel<scalar_t, true>(iter);
+    else double_backward_kernel<scalar_t, false>(iter);
+  });
+  return out;
+}
+
 }  // namespace trainlab_gelu
 
 // FRAGMENT rather than TORCH_LIBRARY: the `trainlab` namespace may also hold ops defined elsewhere
@@ -256,9 +350,11 @@ at::Tensor gelu_bwd_cpu(const at::Tensor& grad, const at::Tensor& x, c10::string
 TORCH_LIBRARY_FRAGMENT(trainlab, m) {
   m.def("gelu_fwd(Tensor x, str approximate) -> Tensor");
   m.def("gelu_bwd(Tensor grad, Tensor x, str approximate) -> Tensor");
+  m.def("gelu_bwd2(Tensor grad_grad, Tensor grad, Tensor x, str approximate) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(trainlab, CPU, m) {
   m.impl("gelu_fwd", &trainlab_gelu::gelu_fwd_cpu);
   m.impl("gelu_bwd", &trainlab_gelu::gelu_bwd_cpu);
+  m.impl("gelu_bwd2", &trainlab_gelu::gelu_bwd2_cpu);
 }
