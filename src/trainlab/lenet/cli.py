@@ -87,7 +87,7 @@ def add_parser(subparsers) -> None:
     add_flags(p, TrainConfig)
     p.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue an interrupted run from its checkpoint")
     p.add_argument("--nproc", type=int, default=1,
-                   help="processes on this node (relaunches under torchrun; with --parallel ddp|allreduce)")
+                   help="processes on this node (relaunches under torchrun; with --parallel ddp|allreduce|ring)")
     p.set_defaults(func=run_train)
 
     e = subparsers.add_parser("eval", help="re-evaluate a checkpoint on the test set")
@@ -97,8 +97,9 @@ def add_parser(subparsers) -> None:
     e.add_argument("--json", action="store_true", help="print JSON")
     e.set_defaults(func=run_eval)
 
-    d = subparsers.add_parser("dp", help="data-parallel LeNet-5: compare none / dp / ddp / allreduce",
-                              description="Data-parallel LeNet-5: single process, nn.DataParallel, DDP and a hand-written all-reduce.")
+    d = subparsers.add_parser("dp", help="data-parallel LeNet-5: compare none / dp / ddp / allreduce / ring",
+                              description="Data-parallel LeNet-5: single process, nn.DataParallel, DDP, a hand-written "
+                                          "bucketed all-reduce and a ring all-reduce from send/recv.")
     sub = d.add_subparsers(dest="dp_command", metavar="SUBCOMMAND")
     sub.required = True
     add_command(sub, "compare", "run several modes on the same global batches and say where the time goes",

@@ -47,7 +47,7 @@ class TrainConfig(Config):
     amp: str = opt("auto", "auto (bf16 autocast on CUDA) | bf16 | off")
     channels_last: str = opt("auto", "auto (on CUDA) | on | off")
     compile: bool = opt(False, "torch.compile the model (compile time reported separately)")
-    parallel: str = opt("none", "none | dp | ddp | allreduce (see `trainlab dp`)")
+    parallel: str = opt("none", "none | dp | ddp | allreduce | ring (see `trainlab dp`)")
     seed: int = opt(0, "seeds init, shuffling and augmentation; same seed → same curve on CPU")
     eval_batch_size: int = opt(2000, "test-set batch size (no gradients, so large is fine)")
     step_timing: bool = opt(False, "split each step into data / compute / communication time (syncs every step)")

@@ -36,7 +36,7 @@ from trainlab.distributed.wrappers import wrap_ddp
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.lenet.allreduce import HandAllReduce, broadcast_parameters
 from trainlab.lenet.dataparallel import check_data_parallel, wrap_data_parallel
-from trainlab.lenet.ring import RingAllReduce, measure_link_bandwidth
+from trainlab.lenet.ring import RingAllReduce, measure_allreduce_seconds, measure_link_bandwidth
 from trainlab.stats import summarize
 
 MODES = ("none", "dp", "ddp", "allreduce", "ring")
@@ -64,6 +64,7 @@ class StepTimer:
         self.comm_overlapped = False
         self.grad_bytes: int | None = None        # bytes all-reduced per step
         self.link_bytes_per_s: float | None = None  # measured ring-hop bandwidth (the bound's B)
+        self.allreduce_s: float | None = None       # one all-reduce of grad_bytes, all ranks starting together
         self.bytes_sent = None                    # callable: bytes this rank sent last step (ring)
         self._sent: list[int] = []
         self._pending_comm = 0.0
@@ -113,7 +114,7 @@ class StepTimer:
         ms = lambda xs: summarize([x * 1e3 for x in xs])  # noqa: E731
         return {"steps": len(self.data), "data_ms": ms(self.data), "compute_ms": ms(self.compute),
                 "comm_ms": ms(self.comm), "comm_overlapped": self.comm_overlapped, "grad_bytes": self.grad_bytes,
-                "link_bytes_per_s": self.link_bytes_per_s,
+                "link_bytes_per_s": self.link_bytes_per_s, "allreduce_ms": self.allreduce_s * 1e3 if self.allreduce_s else None,
                 "bytes_sent_per_step": max(self._sent) if self._sent else None}
 
 
@@ -163,6 +164,11 @@ class DataParallelContext:
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.mode == "dp":
             return wrap_data_parallel(model)
+        if self.timer.enabled and self.multi_process:  # for the bandwidth columns of `dp compare`
+            self.timer.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+            self.timer.link_bytes_per_s = measure_link_bandwidth(self.timer.grad_bytes, self.device)
+            self.timer.allreduce_s = measure_allreduce_seconds("ring" if self.mode == "ring" else "builtin",
+                                                               self.timer.grad_bytes, self.device)
         if self.mode == "ddp":
             ddp = wrap_ddp(model, self.device)  # broadcasts rank 0's weights
             if self.timer.enabled:
@@ -177,9 +183,6 @@ class DataParallelContext:
                 self.timer.comm_overlapped = True
                 self._reducer = RingAllReduce(model, self.world_size, on_comm=self.timer.add_comm if self.timer.enabled else None)
                 self.timer.bytes_sent = lambda: self._reducer.bytes_sent
-        if self.timer.enabled and self.mode in MULTI_PROCESS_MODES and self.world_size > 1:
-            self.timer.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-            self.timer.link_bytes_per_s = measure_link_bandwidth(self.timer.grad_bytes, self.device)
         return model
 
     def after_backward(self, model: nn.Module) -> None:

@@ -89,26 +89,39 @@ def ring_allreduce_(flat: torch.Tensor, group=None) -> int:
     return sent
 
 
-def measure_link_bandwidth(nbytes: int, device: torch.device, group=None, repeats: int = 10) -> float:
-    """Bytes/s of one ring hop: every rank sends `nbytes` to its right neighbour while receiving as
-    much from its left one (the pattern of each ring step), median over `repeats` after a warm-up.
-    This is the B of the 2(W−1)/W·S/B bound."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    right, left = _peer(group, (rank + 1) % world), _peer(group, (rank - 1) % world)
-    n = max(1, nbytes // 4)
-    send = torch.ones(n, device=device)
-    recv = torch.empty_like(send)
+def median_seconds(fn, device: torch.device, group=None, repeats: int = 20) -> float:
+    """Median wall time of `fn()` over `repeats` calls after one warm-up call, every rank starting
+    together (barrier) so that the time is the operation's own, not a wait for a late peer."""
     times = []
     for i in range(repeats + 1):
         dist.barrier(group=group)
         synchronize(device)
         t0 = time.perf_counter()
-        _exchange(send, recv, right, left, group)
+        fn()
         synchronize(device)
-        if i:  # the first exchange sets up the connection
+        if i:  # the first call sets up connections and buffers
             times.append(time.perf_counter() - t0)
     times.sort()
-    return n * 4 / times[len(times) // 2]
+    return times[len(times) // 2]
+
+
+def measure_link_bandwidth(nbytes: int, device: torch.device, group=None, repeats: int = 20) -> float:
+    """Bytes/s of one ring hop: every rank sends `nbytes` to its right neighbour while receiving as
+    much from its left one (the pattern of each ring step). This is the B of the 2(W−1)/W·S/B bound."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    right, left = _peer(group, (rank + 1) % world), _peer(group, (rank - 1) % world)
+    send = torch.ones(max(1, nbytes // 4), device=device)
+    recv = torch.empty_like(send)
+    return send.numel() * 4 / median_seconds(lambda: _exchange(send, recv, right, left, group), device, group, repeats)
+
+
+def measure_allreduce_seconds(algorithm: str, nbytes: int, device: torch.device, group=None, repeats: int = 20) -> float:
+    """Median time of one all-reduce of `nbytes` (float32) by `algorithm` — "ring" (ours) or "builtin"
+    (`dist.all_reduce`, what DDP and `--parallel allreduce` call) — with all ranks starting together."""
+    flat = torch.ones(max(1, nbytes // 4), device=device)
+    if algorithm == "ring":
+        return median_seconds(lambda: ring_allreduce_(flat, group), device, group, repeats)
+    return median_seconds(lambda: dist.all_reduce(flat, group=group), device, group, repeats)
 
 
 class RingAllReduce:
