@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from trainlab.data.loader import shard_bounds
 from trainlab.device import resolve_device, synchronize
 from trainlab.distributed.failure import raise_if_peer_failure
 from trainlab.distributed.launch import (DEFAULT_TIMEOUT_S, DistInfo, destroy_distributed, dist_timeout_s,
@@ -196,6 +197,12 @@ class DataParallelContext:
     @property
     def multi_process(self) -> bool:
         return self.world_size > 1 and self.mode in MULTI_PROCESS_MODES
+
+    def rank_batches(self, global_batch: int) -> str | None:
+        """"85, 85, 86": the rows each rank gets of a full global batch (None in a single process)."""
+        if not self.multi_process:
+            return None
+        return ", ".join(str(hi - lo) for lo, hi in (shard_bounds(global_batch, r, self.world_size) for r in range(self.world_size)))
 
     def shard_weights(self, batches) -> list[float] | None:
         """Per step, the factor W·n_rank/n_global for this rank's mean loss (None: nothing to weight)."""

@@ -88,7 +88,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
         run.write_json("config.json", cfg.to_dict())
         run.write_json("env.json", env)
     log(format_header({**cfg.to_dict(), "run_dir": str(run.path), "params": params, "data_source": data.source,
-                       "resumed_from_epoch": start_epoch if ckpt else None}, env))
+                       "resumed_from_epoch": start_epoch if ckpt else None,
+                       "rank_batches": par.rank_batches(cfg.batch_size)}, env))
     writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=global_step if ckpt else None)
     if writer is not None and ckpt is None:
         _log_graph(writer, model, next(iter(test_batches))[0][:8])
