@@ -59,3 +59,15 @@ def test_train_resume_relaunches_under_torchrun(tmp_path):
     assert [r["epoch"] for r in records] == [1, 2] and json.loads(first[0]) == records[0]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["parallel"] == "ddp" and summary["epochs"] == 2
+
+
+def test_train_ring_on_three_ranks_with_uneven_shards_from_the_cli(tmp_path, capfd):
+    # 64 images over 3 ranks: 21, 21, 22 — accepted, weighted, and the run directory says ring × 3.
+    run = tmp_path / "ring3"
+    assert main(["train", "--parallel", "ring", "--nproc", "3", "--device", "cpu", "--epochs", "1", "--train-subset", "300",
+                 "--test-subset", "100", "--batch-size", "64", "--no-progress", "--no-tensorboard", "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 3 and summary["parallel"] == "ring"
+    assert int(sum(map(sum, summary["confusion_matrix"]))) == 100  # the sharded test set, gathered whole
+    out = capfd.readouterr().out
+    assert "21, 21, 22" in out and "train_acc" in out

@@ -7,9 +7,11 @@ removed choice) or was never run is a defect. For each `trainlab …` command in
    - run here (`train` and `sweep` commands: the doc's command with small-size overrides appended —
      argparse keeps the last value, so only sizes, device and output change), or
    - found in a test or benchmark: some invocation in tests/*.py (a list literal such as
-     `main(["train", ...])`, module-level lists expanded) or benchmarks/*.sh (a `trainlab …` /
+     `main(["train", ...])` inside a test function, module-level lists expanded; functions that test
+     rejections — named bad/error/reject/… — and this file do not count) or benchmarks/*.sh (a `trainlab …` /
      `-m trainlab …` line, arrays defined in the script expanded) has the same subcommand and every
-     flag the doc uses, with the same value unless the value is a size, a path or a placeholder.
+     flag the doc uses, with the same value unless the value is a size, a path or a placeholder (a
+     script that passes its own arguments on with "$@" accepts any further flag).
 Scripts the doc names (`python benchmarks/x.py`, `bash benchmarks/x.sh`, `make x`) must exist.
 The checker is tested on a made-up document, so that it can fail.
 """
@@ -29,6 +31,7 @@ from trainlab import cli
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "lab-walkthrough.md"
 ANY = "<any>"  # a value the source computes (a variable, a path built at run time)
+OPEN = "<open>"  # a script's "$@": whatever flags its caller passes on
 # flags whose value never decides whether a command was exercised: sizes, places, seeds, devices
 FREE = {"out", "json", "md", "data_dir", "seed", "seeds", "epochs", "train_subset", "test_subset", "batch_size",
         "eval_batch_size", "steps", "warmup", "global_batch", "micro_batch", "seq", "n", "budget", "sizes", "name",
@@ -80,7 +83,8 @@ def invocations(root: Path = ROOT) -> list[list[str]]:
     names = set(_subparsers(cli.build_parser()))
     found = []
     for path in sorted((root / "tests").glob("*.py")) + sorted((root / "benchmarks").glob("*.py")):
-        found += _python_lists(path.read_text(), names)
+        if path.name != Path(__file__).name:  # this file's made-up commands exercise nothing
+            found += _python_lists(path.read_text(), names)
     for path in sorted((root / "benchmarks").glob("*.sh")):
         found += _shell_commands(path.read_text())
     return found
@@ -93,11 +97,20 @@ def _python_lists(source: str, names: set[str]) -> list[list[str]]:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
                 and isinstance(node.value, ast.List):
             constants[node.targets[0].id] = node.value.elts
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant) and node.elts[0].value in names:
-            out.append(_flatten(node.elts, constants))
+    out, seen = [], set()
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or REJECTS.search(func.name):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.List) and id(node) not in seen and node.elts and isinstance(node.elts[0], ast.Constant) \
+                    and node.elts[0].value in names:
+                seen.add(id(node))
+                out.append(_flatten(node.elts, constants))
     return out
+
+
+# tests of refusals run a command only to see it rejected: that exercises nothing a student would type
+REJECTS = re.compile(r"bad|error|reject|refus|invalid|hostile|corrupt|missing|fail|wrong|unknown|broken")
 
 
 def _flatten(elts, constants) -> list[str]:
@@ -119,6 +132,9 @@ def _shell_commands(source: str) -> list[list[str]]:
     for line in text.splitlines():
         if "trainlab" not in line or line.lstrip().startswith("#"):
             continue
+        definition = re.fullmatch(r"\s*\w+=\((.*)\)\s*", line)  # CMD=(... -m trainlab ...)
+        if definition:
+            line = definition.group(1)
         for name, body in arrays.items():
             line = line.replace(f'"${{{name}[@]}}"', body).replace(f"${{{name}[@]}}", body)
         line = line.split("|")[0].split(">")[0].split(";")[0]
@@ -128,7 +144,7 @@ def _shell_commands(source: str) -> list[list[str]]:
             continue
         for i, tok in enumerate(tokens):
             if tok == "trainlab" and i and tokens[i - 1] == "-m":
-                out.append([ANY if "$" in t else t for t in tokens[i + 1:]])
+                out.append([OPEN if t == "$@" else ANY if "$" in t else t for t in tokens[i + 1:]])
                 break
     return out
 
@@ -185,7 +201,9 @@ def exercised_by(doc_argv: list[str], found: list[list[str]], parser=None) -> bo
         ipath, iflags = signature(inv, parser)
         if ipath != path:
             continue
-        if all(dest in iflags and all(_free(dest, v) or v in iflags[dest] or ANY in iflags[dest] for v in values)
+        open_ = OPEN in inv
+        if all((dest not in iflags and open_) or
+               (dest in iflags and all(_free(dest, v) or v in iflags[dest] or ANY in iflags[dest] for v in values))
                for dest, values in flags.items()):
             return True
     return False
@@ -322,6 +340,11 @@ def test_invocations_are_read_from_python_lists_and_shell_scripts(tmp_path):
         'def test(tmp):\n    main(["train", "--act", "gelu-cpp", *SMALL, "--out", str(tmp)])\n'
         '    other = ["not", "a", "command"]\n')
     (tmp_path / "benchmarks" / "b.sh").write_text(
-        'COMMON=(--model tiny --steps 2)\n$PY -m trainlab gpt bench "${COMMON[@]}" --strategy "$S" --json "$OUT/x.json" > log\n')
+        'COMMON=(--model tiny --steps 2)\n$PY -m trainlab gpt bench "${COMMON[@]}" --strategy "$S" --json "$OUT/x.json" > log\n'
+        'CMD=("$PY" -m trainlab dp compare --modes "$MODES" "$@")\n')
     assert invocations(tmp_path) == [["train", "--act", "gelu-cpp", "--epochs", "1", "--out", ANY],
-                                     ["gpt", "bench", "--model", "tiny", "--steps", "2", "--strategy", ANY, "--json", ANY]]
+                                     ["gpt", "bench", "--model", "tiny", "--steps", "2", "--strategy", ANY, "--json", ANY],
+                                     ["dp", "compare", "--modes", ANY, OPEN]]
+    found = invocations(tmp_path)
+    assert exercised_by(["dp", "compare", "--modes", "ring", "--threads", "1"], found)  # passed on by "$@"
+    assert not exercised_by(["gpt", "bench", "--model", "tiny", "--impl", "hf"], found)  # no "$@" there

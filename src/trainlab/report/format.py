@@ -32,6 +32,8 @@ def seconds(v) -> str:
     """A duration: 412 ms, 2.35 s, 25.5 s, 312 s, 1 h 02 min."""
     if _missing(v):
         return MISSING
+    if v == 0:
+        return "0 s"
     if v < 1:
         return f"{v * 1e3:.3g} ms"
     if v < 10:

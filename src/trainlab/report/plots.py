@@ -64,8 +64,10 @@ def accuracy_curve(run, path: Path) -> Path | None:
         ax.plot(x, y, lw=0.5, alpha=0.35, color="#4c72b0", label="train accuracy (per step, its batch)")
     epochs = [r["epoch"] for r in run.epochs]
     if any("train_accuracy" in r for r in run.epochs):
-        ax.plot(epochs, [r.get("train_accuracy") for r in run.epochs], "o-", color="#4c72b0", label="train accuracy (epoch, running)")
-    ax.plot(epochs, [r["test_accuracy"] for r in run.epochs], "s-", color="#dd8452", label="test accuracy")
+        # a mean over the epoch's steps, so it belongs to the middle of the epoch, not its end
+        ax.plot([e - 0.5 for e in epochs], [r.get("train_accuracy") for r in run.epochs], "o-", color="#4c72b0",
+                label="train accuracy (epoch mean, at mid-epoch)")
+    ax.plot(epochs, [r["test_accuracy"] for r in run.epochs], "s-", color="#dd8452", label="test accuracy (end of epoch)")
     ax.axhline(99.0, color="gray", ls="--", lw=0.8)
     top = [r["test_accuracy"] for r in run.epochs] + [r["train_accuracy"] for r in run.epochs if r.get("train_accuracy") is not None]
     ax.set_ylim(max(0.0, min(min(top) - 1.0, 97.0)), 100.2)
