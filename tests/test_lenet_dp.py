@@ -127,7 +127,7 @@ def test_step_timing_splits_every_step(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["ddp", "allreduce"])
+@pytest.mark.parametrize("mode", ["ddp", "allreduce", "ring"])
 def test_world_of_one_on_cuda_matches_the_plain_trainer(tmp_path, mode):
     # NCCL group of one (ddp) / no group (allreduce) on the GPU: same run as `none` up to kernel nondeterminism.
     cuda = {**SMALL, "device": "cuda", "amp": "off", "channels_last": "off"}

@@ -145,6 +145,14 @@ def test_uneven_shards_train_exactly_like_one_process(job, mode):
     assert [r["train_accuracy"] for r in a] == pytest.approx([r["train_accuracy"] for r in b], abs=0.5)
 
 
+def test_ring_training_equals_ddp_training(job):
+    # The two multi-process implementations side by side (each also equals one process, above).
+    world, tmp, _, _ = job
+    ring, ddp = _params(tmp / "ring"), _params(tmp / "ddp")
+    for k in ddp:
+        torch.testing.assert_close(ring[k], ddp[k], rtol=1e-5, atol=1e-6, msg=f"ring vs ddp ×{world}: {k}")
+
+
 def test_sharded_evaluation_equals_one_process(job):
     # Each rank scored its shard of the 203 test images (uneven: 203 = 101 + 102, 50 + 51 + 51 + 51);
     # the gathered confusion matrix, loss and per-image predictions are one model's.
@@ -170,3 +178,20 @@ def test_unweighted_averaging_would_be_measurably_wrong():
     loader = DeviceLoader(images, labels, 30, "cpu", rank=0, world_size=4, seed=3)
     assert any(w != 1.0 for w in loader.shard_weights())
     assert loader.shard_weights()[-1] == pytest.approx(4 * 2 / 10)  # last global batch: 2, 3, 2, 3 rows
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="a NCCL ring needs 2+ GPUs (one rank per GPU)")
+def test_ring_on_two_gpus_equals_one_gpu(tmp_path):
+    # The CUDA path: NCCL send/recv grouped by batch_isend_irecv, the comm stream waiting on the
+    # backward's events, the optimizer's stream waiting on the comm stream. 2 ranks, uneven shards.
+    from trainlab.cli import main
+
+    small = ["--epochs", "1", "--train-subset", "1000", "--test-subset", "500", "--batch-size", "99", "--optimizer", "sgd",
+             "--lr", "0.05", "--amp", "off", "--channels-last", "off", "--no-progress", "--no-tensorboard", "--no-gpu-telemetry"]
+    assert main(["train", *small, "--device", "cuda", "--out", str(tmp_path / "one")]) == 0
+    assert main(["train", *small, "--device", "cuda", "--parallel", "ring", "--nproc", "2", "--out", str(tmp_path / "ring")]) == 0
+    ref, got = _params(tmp_path / "one"), _params(tmp_path / "ring")
+    for k in ref:
+        torch.testing.assert_close(got[k].cpu(), ref[k].cpu(), rtol=1e-3, atol=1e-4, msg=k)
+    assert json.loads((tmp_path / "ring" / "summary.json").read_text())["world_size"] == 2

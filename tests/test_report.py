@@ -125,6 +125,10 @@ def test_gpu_record_is_plotted(runs, tmp_path):
     page = check_page(out)
     assert "run0_gpu_timeline.png" in page.images
     assert "No GPU record" not in " ".join(page.text)
+    # the summary (first screen) carries the utilization figure and its mean/max (90..94 %, mean 92 %)
+    assert page.images[0] == "summary_gpu_timeline.png"
+    summary = (out / "report.md").read_text().split("## Training run")[0]
+    assert "92 % mean, 94 % max" in summary
 
 
 def test_report_with_gelu_check_and_gpt_bench_json(runs, tmp_path, capsys):

@@ -154,7 +154,7 @@ def test_gpu_choice(monkeypatch):
 
 # ---- real sweeps on the CPU --------------------------------------------------------------------
 
-def test_cpu_sweep_writes_run_dirs_resumes_and_the_report_groups_them(tmp_path, capsys):
+def test_cpu_sweep_writes_run_dirs_resumes_and_the_report_groups_them(tmp_path, capsys, monkeypatch):
     out = tmp_path / "sw"
     argv = ["sweep", "--optimizer", "adam,sgd", "--lr", "2e-3", "--seeds", "2", "--out", str(out), *TINY]
     assert main(argv) == 0
@@ -181,6 +181,13 @@ def test_cpu_sweep_writes_run_dirs_resumes_and_the_report_groups_them(tmp_path, 
         row = next(line for line in md.splitlines() if line.startswith(f"| optimizer={opt_name} |"))
         assert f"{statistics.mean(a):.2f} ± {statistics.stdev(a):.2f} %" in row and "| 2 (0, 1) |" in row
     assert "compare_optimizer.png" in md and "compare_seed.png" not in md and "compare_lr.png" not in md
+    # with more runs than fit one screen, the summary shows the groups instead of every run
+    from trainlab.report import build
+
+    monkeypatch.setattr(build, "SUMMARY_MAX_RUN_ROWS", 3)
+    assert main(["report", str(out), "-o", str(tmp_path / "report2")]) == 0
+    summary = (tmp_path / "report2" / "report.md").read_text().split("## Comparison")[0]
+    assert "| optimizer=adam | 2 (0, 1) |" in summary and "optimizer=adam_seed=0" not in summary
 
 
 def test_gpu_branch_runs_each_run_in_its_own_process(tmp_path, monkeypatch, capsys):

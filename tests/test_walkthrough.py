@@ -348,3 +348,31 @@ def test_invocations_are_read_from_python_lists_and_shell_scripts(tmp_path):
     found = invocations(tmp_path)
     assert exercised_by(["dp", "compare", "--modes", "ring", "--threads", "1"], found)  # passed on by "$@"
     assert not exercised_by(["gpt", "bench", "--model", "tiny", "--impl", "hf"], found)  # no "$@" there
+
+
+def test_the_handout_numbers_quoted_in_the_walkthrough():
+    # The parameter counts and FLOPs per token the walkthrough quotes, recomputed here: the handout's
+    # get_model_size verbatim on our 1.6B model (meta device: shapes only), our count, the FLOP formulas.
+    import torch
+
+    from trainlab.gpt.flops import attention_flops_per_token, flops_per_token, hardware_flops_per_token
+    from trainlab.gpt.model import GPT, count_params, get_preset
+
+    cfg = get_preset("gpt2-1.6b")
+    with torch.device("meta"):
+        model = GPT(cfg)
+
+    def get_model_size(model):  # the handout's, verbatim
+        total_numel = 0
+        for module in model.modules():
+            for p in module.parameters(recurse=False):
+                total_numel += p.numel()
+        return total_numel
+
+    handout, ours = get_model_size(model), sum(p.numel() for p in model.parameters())
+    assert (handout, ours) == (1_638_022_400, 1_557_611_200) and ours == count_params(cfg)
+    assert handout - ours == cfg.vocab_size * cfg.n_embd  # the tied embedding, counted twice
+    text = DOC.read_text()
+    for n in (handout, ours, handout - ours, 6 * ours, attention_flops_per_token(cfg, 1024), flops_per_token(cfg, 1024),
+              hardware_flops_per_token(cfg, 1024, "full"), 8 * handout):
+        assert f"{int(n):,}" in text, f"{int(n):,} not in the walkthrough"
