@@ -123,7 +123,9 @@ def test_scheduler_one_job_per_gpu_fifo_and_lowest_free_gpu():
 
 def test_scheduler_keeps_going_after_a_failure_and_reports_it():
     fake = FakeCluster(codes={"b": 3})
-    results = schedule(list("abcd"), [0, 1], fake.start, fake.wait_any)
+    heard = []
+    results = schedule(list("abcd"), [0, 1], fake.start, fake.wait_any, lambda job, gpu, code: heard.append((job, code)))
+    assert sorted(heard) == [("a", 0), ("b", 3), ("c", 0), ("d", 0)]  # each reported as it finished
     assert results[1][1] == 3 and [results[i][1] for i in (0, 2, 3)] == [0, 0, 0]
     running, most = 0, 0
     for kind, *_ in fake.log:

@@ -148,12 +148,13 @@ def resolve_gpus(spec: str, device: str) -> list[int]:
 # ---------------------------------------------------------------------------------- scheduling
 
 def schedule(jobs: list, gpus: list[int], start: Callable[[Any, int], Any], wait_any: Callable[[list], tuple[Any, int]],
-             log=print) -> dict[int, tuple[int, int]]:
+             on_done: Callable[[Any, int, int], None] | None = None) -> dict[int, tuple[int, int]]:
     """Run every job with at most one job per GPU at a time, in order, each on the lowest free GPU.
 
     `start(job, gpu)` launches a job and returns a handle; `wait_any(handles)` blocks until one of the
-    running handles finishes and returns (handle, exit code). Returns {job index: (gpu, exit code)}.
-    A failed job frees its GPU like a finished one; the others still run.
+    running handles finishes and returns (handle, exit code); `on_done(job, gpu, code)` hears of each
+    as it finishes. Returns {job index: (gpu, exit code)}. A failed job frees its GPU like a finished
+    one; the others still run.
     """
     if not gpus:
         raise ValueError("schedule needs at least one GPU")
@@ -169,6 +170,8 @@ def schedule(jobs: list, gpus: list[int], start: Callable[[Any, int], Any], wait
         handle, code = wait_any(list(running))
         index, gpu = running.pop(handle)
         results[index] = (gpu, code)
+        if on_done is not None:
+            on_done(jobs[index], gpu, code)
         free.append(gpu)
         free.sort()
     return results
@@ -231,12 +234,12 @@ def run_sweep(values: dict[str, list], sc: SweepConfig, command: str = "", log=p
             log(f"[gpu {gpu}] start {run.name}")
             return _start_process(run, gpu, root)
 
-        results = schedule(todo, gpus, start, _wait_any, log)
-        for i, run in enumerate(todo):
-            gpu, code = results[i]
+        def done(run: Run, gpu: int, code: int) -> None:
             log(f"[gpu {gpu}] {run.name}: " + (_outcome(run) if code == 0 else f"FAILED (exit {code}, log {root / 'logs' / (run.name + '.log')})"))
             if code != 0:
                 failed.append(run.name)
+
+        schedule(todo, gpus, start, _wait_any, done)
     else:
         for i, run in enumerate(todo, 1):
             log(f"== [{i}/{len(todo)}] {run.name}")
