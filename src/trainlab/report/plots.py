@@ -164,13 +164,16 @@ def sweep_lines(key: str, series: dict[str, list], path: Path, metric: str = "te
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     log = numeric and len(values) > 2 and min(values) > 0 and max(values) / min(values) >= 20
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for label, points in series.items():
-        xs = [p[0] if numeric else values.index(p[0]) for p in points]
-        ax.errorbar(xs, [p[1] for p in points], yerr=[p[2] for p in points], fmt="o-", capsize=3,
+    for k, (label, points) in enumerate(series.items()):
+        # categories (optimizer names) have no order to draw a line along: markers, nudged apart
+        nudge = 0.0 if numeric else 0.06 * (k - (len(series) - 1) / 2)
+        xs = [p[0] if numeric else values.index(p[0]) + nudge for p in points]
+        ax.errorbar(xs, [p[1] for p in points], yerr=[p[2] for p in points], fmt="o-" if numeric else "o", capsize=3,
                     label=f"{label} (n={'/'.join(str(p[3]) for p in points)})")
     if not numeric:
         ax.set_xticks(range(len(values)))
         ax.set_xticklabels([str(v) for v in values])
+        ax.set_xlim(-0.5, len(values) - 0.5)
     if log:
         ax.set_xscale("log")
     ax.set_xlabel(key)
