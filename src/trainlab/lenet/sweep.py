@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
