@@ -254,7 +254,7 @@ rank starting together, median of 20 — the comm ms/step of the first table als
 slower peer. busbw = S/t·2(W−1)/W; busbw/link is the fraction of the bound reached — for small
 messages the 2(W−1) per-hop latencies, not bandwidth, dominate. B includes the per-call overhead of
 Python send/recv, so a C++ collective (gloo's all_reduce) can exceed 100 % of it; the ring, built from
-those very calls, cannot.
+those very calls, should not (beyond noise).
 All modes use the same global batch, seed and sample order; images/s counts global images."""
 
 
