@@ -3,6 +3,7 @@
 # multi-process mode plus the DataLoader num_workers sweep, results in benchmarks/results/dp_compare.*
 #
 #   bash benchmarks/dp_compare.sh [--out DIR] [--force] [--device cpu] [--train-subset 20000] [--threads 1] [--epochs 1]
+#   NAME=dp_compare_ring MODES=ddp,allreduce,ring bash benchmarks/dp_compare.sh ...   (other file names, modes)
 #
 # --out DIR (default benchmarks/results): where dp_compare.* go; existing ones are kept unless --force.
 # Other arguments go to `trainlab dp compare`. On a GPU box use `--device cuda --nproc <GPUs>` and add
@@ -10,11 +11,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+NAME=${NAME:-dp_compare}
 . benchmarks/out_args.sh
-parse_out_args dp_compare.json "$@"
-MODES=${MODES:-none,ddp,allreduce}
-CMD=("$PY" -m trainlab dp compare --modes "$MODES" --nproc "${NPROC:-2}" --json "$OUT/dp_compare.json" --md "$OUT/dp_compare.md.tmp" ${ARGS[@]+"${ARGS[@]}"})
-LOG="$OUT/dp_compare.log"
+parse_out_args "$NAME.json" "$@"
+MODES=${MODES:-none,ddp,allreduce,ring}
+CMD=("$PY" -m trainlab dp compare --modes "$MODES" --nproc "${NPROC:-2}" --json "$OUT/$NAME.json" --md "$OUT/$NAME.md.tmp" ${ARGS[@]+"${ARGS[@]}"})
+LOG="$OUT/$NAME.log"
 {
   echo "\$ ${CMD[*]}"
   "$PY" - <<'PY'
@@ -26,7 +28,7 @@ print("# shared machine: other jobs ran on the same cores, so absolute times are
 PY
 } > "$LOG.tmp"
 "${CMD[@]}" 2>&1 | grep --line-buffered -v -e '^\*\*\*' -e 'OMP_NUM_THREADS' | tee -a "$LOG.tmp"
-{ head -3 "$LOG.tmp" | sed '1s/^\$ \(.*\)$/Command: `\1`  /; 2,3s/^# \(.*\)$/\1  /'; echo; cat "$OUT/dp_compare.md.tmp"; } > "$OUT/dp_compare.md"
-rm -f "$OUT/dp_compare.md.tmp"
+{ head -3 "$LOG.tmp" | sed '1s/^\$ \(.*\)$/Command: `\1`  /; 2,3s/^# \(.*\)$/\1  /'; echo; cat "$OUT/$NAME.md.tmp"; } > "$OUT/$NAME.md"
+rm -f "$OUT/$NAME.md.tmp"
 mv "$LOG.tmp" "$LOG"
-echo "wrote $OUT/dp_compare.{json,loaders.json,md,log}"
+echo "wrote $OUT/$NAME.{json,loaders.json,md,log}"

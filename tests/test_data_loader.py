@@ -74,7 +74,7 @@ def test_dataloader_path_gives_identical_batches(arrays, workers):
 
 
 @pytest.mark.parametrize("augment", [False, True])
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5])
 def test_rank_shards_concatenate_to_the_single_process_batch(arrays, world_size, augment):
     def loader(rank, ws):
         return DeviceLoader(arrays.train_images, arrays.train_labels, 12, "cpu", seed=9, augment=augment,
@@ -82,12 +82,30 @@ def test_rank_shards_concatenate_to_the_single_process_batch(arrays, world_size,
 
     single = _collect(loader(0, 1), 2)
     shards = [_collect(loader(r, world_size), 2) for r in range(world_size)]
-    # 103 = 8·12 + 7: with 4 ranks the last global batch (7 rows) still gives every rank a row.
+    # 103 = 8·12 + 7: with 4 ranks the last global batch (7 rows) still gives every rank a row;
+    # 3 and 5 ranks do not divide 12: uneven shards, not an error.
     assert all(len(s) == len(single) for s in shards)
     for i, (x, y) in enumerate(single):
         assert torch.equal(torch.cat([s[i][1] for s in shards]), y)
         torch.testing.assert_close(torch.cat([s[i][0] for s in shards]), x, rtol=0, atol=1e-6)
         assert {len(s[i][1]) for s in shards} <= {len(y) // world_size, len(y) // world_size + 1}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_shard_weights_make_the_rank_average_the_global_mean(arrays, world_size):
+    # Σ_r (w_r / W) · mean_r(v) = mean(v) over the global batch: what weighting each rank's loss by w_r buys.
+    ranks = [DeviceLoader(arrays.train_images, arrays.train_labels, 12, "cpu", shuffle=False, rank=r, world_size=world_size)
+             for r in range(world_size)]
+    single = [y.double() for _, y in DeviceLoader(arrays.train_images, arrays.train_labels, 12, "cpu", shuffle=False)]
+    weights = [r.shard_weights() for r in ranks]
+    shards = [[y.double() for _, y in r] for r in ranks]
+    for step, y in enumerate(single):
+        combined = sum(weights[r][step] / world_size * shards[r][step].mean() for r in range(world_size))
+        assert combined.item() == pytest.approx(y.mean().item(), rel=1e-12)
+    if world_size in (1, 2):
+        assert all(w == 1.0 for ws in weights for w in ws[:-1])  # even shards: exactly 1, nothing rescaled
+    else:
+        assert any(w != 1.0 for ws in weights for w in ws)
 
 
 def test_last_batch_smaller_than_world_size_is_dropped():
@@ -97,7 +115,7 @@ def test_last_batch_smaller_than_world_size_is_dropped():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(batch_size=10, world_size=4), "--batch-size 10 must be divisible by the world size 4"),
+    (dict(batch_size=3, world_size=4), "--batch-size 3 is smaller than the world size 4"),
     (dict(batch_size=0), "--batch-size must be a positive integer"),
     (dict(batch_size=8, rank=2, world_size=2), "rank 2 is not valid"),
 ])

@@ -34,8 +34,8 @@ def _error_line(capsys, argv):
 
 @pytest.mark.parametrize("argv, needles", [
     (["--parallel", "pipeline"], ["--parallel 'pipeline'", "none, dp, ddp, allreduce"]),
-    (["--parallel", "ddp", "--nproc", "3", "--batch-size", "128"], ["--batch-size 128", "divisible by --nproc 3"]),
-    (["--parallel", "none", "--nproc", "2"], ["--nproc 2", "--parallel ddp or allreduce"]),
+    (["--parallel", "ring", "--nproc", "3", "--batch-size", "2"], ["--batch-size 2", "smaller than --nproc 3"]),
+    (["--parallel", "none", "--nproc", "2"], ["--nproc 2", "--parallel ddp, allreduce or ring"]),
     (["--parallel", "ddp", "--nproc", "0"], ["--nproc 0", "positive"]),
     (["--parallel", "dp", "--device", "cpu"], ["--parallel dp", "CUDA GPUs"]),
     (["--parallel", "ddp", "--dist-timeout", "0"], ["--dist-timeout 0", "positive"]),
@@ -63,11 +63,13 @@ def test_more_processes_than_gpus_is_a_hardware_error(monkeypatch):
 
 
 def test_worker_checks_batch_against_world_size_before_joining(monkeypatch):
-    # A torchrun worker (no --nproc to check) must still refuse before init_process_group.
+    # A torchrun worker (no --nproc to check) must still refuse before init_process_group. A world size
+    # that does not divide the batch is fine (uneven shards); one larger than the batch is not.
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
-    with pytest.raises(ConfigError, match="--batch-size 128 must be divisible by the world size 3"):
-        setup_data_parallel("ddp", "cpu", 128)
+    with pytest.raises(ConfigError, match="--batch-size 2 is smaller than the world size 3"):
+        setup_data_parallel("ddp", "cpu", 2)
+    check_launch("ring", 3, "cpu", 128)  # 43 + 43 + 42: accepted
 
 
 def test_dataloader_path_refuses_several_ranks():
@@ -81,8 +83,8 @@ def test_dataloader_path_refuses_several_ranks():
 def test_compare_rejects_unknown_modes_before_running(capsys):
     assert main(["dp", "compare", "--modes", "none,zero", "--device", "cpu"]) == 2
     assert "--modes: unknown mode 'zero'" in capsys.readouterr().err
-    assert main(["dp", "compare", "--modes", "ddp", "--nproc", "3", "--batch-size", "128", "--device", "cpu"]) == 2
-    assert "divisible by --nproc 3" in capsys.readouterr().err
+    assert main(["dp", "compare", "--modes", "ddp", "--nproc", "3", "--batch-size", "2", "--device", "cpu"]) == 2
+    assert "smaller than --nproc 3" in capsys.readouterr().err
     assert main(["dp", "compare", "--workers", "0,x", "--device", "cpu"]) == 2
     assert "--workers" in capsys.readouterr().err
 
@@ -103,7 +105,7 @@ def _losses(run_dir):
     return [x for line in (run_dir / "metrics.jsonl").read_text().splitlines() for x in json.loads(line)["step_losses"]]
 
 
-@pytest.mark.parametrize("mode", ["ddp", "allreduce"])
+@pytest.mark.parametrize("mode", ["ddp", "allreduce", "ring"])
 def test_world_of_one_equals_the_plain_trainer(tmp_path, mode):
     ref = train(TrainConfig(**SMALL, out=str(tmp_path / "none")), log=quiet)
     got = train(TrainConfig(**SMALL, parallel=mode, out=str(tmp_path / mode)), log=quiet)
@@ -125,7 +127,7 @@ def test_step_timing_splits_every_step(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["ddp", "allreduce"])
+@pytest.mark.parametrize("mode", ["ddp", "allreduce", "ring"])
 def test_world_of_one_on_cuda_matches_the_plain_trainer(tmp_path, mode):
     # NCCL group of one (ddp) / no group (allreduce) on the GPU: same run as `none` up to kernel nondeterminism.
     cuda = {**SMALL, "device": "cuda", "amp": "off", "channels_last": "off"}

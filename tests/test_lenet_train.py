@@ -80,13 +80,64 @@ def test_tensorboard_tags_read_back(tmp_path):
     acc = EventAccumulator(str(d), size_guidance={"scalars": 0, "images": 0})
     acc.Reload()
     scalars = set(acc.Tags()["scalars"])
-    expected = {"train/loss", "train/lr", "test/loss", "test/accuracy", "perf/images_per_s"}
+    expected = {"train/loss", "train/lr", "test/loss", "test/accuracy", "perf/images_per_s", "train/accuracy",
+                "train/accuracy_epoch", "train/loss_epoch"}
     expected |= {f"test/class_accuracy/{c}" for c in range(10)}
     assert expected <= scalars
     assert len(acc.Scalars("train/loss")) == 16  # 8 steps per epoch × 2 epochs
+    assert len(acc.Scalars("train/accuracy")) == 16
     summary = json.loads((d / "summary.json").read_text())
+    records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
     assert acc.Scalars("test/accuracy")[-1].value == pytest.approx(summary["test_accuracy"], rel=1e-6)
-    assert {"layers/conv1_filters", "layers/conv1_feature_maps"} <= set(acc.Tags()["images"])
+    assert [e.value for e in acc.Scalars("train/accuracy_epoch")] == pytest.approx([r["train_accuracy"] for r in records])
+    assert {"layers/conv1_filters", "layers/conv1_feature_maps", "test/misclassified"} <= set(acc.Tags()["images"])
+
+
+def test_train_accuracy_is_the_batches_accuracy_before_each_update(tmp_path):
+    # Independent reference: the initial model (same seed) on the first training batch (same order).
+    from trainlab.data.loader import DeviceLoader
+    from trainlab.data.mnist import load_mnist
+    from trainlab.lenet.setup import build_model
+
+    summary, d = run(tmp_path, "acc", epochs=1)
+    record = json.loads((d / "metrics.jsonl").read_text().splitlines()[0])
+    cfg = TrainConfig(**SMALL)
+    data = load_mnist(None)
+    loader = DeviceLoader(data.train_images[:1024], data.train_labels[:1024], 128, "cpu", seed=cfg.seed)
+    loader.set_epoch(0)
+    x, y = next(iter(loader))
+    model = build_model(cfg, torch.device("cpu")).train()
+    with torch.no_grad():
+        first = 100.0 * (model(x).argmax(1) == y).sum().item() / len(y)
+    assert record["step_accuracies"][0] == pytest.approx(first)
+    assert len(record["step_accuracies"]) == 8
+    # the epoch figure is the mean over steps weighted by batch size (here all batches have 128 images)
+    assert record["train_accuracy"] == pytest.approx(sum(record["step_accuracies"]) / 8)
+    assert summary["train_accuracy"] == record["train_accuracy"]
+
+
+def test_misclassified_images_are_the_ones_the_checkpoint_gets_wrong(tmp_path):
+    import numpy as np
+
+    from trainlab.data.mnist import load_mnist
+    from trainlab.data.loader import DeviceLoader
+    from trainlab.lenet.setup import build_model
+
+    summary, d = run(tmp_path, "wrong", epochs=1)
+    z = np.load(d / "misclassified.npz")
+    cm = torch.tensor(summary["confusion_matrix"])
+    assert int(z["total"]) == int(cm.sum() - cm.diag().sum()) and int(z["tested"]) == 500
+    cfg = TrainConfig(**SMALL)
+    model = build_model(cfg, torch.device("cpu"))
+    model.load_state_dict(torch.load(d / "checkpoint.pt", weights_only=False)["model"])
+    data = load_mnist(None)
+    x, y = next(iter(DeviceLoader(data.test_images[:500], data.test_labels[:500], 500, "cpu", shuffle=False)))
+    with torch.no_grad():
+        pred = model.eval()(x).argmax(1)
+    wrong = (pred != y).nonzero().flatten()[:36]
+    assert z["index"].tolist() == wrong.tolist()
+    assert z["predicted"].tolist() == pred[wrong].tolist() and z["label"].tolist() == y[wrong].tolist()
+    assert np.array_equal(z["image"], data.test_images[wrong.numpy()])  # raw pixels, for the report
 
 
 def test_real_mnist_reaches_98_percent_and_eval_reproduces_it(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """`trainlab report` from small real runs made here: HTML parses, images exist and are PNGs, numbers match."""
 
 import json
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -17,14 +18,20 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 class _Collector(HTMLParser):
     def __init__(self):
         super().__init__()
-        self.images, self.text, self.stack = [], [], []
+        self.images, self.text, self.headings, self._tag = [], [], [], None
 
     def handle_starttag(self, tag, attrs):
+        self._tag = tag
         if tag == "img":
             self.images.append(dict(attrs)["src"])
 
     def handle_data(self, data):
         self.text.append(data)
+        if self._tag == "h2":
+            self.headings.append(data)
+
+    def handle_endtag(self, tag):
+        self._tag = None
 
 
 def parse(path: Path) -> _Collector:
@@ -61,19 +68,43 @@ def check_page(out: Path) -> _Collector:
 
 
 def test_report_from_training_runs(runs, tmp_path, capsys):
+    from trainlab.report import format as fmt
+
     out = tmp_path / "report"
     assert main(["report", *map(str, runs), "-o", str(out)]) == 0
     page = check_page(out)
     text = " ".join(page.text)
+    assert page.headings[0] == "Summary"  # the one-screen summary comes first
+    summary_text = (out / "report.md").read_text().split("## Comparison")[0]
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
-        assert json.dumps(summary["test_accuracy"]) in text       # printed as in summary.json
-        assert json.dumps(summary["train_seconds"]) in text
-    assert "Comparison across runs" in text and "tensorboard --logdir" in text
+        # formatted for people in the summary: "98.67 %", "3.21 s" — never 98.66666666666667
+        assert f"{summary['test_accuracy']:.2f} %" in summary_text
+        assert f"{summary['train_accuracy']:.2f} %" in summary_text
+        assert fmt.seconds(summary["train_seconds"]) in summary_text
+        assert fmt.rate(summary["images_per_s_median"]) in summary_text
+        assert json.dumps(summary["test_accuracy"]) in text  # the raw value is kept, in the run's raw-values block
+    assert not re.search(r"\d\.\d{5,}", summary_text), "a raw float in the summary"
+    assert "Comparison" in page.headings and "tensorboard --logdir" in text
+    assert "compare_seed.png" not in page.images  # the seed is what statistics run over, not a swept flag
     md = (out / "report.md").read_text()
     assert md.count("## Training run:") == 2
+    assert {"run0_misclassified.png", "run1_misclassified.png", "run0_accuracy_curve.png"} <= set(page.images)
     # a CPU run has no GPU record: said in one line, not a crash
     assert "No GPU record" in text
+
+
+def test_numbers_are_formatted_for_people():
+    from trainlab.report import format as fmt
+
+    assert fmt.pct(99.33000183105469) == "99.33 %"
+    assert fmt.seconds(25.4999) == "25.5 s" and fmt.seconds(0.0123) == "12.3 ms" and fmt.seconds(3725) == "1 h 02 min"
+    assert fmt.rate(12822.4) == "12,822 img/s"
+    assert fmt.number(0.020912) == "0.0209" and fmt.number(61706) == "61,706" and fmt.number(1.234e-7) == "1.23e-07"
+    assert fmt.pct_sd(99.1866, 0.1234) == "99.19 ± 0.12 %"
+    assert fmt.value("images_per_s_median", 12822.3) == "12,822 img/s"  # not a duration, though it ends in _s
+    assert fmt.value("peak_memory_bytes", 3 * 2**30) == "3 GiB" and fmt.value("median_s", 1.5e-4) == "0.15 ms"
+    assert fmt.value("test_accuracy", None) == "–"
 
 
 def test_gpu_record_is_plotted(runs, tmp_path):
@@ -95,11 +126,15 @@ def test_gpu_record_is_plotted(runs, tmp_path):
     page = check_page(out)
     assert "run0_gpu_timeline.png" in page.images
     assert "No GPU record" not in " ".join(page.text)
+    # the summary (first screen) carries the utilization figure and its mean/max (90..94 %, mean 92 %)
+    assert page.images[0] == "summary_gpu_timeline.png"
+    summary = (out / "report.md").read_text().split("## Training run")[0]
+    assert "92 % mean, 94 % max" in summary
 
 
 def test_report_with_gelu_check_and_gpt_bench_json(runs, tmp_path, capsys):
     """The operator and strategy tables come from real `gelu check` / `gpt bench` outputs made here."""
-    from trainlab.report.build import _fmt
+    from trainlab.report import format as fmt
 
     assert main(["gelu", "check", "--json", "--impl", "python", "--dtype", "float64"]) == 0
     check = json.loads(capsys.readouterr().out)
@@ -114,9 +149,9 @@ def test_report_with_gelu_check_and_gpt_bench_json(runs, tmp_path, capsys):
     text = " ".join(page.text)
     assert "GELU correctness" in text and "GPT benchmark" in text
     for row in check["rows"]:
-        assert _fmt(row["fwd_max_abs_err"]) in text and _fmt(row["grad_max_abs_err"]) in text
-    assert str(bench["params"]) in text and _fmt(bench["tokens_per_s"]) in text and _fmt(bench["mfu"]) in text
-    assert ", ".join(_fmt(x) for x in bench["losses"]) in text
+        assert fmt.number(row["fwd_max_abs_err"]) in text and fmt.number(row["grad_max_abs_err"]) in text
+    assert f"{bench['params']:,}" in text and fmt.rate(bench["tokens_per_s"], "tokens/s") in text and fmt.number(bench["mfu"]) in text
+    assert ", ".join(fmt.number(x) for x in bench["losses"]) in text
 
 
 def test_report_shows_gelu_rows_that_could_not_run_as_skipped(runs, tmp_path):

@@ -19,7 +19,7 @@ from trainlab.errors import UserError
 
 # command group → module that defines `add_parser(subparsers)`, in --help order
 COMMAND_MODULES = (
-    "trainlab.lenet.cli",      # train, eval, dp
+    "trainlab.lenet.cli",      # train, eval, sweep, dp
     "trainlab.data.cli",       # data
     "trainlab.ops.cli",        # gelu
     "trainlab.gpt.cli",        # gpt

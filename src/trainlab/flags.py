@@ -84,6 +84,69 @@ def add_command(subparsers, name: str, help: str, cls, func, exclude=()) -> argp
     return p
 
 
+def add_list_flags(parser: argparse.ArgumentParser, cls, exclude=()) -> None:
+    """One flag per CLI field of `cls` that takes a comma-separated list of values to sweep
+    (`--lr 1e-3,2e-3`, `--optimizer adam,sgd`, `--augment true,false`; a lone `--augment` is `true`,
+    `--no-augment` is `false`). Parse them with `list_values`."""
+    for f in cli_fields(cls, exclude):
+        typ, _ = _field_type(cls, f)
+        if typing.get_origin(typ) is list:
+            continue  # a list-valued setting has no unambiguous comma-separated sweep
+        meta, name = f.metadata, flag_name(f)
+        choices = f" from {{{','.join(map(str, meta['choices']))}}}" if meta.get("choices") else ""
+        help_ = f"{meta['help']} — one or more values{choices}, comma-separated (default: {f.default})"
+        if typ is bool:
+            parser.add_argument(name, dest=f.name, nargs="?", const="true", default=None, metavar="true,false", help=help_)
+            parser.add_argument("--no-" + name[2:], dest=f.name, action="store_const", const="false", help=argparse.SUPPRESS)
+        else:
+            parser.add_argument(name, dest=f.name, default=None, metavar="V[,V...]", help=help_)
+
+
+_TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
+
+
+def list_values(args: argparse.Namespace, cls, exclude=()) -> dict[str, list[Any]]:
+    """The lists given to `add_list_flags` flags, each value converted to its field's type (in the
+    order given, duplicates dropped); a value that does not convert is one error naming the flag."""
+    out: dict[str, list[Any]] = {}
+    for f in cli_fields(cls, exclude):
+        raw = getattr(args, f.name, None)
+        if raw is None:
+            continue
+        typ, optional = _field_type(cls, f)
+        items = [item.strip() for item in str(raw).split(",")]
+        if not all(items):
+            raise ConfigError(f"{flag_name(f)} {raw!r}: expected comma-separated values with none empty")
+        values = []
+        for item in items:
+            v = _convert(item, typ, optional)
+            if v is _BAD:
+                raise ConfigError(f"{flag_name(f)} {raw!r}: {item!r} is not {_type_name(typ)}")
+            if f.metadata.get("choices") is not None and v not in f.metadata["choices"]:
+                raise ConfigError(f"{flag_name(f)} {raw!r}: {item!r} is not one of {', '.join(map(str, f.metadata['choices']))}")
+            if v not in values:
+                values.append(v)
+        out[f.name] = values
+    return out
+
+
+_BAD = object()
+
+
+def _convert(item: str, typ, optional: bool) -> Any:
+    if optional and item.lower() in ("none", "null"):
+        return None
+    if typ is bool:
+        low = item.lower()
+        return True if low in _TRUE else False if low in _FALSE else _BAD
+    if typ in (int, float):
+        try:
+            return typ(item)
+        except ValueError:
+            return _BAD
+    return item
+
+
 def explicit_values(args: argparse.Namespace, cls, exclude=()) -> dict[str, Any]:
     """The CLI fields of `cls` the user set on the command line."""
     return {f.name: getattr(args, f.name) for f in cli_fields(cls, exclude) if getattr(args, f.name, None) is not None}

@@ -26,6 +26,12 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=seeded_generator(seed, epoch, stream=_SHUFFLE_STREAM))
 
 
+def shard_bounds(n: int, rank: int, world_size: int, start: int = 0) -> tuple[int, int]:
+    """Rows [lo, hi) of `rank` when n rows starting at `start` are split into `world_size` contiguous
+    shards whose sizes differ by at most one (the first ranks get the smaller ones)."""
+    return start + rank * n // world_size, start + (rank + 1) * n // world_size
+
+
 def _as_tensor(a) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else torch.as_tensor(a)
 
@@ -34,9 +40,11 @@ class DeviceLoader:
     """Iterate (x float32 [b, 1, 28, 28], y int64 [b]) batches of a split that lives on `device`.
 
     `batch_size` is the global batch. With `world_size` > 1, rank r gets rows
-    [r·b/W, (r+1)·b/W) of every global batch, so the global order is the same for any world size
-    (like DistributedSampler, but contiguous slices of one shared batch). A final global batch
-    smaller than `world_size` is dropped, since some ranks would get no rows.
+    [⌊r·b/W⌋, ⌊(r+1)·b/W⌋) of every global batch, so the global order is the same for any world size
+    (like DistributedSampler, but contiguous slices of one shared batch). When W does not divide b
+    the shards differ by one row; the trainer weights each rank's gradient by its shard size
+    (`shard_weights`), so the step equals single-process training on the global batch. A final
+    global batch smaller than `world_size` is dropped, since some ranks would get no rows.
     `augment=True` applies a random affine transform on the device, one per position in the epoch's
     order, drawn from a generator seeded by (seed, epoch): reproducible, resumable and independent
     of world size. Host→device traffic happens once per epoch (order and transforms), never per step.
@@ -48,9 +56,9 @@ class DeviceLoader:
             raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is not valid for world size {world_size}")
-        if batch_size % world_size != 0:
-            raise ConfigError(f"--batch-size {batch_size} must be divisible by the world size {world_size} "
-                              f"(it is the global batch, split evenly across ranks)")
+        if batch_size < world_size:
+            raise ConfigError(f"--batch-size {batch_size} is smaller than the world size {world_size}: "
+                              "every rank needs at least one row of each global batch")
         images, labels = _as_tensor(images_uint8), _as_tensor(labels)
         if images.dtype != torch.uint8 or images.ndim != 3:
             raise ValueError(f"images must be uint8 [N, H, W], got {images.dtype} {list(images.shape)}")
@@ -79,6 +87,16 @@ class DeviceLoader:
     def __len__(self) -> int:
         return len(self._global_batch_bounds())
 
+    def shard_weights(self) -> list[float]:
+        """Per step: W·(this rank's rows)/(global rows). Scaling the rank's mean loss by it makes the
+        average over ranks of the gradients (what DDP and the all-reduces compute) the gradient of the
+        global batch's mean loss, even when the shards are uneven; 1.0 exactly for even shards."""
+        weights = []
+        for start, stop in self._global_batch_bounds():
+            lo, hi = shard_bounds(stop - start, self.rank, self.world_size)
+            weights.append(self.world_size * (hi - lo) / (stop - start))
+        return weights
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = epoch_permutation(self.n, self.seed, self.epoch) if self.shuffle else torch.arange(self.n)
         bounds = self._global_batch_bounds()
@@ -92,10 +110,8 @@ class DeviceLoader:
             generator = seeded_generator(self.seed, self.epoch, stream=_AUGMENT_STREAM)
             theta = affine_matrices(bounds[-1][1], generator).to(self.device)
         for start, stop in bounds:
-            size = stop - start
             # This rank's slice of the global batch (the whole batch when world_size == 1).
-            lo = start + self.rank * size // self.world_size
-            hi = start + (self.rank + 1) * size // self.world_size
+            lo, hi = shard_bounds(stop - start, self.rank, self.world_size, start)
             index = order[lo:hi]
             x, y = self.x.index_select(0, index), self.y.index_select(0, index)
             if theta is not None:

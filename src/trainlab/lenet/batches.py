@@ -2,14 +2,15 @@
 
 Training batches come from the device-resident loader (default) or a per-sample DataLoader; with data
 parallelism each rank gets its shard of every global batch. Test batches always come from the device
-loader, in order.
+loader, in order; with data parallelism each rank tests its contiguous shard of the test set and
+`evaluate` gathers the results (multi-device prediction).
 """
 
 from __future__ import annotations
 
 import torch
 
-from trainlab.data.loader import DeviceLoader, make_dataloader
+from trainlab.data.loader import DeviceLoader, make_dataloader, shard_bounds
 from trainlab.data.mnist import MNIST
 from trainlab.errors import ConfigError
 from trainlab.lenet.config import TrainConfig
@@ -41,8 +42,12 @@ def build_train_batches(cfg: TrainConfig, data, device: torch.device, par: DataP
     raise ConfigError(f"--loader {cfg.loader!r}: expected one of {', '.join(LOADERS)}")
 
 
-def build_test_batches(cfg: TrainConfig, data, device: torch.device):
+def build_test_batches(cfg: TrainConfig, data, device: torch.device, par: DataParallelContext | None = None):
+    """The test set in order; this rank's contiguous shard of it when several ranks share the evaluation."""
     images, labels = _subset(data.test_images, data.test_labels, cfg.test_subset)
+    if par is not None and par.multi_process:
+        lo, hi = shard_bounds(len(labels), par.rank, par.world_size)
+        images, labels = images[lo:hi], labels[lo:hi]
     return DeviceLoader(images, labels, cfg.eval_batch_size, device, shuffle=False, augment=False)
 
 

@@ -1,7 +1,9 @@
-"""`trainlab train`, `trainlab eval` and `trainlab dp compare`: flags into a config, then the library.
+"""`trainlab train`, `trainlab eval`, `trainlab sweep` and `trainlab dp compare`: flags into a config,
+then the library.
 
-The flags of `train` and `dp compare` are derived from `TrainConfig` and `CompareConfig`. With `--nproc N`
-the resolved TrainConfig is handed to N torchrun workers as JSON (`trainlab worker SPEC.json`).
+The flags of `train` and `dp compare` are derived from `TrainConfig` and `CompareConfig`; `sweep` takes
+every `train` flag as a comma-separated list (`flags.add_list_flags`) plus `SweepConfig`'s. With
+`--nproc N` the resolved TrainConfig is handed to N torchrun workers as JSON (`trainlab worker SPEC.json`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from pathlib import Path
 
 from trainlab.distributed.launch import launch_workers, needs_launch
 from trainlab.errors import ConfigError
-from trainlab.flags import add_command, add_flags, explicit_values
+from trainlab.flags import add_command, add_flags, add_list_flags, explicit_values, list_values
 from trainlab.io import read_json
 from trainlab.lenet.compare import CompareConfig, run_compare
 from trainlab.lenet.config import TrainConfig, apply_preset
 from trainlab.lenet.data_parallel import check_launch
 from trainlab.lenet.evaluate import evaluate_checkpoint
 from trainlab.lenet.loop import train
+from trainlab.lenet.sweep import NOT_SWEPT, SweepConfig, run_sweep
 
 # Flags that cannot change a resumed run's result; every other flag is refused with --resume.
 RESUME_OVERRIDES = ("epochs", "device", "progress", "tensorboard", "gpu_telemetry", "dist_timeout", "step_timing")
@@ -77,6 +80,12 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_sweep_command(args: argparse.Namespace) -> int:
+    failed = run_sweep(list_values(args, TrainConfig, exclude=NOT_SWEPT), SweepConfig(**explicit_values(args, SweepConfig)),
+                       command=args.command_line)
+    return 1 if failed else 0
+
+
 def run_dp_compare(args: argparse.Namespace) -> int:
     run_compare(CompareConfig(**explicit_values(args, CompareConfig)))
     return 0
@@ -87,7 +96,7 @@ def add_parser(subparsers) -> None:
     add_flags(p, TrainConfig)
     p.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue an interrupted run from its checkpoint")
     p.add_argument("--nproc", type=int, default=1,
-                   help="processes on this node (relaunches under torchrun; with --parallel ddp|allreduce)")
+                   help="processes on this node (relaunches under torchrun; with --parallel ddp|allreduce|ring)")
     p.set_defaults(func=run_train)
 
     e = subparsers.add_parser("eval", help="re-evaluate a checkpoint on the test set")
@@ -97,8 +106,17 @@ def add_parser(subparsers) -> None:
     e.add_argument("--json", action="store_true", help="print JSON")
     e.set_defaults(func=run_eval)
 
-    d = subparsers.add_parser("dp", help="data-parallel LeNet-5: compare none / dp / ddp / allreduce",
-                              description="Data-parallel LeNet-5: single process, nn.DataParallel, DDP and a hand-written all-reduce.")
+    s = subparsers.add_parser("sweep", help="train over a grid of flag values and seeds (each a run directory)",
+                              description="Train LeNet-5 for every combination of the listed flag values and seeds. "
+                                          "Every train flag takes a comma-separated list, e.g. --optimizer adam,sgd "
+                                          "--lr 1e-3,2e-3 --seeds 3. `trainlab report OUT` shows mean ± sd per configuration.")
+    add_flags(s, SweepConfig)
+    add_list_flags(s, TrainConfig, exclude=NOT_SWEPT)
+    s.set_defaults(func=run_sweep_command)
+
+    d = subparsers.add_parser("dp", help="data-parallel LeNet-5: compare none / dp / ddp / allreduce / ring",
+                              description="Data-parallel LeNet-5: single process, nn.DataParallel, DDP, a hand-written "
+                                          "bucketed all-reduce and a ring all-reduce from send/recv.")
     sub = d.add_subparsers(dest="dp_command", metavar="SUBCOMMAND")
     sub.required = True
     add_command(sub, "compare", "run several modes on the same global batches and say where the time goes",

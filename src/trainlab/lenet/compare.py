@@ -2,8 +2,12 @@
 
 Every mode trains from the same seed on the same global batches in the same order (the device
 loader shards each global batch across ranks), so only the execution differs. Single-process
-modes run in this process; ddp/allreduce run as `trainlab worker SPEC.json` under torchrun, each rank
+modes run in this process; ddp/allreduce/ring run as `trainlab worker SPEC.json` under torchrun, each rank
 timing its steps, and rank 0 writes its row to the JSON file the spec names, which this process collects.
+For the multi-process modes a second table sets the gradient all-reduce against the bandwidth bound:
+a ring all-reduce of S bytes over W ranks must move 2(W−1)/W·S bytes through each rank's link, so with a
+measured link bandwidth B (one ring hop, `ring.measure_link_bandwidth`) no all-reduce can take less than
+2(W−1)/W·S/B. "Bus bandwidth" = S/t·2(W−1)/W (nccl-tests' definition) is comparable with B directly.
 A second table sweeps DataLoader `num_workers` next to the device-resident loader, with the same
 data / compute split — does a loader with workers catch up with data that already lives on the device?
 """
@@ -28,15 +32,16 @@ from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launc
 from trainlab.lenet.loop import train
 from trainlab.telemetry.rundir import RunDir
 
-MODES_HELP = "comma-separated: none (single process), dp (nn.DataParallel, ≥2 GPUs), ddp, allreduce (hand-written)"
+MODES_HELP = ("comma-separated: none (single process), dp (nn.DataParallel, ≥2 GPUs), ddp, allreduce (hand-written), "
+              "ring (ring all-reduce from send/recv)")
 
 
 @dataclass
 class CompareConfig(Config):
     """`trainlab dp compare`: which modes, on which data, how often."""
 
-    modes: str = opt("none,ddp,allreduce", MODES_HELP)
-    nproc: int = opt(2, "processes for ddp/allreduce (one per GPU on CUDA)")
+    modes: str = opt("none,ddp,allreduce,ring", MODES_HELP)
+    nproc: int = opt(2, "processes for ddp/allreduce/ring (one per GPU on CUDA)")
     epochs: int = opt(1, "passes over the training set per mode")
     device: str = opt("auto", "auto | cpu | cuda")
     batch_size: int = opt(128, "global batch, split across ranks (128: the reference batch of --scale-lr)")
@@ -89,7 +94,24 @@ def row_from_run(cfg: TrainConfig, summary: dict, history: list[dict]) -> dict:
         "steps": st.get("steps"), "data_ms": med("data_ms"), "compute_ms": med("compute_ms"), "comm_ms": med("comm_ms"),
         "comm_overlapped": st.get("comm_overlapped"), "step_times": st or None,
         "test_accuracy": summary["test_accuracy"], "test_loss": summary["test_loss"],
+        "allreduce_ms": st.get("allreduce_ms"),
+        **bandwidth(st.get("grad_bytes"), st.get("allreduce_ms"), summary["world_size"], st.get("link_bytes_per_s")),
+        "bytes_sent_per_step": st.get("bytes_sent_per_step"),
     }
+
+
+def bandwidth(grad_bytes: int | None, allreduce_ms: float | None, world_size: int, link_bytes_per_s: float | None) -> dict:
+    """The all-reduce against its bound: algorithm and bus bandwidth (GB/s) of one all-reduce of the
+    gradient's bytes timed in isolation, the measured link bandwidth, and the fastest time any
+    all-reduce could take over that link, 2(W−1)/W·S/B."""
+    keys = ("grad_bytes", "algbw_gbps", "busbw_gbps", "link_gbps", "bound_comm_ms", "busbw_pct_of_link")
+    if not grad_bytes or not allreduce_ms or world_size < 2:
+        return dict.fromkeys(keys)
+    factor = 2 * (world_size - 1) / world_size
+    algbw = grad_bytes / (allreduce_ms / 1e3)
+    link = link_bytes_per_s
+    return dict(zip(keys, (grad_bytes, algbw / 1e9, algbw * factor / 1e9, link / 1e9 if link else None,
+                           factor * grad_bytes / link * 1e3 if link else None, 100 * algbw * factor / link if link else None)))
 
 
 def run_worker(spec: dict) -> int:
@@ -172,7 +194,8 @@ def _describe(tag: str, cfg: TrainConfig, nproc: int) -> str:
 def _combine(runs: list[dict]) -> dict:
     """One row from repeated runs of one configuration: medians of the timings, all epoch times kept."""
     row = dict(runs[0])
-    for key in ("epoch_seconds", "images_per_s", "data_ms", "compute_ms", "comm_ms"):
+    for key in ("epoch_seconds", "images_per_s", "data_ms", "compute_ms", "comm_ms", "allreduce_ms", "algbw_gbps", "busbw_gbps",
+                "link_gbps", "bound_comm_ms", "busbw_pct_of_link"):
         values = [r[key] for r in runs if r[key] is not None]
         row[key] = statistics.median(values) if values else None
     row["repeats"] = len(runs)
@@ -202,15 +225,43 @@ def format_table(rows: list[dict], title: str) -> str:
     return "\n".join(lines)
 
 
+def format_bandwidth(rows: list[dict]) -> str | None:
+    rows = [r for r in rows if r.get("busbw_gbps") is not None]
+    if not rows:
+        return None
+    g = lambda x, f="{:.3f}": "–" if x is None else f.format(x)  # noqa: E731
+    lines = ["### Gradient all-reduce against the 2(W−1)/W bound", "",
+             "| mode | world size | gradient bytes (S) | bytes sent/rank/step | all-reduce ms (isolated) | bound ms (2(W−1)/W·S/B) | "
+             "algbw GB/s | busbw GB/s | link GB/s (B) | busbw / link |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['world_size']} | {r['grad_bytes']:,} | {g(r.get('bytes_sent_per_step'), '{:,}')} | "
+                     f"{g(r['allreduce_ms'])} | {g(r['bound_comm_ms'])} | {g(r['algbw_gbps'])} | {g(r['busbw_gbps'])} | "
+                     f"{g(r['link_gbps'])} | {g(r['busbw_pct_of_link'], '{:.0f} %')} |")
+    return "\n".join(lines)
+
+
 NOTES = """Per-step times are medians over the steps of a run (then over repeats) (synchronized at each step boundary on CUDA).
 data = fetching the (per-rank) batch and moving it to the device; comm = gradient all-reduce: exposed for
-`allreduce` (nothing runs meanwhile) and for `ddp` measured by a comm hook from launch to completion —
-*overlapped* with the backward pass, so it is part of compute there, not additional to it.
+`allreduce` (nothing runs meanwhile), for `ddp` measured by a comm hook from launch to completion and for
+`ring` the communication thread's busy time — both *overlapped* with the backward pass, so part of
+compute there, not additional to it.
+Bound: any all-reduce of S gradient bytes over W ranks sends ≥ 2(W−1)/W·S bytes per rank (the ring
+sends exactly that: "bytes sent"), so it takes ≥ 2(W−1)/W·S/B over a link of B bytes/s (B measured:
+one ring hop of S bytes, over the same send/recv calls the ring uses). "All-reduce ms" times one
+all-reduce of S bytes by the mode's algorithm (ring: ours; ddp/allreduce: dist.all_reduce) with every
+rank starting together, median of 20 — the comm ms/step of the first table also holds waits for a
+slower peer. busbw = S/t·2(W−1)/W; busbw/link is the fraction of the bound reached — for small
+messages the 2(W−1) per-hop latencies, not bandwidth, dominate. B includes the per-call overhead of
+Python send/recv, so a C++ collective (gloo's all_reduce) can exceed 100 % of it; the ring, built from
+those very calls, should not (beyond noise).
 All modes use the same global batch, seed and sample order; images/s counts global images."""
 
 
 def format_report(rows: list[dict], loader_rows: list[dict]) -> str:
     parts = [format_table(rows, "Data-parallel modes")]
+    if format_bandwidth(rows):
+        parts.append(format_bandwidth(rows))
     if loader_rows:
         parts.append(format_table(loader_rows, "DataLoader num_workers sweep vs the device-resident loader (single process)"))
     parts.append(NOTES)

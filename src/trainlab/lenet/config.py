@@ -49,7 +49,7 @@ class TrainConfig(Config):
     compile: bool = opt(False, "torch.compile the model (compile time reported separately)")
     tf32: str = opt("off", "TF32 tensor cores for fp32 matmuls/convolutions on Ampere+ GPUs (recorded in the summary)",
                     choices=("on", "off"))
-    parallel: str = opt("none", "none | dp | ddp | allreduce (see `trainlab dp`)")
+    parallel: str = opt("none", "none | dp | ddp | allreduce | ring (see `trainlab dp`)")
     seed: int = opt(0, "seeds init, shuffling and augmentation; same seed → same curve on CPU")
     eval_batch_size: int = opt(2000, "test-set batch size (no gradients, so large is fine)")
     step_timing: bool = opt(False, "split each step into data / compute / communication time (syncs every step)")

@@ -2,15 +2,20 @@
 
 - which rank am I and where do I compute (`rank`, `world_size`, `device`, `is_main`)
 - `wrap(model)`: DataParallel / DDP wrapper, or the model itself
-- `after_backward(model)`: the hand-written all-reduce (no-op for the other modes)
-- `mean(value)`: average a tensor over ranks (for logging)
+- `after_backward(model)`: the hand-written all-reduce / ring (no-op for the other modes)
+- `shard_weights(batches)`: per-step loss weights that make uneven shards exact
+- `step_means(...)`, `sum_(t)`, `gather(t)`: loss/accuracy over ranks (logging), sharded evaluation
 - `timer`: where each step's time goes (data / compute / communication), when asked for
 - `raise_if_peer_failure(exc)`: turn a failed collective into one clear line
 
 Modes: none (single process), dp (nn.DataParallel), ddp (DistributedDataParallel), allreduce
-(hand-written bucketed all-reduce, lenet/allreduce.py). The loop stays the same for all of them.
-Multi-process modes run one process per device under torchrun (or `spawn_for_test`); the global
-batch is split evenly across ranks by the device loader, so every mode sees the same global batches.
+(hand-written bucketed all-reduce, lenet/allreduce.py), ring (ring all-reduce from send/recv,
+overlapped with backward, lenet/ring.py). The loop stays the same for all of them.
+Multi-process modes run one process per device under torchrun (or `spawn_for_test`); the device loader
+splits every global batch across ranks (shards differ by at most one row when the world size does not
+divide the batch), so every mode sees the same global batches. Each rank's loss is weighted by
+W·n_rank/n_global, which makes the averaged gradient exactly the global batch's. The test set is
+sharded the same way and the results gathered (`evaluate(..., par)`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from trainlab.data.loader import shard_bounds
 from trainlab.device import resolve_device, synchronize
 from trainlab.distributed.failure import raise_if_peer_failure
 from trainlab.distributed.launch import (DEFAULT_TIMEOUT_S, DistInfo, destroy_distributed, dist_timeout_s,
@@ -31,10 +37,11 @@ from trainlab.distributed.wrappers import wrap_ddp
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.lenet.allreduce import HandAllReduce, broadcast_parameters
 from trainlab.lenet.dataparallel import check_data_parallel, wrap_data_parallel
+from trainlab.lenet.ring import RingAllReduce, measure_allreduce_seconds, measure_link_bandwidth
 from trainlab.stats import summarize
 
-MODES = ("none", "dp", "ddp", "allreduce")
-MULTI_PROCESS_MODES = ("ddp", "allreduce")
+MODES = ("none", "dp", "ddp", "allreduce", "ring")
+MULTI_PROCESS_MODES = ("ddp", "allreduce", "ring")
 
 
 class StepTimer:
@@ -44,8 +51,9 @@ class StepTimer:
     asynchronous device, so it is switched on for measurements (`trainlab dp compare`), not for training.
     - data: fetching the batch and moving it to the device
     - communication: the hand-written all-reduce (exposed: nothing else runs meanwhile), or, under
-      DDP, the bucket all-reduces measured by a comm hook from launch to completion — these overlap
-      the backward pass, so for DDP they are *part of* compute, not additional to it
+      DDP, the bucket all-reduces measured by a comm hook from launch to completion, or, for the ring,
+      the communication thread's busy time — these overlap the backward pass, so for DDP and the
+      ring they are *part of* compute, not additional to it
     - compute: the rest of the step (forward, backward, optimizer), exposed communication excluded
     """
 
@@ -55,6 +63,11 @@ class StepTimer:
         self.compute: list[float] = []
         self.comm: list[float] = []
         self.comm_overlapped = False
+        self.grad_bytes: int | None = None        # bytes all-reduced per step
+        self.link_bytes_per_s: float | None = None  # measured ring-hop bandwidth (the bound's B)
+        self.allreduce_s: float | None = None       # one all-reduce of grad_bytes, all ranks starting together
+        self.bytes_sent = None                    # callable: bytes this rank sent last step (ring)
+        self._sent: list[int] = []
         self._pending_comm = 0.0
         self._t = 0.0
 
@@ -92,6 +105,8 @@ class StepTimer:
         step = time.perf_counter() - self._t
         self.comm.append(self._pending_comm)
         self.compute.append(step if self.comm_overlapped else step - self._pending_comm)
+        if self.bytes_sent is not None:
+            self._sent.append(self.bytes_sent())
 
     def summary(self) -> dict | None:
         """Milliseconds per step: median with spread for each phase (None when disabled)."""
@@ -99,7 +114,9 @@ class StepTimer:
             return None
         ms = lambda xs: summarize([x * 1e3 for x in xs])  # noqa: E731
         return {"steps": len(self.data), "data_ms": ms(self.data), "compute_ms": ms(self.compute),
-                "comm_ms": ms(self.comm), "comm_overlapped": self.comm_overlapped}
+                "comm_ms": ms(self.comm), "comm_overlapped": self.comm_overlapped, "grad_bytes": self.grad_bytes,
+                "link_bytes_per_s": self.link_bytes_per_s, "allreduce_ms": self.allreduce_s * 1e3 if self.allreduce_s else None,
+                "bytes_sent_per_step": max(self._sent) if self._sent else None}
 
 
 class _TimedComm:
@@ -148,36 +165,99 @@ class DataParallelContext:
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.mode == "dp":
             return wrap_data_parallel(model)
+        if self.timer.enabled and self.multi_process:  # for the bandwidth columns of `dp compare`
+            self.timer.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+            self.timer.link_bytes_per_s = measure_link_bandwidth(self.timer.grad_bytes, self.device)
+            self.timer.allreduce_s = measure_allreduce_seconds("ring" if self.mode == "ring" else "builtin",
+                                                               self.timer.grad_bytes, self.device)
         if self.mode == "ddp":
             ddp = wrap_ddp(model, self.device)  # broadcasts rank 0's weights
             if self.timer.enabled:
                 self.timer.comm_overlapped = True
                 ddp.register_comm_hook(self.timer, _timed_allreduce_hook)
             return ddp
-        if self.mode == "allreduce":
-            if self.world_size > 1:
-                broadcast_parameters(model)  # replicas start identical, as under DDP
-            self._reducer = HandAllReduce(model, self.world_size)
+        if self.mode in ("allreduce", "ring") and self.world_size > 1:
+            broadcast_parameters(model)  # replicas start identical, as under DDP
+            if self.mode == "allreduce":
+                self._reducer = HandAllReduce(model, self.world_size)
+            else:
+                self.timer.comm_overlapped = True
+                self._reducer = RingAllReduce(model, self.world_size, on_comm=self.timer.add_comm if self.timer.enabled else None)
+                self.timer.bytes_sent = lambda: self._reducer.bytes_sent
         return model
 
     def after_backward(self, model: nn.Module) -> None:
-        """Average gradients over ranks (hand-written mode only; DDP does it inside backward)."""
-        if self._reducer is not None and self.world_size > 1:
+        """Average gradients over ranks (hand-written modes; DDP does it inside backward)."""
+        if isinstance(self._reducer, RingAllReduce):
+            self._reducer.sync()  # waits for the buckets the backward hooks launched (timed on the comm thread)
+        elif self._reducer is not None:
             with self.timer.communication():
                 self._reducer.sync()
 
-    def mean(self, value: torch.Tensor) -> torch.Tensor:
-        if self.world_size == 1 or self.mode not in MULTI_PROCESS_MODES:
-            return value
-        value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
-        return value / self.world_size
+    @property
+    def multi_process(self) -> bool:
+        return self.world_size > 1 and self.mode in MULTI_PROCESS_MODES
+
+    def rank_batches(self, global_batch: int) -> str | None:
+        """"85, 85, 86": the rows each rank gets of a full global batch (None in a single process)."""
+        if not self.multi_process:
+            return None
+        return ", ".join(str(hi - lo) for lo, hi in (shard_bounds(global_batch, r, self.world_size) for r in range(self.world_size)))
+
+    def shard_weights(self, batches) -> list[float] | None:
+        """Per step, the factor W·n_rank/n_global for this rank's mean loss (None: nothing to weight)."""
+        if not self.multi_process:
+            return None
+        weights = batches.shard_weights()
+        return None if all(w == 1.0 for w in weights) else weights
+
+    def sum_(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over ranks, in place (a no-op in a single process)."""
+        if self.multi_process:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def step_means(self, losses: torch.Tensor, correct: torch.Tensor, sizes: list[int]) -> tuple[list[float], list[float], float]:
+        """Per step, the global batch's mean loss and accuracy (%), and the epoch's accuracy (%), from
+        each rank's mean losses, correct counts and shard sizes; one collective and one device→host
+        copy for the whole epoch."""
+        n = torch.tensor(sizes, dtype=torch.float64, device=losses.device)
+        if self.multi_process:
+            stats = self.sum_(torch.stack([losses.double() * n, correct.double(), n])).cpu()
+            loss = stats[0] / stats[2]
+        else:
+            stats = torch.stack([losses.double(), correct.double(), n]).cpu()
+            loss = stats[0]  # exactly the float32 losses, as the plain loop logs them
+        return loss.tolist(), (100.0 * stats[1] / stats[2]).tolist(), 100.0 * float(stats[1].sum() / stats[2].sum())
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's 1-D tensor in rank order; the lengths may differ."""
+        if not self.multi_process:
+            return t
+        sizes = [torch.zeros(1, dtype=torch.long, device=t.device) for _ in range(self.world_size)]
+        dist.all_gather(sizes, torch.tensor([t.numel()], device=t.device))
+        longest = int(max(s.item() for s in sizes))
+        padded = torch.zeros(longest, dtype=t.dtype, device=t.device)
+        padded[:t.numel()] = t
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded)
+        return torch.cat([part[:int(s.item())] for part, s in zip(parts, sizes)])
+
+    def broadcast_buffers(self, model: nn.Module) -> None:
+        """Rank 0's buffers (BatchNorm running statistics) on every rank, so a sharded evaluation
+        scores one model — the one rank 0 checkpoints."""
+        if self.multi_process:
+            with torch.no_grad():
+                for b in model.buffers():
+                    dist.broadcast(b, src=0)
 
     def raise_if_peer_failure(self, exc: BaseException) -> None:
         """Re-raise a failed collective as one clear line (the caller re-raises anything else)."""
         raise_if_peer_failure(exc, self.rank, self.world_size, self.timeout_s)
 
     def close(self) -> None:
+        if isinstance(self._reducer, RingAllReduce):
+            self._reducer.close()
         if self.owns_group and dist.is_initialized():
             destroy_distributed()  # bounded: gloo's teardown can block (see launch.destroy_distributed)
             self.owns_group = False
@@ -206,7 +286,7 @@ def check_launch(mode: str, nproc: int, device: str, global_batch: int) -> None:
     if nproc < 1:
         raise ConfigError(f"--nproc {nproc}: expected a positive number of processes")
     if nproc > 1 and mode not in MULTI_PROCESS_MODES:
-        raise ConfigError(f"--nproc {nproc} starts {nproc} processes, which needs --parallel ddp or allreduce "
+        raise ConfigError(f"--nproc {nproc} starts {nproc} processes, which needs --parallel ddp, allreduce or ring "
                           f"(got --parallel {mode})")
     if mode == "dp":
         check_data_parallel(device, global_batch)
@@ -215,9 +295,14 @@ def check_launch(mode: str, nproc: int, device: str, global_batch: int) -> None:
     if dev.type == "cuda" and nproc > torch.cuda.device_count():
         raise HardwareError(f"--nproc {nproc}: only {torch.cuda.device_count()} CUDA device(s) visible "
                             "(one process per GPU; use --device cpu for more processes than GPUs)")
-    if global_batch % nproc:
-        raise ConfigError(f"--batch-size {global_batch} must be divisible by --nproc {nproc} "
-                          "(it is the global batch, split evenly across ranks)")
+    _check_batch_covers_ranks(global_batch, nproc, "--nproc")
+
+
+def _check_batch_covers_ranks(global_batch: int, world_size: int, what: str) -> None:
+    # Uneven shards are fine (weighted, see DeviceLoader.shard_weights); an empty shard is not.
+    if global_batch < world_size:
+        raise ConfigError(f"--batch-size {global_batch} is smaller than {what} {world_size}: every rank needs "
+                          "at least one image of each global batch")
 
 
 def setup_data_parallel(mode: str, device: str, global_batch: int, step_timing: bool = False,
@@ -238,9 +323,7 @@ def setup_data_parallel(mode: str, device: str, global_batch: int, step_timing: 
         return DataParallelContext(mode="dp", device=dev, timer=StepTimer(dev, step_timing))
     world_size = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
     check_launch(mode, 1, device, global_batch)  # device exists; mode is valid
-    if global_batch % world_size:
-        raise ConfigError(f"--batch-size {global_batch} must be divisible by the world size {world_size} "
-                          "(it is the global batch, split evenly across ranks)")
+    _check_batch_covers_ranks(global_batch, world_size, "the world size")
     timeout_s = timeout_s if timeout_s is not None else dist_timeout_s()  # --dist-timeout, else the environment
     already = dist.is_initialized()
     info: DistInfo = init_distributed(device=device, timeout_s=timeout_s)

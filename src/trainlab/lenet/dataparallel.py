@@ -24,8 +24,10 @@ def check_data_parallel(device: str, global_batch: int) -> int:
     if n < 2:
         raise HardwareError(f"--parallel dp needs at least 2 CUDA GPUs, found {n}: nn.DataParallel on one device "
                             "is single-device training with extra copies (use --parallel none)")
-    if global_batch % n:
-        raise ConfigError(f"--batch-size {global_batch} must be divisible by the {n} GPUs nn.DataParallel splits it over")
+    # A batch the GPUs do not divide is fine: scatter gives the last GPU a smaller chunk, and the loss is
+    # computed on the outputs gathered on GPU 0, so uneven chunks weigh every image alike.
+    if global_batch < n:
+        raise ConfigError(f"--batch-size {global_batch} is smaller than the {n} GPUs nn.DataParallel splits it over")
     return n
 
 

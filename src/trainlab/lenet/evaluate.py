@@ -1,4 +1,9 @@
-"""Test-set evaluation: loss, accuracy, per-class accuracy and the confusion matrix; `trainlab eval`."""
+"""Test-set evaluation: loss, accuracy, per-class accuracy and the confusion matrix; `trainlab eval`.
+
+Under data parallelism every rank scores its shard of the test set and the sums are all-reduced (the
+confusion matrix and the loss sum are exact sums, so the result equals one process scoring everything);
+the per-image predictions, when asked for, are gathered in test-set order.
+"""
 
 from __future__ import annotations
 
@@ -10,25 +15,39 @@ from trainlab.device import resolve_device
 from trainlab.lenet.batches import build_test_batches
 from trainlab.lenet.checkpoint import load_checkpoint
 from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.data_parallel import DataParallelContext
 from trainlab.lenet.setup import amp_dtype, autocast, build_model
 
 NUM_CLASSES = 10
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype=None) -> dict:
-    """`batches` yields (x, y) on `device`. Accumulates on the device; one sync at the end."""
+def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype=None,
+             par: DataParallelContext | None = None, predictions: bool = False) -> dict:
+    """`batches` yields (x, y) on `device` (this rank's shard when `par` is data-parallel).
+    Accumulates on the device; one sync at the end. `predictions=True` adds "predictions": the
+    predicted class of every test image, in order (a LongTensor on the CPU)."""
     was_training = model.training
     model.eval()
     confusion = torch.zeros(NUM_CLASSES, NUM_CLASSES, dtype=torch.long, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    preds = []
     for x, y in batches:
         with autocast(device, amp_dtype):
             logits = model(x)
         loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").double()
         pred = logits.argmax(1)
         confusion += torch.bincount(y * NUM_CLASSES + pred, minlength=NUM_CLASSES**2).view(NUM_CLASSES, NUM_CLASSES)
+        if predictions:
+            preds.append(pred)
     model.train(was_training)
+    gathered = None
+    if predictions:
+        mine = torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long, device=device)
+        gathered = (par.gather(mine) if par is not None else mine).cpu()
+    if par is not None:
+        par.sum_(confusion)
+        par.sum_(loss_sum)
     confusion = confusion.cpu()  # sync point
     n = int(confusion.sum())
     correct = int(confusion.diag().sum())
@@ -39,6 +58,7 @@ def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype=No
         "per_class_accuracy": (100.0 * confusion.diag() / per_class_total).tolist(),
         "confusion_matrix": confusion.tolist(),
         "test_samples": n,
+        **({"predictions": gathered} if predictions else {}),
     }
 
 

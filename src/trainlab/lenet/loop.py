@@ -1,7 +1,9 @@
 """LeNet-5 training, top to bottom: set up → (resume) → per epoch: train, evaluate, log, checkpoint → summary.
 
-The loop keeps the GPU busy: per-step losses stay on the device and are read back once per epoch
-(a `.item()` per step would be a CPU-GPU sync point per step).
+The loop keeps the GPU busy: per-step losses and correct-prediction counts stay on the device and are
+read back once per epoch (a `.item()` per step would be a CPU-GPU sync point per step). Training
+accuracy is measured on the batches the optimizer sees (augmented, in train mode, before the update),
+so it is a running figure, not a re-evaluation of the training set.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from trainlab.errors import ConfigError
 from trainlab.lenet.batches import build_test_batches, build_train_batches, to_device
 from trainlab.lenet.checkpoint import load_checkpoint, save_checkpoint
 from trainlab.lenet.config import TrainConfig
+from trainlab.lenet import misclassified
 from trainlab.lenet.data_parallel import setup_data_parallel
 from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
 from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, build_scheduler, scaled_lr, use_channels_last
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
+from trainlab.telemetry.figures import misclassified_figure
 from trainlab.telemetry.gpu import GPUSampler
 from trainlab.telemetry.rundir import RunDir
 from trainlab.telemetry.tensorboard import image_grid, make_writer
@@ -60,7 +64,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     ckpt = load_checkpoint(run.checkpoint) if resume is not None else None
     data = load_mnist(cfg.data_dir)
     train_batches = build_train_batches(cfg, data, device, par)
-    test_batches = build_test_batches(cfg, data, device)
+    test_batches = build_test_batches(cfg, data, device, par)
     steps_per_epoch = len(train_batches)
     n_train = len(data.train_images) if cfg.train_subset is None else min(cfg.train_subset, len(data.train_images))
     channels_last = use_channels_last(cfg, device)
@@ -85,10 +89,12 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
         run.write_json("config.json", cfg.to_dict())
         run.write_json("env.json", env)
     log(format_header({**cfg.to_dict(), "run_dir": str(run.path), "params": params, "data_source": data.source,
-                       "resumed_from_epoch": start_epoch if ckpt else None}, env))
+                       "resumed_from_epoch": start_epoch if ckpt else None,
+                       "rank_batches": par.rank_batches(cfg.batch_size)}, env))
     writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=global_step if ckpt else None)
     if writer is not None and ckpt is None:
         _log_graph(writer, model, next(iter(test_batches))[0][:8])
+        _log_layout(writer)
     gpu = (GPUSampler(indices=[device.index if device.index is not None else torch.cuda.current_device()], log=log)
            if cfg.gpu_telemetry and device.type == "cuda" and par.is_main else None)
     busy = BusySnapshot()   # nvidia-smi while the first epoch trains (env.json's is taken idle)
@@ -98,6 +104,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     model = par.wrap(model)
     if cfg.compile:
         model = torch.compile(model)
+    # Each rank scores its shard of the test set with the plain module: DDP's forward would broadcast
+    # buffers, a collective that ranks with different numbers of test batches cannot all join.
+    eval_model = unwrap(model) if par.multi_process else model
     warmup_seconds = _warm_up(model, train_batches, device, precision, channels_last) if (cfg.compile or device.type == "cuda") else 0.0
 
     # ---- train ----------------------------------------------------------------------------------
@@ -109,22 +118,25 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
         for epoch in range(start_epoch, cfg.epochs):
             train_batches.set_epoch(epoch)  # the order is a pure function of (seed, epoch): resumable
             model.train()
-            step_losses = []
+            step_losses, step_correct, step_sizes = [], [], []
+            weights = par.shard_weights(train_batches)  # None unless the world size leaves uneven shards
             synchronize(device)
             t0 = time.perf_counter()
             bar = tqdm(train_batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
                        disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True)
-            for x, y in par.timer.batches(bar, lambda b: to_device(*b, device, channels_last)):
+            for step, (x, y) in enumerate(par.timer.batches(bar, lambda b: to_device(*b, device, channels_last))):
                 with autocast(device, precision):
                     logits = model(x)
                 loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                (loss if weights is None else loss * weights[step]).backward()
                 par.after_backward(model)  # hand-written all-reduce; DDP/DP reduce inside backward
                 optimizer.step()
                 scheduler.step()
                 par.timer.step_done()
                 step_losses.append(loss.detach())
+                step_correct.append((logits.detach().argmax(1) == y).sum())  # stays on the device
+                step_sizes.append(len(y))
                 global_step += 1
                 if epochs_run == 0 and gpu is not None and len(step_losses) == 1:
                     busy.start()
@@ -137,13 +149,16 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
                 env["nvidia_smi_busy"] = snapshot
                 run.write_json("env.json", env)
                 run.write_text("nvidia-smi-busy.txt", snapshot["text"])
-            losses = par.mean(torch.stack(step_losses).float()).cpu().tolist()  # one sync for the whole epoch
+            # one sync for the whole epoch: the global batches' mean losses and accuracies
+            losses, accuracies, train_accuracy = par.step_means(torch.stack(step_losses), torch.stack(step_correct), step_sizes)
 
-            result = evaluate(model, test_batches, device, precision)
+            par.broadcast_buffers(eval_model)
+            result = evaluate(eval_model, test_batches, device, precision, par=par)
             record = {
                 "epoch": epoch + 1,
                 "global_step": global_step,
                 "train_loss": sum(losses) / len(losses),
+                "train_accuracy": train_accuracy,
                 "test_loss": result["test_loss"],
                 "test_accuracy": result["test_accuracy"],
                 "per_class_accuracy": result["per_class_accuracy"],
@@ -152,14 +167,16 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
                 "train_seconds": train_seconds,
                 "images_per_s": n_train / epoch_seconds,
                 "step_losses": losses,
+                "step_accuracies": accuracies,
             }
             history.append(record)
             if time_to_target is None and result["test_accuracy"] >= TARGET_ACCURACY:
                 time_to_target = train_seconds
             log(f"epoch {epoch + 1:>3}/{cfg.epochs}  train_loss {record['train_loss']:.4f}  test_loss {record['test_loss']:.4f}  "
-                f"test_acc {record['test_accuracy']:6.2f}%  {record['images_per_s']:>9,.0f} img/s  {epoch_seconds:6.2f} s")
+                f"train_acc {record['train_accuracy']:6.2f}%  test_acc {record['test_accuracy']:6.2f}%  "
+                f"{record['images_per_s']:>9,.0f} img/s  {epoch_seconds:6.2f} s")
             if writer is not None:
-                _log_epoch(writer, record, losses, global_step, result, scheduler)
+                _log_epoch(writer, record, losses, accuracies, global_step, result, scheduler)
             if par.is_main:
                 run.write_metrics(history)
                 save_checkpoint(run.checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch + 1,
@@ -183,12 +200,18 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
                     writer.add_scalar("gpu/memory_used_mib", s["memory_used_mib"], i)
 
     # ---- summarize ------------------------------------------------------------------------------
-    final = evaluate(model, test_batches, device, precision)
+    par.broadcast_buffers(eval_model)
+    final = evaluate(eval_model, test_batches, device, precision, par=par, predictions=True)
+    wrong = misclassified.misclassified(final["predictions"], *_test_arrays(data, cfg))
+    if par.is_main:
+        misclassified.save(run.file(misclassified.FILE), wrong)
     if writer is not None:
         _log_images(writer, unwrap(model), test_batches, global_step)
+        writer.add_figure("test/misclassified", misclassified_figure(wrong, run.path.name), global_step)
         writer.close()
     summary = {
         "test_accuracy": final["test_accuracy"],
+        "train_accuracy": history[-1].get("train_accuracy") if history else None,
         "test_loss": final["test_loss"],
         "per_class_accuracy": final["per_class_accuracy"],
         "confusion_matrix": final["confusion_matrix"],
@@ -221,6 +244,12 @@ def _silent(*_args, **_kwargs) -> None:
     pass
 
 
+def _test_arrays(data, cfg: TrainConfig):
+    """The raw test images and labels the run scored (the whole test set or its --test-subset)."""
+    n = len(data.test_labels) if cfg.test_subset is None else min(cfg.test_subset, len(data.test_labels))
+    return data.test_images[:n], data.test_labels[:n]
+
+
 def _warm_up(model, batches, device, precision, channels_last) -> float:
     """One forward/backward on a real batch to trigger compilation and cuDNN autotuning, then restore
     the model exactly (BatchNorm running stats included) so the run stays deterministic."""
@@ -250,10 +279,21 @@ def _log_graph(writer, model, example) -> None:
         print(f"tensorboard: model graph skipped ({type(e).__name__})")
 
 
-def _log_epoch(writer, record, losses, global_step, result, scheduler) -> None:
+def _log_layout(writer) -> None:
+    """TensorBoard's Custom Scalars tab: train and test curves of one quantity in one chart."""
+    writer.add_custom_scalars({"train vs test": {
+        "accuracy (%)": ["Multiline", ["train/accuracy_epoch", "test/accuracy"]],
+        "loss": ["Multiline", ["train/loss_epoch", "test/loss"]],
+    }})
+
+
+def _log_epoch(writer, record, losses, accuracies, global_step, result, scheduler) -> None:
     first = global_step - len(losses) + 1
-    for i, loss in enumerate(losses):
+    for i, (loss, acc) in enumerate(zip(losses, accuracies)):
         writer.add_scalar("train/loss", loss, first + i)
+        writer.add_scalar("train/accuracy", acc, first + i)  # of the step's (global) batch
+    writer.add_scalar("train/loss_epoch", record["train_loss"], global_step)
+    writer.add_scalar("train/accuracy_epoch", record["train_accuracy"], global_step)
     writer.add_scalar("train/lr", record["lr"], global_step)
     writer.add_scalar("test/loss", record["test_loss"], global_step)
     writer.add_scalar("test/accuracy", record["test_accuracy"], global_step)

@@ -10,6 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from trainlab.io import atomic_write_bytes  # noqa: E402
+from trainlab.telemetry.figures import misclassified_figure  # noqa: E402
+
+MISCLASSIFIED_FILE = "misclassified.npz"  # written by the trainer (lenet/misclassified.py)
 
 
 def _save(fig, path: Path) -> Path:
@@ -47,14 +50,31 @@ def loss_curves(run, path: Path) -> Path | None:
 
 
 def accuracy_curve(run, path: Path) -> Path | None:
+    """Test accuracy per epoch next to the running training accuracy (per epoch, and per step faintly)."""
     if not run.epochs:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.plot([r["epoch"] for r in run.epochs], [r["test_accuracy"] for r in run.epochs], "o-")
+    steps_per_epoch = [len(r.get("step_accuracies") or []) for r in run.epochs]
+    if all(steps_per_epoch):
+        x, y = [], []
+        for rec, n in zip(run.epochs, steps_per_epoch):
+            first = rec["epoch"] - 1
+            x += [first + (i + 1) / n for i in range(n)]
+            y += rec["step_accuracies"]
+        ax.plot(x, y, lw=0.5, alpha=0.35, color="#4c72b0", label="train accuracy (per step, its batch)")
+    epochs = [r["epoch"] for r in run.epochs]
+    if any("train_accuracy" in r for r in run.epochs):
+        # a mean over the epoch's steps, so it belongs to the middle of the epoch, not its end
+        ax.plot([e - 0.5 for e in epochs], [r.get("train_accuracy") for r in run.epochs], "o-", color="#4c72b0",
+                label="train accuracy (epoch mean, at mid-epoch)")
+    ax.plot(epochs, [r["test_accuracy"] for r in run.epochs], "s-", color="#dd8452", label="test accuracy (end of epoch)")
     ax.axhline(99.0, color="gray", ls="--", lw=0.8)
+    top = [r["test_accuracy"] for r in run.epochs] + [r["train_accuracy"] for r in run.epochs if r.get("train_accuracy") is not None]
+    ax.set_ylim(max(0.0, min(min(top) - 1.0, 97.0)), 100.2)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"{run.name}: test accuracy")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(f"{run.name}: accuracy")
+    ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -115,4 +135,50 @@ def bars(labels: list[str], values: list[float], path: Path, title: str, ylabel:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def misclassified_grid(run, path: Path) -> Path | None:
+    """The run's misclassified test images (its misclassified.npz), captioned true→predicted."""
+    import numpy as np
+
+    f = Path(run.path) / MISCLASSIFIED_FILE
+    if not f.exists():
+        return None
+    try:
+        with np.load(f) as z:
+            examples = {k: z[k] for k in z.files}
+    except (OSError, ValueError):
+        return None  # a damaged file costs this figure, not the report
+    if not len(examples.get("index", [])):
+        return None
+    return _save(misclassified_figure(examples, run.name), path)
+
+
+def sweep_lines(key: str, series: dict[str, list], path: Path, metric: str = "test accuracy (%)") -> Path:
+    """`metric` against the values of one swept flag, one line per combination of the other flags,
+    error bars ±1 sd over seeds. Categorical values (optimizer names) are spaced evenly."""
+    values = []
+    for points in series.values():
+        values += [v for v, *_ in points if v not in values]
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    log = numeric and len(values) > 2 and min(values) > 0 and max(values) / min(values) >= 20
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for k, (label, points) in enumerate(series.items()):
+        # categories (optimizer names) have no order to draw a line along: markers, nudged apart
+        nudge = 0.0 if numeric else 0.06 * (k - (len(series) - 1) / 2)
+        xs = [p[0] if numeric else values.index(p[0]) + nudge for p in points]
+        ax.errorbar(xs, [p[1] for p in points], yerr=[p[2] for p in points], fmt="o-" if numeric else "o", capsize=3,
+                    label=f"{label} (n={'/'.join(str(p[3]) for p in points)})")
+    if not numeric:
+        ax.set_xticks(range(len(values)))
+        ax.set_xticklabels([str(v) for v in values])
+        ax.set_xlim(-0.5, len(values) - 0.5)
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel(key)
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} against {key} (mean ± sd over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     return _save(fig, path)

@@ -1,0 +1,112 @@
+"""Numbers for people: 99.33 %, 25.5 s, 12,822 img/s, 0.0209 — never a raw float like 99.33000183105469.
+
+One function per kind of quantity, so the same quantity looks the same everywhere on the page; each
+returns "–" for a missing value. The raw values stay in the run directory (and in the report's
+"raw values" blocks) for anyone who needs every digit.
+"""
+
+from __future__ import annotations
+
+import math
+
+MISSING = "–"
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def pct(v, digits: int = 2) -> str:
+    """An accuracy or a share in percent: 99.33 %."""
+    return MISSING if _missing(v) else f"{v:.{digits}f} %"
+
+
+def pct_sd(mean, sd, digits: int = 2) -> str:
+    """Mean ± standard deviation in percent: 99.19 ± 0.12 %."""
+    if _missing(mean):
+        return MISSING
+    return f"{mean:.{digits}f} ± {sd:.{digits}f} %" if not _missing(sd) else pct(mean, digits)
+
+
+def seconds(v) -> str:
+    """A duration: 412 ms, 2.35 s, 25.5 s, 312 s, 1 h 02 min."""
+    if _missing(v):
+        return MISSING
+    if v == 0:
+        return "0 s"
+    if v < 1:
+        return f"{v * 1e3:.3g} ms"
+    if v < 10:
+        return f"{v:.2f} s"
+    if v < 100:
+        return f"{v:.1f} s"
+    if v < 3600:
+        return f"{v:.0f} s"
+    h, rest = divmod(int(round(v)), 3600)
+    return f"{h} h {rest // 60:02d} min"
+
+
+def millis(v) -> str:
+    """A per-step time in milliseconds: 0.142 ms, 25.5 ms, 312 ms."""
+    if _missing(v):
+        return MISSING
+    return f"{v:.3g} ms" if v < 100 else f"{v:,.0f} ms"
+
+
+def rate(v, unit: str = "img/s") -> str:
+    """A throughput with thousands separators: 12,822 img/s (three significant digits below 100)."""
+    if _missing(v):
+        return MISSING
+    return f"{v:,.0f} {unit}" if abs(v) >= 100 else f"{v:.3g} {unit}"
+
+
+def number(v) -> str:
+    """A loss, an error, a ratio: three significant digits (0.0209, 1.23e-07, 2.31); integers with
+    separators (61,706); booleans as yes/no; strings as they are."""
+    if _missing(v):
+        return MISSING
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 1e5 or abs(v) < 1e-3:
+            return f"{v:.3g}"
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def count(v) -> str:
+    return MISSING if _missing(v) else f"{int(v):,}"
+
+
+def nbytes(v) -> str:
+    """Bytes in binary units: 241 KiB, 1.5 MiB, 59.7 GiB."""
+    if _missing(v):
+        return MISSING
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(v) >= size:
+            return f"{v / size:.3g} {unit}"
+    return f"{int(v)} B"
+
+
+def value(key: str, v) -> str:
+    """Format a value by what its key says it is (the result files' naming conventions)."""
+    if _missing(v):
+        return MISSING
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return number(v)
+    k = key.lower()
+    if k.endswith("bytes"):
+        return nbytes(v)
+    if "accuracy" in k or k.endswith(("_pct", "pct_of_link", "pct_of_copy_bw")) or k == "mfu_pct":
+        return pct(v)
+    if "per_s" in k:  # before the durations: "images_per_s" also ends with "_s"
+        return rate(v, "tokens/s" if "tokens" in k else "img/s" if "image" in k else "/s")
+    if k.endswith("_ms") or "_ms_" in k:
+        return millis(v)
+    if k.endswith(("_s", "seconds")) or "_seconds_" in k:
+        return seconds(v)
+    return number(v)
