@@ -35,7 +35,7 @@ case "$PART" in
     run gelu_check $PY -m trainlab gelu check --json
     run gelu_bench $PY -m trainlab gelu bench --device cuda --out "$LOGS"
     run lenet_time_to_99 $PY benchmarks/lenet_time_to_99.py --device cuda --skip-seed-style
-    run lenet_train $PY -m trainlab train --device cuda --no-progress --out "$LOGS/lenet_run"
+    run lenet_train $PY -m trainlab train --device cuda --no-progress --overwrite --out "$LOGS/lenet_run"
     run dp_compile $PY benchmarks/dp_compile.py --device cuda
     ;;
   gpt)
