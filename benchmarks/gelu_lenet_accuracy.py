@@ -56,7 +56,7 @@ def main(argv=None) -> int:
             env["TRITON_INTERPRET"] = "1"
         out = Path(args.runs) / act
         cmd = [sys.executable, "-m", "trainlab", "train", "--act", act, "--epochs", str(args.epochs),
-               "--out", str(out), "--device", args.device, *args.extra.split()]
+               "--out", str(out), "--overwrite", "--device", args.device, *args.extra.split()]  # its own runs, redone
         print("$", " ".join(cmd), flush=True)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=env)

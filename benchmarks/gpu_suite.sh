@@ -35,7 +35,7 @@ if [ "$DRY" = 1 ]; then
   step pytest_gpu 90 20 $PY -m pytest -q -m gpu -p no:cacheprovider --co tests           # collect only on CPU
   step gelu_check 60 10 sh -c "$PY -m trainlab gelu check --json --impl torch --impl python --impl cuda --dtype float32 --approximate none --n 256 > '$WORK/gelu_check.json'"
   step gelu_bench 60 10 $PY -m trainlab gelu bench --device cpu --sizes 1K --impl python --budget 0.01 --out "$WORK/gelu_bench"
-  step lenet_train 90 15 $PY -m trainlab train --device cpu --epochs 1 --train-subset 2048 --test-subset 1024 --no-progress --out "$WORK/lenet_run"
+  step lenet_train 90 15 $PY -m trainlab train --device cpu --epochs 1 --train-subset 2048 --test-subset 1024 --no-progress --overwrite --out "$WORK/lenet_run"
   step lenet_time_to_99 30 10 $PY benchmarks/lenet_time_to_99.py --help                 # trains to 99%: import check only
   step dp_compile 60 10 $PY benchmarks/dp_compile.py --device cpu --steps 3 --variants eager --out "$WORK/results"
 else
@@ -45,7 +45,7 @@ else
   step pytest_gpu 240 60 $PY -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests
   step gelu_check 90 30 sh -c "$PY -m trainlab gelu check --json > '$WORK/gelu_check.json'"
   step gelu_bench 120 40 $PY -m trainlab gelu bench --device cuda --budget 0.2 --out "$WORK/gelu_bench"
-  step lenet_train 90 30 $PY -m trainlab train --device cuda --no-progress --out "$WORK/lenet_run"
+  step lenet_train 90 30 $PY -m trainlab train --device cuda --no-progress --overwrite --out "$WORK/lenet_run"
   step lenet_time_to_99 90 30 $PY benchmarks/lenet_time_to_99.py --device cuda --skip-seed-style --out "$WORK/results"
   step dp_compile 90 30 $PY benchmarks/dp_compile.py --device cuda --steps 200 --out "$WORK/results"
 fi

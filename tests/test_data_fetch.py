@@ -87,4 +87,4 @@ def test_fetch_into_unwritable_dir(tmp_path, capsys):
     line = main(["data", "fetch", "--dir", str(blocker / "sub"), "--mirror", "file:///nonexistent/"])
     assert line == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("trainlab: error: ") and "--dir cannot be created" in err
+    assert err.startswith("trainlab: error: ") and f"--dir '{blocker / 'sub'}': cannot be created: {blocker} is a file" in err

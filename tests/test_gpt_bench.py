@@ -119,6 +119,7 @@ def test_compare_classifies_failures():
     assert _classify(1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") == "OOM"
     assert _classify(1, "RuntimeError: DefaultCPUAllocator: can't allocate memory") == "OOM"
     assert _classify(2, "trainlab: error: --tp 3: must divide") == "invalid"
+    assert _classify(3, "trainlab: error: gpt bench: the loss became non-finite (nan on rank 0) at step 2") == "diverged"
     assert _classify(-9, "Killed") == "failed"
 
 
@@ -146,7 +147,7 @@ def test_bench_nproc_2_relaunches_under_torchrun_and_matches_single_process(tmp_
     proc = subprocess.run([sys.executable, *args, "--strategy", "ddp", "--nproc", "2", "--json", str(ddp)],
                           capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "torch.distributed.run" in proc.stdout
+    assert "launching 2 workers (torch.distributed elastic agent)" in proc.stdout
     single = run_bench(BenchConfig(model="tiny", device="cpu", steps=2, warmup=1, global_batch=4, micro_batch=2, seq=32),
                        log=lambda *a: None)
     d = json.loads(ddp.read_text())

@@ -41,8 +41,8 @@ def test_hung_rank_times_out_instead_of_hanging():
     # rank 0 raised from the collective because of the 3 s process-group timeout, long before
     # rank 1's 60 s sleep or the harness's 50 s limit
     assert "rank 0 failed" in str(err.value)
-    # the engine names the cause in one line (HardwareError → `trainlab: error: ...` in the CLI)
-    assert "HardwareError: rank 0/2: a collective failed: another rank died or stalled longer than the 3 s" in str(err.value)
+    # the engine names the cause in one line (PeerFailure, a HardwareError → `trainlab: error: ...` in the CLI)
+    assert "PeerFailure: rank 0/2: a collective failed: another rank died or stalled longer than the 3 s" in str(err.value)
     assert elapsed < 45
 
 

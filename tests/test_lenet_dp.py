@@ -36,9 +36,9 @@ def _error_line(capsys, argv):
     (["--parallel", "pipeline"], ["--parallel 'pipeline'", "none, dp, ddp, allreduce"]),
     (["--parallel", "ring", "--nproc", "3", "--batch-size", "2"], ["--batch-size 2", "smaller than --nproc 3"]),
     (["--parallel", "none", "--nproc", "2"], ["--nproc 2", "--parallel ddp, allreduce or ring"]),
-    (["--parallel", "ddp", "--nproc", "0"], ["--nproc 0", "positive"]),
+    (["--parallel", "ddp", "--nproc", "0"], ["--nproc 0", "expected an integer >= 1"]),
     (["--parallel", "dp", "--device", "cpu"], ["--parallel dp", "CUDA GPUs"]),
-    (["--parallel", "ddp", "--dist-timeout", "0"], ["--dist-timeout 0", "positive"]),
+    (["--parallel", "ddp", "--dist-timeout", "0"], ["--dist-timeout 0", "expected a finite number > 0"]),
 ])
 def test_bad_launches_are_one_line_errors_before_anything_starts(tmp_path, capsys, argv, needles):
     line = _error_line(capsys, ["train", "--device", "cpu", "--out", str(tmp_path / "r"), *argv])

@@ -51,10 +51,35 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert resumed["test_accuracy"] == full["test_accuracy"]
     assert resumed["test_loss"] == full["test_loss"]
     assert step_losses(part_dir) == step_losses(full_dir)
-    a = torch.load(full_dir / "checkpoint.pt")["model"]
-    b = torch.load(part_dir / "checkpoint.pt")["model"]
+    a = torch.load(full_dir / "checkpoint.pt", weights_only=True)["model"]  # checkpoints are data only
+    b = torch.load(part_dir / "checkpoint.pt", weights_only=True)["model"]
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_resume_with_more_epochs_rebuilds_the_schedule_and_a_plain_resume_still_works(tmp_path, capsys):
+    """`--resume DIR --epochs 5` on a 3-epoch run used to crash in OneCycleLR after two epochs and to
+    leave a config.json that crashed every later plain --resume too."""
+    from trainlab.lenet.setup import build_optimizer, build_scheduler
+
+    _, d = run(tmp_path, "x", epochs=3, stop_after=3)  # a finished 3-epoch run (8 steps per epoch)
+    base = ["--device", "cpu", "--no-progress", "--no-tensorboard"]
+    assert main(["train", "--resume", str(d), "--epochs", "5", "--stop-after", "1", *base]) == 0
+    assert "the LR schedule is rebuilt for 5 epochs (40 steps) and continues at step 24" in capsys.readouterr().out
+    assert json.loads((d / "config.json").read_text())["epochs"] == 5
+    assert main(["train", "--resume", str(d), *base]) == 0  # plain resume of the extended run: epoch 5
+    records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5]
+    # The LR after each epoch is the 5-epoch OneCycle's at that step (the first 3 epochs ran the 3-epoch one).
+    cfg = TrainConfig(**{**SMALL, "epochs": 5})
+    sched = build_scheduler(cfg, build_optimizer(cfg, torch.nn.Linear(1, 1), cfg.lr), cfg.lr, 8)
+    expected = []
+    for _ in range(40):
+        sched.optimizer.step()
+        sched.step()
+        expected.append(sched.get_last_lr()[0])
+    assert [r["lr"] for r in records[3:]] == pytest.approx([expected[31], expected[39]], rel=1e-12)
+    assert records[-1]["lr"] < records[2]["lr"] * 10  # annealed to the end again, not restarted
 
 
 def test_run_directory_and_summary(tmp_path):

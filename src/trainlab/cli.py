@@ -6,6 +6,12 @@ whose module fails to import is a bug, and it fails loudly: a command must never
 
 `trainlab worker SPEC.json` (hidden) is how every worker process starts: the parent wrote its resolved
 config as JSON (`distributed.launch`), and `WORKERS` names the function that runs it.
+
+`main` is the one place errors reach the user (exit codes in `trainlab.errors`): a `UserError` is its
+one line; any other `OSError` (disk full, a permission the checks could not foresee) is one line naming
+the path; anything else is a bug, shown with its traceback and a request to report it. A worker under
+`trainlab`'s launcher also leaves its line in the launcher's error file (`distributed.launch`), so
+the parent prints one line for the whole job instead of one per rank.
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ import argparse
 import importlib
 import shlex
 import sys
+import traceback
 
+from trainlab.distributed.failure import PeerFailure
+from trainlab.distributed.launch import exit_worker, record_worker_error, under_torchrun
 from trainlab.errors import UserError
 
 # command group → module that defines `add_parser(subparsers)`, in --help order
@@ -69,12 +78,34 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except UserError as e:
-        print(f"trainlab: error: {e}", file=sys.stderr)
-        return 2
+        code = _fail(f"trainlab: error: {e}", e.exit_code, peer=isinstance(e, PeerFailure))
+        if isinstance(e, PeerFailure) and under_torchrun():
+            exit_worker(code)  # the process group is broken: tearing it down only waits (~2.5 s with gloo)
+        return code
     except KeyboardInterrupt:
-        print("trainlab: interrupted", file=sys.stderr)
-        return 130
+        return _fail("trainlab: interrupted", 130)
+    except OSError as e:  # the file system or the OS said no, somewhere no check could foresee
+        return _fail(f"trainlab: error: {os_error_line(e)}", 2)
+    except Exception as e:
+        traceback.print_exc()
+        return _fail(f"trainlab: internal error ({type(e).__name__}): this is a bug in trainlab; please report it "
+                     "with the command line and the traceback above", 1)
     return int(result or 0)
+
+
+def os_error_line(e: OSError) -> str:
+    """'PATH: No space left on device' — the path first, as every other trainlab error."""
+    paths = [p for p in (e.filename, e.filename2) if p is not None]
+    reason = e.strerror or str(e) or type(e).__name__
+    return f"{' -> '.join(map(str, paths))}: {reason}" if paths else f"{reason} ({type(e).__name__})"
+
+
+def _fail(line: str, code: int, peer: bool = False) -> int:
+    # A launched worker's line goes to its launcher, which prints one line for all ranks; the worker
+    # prints it itself only when no launcher listens (a plain run, a test's hand-made ranks).
+    if not record_worker_error(line, code, peer):
+        print(line, file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

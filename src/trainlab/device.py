@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 
@@ -87,6 +88,17 @@ def peak_memory(device: torch.device | str) -> dict:
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return {"peak_allocated_bytes": None, "peak_reserved_bytes": None, "peak_rss_bytes": int(rss)}
+
+
+def total_memory_bytes(device: torch.device | str) -> int | None:
+    """The device's memory (a GPU's, or the machine's RAM for the CPU); None if unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def device_name(device: torch.device | str) -> str:

@@ -1,13 +1,19 @@
 """User-facing errors.
 
 Anything raised as a `UserError` (bad file, bad flag, impossible config, missing hardware) is printed
-by the CLI as one line, `trainlab: error: <message>`, with exit code 2 and no traceback. Messages
-name the file or flag and say what was expected.
+by the CLI as one line, `trainlab: error: <message>`, with the error's `exit_code` (2) and no
+traceback. Messages name the file or flag and say what was expected.
+
+Exit codes of `trainlab` (see `trainlab.cli.main`): 0 success; 1 an internal error (a bug: the
+traceback is printed) or a check that found failures; 2 bad input (flags, files, hardware, an OSError
+naming its path); 3 training diverged (a non-finite loss); 130 interrupted.
 """
 
 
 class UserError(Exception):
     """An error caused by the user's input or machine, not by a bug in trainlab."""
+
+    exit_code = 2
 
 
 class DataError(UserError):
@@ -20,3 +26,9 @@ class ConfigError(UserError):
 
 class HardwareError(UserError):
     """Required hardware or toolchain (GPU, compiler, NCCL…) is not available."""
+
+
+class TrainingDiverged(UserError):
+    """The loss became NaN or infinite: the run stopped, its last good checkpoint is kept."""
+
+    exit_code = 3

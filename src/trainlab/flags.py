@@ -12,6 +12,10 @@ A field is declared once, with its default and its help:
 - `BenchConfig.from_dict(d, source=path)` rebuilds a config from JSON with its types checked: a hand-edited
   config.json with a string where a number belongs is one error line naming the file and the key, not a
   crash deep inside training.
+- `opt(..., check=positive)` declares a field's range (or choices, or an output path); `cfg.validate()`
+  applies every declared check and names the flag: `--lr nan: expected a finite number > 0`. Each
+  command config extends `validate()` with the checks that span several fields. The CLI calls it before
+  any data is loaded or worker started, and the worker calls it again on the config it was handed.
 - Worker processes receive the resolved config as JSON (`distributed.launch`), never as a command line.
 """
 
@@ -19,21 +23,84 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
-from typing import Any
+from typing import Any, Callable
 
 from trainlab.errors import ConfigError
+from trainlab.io import output_problem
+
+# A check takes a field's value and returns what is wrong with it (None when nothing is).
+Check = Callable[[Any], "str | None"]
 
 
 def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | list | None = None,
-        metavar: str | None = None, cli: bool = True) -> Any:
-    """A config field: its default, its help text, and how it appears on the command line.
+        metavar: str | None = None, cli: bool = True, check: Check | None = None) -> Any:
+    """A config field: its default, its help text, how it appears on the command line, and its check.
 
     `flag` overrides the derived `--field-name`; `cli=False` keeps a field out of the command line
-    (set by the program, recorded in the JSON)."""
+    (set by the program, recorded in the JSON); `check` (e.g. `positive`, `at_least(0)`, `one_of(...)`,
+    `output_dir`) is applied by `Config.validate()` to any value but None."""
     return dataclasses.field(default=default, metadata={"help": help, "flag": flag, "choices": choices,
-                                                        "metavar": metavar, "cli": cli})
+                                                        "metavar": metavar, "cli": cli, "check": check})
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def between(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False) -> Check:
+    """A finite number in the given range (NaN and ±inf always fail)."""
+    parts = ([f"{'>' if lo_open else '>='} {lo:g}"] if lo is not None else []) + \
+            ([f"{'<' if hi_open else '<='} {hi:g}"] if hi is not None else [])
+    expected = "expected a finite number" + (" " + " and ".join(parts) if parts else "")
+
+    def check(v: Any) -> str | None:
+        ok = _is_number(v) and math.isfinite(v)
+        ok = ok and (lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or (v < hi if hi_open else v <= hi))
+        return None if ok else expected
+    return check
+
+
+def at_least(lo: int) -> Check:
+    """An integer >= lo (counts, sizes, steps)."""
+    def check(v: Any) -> str | None:
+        return None if isinstance(v, int) and not isinstance(v, bool) and v >= lo else f"expected an integer >= {lo}"
+    return check
+
+
+positive = between(0, lo_open=True)   # a finite number > 0 (rates, seconds)
+non_negative = between(0)             # a finite number >= 0 (weight decay, warm-up)
+
+
+def one_of(choices) -> Check:
+    """One of `choices` (any iterable of names, e.g. a registry dict)."""
+    def check(v: Any) -> str | None:
+        names = list(choices)
+        return None if v in names else f"expected one of {', '.join(map(str, names))}"
+    return check
+
+
+def output_dir(v: Any) -> str | None:
+    """A directory trainlab may create or write into."""
+    return output_problem(v, "dir")
+
+
+def output_file(v: Any) -> str | None:
+    """A file trainlab may create or replace."""
+    return output_problem(v, "file")
+
+
+def check_value(value: Any, check: Check, flag: str) -> None:
+    """Apply one check outside a dataclass (a positional argument, a value derived from a flag)."""
+    problem = check(value)
+    if problem is not None:
+        raise ConfigError(f"{flag} {_show(value)}: {problem}")
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value) if _is_number(value) else repr(value)
 
 
 def _field_type(cls, f: dataclasses.Field) -> tuple[Any, bool]:
@@ -186,10 +253,19 @@ def _type_name(typ) -> str:
 
 
 class Config:
-    """Mixin for the command dataclasses: JSON out (`to_dict`) and typed JSON in (`from_dict`)."""
+    """Mixin for the command dataclasses: JSON out (`to_dict`), typed JSON in (`from_dict`), and
+    `validate()`, which applies every field's declared check (subclasses add cross-field checks)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def validate(self):
+        for f in dataclasses.fields(self):
+            check, value = f.metadata.get("check"), getattr(self, f.name)
+            if check is not None and value is not None:
+                check_value(value, check, flag_name(f) if f.metadata.get("cli") else f.name)
+            if isinstance(value, Config):  # a nested config's fields; its cross-field checks are its owner's call
+                Config.validate(value)
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "config"):

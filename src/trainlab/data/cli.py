@@ -10,6 +10,7 @@ from trainlab.data import fetch, mnist
 from trainlab.data.idx import write_idx
 from trainlab.data.pack import PACK_NAME, write_pack
 from trainlab.errors import DataError
+from trainlab.flags import check_value, output_dir
 
 
 def add_parser(subparsers) -> None:
@@ -96,6 +97,7 @@ def run_verify(args) -> int:
 
 
 def run_fetch(args) -> int:
+    check_value(args.dir, output_dir, "--dir")
     mirrors = tuple(args.mirror) if args.mirror else fetch.MIRRORS
     fetch.fetch_mnist(args.dir, mirrors=mirrors)
     arrays = mnist.load_idx_dir(args.dir)
@@ -119,6 +121,7 @@ def run_pack(args) -> int:
 
 
 def run_convert(args) -> int:
+    check_value(args.out, output_dir, "--out")  # before loading anything
     arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
     out = Path(args.out)
     for key, stem in mnist.IDX_STEMS.items():

@@ -10,6 +10,7 @@ Every problem with a file is a one-line `DataError` that starts with the file's 
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
 import zlib
@@ -42,7 +43,7 @@ def _parse_header(head: bytes, total: int, name: str) -> tuple[tuple[int, ...], 
     if total < header:
         raise DataError(f"{name}: truncated IDX header ({total} bytes, expected {header})")
     dims = struct.unpack(f">{ndim}I", head[4:header])
-    expected = int(np.prod(dims, dtype=np.int64))
+    expected = math.prod(dims)  # exact: a crafted header's product must not wrap around as an int64 would
     found = total - header
     if found < expected:
         raise DataError(f"{name}: truncated: dims {list(dims)} need {expected} data bytes, found {found}")
@@ -78,11 +79,13 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
             # into the array (one copy; this is what makes the cached MNIST load fast).
             dims, header = _parse_header(head, os.fstat(f.fileno()).st_size, str(path))
             f.seek(header)
-            return np.fromfile(f, dtype=np.uint8, count=int(np.prod(dims, dtype=np.int64))).reshape(dims)
+            return np.fromfile(f, dtype=np.uint8, count=math.prod(dims)).reshape(dims)
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise DataError(f"{path}: is a directory, expected an IDX file") from None
+    except PermissionError:
+        raise DataError(f"{path}: permission denied (cannot read it)") from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise DataError(f"{path}: corrupt or truncated gzip data ({e})") from None
 

@@ -143,7 +143,7 @@ def validate_split(images: np.ndarray, labels: np.ndarray, images_name: str, lab
 def _find_idx_file(folder: Path, stem: str) -> Path | None:
     dotted = stem[::-1].replace("-", ".", 1)[::-1]  # train-images.idx3-ubyte (a common mirror spelling)
     for name in (stem, stem + ".gz", dotted, dotted + ".gz"):
-        if (folder / name).is_file():
+        if (folder / name).exists():  # not is_file(): a folder by that name is an error read_idx names
             return folder / name
     return None
 
@@ -252,15 +252,48 @@ def _source_stamp(csv_paths: dict[str, Path]) -> dict:
 def _read_cache(folder: Path, stamp: dict) -> MNISTArrays | None:
     manifest = folder / "manifest.json"
     try:
-        if json.loads(manifest.read_text()).get("stamp") != stamp:
+        info = json.loads(manifest.read_text())
+        if not isinstance(info, dict) or info.get("stamp") != stamp:
             return None
         arrays = {key: read_idx(folder / stem) for key, stem in IDX_STEMS.items()}
         for split in ("train", "test"):
             validate_split(arrays[f"{split}_images"], arrays[f"{split}_labels"],
                            str(folder / IDX_STEMS[f"{split}_images"]), str(folder / IDX_STEMS[f"{split}_labels"]))
+        problem = _verify_cache(folder, info, arrays)
     except (OSError, ValueError, DataError):
         return None  # absent, stale or damaged cache: rebuild it from the CSVs
+    if problem:
+        print(f"trainlab: warning: the MNIST cache in {folder} failed verification ({problem}); "
+              "rebuilding it from the embedded CSV", file=sys.stderr)
+        return None
     return MNISTArrays(**arrays, source="")
+
+
+def _file_stamps(folder: Path) -> dict[str, list[int]]:
+    return {stem: [(st := (folder / stem).stat()).st_size, st.st_mtime_ns] for stem in IDX_STEMS.values()}
+
+
+def _verify_cache(folder: Path, info: dict, arrays: dict[str, np.ndarray]) -> str | None:
+    """The data trained on is the data the cache was built from, checked against the manifest's sha256.
+
+    Labels (70 kB, ~50 µs) are hashed on every load: one edited label shifts accuracy without a trace.
+    Images (55 MB, ~0.12 s, more than the 0.07 s load itself) are hashed only when a file's size or
+    mtime differs from the manifest's record; after a successful check the record is refreshed."""
+    digests = info.get("sha256") if isinstance(info.get("sha256"), dict) else {}
+    recorded = info.get("files") if isinstance(info.get("files"), dict) else {}
+    current = _file_stamps(folder)
+    hashed = False
+    for key, stem in IDX_STEMS.items():
+        if key.endswith("labels") or recorded.get(stem) != current[stem]:
+            if hashlib.sha256(np.ascontiguousarray(arrays[key]).tobytes()).hexdigest() != digests.get(key):
+                return f"{stem}: sha256 differs from the one recorded when the cache was built"
+            hashed = hashed or key.endswith("images")
+    if hashed:  # touched but intact (or built by an older trainlab): record the stamps, next load is fast
+        try:
+            atomic_write_json(folder / "manifest.json", {**info, "files": current})
+        except OSError:
+            pass
+    return None
 
 
 def load_embedded(cache_dir: str | os.PathLike | None = None) -> MNISTArrays:
@@ -283,7 +316,8 @@ def load_embedded(cache_dir: str | os.PathLike | None = None) -> MNISTArrays:
         for key, stem in IDX_STEMS.items():
             write_idx(folder / stem, getattr(arrays, key))  # raw, not .gz: reading raw is ~10× faster
         # The manifest goes last: a cache without it (a crash mid-conversion) is never trusted.
-        atomic_write_json(folder / "manifest.json", {"stamp": stamp, "sha256": fingerprint(arrays)})
+        atomic_write_json(folder / "manifest.json", {"stamp": stamp, "sha256": fingerprint(arrays),
+                                                     "files": _file_stamps(folder)})
     except OSError as e:
         print(f"trainlab: warning: could not write the MNIST cache ({e}); using the data uncached",
               file=sys.stderr)

@@ -11,6 +11,10 @@ import torch.distributed as dist
 
 from trainlab.errors import HardwareError
 
+
+class PeerFailure(HardwareError):
+    """This rank's collective failed because of another rank: the launcher prefers that rank's cause."""
+
 PEER_FAILURE_MARKERS = ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "socket", "broken pipe",
                         "communicator was aborted", "watchdog")
 
@@ -24,7 +28,7 @@ def raise_if_peer_failure(exc: BaseException, rank: int, world_size: int, timeou
     if isinstance(exc, dist.DistError) or any(m in text.lower() for m in PEER_FAILURE_MARKERS):
         lines = text.strip().splitlines()
         first = lines[-1].strip()[:200] if lines else type(exc).__name__
-        raise HardwareError(
+        raise PeerFailure(
             f"rank {rank}/{world_size}: a collective failed: another rank died or stalled longer than the "
             f"{timeout_s:g} s process-group timeout (another rank crashed, was killed or hung; its own log has the "
             f"cause; --dist-timeout sets the timeout): {first}") from exc

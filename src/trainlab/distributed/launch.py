@@ -4,6 +4,18 @@ Starting: the parent resolves and validates its config, writes it as JSON (`writ
 `trainlab worker SPEC.json` once, or under torchrun in N processes (`worker_command`). No config ever
 travels as a command line, so there is nothing to re-parse and no flag can be lost on the way.
 
+`launch_workers` (`train --nproc N`, `gpt bench --nproc N`) runs torchrun's elastic agent in this
+process rather than the `torchrun` command, so a failed job ends with one line saying which rank
+failed and how, instead of torchrun's 40-line traceback: each worker leaves its error line in the
+agent's per-rank error file (`record_worker_error`), a rank killed by a signal is read off its exit
+status, and the parent picks the root cause (`describe_failure`). Workers inherit this process's
+stdout/stderr, so their progress streams as before.
+
+A hung rank ends soon after the process-group timeout: the others fail that long after it hangs, and
+the agent then stops it with SIGTERM. A *stopped* rank (SIGSTOP, a debugger) cannot act on SIGTERM,
+and torch's agent waits a hard-coded 30 s before SIGKILL, so `_ResumeStoppedWorkers` sends it SIGCONT
+once the agent's SIGTERM is pending: that SIGTERM then ends it at once.
+
 Joining: `init_distributed` reads torchrun's RANK/WORLD_SIZE/LOCAL_RANK. Every process group gets a
 timeout, so a dead or hung rank makes the others fail with an error naming the timeout instead of
 waiting forever in a collective. Generic on purpose: the LeNet data-parallel modes and the GPT
@@ -12,10 +24,17 @@ strategies both use it.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
+import logging
 import os
-import subprocess
+import signal
 import sys
 import tempfile
+import threading
+import time
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +47,9 @@ from trainlab.io import atomic_write_json
 
 DEFAULT_TIMEOUT_S = 120.0  # long enough for a slow first NCCL init, short enough that a hang is noticed
 TIMEOUT_ENV = "TRAINLAB_DIST_TIMEOUT_S"  # process-group timeout; set by `trainlab train --dist-timeout`
+LAUNCHER_ENV = "TRAINLAB_LAUNCHER"       # set for the workers of `launch_workers`: their errors go to the agent
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # the agent's per-rank error file (torch.distributed.elastic)
+SHUTDOWN_GRACE_S = 3  # after one rank fails, the others get SIGTERM and this long before SIGKILL
 
 
 @dataclass(frozen=True)
@@ -59,12 +81,14 @@ def _pick_device(device: str | None, local_rank: int) -> torch.device:
     return dev
 
 
-def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, device: str | None = None) -> DistInfo:
+def init_distributed(backend: str | None = None, timeout_s: float | None = None, device: str | None = None) -> DistInfo:
     """Join the process group described by torchrun's RANK/WORLD_SIZE/LOCAL_RANK environment.
 
     Without those variables (plain `python -m trainlab ...`) this is a world of one and no process
-    group is created. The backend defaults to nccl on CUDA and gloo on CPU.
+    group is created. The backend defaults to nccl on CUDA and gloo on CPU; the timeout to
+    `dist_timeout_s()` ($TRAINLAB_DIST_TIMEOUT_S, else DEFAULT_TIMEOUT_S).
     """
+    timeout_s = dist_timeout_s() if timeout_s is None else timeout_s
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
@@ -127,9 +151,18 @@ def dist_timeout_s() -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"${TIMEOUT_ENV}={raw!r}: expected a number of seconds") from None
-    if value <= 0:
-        raise ConfigError(f"--dist-timeout {value:g}: expected a positive number of seconds")
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"${TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
     return value
+
+
+def describe_timeout(flag_value: float | None) -> str:
+    """The process-group timeout and where it comes from, for the log header."""
+    if flag_value is not None:
+        return f"{flag_value:g} s (--dist-timeout)"
+    if os.environ.get(TIMEOUT_ENV) is not None:
+        return f"{dist_timeout_s():g} s (${TIMEOUT_ENV})"
+    return f"{DEFAULT_TIMEOUT_S:g} s (default)"
 
 
 def needs_launch(nproc: int) -> bool:
@@ -151,9 +184,144 @@ def worker_command(nproc: int, spec_path: str | os.PathLike) -> list[str]:
 
 
 def launch_workers(nproc: int, worker: str, **payload) -> int:
-    """Run `worker` in `nproc` processes under torchrun from a temporary spec; returns the exit code."""
+    """Run `worker` in `nproc` processes under torch's elastic agent; returns the exit code.
+
+    On failure prints one line (see `describe_failure`) and returns that rank's code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
     with tempfile.TemporaryDirectory(prefix="trainlab_spec_") as tmp:
         spec = write_spec(Path(tmp) / f"{worker}.json", worker, **payload)
-        cmd = worker_command(nproc, spec)
-        print("launching: " + " ".join(cmd), flush=True)
-        return subprocess.call(cmd)
+        args = ["-u", "-m", "trainlab", "worker", os.fspath(spec)]
+        print(f"launching {nproc} workers (torch.distributed elastic agent): {sys.executable} {' '.join(args)}",
+              flush=True)
+        grace = {"shutdown_timeout": SHUTDOWN_GRACE_S} if "shutdown_timeout" in {
+            f.name for f in dataclasses.fields(LaunchConfig)} else {}
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"trainlab-{uuid.uuid4()}",
+                              rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                              monitor_interval=0.1, **grace)
+        env = {LAUNCHER_ENV: "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(SHUTDOWN_GRACE_S)}
+        if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = "1"  # as torchrun does: N processes must not each spin N cores' threads
+        try:
+            with _quiet_agent(env), _ResumeStoppedWorkers():
+                elastic_launch(config, sys.executable)(*args)
+        except ChildFailedError as e:
+            line, code = describe_failure(e.failures, nproc)
+            print(line, file=sys.stderr, flush=True)
+            return code
+        except SignalException as e:  # Ctrl-C or SIGTERM to this process: the agent stopped the workers
+            raise KeyboardInterrupt from e
+        return 0
+
+
+@contextlib.contextmanager
+def _quiet_agent(env: dict):
+    """While the agent runs: the workers' environment, no agent log lines (its failure report is
+    replaced by one line), and this process's signal handlers restored afterwards."""
+    saved_env = {k: os.environ.get(k) for k in env}
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    saved_disable = logging.root.manager.disable
+    os.environ.update(env)
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(saved_disable)
+        for s, handler in saved_signals.items():
+            signal.signal(s, handler)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class _ResumeStoppedWorkers(threading.Thread):
+    """While the agent runs: a child (worker) that is stopped with the agent's SIGTERM pending gets
+    SIGCONT, so that the SIGTERM ends it at once (see the module docstring). Only then: resumed any
+    earlier, the hung rank would run again and report a failure of its own, hiding which rank hung."""
+
+    def __init__(self, period_s: float = 0.2):
+        super().__init__(name="resume-stopped-workers", daemon=True)
+        self.period_s, self.done = period_s, threading.Event()
+
+    def __enter__(self):
+        if Path("/proc/self/task").is_dir():  # Linux; elsewhere the agent's own 30 s grace applies
+            self.start()
+        return self
+
+    def __exit__(self, *_exc):
+        self.done.set()
+
+    def run(self) -> None:
+        while not self.done.wait(self.period_s):
+            for pid in _stopped_children_with_sigterm_pending():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
+
+
+def _stopped_children_with_sigterm_pending() -> list[int]:
+    """This process's children that are stopped (state T) with SIGTERM pending (/proc/PID/status)."""
+    found = []
+    term = 1 << (signal.SIGTERM - 1)
+    for children in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            for pid in map(int, children.read_text().split()):
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                                  if ":" in line)
+                    pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+                    if status["State"].split()[0] == "T" and pending & term:
+                        found.append(pid)
+    return found
+
+
+def record_worker_error(line: str, code: int, peer: bool = False) -> bool:
+    """In a worker of `launch_workers`: leave this rank's error line for the launcher (which prints one
+    line for the job) and return True. Elsewhere return False: the caller prints the line itself."""
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not (path and os.environ.get(LAUNCHER_ENV)):
+        return False
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"message": line, "timestamp": int(time.time()),
+                                          "trainlab": {"line": line, "code": code, "peer": peer}}))
+    except OSError:
+        return False
+    return True
+
+
+def describe_failure(failures: dict, world_size: int) -> tuple[str, int]:
+    """One line and an exit code for a failed job, from the agent's per-rank `ProcessFailure`s.
+
+    The root cause, in this order: a rank's own error (its trainlab line); a rank killed by a signal or
+    gone without a word (`os._exit`, a segfault); a rank that timed out waiting for the others (then the
+    SIGTERM'd ranks are the ones that hung). SIGTERM'd ranks are the agent's own clean-up, not causes."""
+    def record(f) -> dict:
+        data = f.error_file_data.get("trainlab") if isinstance(f.error_file_data, dict) else None
+        return data if isinstance(data, dict) else {}
+
+    ranks = sorted(failures)
+    own = [r for r in ranks if record(failures[r]) and not record(failures[r]).get("peer")]
+    if own:
+        rec = record(failures[own[0]])
+        return rec["line"], int(rec.get("code", 1))
+    stopped = [r for r in ranks if failures[r].exitcode == -signal.SIGTERM and not record(failures[r])]
+    gone = [r for r in ranks if not record(failures[r]) and r not in stopped]
+    peers = [r for r in ranks if record(failures[r]).get("peer")]
+    if gone:
+        r, f = gone[0], failures[gone[0]]
+        how = (f"was killed by {f.signal_name()} (signal {-f.exitcode})" if f.exitcode < 0 else
+               f"exited with code {f.exitcode} without an error message")
+        hint = " — often the kernel's out-of-memory killer" if f.exitcode == -signal.SIGKILL else ""
+        rest = "; the other ranks were stopped" if world_size > 1 else ""
+        return f"trainlab: error: rank {r}/{world_size} {how}{hint}{rest}", 2
+    if peers:
+        line = record(failures[peers[0]])["line"]
+        if stopped:
+            line += f" [rank(s) {', '.join(map(str, stopped))} did not answer in time and were stopped]"
+        return line, 2
+    r = stopped[0]
+    return f"trainlab: error: rank {r}/{world_size} was terminated by SIGTERM (signal {signal.SIGTERM.value})", 2

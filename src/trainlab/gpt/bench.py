@@ -5,10 +5,15 @@ and `steps` timed steps. A step is timed from a barrier to the returned loss (a 
 loss is a Python float) with the device synchronized on both ends, and the slowest rank's time is
 the step time. Tokens for step i are drawn from a generator seeded by `seed`, so every strategy
 trains on exactly the same global batches.
+
+A NaN/inf loss stops the benchmark (`TrainingDiverged`): every rank learns of it through the
+per-step all-reduce that already takes the slowest rank's time, so all stop at the same step.
+`--out` is owned like a training run directory (`RunDir.claim`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import asdict, replace
@@ -17,8 +22,9 @@ import torch
 import torch.distributed as dist
 
 from trainlab.device import device_name, peak_memory, peak_tflops, reset_peak_memory, set_tf32, synchronize
-from trainlab.distributed.launch import (destroy_distributed, exit_worker, init_distributed, launch_workers,
-                                         needs_launch, under_torchrun)
+from trainlab.distributed.launch import (describe_timeout, destroy_distributed, exit_worker, init_distributed,
+                                         launch_workers, needs_launch, under_torchrun)
+from trainlab.errors import TrainingDiverged
 from trainlab.gpt.config import BenchConfig
 from trainlab.gpt.engine import GPTEngine
 from trainlab.gpt.flops import flops_per_token, handout_param_count, handout_tflops, hardware_flops_per_token, mfu
@@ -27,7 +33,7 @@ from trainlab.gpt.planner import measure_step_peak_bytes, predict_memory
 from trainlab.io import atomic_write_json
 from trainlab.stats import format_spread, summarize
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
-from trainlab.telemetry.rundir import RunDir
+from trainlab.telemetry.rundir import RunDir, check_run_dir
 from trainlab.telemetry.tensorboard import make_writer
 
 GiB = 1024**3
@@ -101,9 +107,11 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
     say = log if main else (lambda *a, **k: None)
     device = torch.device(info.device)
     writer = None
+    run, finished = None, False
     try:
+        run = RunDir.claim(cfg.out, overwrite=cfg.overwrite, resumable=False) if main and cfg.out else None
         config = {k: v for k, v in asdict(cfg).items()}
-        config.update(seq=seq, strategy=spec.text, world_size=info.world_size)
+        config.update(seq=seq, strategy=spec.text, world_size=info.world_size, dist_timeout=describe_timeout(None))
         env = collect_env(device)
         say(format_header(config, env))
         t0 = time.perf_counter()
@@ -122,9 +130,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
         say(f"built {spec.text} on {world} rank(s) of {device_name(device)} in {build_s:.1f} s; params {params:,}; "
             f"peak {peak if peak else 'n/a'} TFLOPS ({peak_src})")
 
-        run = None
-        if main and cfg.out:
-            run = RunDir(cfg.out)
+        if run is not None:
             run.write_json("config.json", config)
             run.write_json("env.json", env)
             run.write_metrics([])
@@ -147,10 +153,14 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
             loss = engine.train_step(tokens)
             synchronize(device)
             dt = time.perf_counter() - t
-            if world > 1:  # the step is as slow as its slowest rank
-                dt_t = torch.tensor([dt], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+            diverged = not math.isfinite(loss)
+            if world > 1:  # the step is as slow as its slowest rank; a NaN on any rank stops them all
+                dt_t = torch.tensor([dt, float(diverged)], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
                 dist.all_reduce(dt_t, op=dist.ReduceOp.MAX)
-                dt = float(dt_t.item())
+                dt, diverged = float(dt_t[0].item()), bool(dt_t[1].item())
+            if diverged:
+                raise TrainingDiverged(f"gpt bench: the loss became non-finite ({loss} on rank {info.rank}) at step {i + 1} "
+                                       f"(--lr {cfg.lr:g} too high?); the benchmark stopped, no summary was written")
             losses.append(loss)
             (times if timed else warm_times).append(dt)
             tok_s = tokens_per_step / dt
@@ -193,6 +203,7 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
             all_mem = [rank_mem]
         if not main:
             dist.barrier()  # leave together: tearing down gloo while a peer still works can hang
+            finished = True
             return None
 
         st = summarize(times)
@@ -263,16 +274,21 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
             run.write_json("summary.json", summary)
         if world > 1:
             dist.barrier()
+        finished = True
         return summary
     finally:
         if writer is not None:
             writer.close()
+        if run is not None:
+            run.release(failed=not finished)
         destroy_distributed()
 
 
 def bench_command(cfg: BenchConfig) -> int:
     """CLI entry: validate, start --nproc workers under torchrun (the config as JSON), else run here."""
     cfg.validate()  # fail before launching N processes
+    if cfg.out:
+        check_run_dir(cfg.out, overwrite=cfg.overwrite, resumable=False)
     if needs_launch(cfg.nproc):
         return launch_workers(cfg.nproc, "gpt-bench", config=cfg.to_dict())
     run_bench(cfg, log=lambda *a: print(*a, flush=True))

@@ -19,6 +19,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     pc = PlanConfig(**explicit_values(args, PlanConfig))
+    pc.validate()
     result = plan(get_preset(pc.model), pc.gpus, parse_bytes(pc.gpu_mem), pc.micro_batch, pc.seq, pc.strategy_list,
                   optimizer=pc.optimizer, model_name=pc.model, sm=pc.sm)
     print(json.dumps(result, indent=2) if pc.json else format_plan(result))
@@ -28,6 +29,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     bench = BenchConfig(**explicit_values(args, BenchConfig, exclude=COMPARE_EXCLUDED_BENCH_FLAGS))
     cc = CompareConfig(bench=bench, **explicit_values(args, CompareConfig))
+    cc.validate()
     run_compare(cc, log=lambda *a: print(*a, flush=True), command=args.command_line)
     return 0
 

@@ -1,7 +1,7 @@
 """`trainlab gpt compare`: run a matrix of strategies on the same tokens, one subprocess each.
 
 Each strategy runs as its own `trainlab gpt bench` process, so an out-of-memory error, a crash or
-a hang is isolated and reported in the table ("OOM", "failed", "timeout", "invalid") next to the
+a hang is isolated and reported in the table ("OOM", "failed", "timeout", "invalid", "diverged") next to the
 planner's predicted memory, instead of ending the comparison.
 """
 
@@ -49,6 +49,8 @@ def _classify(rc: int, text: str) -> str:
         return "ok"
     if any(m.lower() in text.lower() for m in OOM_MARKERS):
         return "OOM"
+    if "loss became non-finite" in text:  # gpt bench's TrainingDiverged (exit 3)
+        return "diverged"
     if "trainlab: error:" in text:  # rc 2 directly, or torchrun's rc 1 around a worker's exit 2
         return "invalid"
     return "failed"

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from trainlab.device import TF32_MODES
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, opt
+from trainlab.flags import Config, at_least, one_of, opt, output_dir, output_file, positive
 from trainlab.gpt.model import PRESETS, get_preset
+from trainlab.gpt.planner import parse_bytes
 from trainlab.gpt.strategy import parse_strategy, validate_strategy
 
 MODEL_HELP = "preset: " + ", ".join(PRESETS)
@@ -23,41 +24,36 @@ class BenchConfig(Config):
 
     model: str = opt("gpt2-1.6b", MODEL_HELP)
     strategy: str = opt("none", "e.g. none, ddp, zero3+amp+ckpt, tp+pp ('+'-joined; see gpt.strategy)")
-    nproc: int = opt(1, "processes, one per GPU (>1 relaunches under torchrun)")
-    steps: int = opt(10, "timed optimizer steps")
-    warmup: int = opt(2, "untimed steps before them (compile, allocator, caches)")
-    global_batch: int = opt(8, "sequences per optimizer step (identical for every strategy)")
-    micro_batch: int = opt(8, "sequences per forward/backward on one rank")
-    seq: int | None = opt(None, "sequence length (default: the model's n_positions)")
+    nproc: int = opt(1, "processes, one per GPU (>1 relaunches under torchrun)", check=at_least(1))
+    steps: int = opt(10, "timed optimizer steps", check=at_least(1))
+    warmup: int = opt(2, "untimed steps before them (compile, allocator, caches)", check=at_least(0))
+    global_batch: int = opt(8, "sequences per optimizer step (identical for every strategy)", check=at_least(1))
+    micro_batch: int = opt(8, "sequences per forward/backward on one rank", check=at_least(1))
+    seq: int | None = opt(None, "sequence length (default: the model's n_positions)", check=at_least(2))
     device: str = opt("auto", "auto | cpu | cuda")
     impl: str = opt("ours", "ours | hf (HF GPT2LMHeadModel, the handout's baseline)", choices=("ours", "hf"))
-    tp: int = opt(1, "tensor-parallel degree (with tp; default: all ranks)")
-    pp: int = opt(1, "pipeline stages (with pp; default: all ranks)")
-    pp_schedule: str = opt("1f1b", "1f1b | gpipe")
-    microbatches: int | None = opt(None, "pipeline micro-batches (default: per-rank batch / micro-batch)")
-    lr: float = opt(5e-4, "learning rate (the handout's)")
-    seed: int = opt(0, "seed of the weights and the tokens")
+    tp: int = opt(1, "tensor-parallel degree (with tp; default: all ranks)", check=at_least(1))
+    pp: int = opt(1, "pipeline stages (with pp; default: all ranks)", check=at_least(1))
+    pp_schedule: str = opt("1f1b", "1f1b | gpipe", check=one_of(("1f1b", "gpipe")))
+    microbatches: int | None = opt(None, "pipeline micro-batches (default: per-rank batch / micro-batch)", check=at_least(1))
+    lr: float = opt(5e-4, "learning rate (the handout's)", check=positive)
+    seed: int = opt(0, "seed of the weights and the tokens", check=at_least(0))
     fused_optimizer: bool = opt(False, "AdamW(fused=True) (GPU)")
     tf32: str = opt("off", "TF32 tensor cores for fp32 matmuls on Ampere+ GPUs (recorded in the summary)",
-                    choices=("on", "off"))
+                    choices=TF32_MODES)
     track_memory: bool = opt(False, "one extra, untimed step counting live tensor bytes (CPU: the exact peak)")
-    json: str | None = opt(None, "write the summary JSON here")
-    out: str | None = opt(None, "run directory: config, env, metrics.jsonl, TensorBoard, summary")
+    json: str | None = opt(None, "write the summary JSON here", check=output_file)
+    out: str | None = opt(None, "run directory: config, env, metrics.jsonl, TensorBoard, summary (new or empty "
+                                      "unless --overwrite)")
+    overwrite: bool = opt(False, "replace the run already in --out (its files are deleted when this run starts writing)")
 
     def validate(self):
         """Everything checkable before launching processes; returns (model config, strategy spec, seq).
         The strategy, sizes and device are checked by `gpt.strategy.validate_strategy`, their one owner."""
+        super().validate()  # every field's declared range
         model_cfg = get_preset(self.model)
         spec = parse_strategy(self.strategy)
-        if self.steps < 1:
-            raise ConfigError(f"--steps {self.steps}: expected >= 1")
-        if self.warmup < 0:
-            raise ConfigError(f"--warmup {self.warmup}: expected >= 0")
-        if not self.lr > 0:
-            raise ConfigError(f"--lr {self.lr}: expected > 0")
-        if self.tf32 not in TF32_MODES:
-            raise ConfigError(f"--tf32 {self.tf32!r}: expected on or off")
-        seq = self.seq or model_cfg.n_positions
+        seq = self.seq if self.seq is not None else model_cfg.n_positions
         validate_strategy(spec, model_cfg, self.nproc, self.global_batch, self.micro_batch, self.device, tp=self.tp,
                           pp=self.pp, microbatches=self.microbatches, impl=self.impl, seq_len=seq,
                           pp_schedule=self.pp_schedule)
@@ -70,15 +66,14 @@ class CompareConfig(Config):
 
     bench: BenchConfig = opt(None, "the settings every strategy shares", cli=False)
     strategies: str | None = opt(None, "comma-separated list (default: the handout's list and combinations)")
-    out: str = opt("runs/gpt_compare", "directory for tables, plots and logs")
-    timeout_s: float = opt(1800.0, "seconds per strategy", flag="--timeout")
-    gpu_mem: int | None = opt(None, "device memory for the prediction's 'fits' (default: the GPU's)", cli=False)
+    out: str = opt("runs/gpt_compare", "directory for tables, plots and logs", check=output_dir)
+    timeout_s: float = opt(1800.0, "seconds per strategy", flag="--timeout", check=positive)
+    gpu_mem: int | None = opt(None, "device memory for the prediction's 'fits' (default: the GPU's)", cli=False,
+                              check=at_least(1))
 
     def __post_init__(self):
         if self.bench is None:
             self.bench = BenchConfig()
-        if not self.timeout_s > 0:
-            raise ConfigError(f"--timeout {self.timeout_s}: expected seconds > 0")
 
     @property
     def strategy_list(self) -> list[str] | None:
@@ -86,7 +81,16 @@ class CompareConfig(Config):
 
 
 # `gpt compare` takes the shared bench flags; these are per strategy run there.
-COMPARE_EXCLUDED_BENCH_FLAGS = ("strategy", "json", "out")
+COMPARE_EXCLUDED_BENCH_FLAGS = ("strategy", "json", "out", "overwrite")
+
+
+def _size_problem(text: str) -> str | None:
+    """What is wrong with a memory size such as 80GiB (parse_bytes owns the format), or None."""
+    try:
+        parse_bytes(text)
+    except ConfigError as e:
+        return str(e).split(": ", 1)[-1]
+    return None
 
 
 @dataclass
@@ -94,10 +98,10 @@ class PlanConfig(Config):
     """Predicted per-device memory of every strategy (`trainlab gpt plan`)."""
 
     model: str = opt("gpt2-1.6b", MODEL_HELP)
-    gpus: int = opt(1, "devices to plan for")
-    gpu_mem: str = opt("80GiB", "memory per device, e.g. 80GiB, 40GB")
-    micro_batch: int = opt(1, "sequences per forward/backward on one rank")
-    seq: int | None = opt(None, "sequence length (default: the model's n_positions)")
+    gpus: int = opt(1, "devices to plan for", check=at_least(1))
+    gpu_mem: str = opt("80GiB", "memory per device, e.g. 80GiB, 40GB", check=_size_problem)
+    micro_batch: int = opt(1, "sequences per forward/backward on one rank", check=at_least(1))
+    seq: int | None = opt(None, "sequence length (default: the model's n_positions)", check=at_least(2))
     strategies: str | None = opt(None, "comma-separated list (default: a matrix for --gpus)")
     optimizer: str = opt("foreach", "AdamW implementation (its temporaries differ)",
                          choices=("foreach", "fused", "forloop"))

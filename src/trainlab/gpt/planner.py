@@ -66,7 +66,7 @@ def parse_bytes(text: str | int | float, flag: str = "--gpu-mem") -> int:
         value = float(num)
     except ValueError:
         raise ConfigError(f"{flag} {text!r}: expected a size such as 80GiB, 40GB or 512MiB") from None
-    if unit not in units or value <= 0:
+    if unit not in units or not 0 < value * units.get(unit, 1) < 2**63:  # NaN, inf and 1e400 fail here too
         raise ConfigError(f"{flag} {text!r}: expected a size such as 80GiB, 40GB or 512MiB")
     return int(value * units[unit])
 

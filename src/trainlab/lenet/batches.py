@@ -13,10 +13,8 @@ import torch
 from trainlab.data.loader import DeviceLoader, make_dataloader, shard_bounds
 from trainlab.data.mnist import MNIST
 from trainlab.errors import ConfigError
-from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.config import LOADERS, TrainConfig
 from trainlab.lenet.data_parallel import DataParallelContext
-
-LOADERS = ("device", "dataloader")
 
 
 def _subset(images, labels, n: int | None):

@@ -3,7 +3,8 @@ then the library.
 
 The flags of `train` and `dp compare` are derived from `TrainConfig` and `CompareConfig`; `sweep` takes
 every `train` flag as a comma-separated list (`flags.add_list_flags`) plus `SweepConfig`'s. With
-`--nproc N` the resolved TrainConfig is handed to N torchrun workers as JSON (`trainlab worker SPEC.json`).
+`--nproc N` the resolved TrainConfig is handed to N torchrun workers as JSON (`trainlab worker SPEC.json`),
+after every check that can run in the parent (flags, launch, the run directory) has passed.
 """
 
 from __future__ import annotations
@@ -16,17 +17,16 @@ from pathlib import Path
 
 from trainlab.distributed.launch import launch_workers, needs_launch
 from trainlab.errors import ConfigError
-from trainlab.flags import add_command, add_flags, add_list_flags, explicit_values, list_values
+from trainlab.flags import (add_command, add_flags, add_list_flags, at_least, check_value, explicit_values, flag_name,
+                            list_values)
 from trainlab.io import read_json
 from trainlab.lenet.compare import CompareConfig, run_compare
-from trainlab.lenet.config import TrainConfig, apply_preset
+from trainlab.lenet.config import RESUME_OVERRIDES, TrainConfig, apply_preset
 from trainlab.lenet.data_parallel import check_launch
 from trainlab.lenet.evaluate import evaluate_checkpoint
-from trainlab.lenet.loop import train
+from trainlab.lenet.loop import default_run_dir, train
 from trainlab.lenet.sweep import NOT_SWEPT, SweepConfig, run_sweep
-
-# Flags that cannot change a resumed run's result; every other flag is refused with --resume.
-RESUME_OVERRIDES = ("epochs", "device", "progress", "tensorboard", "gpu_telemetry", "dist_timeout", "step_timing")
+from trainlab.telemetry.rundir import check_run_dir
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -37,19 +37,39 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def resumed_config(args: argparse.Namespace) -> TrainConfig:
-    """A resumed run keeps its saved config; only flags that cannot change the result may be overridden."""
-    path = Path(args.resume) / "config.json"
+    """A resumed run keeps its saved config. Flags in RESUME_OVERRIDES apply (--epochs rebuilds the LR
+    schedule, see `lenet.checkpoint`); any other flag given with a value that differs from the saved one
+    is refused, naming it: a flag is never silently ignored."""
+    run_dir = Path(args.resume)
+    if not run_dir.is_dir():
+        raise ConfigError(f"--resume {run_dir}: no such run directory")
+    path = run_dir / "config.json"
     saved = TrainConfig.from_dict(read_json(path), source=str(path))
-    overrides = {k: v for k, v in explicit_values(args, TrainConfig).items() if k in RESUME_OVERRIDES}
-    return dataclasses.replace(saved, stop_after=None, **overrides)
+    explicit = explicit_values(args, TrainConfig)
+    if explicit.get("overwrite"):
+        raise ConfigError(f"--overwrite with --resume {run_dir}: resuming continues the run; --overwrite would replace it")
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    refused = [k for k, v in explicit.items() if k not in RESUME_OVERRIDES and k != "overwrite" and v != getattr(saved, k)]
+    if refused:
+        given = ", ".join(f"{flag_name(fields[k])} {explicit[k]} (saved: {getattr(saved, k)})" for k in refused)
+        raise ConfigError(f"--resume {run_dir}: {given}: a resumed run keeps the settings that decide its result; "
+                          "start a new run to change them (flags a resume may change: "
+                          f"{', '.join(flag_name(fields[k]) for k in RESUME_OVERRIDES)})")
+    overrides = {k: v for k, v in explicit.items() if k in RESUME_OVERRIDES}
+    return dataclasses.replace(saved, **{"stop_after": None, "overwrite": False, **overrides})
 
 
 def run_train(args: argparse.Namespace) -> int:
+    check_value(args.nproc, at_least(1), "--nproc")
     cfg = resumed_config(args) if args.resume else config_from_args(args)
-    if cfg.dist_timeout is not None and not cfg.dist_timeout > 0:
-        raise ConfigError(f"--dist-timeout {cfg.dist_timeout:g}: expected a positive number of seconds")
+    cfg.validate()
     # All launch problems (mode, --nproc vs GPUs, batch vs world size) fail here, before any process starts.
     check_launch(cfg.parallel, args.nproc, cfg.device, cfg.batch_size)
+    if args.resume:
+        check_run_dir(args.resume, resume=True, flag="--resume")
+    else:
+        cfg = dataclasses.replace(cfg, out=str(default_run_dir(cfg)))  # one name for the parent and every rank
+        check_run_dir(cfg.out, overwrite=cfg.overwrite)
     if needs_launch(args.nproc):
         return launch_workers(args.nproc, "train", config=cfg.to_dict(), resume=args.resume)
     return _train_and_report(cfg, args.resume)
@@ -87,7 +107,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 
 
 def run_dp_compare(args: argparse.Namespace) -> int:
-    run_compare(CompareConfig(**explicit_values(args, CompareConfig)))
+    run_compare(CompareConfig(**explicit_values(args, CompareConfig)))  # validated before the first run
     return 0
 
 

@@ -25,7 +25,7 @@ import torch
 
 from trainlab.distributed.launch import worker_command, write_spec
 from trainlab.errors import ConfigError, UserError
-from trainlab.flags import Config, opt
+from trainlab.flags import Config, at_least, opt, output_file
 from trainlab.io import atomic_write_json, atomic_write_text, read_json
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launch
@@ -41,19 +41,27 @@ class CompareConfig(Config):
     """`trainlab dp compare`: which modes, on which data, how often."""
 
     modes: str = opt("none,ddp,allreduce,ring", MODES_HELP)
-    nproc: int = opt(2, "processes for ddp/allreduce/ring (one per GPU on CUDA)")
-    epochs: int = opt(1, "passes over the training set per mode")
+    nproc: int = opt(2, "processes for ddp/allreduce/ring (one per GPU on CUDA)", check=at_least(1))
+    epochs: int = opt(1, "passes over the training set per mode", check=at_least(1))
     device: str = opt("auto", "auto | cpu | cuda")
-    batch_size: int = opt(128, "global batch, split across ranks (128: the reference batch of --scale-lr)")
-    train_subset: int | None = opt(None, "train on the first N images")
-    test_subset: int | None = opt(None, "evaluate on the first N test images")
+    batch_size: int = opt(128, "global batch, split across ranks (128: the reference batch of --scale-lr)",
+                          check=at_least(1))
+    train_subset: int | None = opt(None, "train on the first N images", check=at_least(1))
+    test_subset: int | None = opt(None, "evaluate on the first N test images", check=at_least(1))
     workers: str = opt("0,1,2,4", "DataLoader num_workers sweep ('' to skip)")
-    seed: int = opt(0, "seed of every mode")
-    repeats: int = opt(1, "run everything R times round-robin; report medians")
+    seed: int = opt(0, "seed of every mode", check=at_least(0))
+    repeats: int = opt(1, "run everything R times round-robin; report medians", check=at_least(1))
     threads: int | None = opt(None, "torch CPU threads per process for every mode "
-                                    "(default: torch's choice single-process, 1 per rank)")
-    json: str | None = opt(None, "write the rows (and OUT.loaders.json for the sweep)", metavar="OUT.json")
-    md: str | None = opt(None, "write the tables as markdown", metavar="OUT.md")
+                                    "(default: torch's choice single-process, 1 per rank)", check=at_least(1))
+    json: str | None = opt(None, "write the rows (and OUT.loaders.json for the sweep)", metavar="OUT.json",
+                           check=output_file)
+    md: str | None = opt(None, "write the tables as markdown", metavar="OUT.md", check=output_file)
+
+    def validate(self) -> None:
+        super().validate()
+        for mode in parse_modes(self.modes):  # every problem is reported before the first run starts
+            check_launch(mode, self.nproc if mode in MULTI_PROCESS_MODES else 1, self.device, self.batch_size)
+        parse_workers(self.workers)
 
 
 ROW_KEYS = ("mode", "world_size", "loader", "workers", "epoch_seconds", "images_per_s", "data_ms", "compute_ms",
@@ -124,7 +132,7 @@ def run_worker(spec: dict) -> int:
     summary = train(cfg, log=lambda line: print(prefix + line, flush=True) if line.startswith(("epoch", "done")) else None)
     torch.set_num_threads(threads_before)  # an in-process run must not change the caller's setting
     if int(os.environ.get("RANK", "0")) == 0:  # the process group is already gone here
-        row = row_from_run(cfg, summary, RunDir(cfg.out, create=False).read_metrics())
+        row = row_from_run(cfg, summary, RunDir(cfg.out).read_metrics())
         atomic_write_json(spec["result"], {**row, "torch_threads": spec.get("threads") or threads_before})
     return 0
 
@@ -151,14 +159,9 @@ def compare(cc: CompareConfig, log=print) -> tuple[list[dict], list[dict]]:
     `repeats`: run the whole list that many times, round-robin (so a burst of load from elsewhere hits
     every configuration alike), and report medians over the repeats with min–max of epoch seconds.
     """
+    cc.validate()
     modes, workers = parse_modes(cc.modes), parse_workers(cc.workers)
     nproc, device, batch_size, threads, repeats = cc.nproc, cc.device, cc.batch_size, cc.threads, cc.repeats
-    if threads is not None and threads < 1:
-        raise ConfigError(f"--threads {threads}: expected a positive number")
-    if repeats < 1:
-        raise ConfigError(f"--repeats {repeats}: expected a positive number")
-    for mode in modes:  # every problem is reported before the first run starts
-        check_launch(mode, nproc if mode in MULTI_PROCESS_MODES else 1, device, batch_size)
     base = dict(epochs=cc.epochs, device=device, batch_size=batch_size, train_subset=cc.train_subset,
                 test_subset=cc.test_subset, seed=cc.seed, progress=False, tensorboard=False, gpu_telemetry=False,
                 step_timing=True)

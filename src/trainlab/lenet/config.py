@@ -1,7 +1,8 @@
 """`TrainConfig`: every setting of a LeNet-5 run, one field each, with its flag's help text; presets.
 
 The flags of `trainlab train` are derived from these fields (`trainlab.flags`), and `config.json` in a
-run directory is this dataclass as JSON.
+run directory is this dataclass as JSON. Each field declares its range or choices (`check=`);
+`validate()` applies them and the checks that span fields, before any data is loaded.
 """
 
 from __future__ import annotations
@@ -12,7 +13,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, opt
+from trainlab.flags import Config, at_least, between, non_negative, one_of, opt, positive
+from trainlab.lenet.activations import ACTIVATIONS
+from trainlab.lenet.data_parallel import MODES
+from trainlab.lenet.model import POOLS
+
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SCHEDULES = ("onecycle", "cosine", "constant")
+LOADERS = ("device", "dataloader")
+
+# Fields a resumed run may change: they do not change its result, or (epochs) change it as documented
+# in `lenet.checkpoint.restore_checkpoint`. `trainlab train --resume` refuses any other changed flag.
+RESUME_OVERRIDES = ("epochs", "device", "progress", "tensorboard", "gpu_telemetry", "dist_timeout", "step_timing",
+                    "stop_after")
+# Fields about where and how a run was started, not what it computes: never compared on resume.
+RUN_PLACEMENT = ("out", "name", "overwrite")
 
 
 @dataclass
@@ -21,51 +36,70 @@ class TrainConfig(Config):
     accuracy; they were chosen for time-to-99%, measured in benchmarks/lenet_time_to_99.py."""
 
     # what to train
-    act: str = opt("relu", "activation: relu, gelu, gelu-python, gelu-cpp, gelu-triton, gelu-cuda, …")
-    pool: str = opt("max", "LeNet pooling: max | avg")
+    act: str = opt("relu", "activation: relu, gelu, gelu-python, gelu-cpp, gelu-triton, gelu-cuda, …", check=one_of(ACTIVATIONS))
+    pool: str = opt("max", "LeNet pooling: max | avg", check=one_of(POOLS))
     batchnorm: bool = opt(False, "BatchNorm after convs and hidden FCs (the `best` preset)")
     # data
     data_dir: str | None = opt(None, "directory with the official MNIST IDX files (default: embedded MNIST)")
-    loader: str = opt("device", "device (whole set resident on the device) | dataloader (torch DataLoader)")
-    workers: int = opt(0, "DataLoader worker processes (--loader dataloader)")
+    loader: str = opt("device", "device (whole set resident on the device) | dataloader (torch DataLoader)",
+                      check=one_of(LOADERS))
+    workers: int = opt(0, "DataLoader worker processes (--loader dataloader)", check=at_least(0))
     augment: bool = opt(False, "random affine augmentation (±15°, ±10% shift, 0.8–1.2 scale) on the device")
-    train_subset: int | None = opt(None, "train on the first N images (tests, quick looks)")
-    test_subset: int | None = opt(None, "evaluate on the first N test images")
+    train_subset: int | None = opt(None, "train on the first N images (tests, quick looks)", check=at_least(1))
+    test_subset: int | None = opt(None, "evaluate on the first N test images", check=at_least(1))
     # optimization
-    epochs: int = opt(5, "passes over the training set")
-    batch_size: int = opt(256, "global batch size (split across ranks when data-parallel)")
-    optimizer: str = opt("adamw", "adamw | adam | sgd")
-    lr: float = opt(5e-3, "peak learning rate (OneCycle max / constant value)")
-    weight_decay: float = opt(1e-4, "weight decay (decoupled for AdamW, L2 for SGD/Adam)")
-    momentum: float = opt(0.9, "SGD momentum (Nesterov)", cli=False)
-    schedule: str = opt("onecycle", "onecycle | cosine | constant")
-    warmup_epochs: float = opt(0.0, "linear warm-up for cosine/constant (OneCycle has its own)")
-    label_smoothing: float = opt(0.0, "cross-entropy label smoothing")
-    scale_lr: str = opt("none", "linear | sqrt | none: multiply lr by (global batch / 128) or its sqrt")
+    epochs: int = opt(5, "passes over the training set", check=at_least(1))
+    batch_size: int = opt(256, "global batch size (split across ranks when data-parallel)", check=at_least(1))
+    optimizer: str = opt("adamw", "adamw | adam | sgd", check=one_of(OPTIMIZERS))
+    lr: float = opt(5e-3, "peak learning rate (OneCycle max / constant value)", check=positive)
+    weight_decay: float = opt(1e-4, "weight decay (decoupled for AdamW, L2 for SGD/Adam)", check=non_negative)
+    momentum: float = opt(0.9, "SGD momentum (Nesterov)", cli=False, check=between(0, 1, hi_open=True))
+    schedule: str = opt("onecycle", "onecycle | cosine | constant", check=one_of(SCHEDULES))
+    warmup_epochs: float = opt(0.0, "linear warm-up for cosine/constant (OneCycle has its own)", check=non_negative)
+    label_smoothing: float = opt(0.0, "cross-entropy label smoothing", check=between(0, 1, hi_open=True))
+    scale_lr: str = opt("none", "linear | sqrt | none: multiply lr by (global batch / 128) or its sqrt",
+                        check=one_of(("linear", "sqrt", "none")))
     # execution
     device: str = opt("auto", "auto (CUDA if available) | cpu | cuda | cuda:N")
-    amp: str = opt("auto", "auto (bf16 autocast on CUDA) | bf16 | off")
-    channels_last: str = opt("auto", "auto (on CUDA) | on | off")
+    amp: str = opt("auto", "auto (bf16 autocast on CUDA) | bf16 | off", check=one_of(("auto", "bf16", "off")))
+    channels_last: str = opt("auto", "auto (on CUDA) | on | off", check=one_of(("auto", "on", "off")))
     compile: bool = opt(False, "torch.compile the model (compile time reported separately)")
     tf32: str = opt("off", "TF32 tensor cores for fp32 matmuls/convolutions on Ampere+ GPUs (recorded in the summary)",
                     choices=("on", "off"))
-    parallel: str = opt("none", "none | dp | ddp | allreduce | ring (see `trainlab dp`)")
-    seed: int = opt(0, "seeds init, shuffling and augmentation; same seed → same curve on CPU")
-    eval_batch_size: int = opt(2000, "test-set batch size (no gradients, so large is fine)")
+    parallel: str = opt("none", "none | dp | ddp | allreduce | ring (see `trainlab dp`)", check=one_of(MODES))
+    seed: int = opt(0, "seeds init, shuffling and augmentation; same seed → same curve on CPU", check=at_least(0))
+    eval_batch_size: int = opt(2000, "test-set batch size (no gradients, so large is fine)", check=at_least(1))
     step_timing: bool = opt(False, "split each step into data / compute / communication time (syncs every step)")
     dist_timeout: float | None = opt(None, "process-group timeout in seconds: a dead or hung rank fails the "
-                                           "others after this long (default 120)", metavar="S")
+                                           "others after this long (default: $TRAINLAB_DIST_TIMEOUT_S, else 120)",
+                                       metavar="S", check=positive)
     # bookkeeping
-    out: str | None = opt(None, "run directory (default runs/<name>)")
+    out: str | None = opt(None, "run directory (default runs/<name>); must be new or empty unless --resume/--overwrite")
     name: str | None = opt(None, "run name (default <act>-<timestamp>)")
+    overwrite: bool = opt(False, "replace the run already in --out (its files are deleted when this run starts writing)")
     progress: bool = opt(True, "progress bar within each epoch")
     tensorboard: bool = opt(True, "write TensorBoard events")
     gpu_telemetry: bool = opt(True, "sample GPU utilization/memory/power with NVML")
-    stop_after: int | None = opt(None, "stop after N epochs as if interrupted (to try --resume)")
+    stop_after: int | None = opt(None, "stop after N epochs as if interrupted (to try --resume)", check=at_least(1))
     preset: str = opt("default", "default | best (BatchNorm, augmentation, 30 epochs)", choices=("default", "best"))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.preset not in PRESETS:
+            raise ConfigError(f"--preset {self.preset!r}: expected one of {', '.join(PRESETS)}")
+        if self.schedule == "onecycle" and self.warmup_epochs:
+            raise ConfigError(f"--warmup-epochs {self.warmup_epochs:g}: OneCycle has its own warm-up; "
+                              "use --schedule cosine or constant")
+        if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
+            raise ConfigError(f"--name {self.name!r}: expected a plain name (it becomes runs/<name>)")
+
+    def result_differences(self, other: "TrainConfig") -> list[str]:
+        """Fields that change what a run computes and differ between `self` and `other`."""
+        skip = set(RESUME_OVERRIDES) | set(RUN_PLACEMENT)
+        return [f.name for f in dataclasses.fields(self) if f.name not in skip and getattr(self, f.name) != getattr(other, f.name)]
 
 
 # Presets set several fields at once; explicit flags given by the user still win (see lenet.cli).

@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device
 from trainlab.lenet.batches import build_test_batches
-from trainlab.lenet.checkpoint import load_checkpoint
-from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.checkpoint import checkpoint_config, load_checkpoint, load_model_state
 from trainlab.lenet.data_parallel import DataParallelContext
 from trainlab.lenet.setup import amp_dtype, autocast, build_model
 
@@ -65,12 +64,12 @@ def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype=No
 def evaluate_checkpoint(path, device: str = "auto", data_dir: str | None = None) -> dict:
     """`trainlab eval CHECKPOINT`: rebuild the model a checkpoint was trained with and re-test it."""
     ckpt = load_checkpoint(path)
-    cfg = TrainConfig.from_dict(ckpt["config"], source=f"{path} [config]")
+    cfg = checkpoint_config(ckpt, path)
     cfg.device, cfg.test_subset = device, None
     if data_dir is not None:
         cfg.data_dir = data_dir
     dev = resolve_device(device)
     model = build_model(cfg, dev)
-    model.load_state_dict(ckpt["model"])
+    load_model_state(model, ckpt["model"], path)
     result = evaluate(model, build_test_batches(cfg, load_mnist(cfg.data_dir), dev), dev, amp_dtype(cfg, dev))
     return {**result, "device": str(dev), "epochs_done": ckpt["epochs_done"], "checkpoint": str(path)}

@@ -9,6 +9,7 @@ so it is a running figure, not a re-evaluation of the training set.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import warnings
 import time
@@ -22,9 +23,10 @@ from tqdm import tqdm
 from trainlab.data.mnist import load_mnist
 from trainlab.device import set_tf32, synchronize
 from trainlab.distributed.wrappers import unwrap
-from trainlab.errors import ConfigError
+from trainlab.distributed.launch import describe_timeout
+from trainlab.errors import TrainingDiverged
 from trainlab.lenet.batches import build_test_batches, build_train_batches, to_device
-from trainlab.lenet.checkpoint import load_checkpoint, save_checkpoint
+from trainlab.lenet.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet import misclassified
 from trainlab.lenet.data_parallel import setup_data_parallel
@@ -50,17 +52,24 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
 
     `cfg.step_timing` synchronizes at every step boundary to split each step into data / compute /
     communication time (summary["step_times"]); it costs throughput on a GPU, so it is off by default.
+    Rank 0 owns the run directory for the whole run (`RunDir.claim`: locked, never silently reused).
+    A NaN/inf loss stops the run with `TrainingDiverged`; the last good checkpoint stays.
     """
     # ---- resolve everything up front, so a bad flag fails before any work -------------------------
-    if cfg.batch_size <= 0 or cfg.epochs <= 0:
-        raise ConfigError(f"--batch-size and --epochs must be positive (got {cfg.batch_size}, {cfg.epochs})")
-    tf32 = set_tf32(cfg.tf32)
+    cfg.validate()
     par = setup_data_parallel(cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing,
                               timeout_s=cfg.dist_timeout)
+    path = resume if resume is not None else default_run_dir(cfg)
+    if not par.is_main:  # only rank 0 prints, logs to TensorBoard and writes the run directory
+        return _train(cfg, resume, _silent, par, RunDir(path))
+    with RunDir.claim(path, resume=resume is not None, overwrite=cfg.overwrite,
+                      flag="--resume" if resume is not None else "--out") as run:
+        return _train(cfg, resume, log, par, run)
+
+
+def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     device = par.device
-    if not par.is_main:
-        log = _silent  # only rank 0 prints, logs to TensorBoard and writes the run directory
-    run = RunDir(resume if resume is not None else default_run_dir(cfg), create=par.is_main)
+    tf32 = set_tf32(cfg.tf32)
     ckpt = load_checkpoint(run.checkpoint) if resume is not None else None
     data = load_mnist(cfg.data_dir)
     train_batches = build_train_batches(cfg, data, device, par)
@@ -76,11 +85,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     scheduler = build_scheduler(cfg, optimizer, lr, steps_per_epoch)
     start_epoch, global_step, history, train_seconds = 0, 0, [], 0.0
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        start_epoch, global_step = ckpt["epochs_done"], ckpt["global_step"]
-        history, train_seconds = ckpt["history"], ckpt["train_seconds"]
+        start_epoch, global_step, history, train_seconds = restore_checkpoint(
+            ckpt, cfg, model, optimizer, scheduler, run, steps_per_epoch, log)
     params = count_parameters(model)
 
     # ---- record what this run is, before it runs -------------------------------------------------
@@ -88,7 +94,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     if par.is_main:
         run.write_json("config.json", cfg.to_dict())
         run.write_json("env.json", env)
-    log(format_header({**cfg.to_dict(), "run_dir": str(run.path), "params": params, "data_source": data.source,
+    log(format_header({**cfg.to_dict(), "dist_timeout": describe_timeout(cfg.dist_timeout),  # as resolved, with its source
+                       "run_dir": str(run.path), "params": params, "data_source": data.source,
                        "resumed_from_epoch": start_epoch if ckpt else None,
                        "rank_batches": par.rank_batches(cfg.batch_size)}, env))
     writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=global_step if ckpt else None)
@@ -154,6 +161,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
 
             par.broadcast_buffers(eval_model)
             result = evaluate(eval_model, test_batches, device, precision, par=par)
+            _stop_if_diverged(losses, result["test_loss"], epoch, cfg, run)
             record = {
                 "epoch": epoch + 1,
                 "global_step": global_step,
@@ -248,6 +256,20 @@ def _test_arrays(data, cfg: TrainConfig):
     """The raw test images and labels the run scored (the whole test set or its --test-subset)."""
     n = len(data.test_labels) if cfg.test_subset is None else min(cfg.test_subset, len(data.test_labels))
     return data.test_images[:n], data.test_labels[:n]
+
+
+def _stop_if_diverged(losses: list[float], test_loss: float, epoch: int, cfg: TrainConfig, run: RunDir) -> None:
+    """A NaN/inf loss ends the run before this epoch is recorded: its metrics and checkpoint would be
+    NaN. Checked on the epoch's losses, already on the host (no extra sync per step); the test loss
+    catches weights that blew up in the epoch's last update. Every rank sees the same (averaged) values."""
+    bad_step = next((i for i, x in enumerate(losses) if not math.isfinite(x)), None)
+    if bad_step is None and math.isfinite(test_loss):
+        return
+    what = (f"the training loss became {losses[bad_step]} at step {bad_step + 1} of epoch {epoch + 1}" if bad_step is not None
+            else f"the weights became non-finite in epoch {epoch + 1} (test loss {test_loss})")
+    kept = (f"the checkpoint of epoch {epoch} is kept in {run.path}" if epoch > 0 and run.checkpoint.exists()
+            else "no checkpoint was written")
+    raise TrainingDiverged(f"training diverged: {what} (--lr {cfg.lr:g} too high?); the run stopped, {kept}")
 
 
 def _warm_up(model, batches, device, precision, channels_last) -> float:

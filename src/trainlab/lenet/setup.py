@@ -7,12 +7,9 @@ from contextlib import nullcontext
 
 import torch
 
-from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.config import OPTIMIZERS, SCHEDULES, TrainConfig
 from trainlab.errors import ConfigError
 from trainlab.lenet.model import LeNet5
-
-OPTIMIZERS = ("adamw", "adam", "sgd")
-SCHEDULES = ("onecycle", "cosine", "constant")
 
 
 def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
@@ -51,8 +48,6 @@ def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float) -> torc
 
 def build_scheduler(cfg: TrainConfig, optimizer, lr: float, steps_per_epoch: int):
     total = max(1, cfg.epochs * steps_per_epoch)
-    if cfg.schedule == "onecycle" and cfg.warmup_epochs:
-        raise ConfigError(f"--warmup-epochs {cfg.warmup_epochs:g}: OneCycle has its own warm-up; use --schedule cosine or constant")
     if cfg.schedule == "onecycle" and total >= 4:
         # OneCycle warms up for 25% of training then anneals: the fastest route to 99% for small nets.
         # torch's OneCycleLR divides by zero when the warm-up is shorter than 2 steps (tiny runs).

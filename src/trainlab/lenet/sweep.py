@@ -20,6 +20,8 @@ interrupted sweep. Every configuration is validated before the first run starts.
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import os
 import subprocess
@@ -35,12 +37,9 @@ from trainlab.distributed.launch import worker_command, write_spec
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.flags import Config, opt
 from trainlab.io import atomic_write_json, read_json
-from trainlab.lenet.activations import ACTIVATIONS
-from trainlab.lenet.batches import LOADERS
 from trainlab.lenet.config import TrainConfig, apply_preset
 from trainlab.lenet.data_parallel import MULTI_PROCESS_MODES, check_launch
 from trainlab.lenet.loop import train
-from trainlab.lenet.setup import OPTIMIZERS, SCHEDULES, amp_dtype, scaled_lr, use_channels_last
 
 # TrainConfig fields the sweep sets itself: each run's directory and name.
 NOT_SWEPT = ("out", "name", "stop_after")
@@ -71,6 +70,15 @@ class Run:
     @property
     def done(self) -> bool:
         return (self.dir / "summary.json").exists()
+
+    def resume_from(self) -> str | None:
+        """An interrupted run continues from its last checkpoint; a run dir left by a start that never
+        checkpointed is the sweep's own, so it is replaced (the run dir refuses silent reuse otherwise)."""
+        if (self.dir / "checkpoint.pt").exists():
+            return str(self.dir)
+        if self.dir.is_dir() and any(self.dir.iterdir()):
+            self.config = dataclasses.replace(self.config, overwrite=True)
+        return None
 
 
 def _show(v: Any) -> str:
@@ -104,20 +112,13 @@ def plan(values: dict[str, list], sc: SweepConfig) -> tuple[list[Run], dict[str,
 
 
 def validate(cfg: TrainConfig) -> None:
-    """The checks `train` would make after loading data, made before any run starts."""
-    if cfg.batch_size <= 0 or cfg.epochs <= 0:
-        raise ConfigError(f"--batch-size and --epochs must be positive (got {cfg.batch_size}, {cfg.epochs})")
+    """The checks `train` makes before loading data (`TrainConfig.validate`, the launch), made for every
+    run before the first one starts; and a sweep's runs are single-process."""
+    cfg.validate()
     if cfg.parallel in MULTI_PROCESS_MODES:
         raise ConfigError(f"--parallel {cfg.parallel}: a sweep runs single-process runs (one per device); "
                           "run multi-process training with `trainlab train --nproc N`")
     check_launch(cfg.parallel, 1, cfg.device, cfg.batch_size)
-    for name, value, allowed in (("--optimizer", cfg.optimizer, OPTIMIZERS), ("--schedule", cfg.schedule, SCHEDULES),
-                                 ("--loader", cfg.loader, LOADERS), ("--act", cfg.act, tuple(ACTIVATIONS))):
-        if value not in allowed:
-            raise ConfigError(f"{name} {value!r}: expected one of {', '.join(allowed)}")
-    scaled_lr(cfg)
-    amp_dtype(cfg, torch.device("cpu"))
-    use_channels_last(cfg, torch.device("cpu"))
 
 
 def resolve_gpus(spec: str, device: str) -> list[int]:
@@ -178,8 +179,9 @@ def schedule(jobs: list, gpus: list[int], start: Callable[[Any, int], Any], wait
 
 def _start_process(run: Run, gpu: int, root: Path):
     """`trainlab worker` for one run on one GPU (seen by the run as cuda:0); output to OUT/logs/."""
+    resume = run.resume_from()
     cfg = TrainConfig(**{**run.config.to_dict(), "device": "cuda"})
-    spec = write_spec(root / "logs" / f"{run.name}.spec.json", "train", config=cfg.to_dict(), resume=None)
+    spec = write_spec(root / "logs" / f"{run.name}.spec.json", "train", config=cfg.to_dict(), resume=resume)
     log_file = open(root / "logs" / f"{run.name}.log", "w")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
     proc = subprocess.Popen(worker_command(1, spec), stdout=log_file, stderr=subprocess.STDOUT, env=env)
@@ -243,7 +245,9 @@ def run_sweep(values: dict[str, list], sc: SweepConfig, command: str = "", log=p
         for i, run in enumerate(todo, 1):
             log(f"== [{i}/{len(todo)}] {run.name}")
             try:
-                summary = train(run.config, log=lambda line: log("   " + line) if line.startswith(("epoch", "done")) else None)
+                resume = run.resume_from()
+                summary = train(run.config, resume=resume,
+                                log=lambda line: log("   " + line) if line.startswith(("epoch", "done")) else None)
             except ConfigError:
                 raise
             except Exception as e:  # one diverged or crashed run must not cost the rest of the sweep

@@ -8,7 +8,7 @@ import sys
 from trainlab.device import resolve_device
 from trainlab.errors import ConfigError
 from trainlab.flags import add_command, explicit_values
-from trainlab.ops.bench import DEFAULT_SIZES, QUICK_SIZES, parse_size, run_bench, write_bench_results
+from trainlab.ops.bench import run_bench, write_bench_results
 from trainlab.ops.bench import format_table as format_bench_table
 from trainlab.ops.check import format_table as format_check_table
 from trainlab.ops.check import run_check
@@ -35,6 +35,7 @@ def _validated_impls(names):
 
 def run_check_cmd(args) -> int:
     cc = CheckConfig(**explicit_values(args, CheckConfig))
+    cc.validate()
     impls = _validated_impls(cc.impl) or IMPLS
     progress = None if cc.json else (lambda r: print(
         f"  {r['impl']:<7}{r['approximate']:<6}{r['dtype']:<9} {'skipped' if r['skipped'] else ('ok' if r['ok'] else 'FAIL')}",
@@ -47,7 +48,7 @@ def run_check_cmd(args) -> int:
 
 def run_bench_cmd(args) -> int:
     bc = BenchConfig(**explicit_values(args, BenchConfig))
-    sizes = [parse_size(s) for s in bc.sizes.split(",")] if bc.sizes else (QUICK_SIZES if bc.quick else DEFAULT_SIZES)
+    sizes = bc.validate()
     device = resolve_device(bc.device)
     progress = None if bc.json else (lambda r: print(
         f"  {r['size']:>9} {r['impl']:<7}{r['pass']:<8} {r['median_s'] * 1e3:9.3f} ms", file=sys.stderr, flush=True))

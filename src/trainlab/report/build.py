@@ -318,9 +318,9 @@ def to_markdown(blocks: list[Block]) -> str:
 
 def build_report(inputs: list[str], out_dir: str | Path, title: str = "trainlab report") -> dict:
     """Write out_dir/index.html and out_dir/report.md (+ PNGs). Returns what went into it."""
+    runs, results, notes = load_inputs(inputs)  # first: a bad input must not leave an empty report folder
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    runs, results, notes = load_inputs(inputs)
     blocks = [Block("h1", title)]
     blocks += [Block("note", n) for n in notes]
     if runs or results:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from trainlab.flags import check_value, output_dir
 from trainlab.report.build import build_report
 
 
 def run_report(args) -> int:
+    check_value(args.out, output_dir, "-o/--out")
     result = build_report(args.inputs, args.out, title=args.title)
     for note in result["notes"]:
         print(f"note: {note}")

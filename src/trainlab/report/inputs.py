@@ -1,7 +1,12 @@
 """Recognize what each report input is: a training run directory or one of trainlab's result JSONs.
 
 Each kind is recognized by the keys its producer guarantees (the issues' contracts), so the report
-does not break when a producer adds fields.
+does not break when a producer adds fields. The values the report reads are type-checked on the way
+in: a hand-edited or damaged file is one line naming the file and the key (or line), never a
+traceback from a plot. An input named on the command line that cannot be used is an error; a run
+found by scanning a folder (`trainlab report runs/`) that cannot be used is skipped with a note, so
+one bad run never costs the whole report. A `gpt bench --out` run directory is rendered as the
+benchmark result its summary.json is.
 """
 
 from __future__ import annotations
@@ -47,39 +52,94 @@ class ResultFile:
         return [d] if isinstance(d, dict) else []
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _numbers(v) -> bool:
+    return isinstance(v, list) and all(_number(x) for x in v)
+
+
+# key → (test, what it must be): the values of a training run that the report reads
+SUMMARY_TYPES = {
+    "test_accuracy": (_number, "a number"), "test_loss": (_number, "a number"), "epochs": (_number, "a number"),
+    "train_seconds": (_number, "a number"), "seed": (_number, "a number"),
+    "time_to_99_seconds": (lambda v: v is None or _number(v), "a number or null"),
+    "images_per_s_median": (lambda v: v is None or _number(v), "a number or null"),
+    "per_class_accuracy": (_numbers, "a list of numbers"),
+    "confusion_matrix": (lambda v: isinstance(v, list) and v and all(_numbers(r) and len(r) == len(v) for r in v),
+                         "a square list of lists of numbers"),
+}
+METRIC_TYPES = {k: (_number, "a number") for k in
+                ("epoch", "global_step", "train_loss", "test_loss", "test_accuracy", "images_per_s", "epoch_seconds")}
+METRIC_REQUIRED = tuple(METRIC_TYPES)
+METRIC_TYPES["step_losses"] = (_numbers, "a list of numbers")
+GPU_COLUMNS = ("time_s", "utilization_pct", "memory_used_mib")
+
+
+def _check(record: Any, types: dict, where: str, required=()) -> dict:
+    if not isinstance(record, dict):
+        raise UserError(f"{where}: expected a JSON object, found {type(record).__name__}")
+    for key in required:
+        if key not in record:
+            raise UserError(f"{where}: no {key!r}")
+    for key, (test, what) in types.items():
+        if key in record and not test(record[key]):
+            raise UserError(f"{where}: {key!r} must be {what}, found {json.dumps(record[key])[:60]}")
+    return record
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     records = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            records.append(_check(record, METRIC_TYPES, f"{path}:{i}", required=METRIC_REQUIRED))
     return records
 
 
 def _read_gpu_csv(path: Path) -> list[dict]:
     try:
         with path.open() as f:
-            return [{k: (float(v) if v not in ("", "None") else None) for k, v in row.items()} for row in csv.DictReader(f)]
-    except (ValueError, csv.Error) as e:
+            rows = [{k: (float(v) if v not in ("", "None") else None) for k, v in row.items()} for row in csv.DictReader(f)]
+    except (ValueError, TypeError, csv.Error) as e:
         raise UserError(f"{path}: not a trainlab gpu.csv ({e})") from None
+    missing = [c for c in GPU_COLUMNS if rows and c not in rows[0]]
+    if missing:
+        raise UserError(f"{path}: not a trainlab gpu.csv (no column {', '.join(missing)})")
+    return rows
 
 
-def load_run(path: Path) -> TrainingRun:
-    summary = read_json(path / "summary.json")
+def load_run(path: Path, summary: dict | None = None) -> TrainingRun:
+    summary = read_json(path / "summary.json") if summary is None else summary
     if not isinstance(summary, dict) or "test_accuracy" not in summary:
         raise UserError(f"{path / 'summary.json'}: not a trainlab training summary (no test_accuracy)")
-    run = TrainingRun(path=path, summary=summary)
+    run = TrainingRun(path=path, summary=_check(summary, SUMMARY_TYPES, str(path / "summary.json")))
     if (path / "config.json").exists():
-        run.config = read_json(path / "config.json")
+        run.config = _check(read_json(path / "config.json"), {}, str(path / "config.json"))
     if (path / "env.json").exists():
-        run.env = read_json(path / "env.json")
+        run.env = _check(read_json(path / "env.json"), {"gpus": (lambda v: v is None or (
+            isinstance(v, list) and all(isinstance(g, str) for g in v)), "a list of names")}, str(path / "env.json"))
     if (path / "metrics.jsonl").exists():
         run.epochs = _read_jsonl(path / "metrics.jsonl")
     if (path / "gpu.csv").exists():
         run.gpu = _read_gpu_csv(path / "gpu.csv")
     return run
+
+
+def _load_run_dir(path: Path, runs: list, results: list) -> None:
+    """A training run, or another command's run directory whose summary is a result we render."""
+    summary = read_json(path / "summary.json")
+    if isinstance(summary, dict) and "test_accuracy" in summary:
+        runs.append(load_run(path, summary))
+        return
+    kind = classify(summary)
+    if kind is None:
+        raise UserError(f"{path / 'summary.json'}: neither a training summary (no test_accuracy) nor a trainlab result")
+    results.append(ResultFile(path / "summary.json", kind, summary))
 
 
 def classify(data: Any) -> str | None:
@@ -107,12 +167,15 @@ def load_inputs(paths: list[str]) -> tuple[list[TrainingRun], list[ResultFile], 
     for p in map(Path, paths):
         if p.is_dir():
             if (p / "summary.json").exists():
-                runs.append(load_run(p))
+                _load_run_dir(p, runs, results)  # named on the command line: a problem is an error
                 continue
             children = sorted(c for c in p.iterdir() if (c / "summary.json").exists())
-            if children:  # a directory of runs, e.g. runs/
-                runs.extend(load_run(c) for c in children)
-            else:
+            for c in children:  # a directory of runs, e.g. runs/: a bad one is skipped, with a note
+                try:
+                    _load_run_dir(c, runs, results)
+                except UserError as e:
+                    notes.append(f"{e} — skipped")
+            if not children:
                 notes.append(f"{p}: no summary.json (unfinished run?) — skipped")
         elif p.is_file():
             data = read_json(p)

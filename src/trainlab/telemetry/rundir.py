@@ -1,23 +1,183 @@
-"""The run directory: everything a run produced, each file written atomically.
+"""The run directory: everything a run produced, each file written atomically, and who owns it.
 
 runs/<name>/ config.json  env.json  metrics.jsonl  events.out.tfevents.*  checkpoint.pt  summary.json  gpu.csv
              nvidia-smi-busy.txt (on a GPU: nvidia-smi taken during the first timed epoch/steps)
+
+Ownership (`RunDir.claim`): a run directory belongs to one writer at a time. The writer holds an
+exclusive `flock` on `.trainlab.lock` inside it for the life of the run (the kernel drops it when the
+process dies, even by `kill -9`, so a crashed run never blocks its own `--resume`); a second writer
+gets one line naming the holder's pid. A directory that already holds files is reused only to continue
+its run (`resume=True`) or when the user asked to replace it (`overwrite=True`): then the old run's
+files go at the first write, so a start that fails before writing anything (a bad data dir, a missing
+GPU) leaves the old run intact. A start that fails before writing anything also removes the
+directories it created: no empty run directory is left behind.
+
+`RunDir(path)` without a claim is a read-only view (a finished run, a non-main rank).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
+import shutil
+import socket
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from trainlab.io import atomic_write_json, atomic_write_text, read_json
+from trainlab.errors import ConfigError, UserError
+from trainlab.io import atomic_write_json, atomic_write_text, output_problem, read_json, to_json
+
+LOCK_NAME = ".trainlab.lock"
+# Files a trainlab run writes; a directory holding any of them is a run directory --overwrite may clear.
+RUN_FILES = ("config.json", "env.json", "metrics.jsonl", "summary.json", "checkpoint.pt", "gpu.csv")
+
+
+def _is_run_file(name: str) -> bool:
+    return name in RUN_FILES or name.startswith("events.out.tfevents.") or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def _entries(path: Path) -> list[str]:
+    try:
+        return sorted(e.name for e in path.iterdir() if e.name != LOCK_NAME)
+    except FileNotFoundError:
+        return []
+
+
+def _listing(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _refusal(path: Path, resume: bool, overwrite: bool, flag: str, resumable: bool) -> str | None:
+    """Why `path` cannot be this run's directory (before looking at the lock), or None."""
+    problem = output_problem(path, "dir")
+    if problem:
+        return f"{flag} {path}: {problem}"
+    if resume:
+        return None if path.is_dir() else f"--resume {path}: no such run directory"
+    names = _entries(path)
+    if not names:
+        return None
+    if not overwrite:
+        resume_hint = f"--resume {path} to continue it, " if resumable else ""
+        return (f"{path}: already holds a run ({_listing(names)}); pass {resume_hint}--overwrite to replace it, "
+                f"or choose another {flag}")
+    if not any(_is_run_file(n) for n in names):
+        return f"{path}: not a trainlab run directory (it holds {_listing(names)}); refusing to replace it (--overwrite)"
+    return None
+
+
+def _holder(lock_path: Path) -> str:
+    try:
+        info = json.loads(lock_path.read_text())
+        return f"pid {info['pid']} on {info['host']}, since {info['started']}: {info['command']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "pid unknown"
+
+
+def _try_lock(lock_path: Path) -> int | None:
+    """An fd holding the exclusive lock on `lock_path`, or None if another process holds it."""
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return None
+            raise
+        try:  # the previous owner may have unlinked the file between our open and our flock: retry
+            if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def check_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = False, flag: str = "--out",
+                  resumable: bool = True) -> None:
+    """The checks of `RunDir.claim` without taking the lock: for a parent before it launches workers."""
+    path = Path(path)
+    refusal = _refusal(path, resume, overwrite, flag, resumable)
+    if refusal:
+        raise ConfigError(refusal)
+    lock_path = path / LOCK_NAME
+    if lock_path.exists():
+        fd = _try_lock(lock_path)
+        if fd is None:
+            raise UserError(f"{path}: in use by another trainlab run ({_holder(lock_path)}); "
+                            f"wait for it to finish or choose another {flag}")
+        os.close(fd)
 
 
 class RunDir:
-    def __init__(self, path: str | Path, create: bool = True):
+    def __init__(self, path: str | Path):
         self.path = Path(path)
-        if create:  # non-main ranks of a data-parallel run never write here
-            self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd: int | None = None
+        self._created: list[Path] = []   # directories this run created, deepest first
+        self._clear_pending = False
+
+    @classmethod
+    def claim(cls, path: str | Path, *, resume: bool = False, overwrite: bool = False, flag: str = "--out",
+              resumable: bool = True) -> "RunDir":
+        """Own `path` for a run (see the module docstring); release with `release()` or a `with` block.
+        `resumable`: whether the command has --resume (the refusal says so)."""
+        run = cls(path)
+        path = run.path
+        refusal = _refusal(path, resume, overwrite, flag, resumable)
+        if refusal:
+            raise ConfigError(refusal)
+        missing = path
+        while not missing.exists():
+            run._created.append(missing)
+            missing = missing.parent
+        path.mkdir(parents=True, exist_ok=True)
+        fd = _try_lock(path / LOCK_NAME)
+        if fd is None:
+            raise UserError(f"{path}: in use by another trainlab run ({_holder(path / LOCK_NAME)}); "
+                            f"wait for it to finish or choose another {flag}")
+        run._lock_fd = fd
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                 "command": " ".join(["trainlab", *sys.argv[1:]])}).encode())
+        run._clear_pending = overwrite and not resume and bool(_entries(path))
+        return run
+
+    def release(self, failed: bool = False) -> None:
+        """Give the directory up. After a failed start that wrote nothing, remove what `claim` created."""
+        if self._lock_fd is None:
+            return
+        try:
+            os.unlink(self.path / LOCK_NAME)  # while still holding it: see _try_lock's inode check
+        except FileNotFoundError:
+            pass
+        os.close(self._lock_fd)
+        self._lock_fd = None
+        if failed:
+            for d in self._created:
+                try:
+                    d.rmdir()  # only if empty: a run that wrote something keeps it
+                except OSError:
+                    break
+
+    def __enter__(self) -> "RunDir":
+        return self
+
+    def __exit__(self, exc_type, *_exc) -> None:
+        self.release(failed=exc_type is not None)
+
+    def _start_writing(self) -> None:
+        """--overwrite: the old run's files go now, at this run's first write, not at claim time."""
+        if not self._clear_pending:
+            return
+        self._clear_pending = False
+        for name in _entries(self.path):
+            p = self.path / name
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -27,9 +187,11 @@ class RunDir:
         return self.path / "checkpoint.pt"
 
     def write_text(self, name: str, text: str) -> Path:
+        self._start_writing()
         return atomic_write_text(self.path / name, text)
 
     def write_json(self, name: str, obj: Any) -> Path:
+        self._start_writing()
         return atomic_write_json(self.path / name, obj)
 
     def read_json(self, name: str) -> Any:
@@ -37,12 +199,15 @@ class RunDir:
 
     def write_metrics(self, records: list[dict]) -> Path:
         """Rewrites metrics.jsonl whole, atomically: a resumed run never holds records past its checkpoint."""
-        return atomic_write_text(self.path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        self._start_writing()
+        return atomic_write_text(self.path / "metrics.jsonl", "".join(to_json(r) + "\n" for r in records))
 
     def append_metric(self, record: dict) -> None:
         """One more metrics.jsonl line, for runs that log per step (a lost tail costs only those steps)."""
+        self._start_writing()
+        line = to_json(record) + "\n"
         with open(self.path / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(line)
 
     def read_metrics(self) -> list[dict]:
         p = self.path / "metrics.jsonl"

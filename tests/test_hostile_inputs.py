@@ -1,0 +1,508 @@
+"""Hostile and careless input, command by command: one clear line, the right exit code, nothing lost.
+
+`CASES` is a table: each row runs one command line (in-process, `trainlab.cli.main`) in a fresh
+workspace and checks the exit code, the last line of stderr, and that every file the user had is
+byte-for-byte unchanged afterwards (and that nothing new appeared, except where a row allows it) —
+so a bad flag cannot cost a finished run, and a failed start leaves no empty run directory behind.
+A new flag gets a row here. The multi-process cases (a killed or hung rank under the launcher) are
+the `dist` tests at the end; `README.md` (Reliability) reports the count.
+
+Placeholders in a row's argv: {ws} the workspace, {run} a finished LeNet run (copied in), {file} a
+plain file, {dir} a folder with an unrelated file, {idx} an IDX data folder the row's setup damaged,
+{ckpt} a checkpoint the row's setup crafted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from data_fixtures import write_idx_dir
+from trainlab import cli
+from trainlab.data.mnist import IDX_STEMS
+from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.loop import train
+from trainlab.telemetry.rundir import RunDir
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+@dataclass
+class Case:
+    id: str
+    argv: str                      # split on spaces after the placeholders are filled in
+    last: str                      # regex that stderr's last line must match (re.search)
+    code: int = 2
+    setup: Callable[[Path], None] | None = None
+    creates: tuple[str, ...] = ()  # paths (relative to the workspace) the command may create
+    check: Callable[[Path, str], None] | None = None  # extra assertions (workspace, stdout)
+    env: dict = field(default_factory=dict)
+    needs_non_root: bool = False   # permission cases: root (CAP_DAC_OVERRIDE) reads and writes through any mode bits
+
+
+def _edit_json(rel: str, edit: Callable[[object], object]) -> Callable[[Path], None]:
+    def setup(ws: Path) -> None:
+        p = ws / rel
+        p.write_text(json.dumps(edit(json.loads(p.read_text()))))
+    return setup
+
+
+def _set(key, value):
+    def edit(d):
+        d[key] = value
+        return d
+    return edit
+
+
+def _write(rel: str, text: str) -> Callable[[Path], None]:
+    return lambda ws: (ws / rel).write_text(text)
+
+
+class _Evil:
+    """Pickles to a call of open(marker, "w"): loading it with weights_only=False creates the marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def _ckpt(edit: Callable[[dict, Path], object]) -> Callable[[Path], None]:
+    """{ckpt} := the finished run's checkpoint after `edit(ckpt, ws)` (which returns what to save)."""
+    def setup(ws: Path) -> None:
+        ckpt = torch.load(ws / "run" / "checkpoint.pt", weights_only=True)
+        torch.save(edit(ckpt, ws), ws / "crafted.pt")
+    return setup
+
+
+def _crafted_into_run(ws: Path) -> None:
+    ckpt = torch.load(ws / "run" / "checkpoint.pt", weights_only=True)
+    ckpt["history"] = _Evil(ws / "PWNED")
+    torch.save(ckpt, ws / "run" / "checkpoint.pt")
+
+
+def _no_marker(ws: Path, _out: str) -> None:
+    assert not (ws / "PWNED").exists(), "the crafted checkpoint's code ran"
+
+
+def _idx(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    def setup(ws: Path) -> None:
+        write_idx_dir(ws / "idx")
+        damage(ws / "idx")
+    return setup
+
+
+def _overflowing_dims(folder: Path) -> None:
+    # 2^31 · 2^31 · 4 = 2^64 wraps to 0 as an int64, which matched the empty payload before the fix
+    (folder / IDX_STEMS["train_images"]).write_bytes(struct.pack(">HBB3I", 0, 8, 3, 2**31, 2**31, 4))
+
+
+def _dir_instead_of_file(folder: Path) -> None:
+    (folder / IDX_STEMS["test_labels"]).unlink()
+    (folder / IDX_STEMS["test_labels"]).mkdir()
+
+
+def _not_launched(out: str) -> None:
+    assert "launching" not in out, "workers were launched before the flags were checked"
+
+
+def _unreadable(folder: Path) -> None:
+    (folder / IDX_STEMS["train_labels"]).chmod(0)
+
+
+def _read_only(ws: Path) -> None:
+    (ws / "ro").mkdir()
+    (ws / "ro").chmod(0o555)
+
+
+def _timeout_in_header(ws: Path, out: str) -> None:
+    assert re.search(r"dist_timeout\W+7 s \(\$TRAINLAB_DIST_TIMEOUT_S\)", out), out[:3000]
+
+
+def _no_json_nan(ws: Path, _out: str) -> None:
+    refuse = lambda c: pytest.fail(f"a JSON file holds {c}")  # noqa: E731 — NaN, Infinity
+    for p in ws.rglob("*.json"):
+        json.loads(p.read_text(), parse_constant=refuse)
+    for p in ws.rglob("*.jsonl"):
+        for line in p.read_text().splitlines():
+            json.loads(line, parse_constant=refuse)
+
+
+def _diverged_lenet(ws: Path, out: str) -> None:
+    _no_json_nan(ws, out)
+    assert not (ws / "new" / "checkpoint.pt").exists() and not (ws / "new" / "summary.json").exists()
+
+
+def _gpt_run(ws: Path) -> None:
+    """A `gpt bench --out` run directory: its summary is a gpt_bench result, not a training summary."""
+    (ws / "runs" / "gpt").mkdir(parents=True)
+    (ws / "runs" / "gpt" / "summary.json").write_text(json.dumps(
+        {"strategy": "none", "world_size": 1, "tokens_per_s": 123.0, "params": 1000, "step_seconds_median": 0.5,
+         "losses": [6.0, 5.9]}))
+    (ws / "runs" / "gpt" / "config.json").write_text(json.dumps({"model": "tiny"}))
+
+
+def _runs_folder(ws: Path) -> None:
+    _gpt_run(ws)
+    shutil.copytree(ws / "run", ws / "runs" / "good")
+    shutil.copytree(ws / "run", ws / "runs" / "broken")
+    (ws / "runs" / "broken" / "metrics.jsonl").write_text("[1, 2]\n")
+
+
+def _report_renders_good_and_gpt(ws: Path, out: str) -> None:
+    md = (ws / "rep" / "report.md").read_text()
+    assert "## Training run: good" in md and "GPT benchmark" in md and "Training run: broken" not in md
+    assert "broken/metrics.jsonl:1: expected a JSON object" in md
+
+
+def _hold_lock(ws: Path) -> None:
+    ws.joinpath("busy").mkdir()
+    _held.append(RunDir.claim(ws / "busy"))
+
+
+_held: list[RunDir] = []
+
+RUN_ARGS = "--epochs 1 --train-subset 256 --test-subset 100 --batch-size 64 --device cpu --no-progress --no-tensorboard"
+NEW = f"train {RUN_ARGS} --out {{ws}}/new"
+
+CASES = [
+    # -- train: flags, before any data is loaded ----------------------------------------------------
+    Case("train-lr-nan", f"{NEW} --lr nan", r"--lr nan: expected a finite number > 0"),
+    Case("train-lr-negative", f"{NEW} --lr -1", r"--lr -1: expected a finite number > 0"),
+    Case("train-lr-inf", f"{NEW} --lr inf", r"--lr inf: expected a finite number > 0"),
+    Case("train-subset-negative", f"{NEW} --train-subset -10", r"--train-subset -10: expected an integer >= 1"),
+    Case("train-subset-zero", f"{NEW} --train-subset 0", r"--train-subset 0: expected an integer >= 1"),
+    Case("test-subset-zero", f"{NEW} --test-subset 0", r"--test-subset 0: expected an integer >= 1"),
+    Case("label-smoothing-above", f"{NEW} --label-smoothing 1.5", r"--label-smoothing 1.5: expected a finite number >= 0 and < 1"),
+    Case("label-smoothing-one", f"{NEW} --label-smoothing 1", r"--label-smoothing 1: expected a finite number >= 0 and < 1"),
+    Case("eval-batch-size-zero", f"{NEW} --eval-batch-size 0", r"--eval-batch-size 0: expected an integer >= 1"),
+    Case("batch-size-zero", f"{NEW} --batch-size 0", r"--batch-size 0: expected an integer >= 1"),
+    Case("epochs-zero", f"{NEW} --epochs 0", r"--epochs 0: expected an integer >= 1"),
+    Case("weight-decay-nan", f"{NEW} --weight-decay nan", r"--weight-decay nan: expected a finite number >= 0"),
+    Case("warmup-negative", f"{NEW} --schedule cosine --warmup-epochs -1", r"--warmup-epochs -1: expected a finite number >= 0"),
+    Case("workers-negative", f"{NEW} --workers -1", r"--workers -1: expected an integer >= 0"),
+    Case("seed-negative", f"{NEW} --seed -1", r"--seed -1: expected an integer >= 0"),
+    Case("dist-timeout-zero", f"{NEW} --dist-timeout 0", r"--dist-timeout 0: expected a finite number > 0"),
+    Case("optimizer-unknown", f"{NEW} --optimizer lion", r"--optimizer 'lion': expected one of adamw, adam, sgd"),
+    Case("act-unknown", f"{NEW} --act swishy", r"--act 'swishy': expected one of relu"),
+    Case("name-escapes", f"train {RUN_ARGS} --name ../escape", r"--name '../escape': expected a plain name"),
+    Case("nproc-zero", f"{NEW} --nproc 0", r"--nproc 0: expected an integer >= 1"),
+    Case("nproc-without-mode", f"{NEW} --nproc 2", r"--nproc 2 starts 2 processes, which needs --parallel ddp"),
+    Case("nproc-bad-flag-caught-in-parent", f"{NEW} --nproc 2 --parallel ddp --lr nan", r"--lr nan: expected",
+         check=lambda ws, out: _not_launched(out)),
+    # -- train: the run directory -------------------------------------------------------------------
+    Case("out-is-a-file", f"train {RUN_ARGS} --out {{file}}", r"--out \S+file: is a file, expected a directory"),
+    Case("out-under-a-file", f"train {RUN_ARGS} --out {{file}}/run", r"cannot be created: \S+file is a file"),
+    Case("out-holds-a-run", f"train {RUN_ARGS} --out {{run}}", r"already holds a run .*--resume \S+ to continue it, --overwrite"),
+    Case("out-overwrite-foreign-dir", f"train {RUN_ARGS} --out {{dir}} --overwrite",
+         r"not a trainlab run directory \(it holds notes.txt\); refusing to replace it"),
+    Case("out-in-use", f"train {RUN_ARGS} --out {{ws}}/busy", rf"busy: in use by another trainlab run \(pid {os.getpid()} ",
+         setup=_hold_lock, creates=("busy", "busy/.trainlab.lock")),
+    Case("overwrite-keeps-old-run-when-start-fails", f"train {RUN_ARGS} --out {{run}} --overwrite --data-dir {{ws}}/nowhere",
+         r"nowhere: --data-dir not found"),
+    Case("failed-start-leaves-no-dir", f"train {RUN_ARGS} --out {{ws}}/a/b/new --data-dir {{idx}}",
+         r"train-images-idx3-ubyte: truncated: dims \[2147483648, 2147483648, 4\] need 18446744073709551616",
+         setup=_idx(_overflowing_dims)),
+    # -- train --resume -----------------------------------------------------------------------------
+    Case("resume-changes-lr", "train --resume {run} --lr 0.1 --batch-size 64",
+         r"--resume \S+: --lr 0.1 \(saved: 0.005\): a resumed run keeps the settings that decide its result"),
+    Case("resume-changes-act", "train --resume {run} --act gelu --epochs 2",
+         r"--act gelu \(saved: relu\): a resumed run keeps"),
+    Case("resume-with-overwrite", "train --resume {run} --overwrite", r"--overwrite with --resume \S+: resuming continues"),
+    Case("resume-complete-run", "train --resume {run}", r"the run has done 1 of 1 epochs and is complete; pass --epochs N"),
+    Case("resume-nowhere", "train --resume {ws}/nowhere", r"--resume \S+nowhere: no such run directory"),
+    Case("resume-config-wrong-type", "train --resume {run}", r"config.json: 'epochs' must be an integer, got '3' \(str\)",
+         setup=_edit_json("run/config.json", _set("epochs", "3"))),
+    Case("resume-config-not-json", "train --resume {run}", r"config.json: not valid JSON", setup=_write("run/config.json", "{epochs: 3")),
+    Case("resume-config-not-object", "train --resume {run}", r"config.json: expected a JSON object of TrainConfig fields, got list",
+         setup=_write("run/config.json", "[1, 2]")),
+    Case("resume-batchnorm-edited", "train --resume {run} --epochs 2",
+         r"checkpoint.pt: written by a different config than \S+config.json: batchnorm False vs True",
+         setup=_edit_json("run/config.json", _set("batchnorm", True))),
+    Case("resume-crafted-checkpoint", "train --resume {run} --epochs 2", r"checkpoint.pt: refused: it holds Python objects",
+         setup=_crafted_into_run, check=_no_marker),
+    # -- train: data files ----------------------------------------------------------------------------
+    Case("idx-dims-overflow", f"{NEW} --data-dir {{idx}}", r"truncated: dims \[2147483648, 2147483648, 4\]",
+         setup=_idx(_overflowing_dims)),
+    Case("idx-directory-instead-of-file", f"{NEW} --data-dir {{idx}}", r"t10k-labels-idx1-ubyte: is a directory, expected an IDX file",
+         setup=_idx(_dir_instead_of_file)),
+    Case("data-dir-is-a-file", f"{NEW} --data-dir {{file}}", r"file: --data-dir is not a directory"),
+    Case("idx-unreadable", f"{NEW} --data-dir {{idx}}", r"train-labels-idx1-ubyte: permission denied \(cannot read it\)",
+         setup=_idx(_unreadable), needs_non_root=True),
+    Case("out-not-writable", f"train {RUN_ARGS} --out {{ws}}/ro/run", r"cannot be created: \S+ro is not writable",
+         setup=_read_only, needs_non_root=True),
+    # -- train: the process-group timeout from the environment is reported as set ------------------------
+    Case("dist-timeout-from-env", f"{NEW}", r"^done: test accuracy", code=0, env={"TRAINLAB_DIST_TIMEOUT_S": "7"},
+         creates=("new", "new/*"), check=_timeout_in_header),
+    # -- train: divergence ----------------------------------------------------------------------------
+    Case("lr-diverges", f"{NEW} --lr 1e9", r"training diverged: the training loss became nan at step \d+ of epoch 1 \(--lr 1e\+09",
+         code=3, creates=("new", "new/config.json", "new/env.json"), check=_diverged_lenet),
+    # -- eval -------------------------------------------------------------------------------------------
+    Case("eval-crafted-pickle", "eval {ckpt}", r"crafted.pt: refused: it holds Python objects besides tensors",
+         setup=_ckpt(lambda c, ws: {**c, "history": _Evil(ws / "PWNED")}), check=_no_marker),
+    Case("eval-no-model-key", "eval {ckpt}", r"crafted.pt: damaged checkpoint: entry 'model' is missing",
+         setup=_ckpt(lambda c, ws: {k: v for k, v in c.items() if k != "model"})),
+    Case("eval-wrong-shapes", "eval {ckpt}", r"does not fit this LeNet-5: shape \(checkpoint vs model\): classifier.1.weight \[120, 40\] vs \[120, 400\]",
+         setup=_ckpt(lambda c, ws: {**c, "model": {**c["model"], "classifier.1.weight": torch.zeros(120, 40)}})),
+    Case("eval-missing-keys", "eval {ckpt}", r"does not fit this LeNet-5: missing: classifier.4.weight$",
+         setup=_ckpt(lambda c, ws: {**c, "model": {k: v for k, v in c["model"].items() if k != "classifier.4.weight"}})),
+    Case("eval-batchnorm-mismatch", "eval {ckpt}", r"trained without BatchNorm, the model is built with it",
+         setup=_ckpt(lambda c, ws: {**c, "config": {**c["config"], "batchnorm": True}})),
+    Case("eval-bare-state-dict", "eval {ckpt}", r"not a trainlab LeNet checkpoint .*looks like a bare state_dict",
+         setup=_ckpt(lambda c, ws: c["model"])),
+    Case("eval-config-wrong-type", "eval {ckpt}", r"crafted.pt \[config\]: 'lr' must be a number, got 'fast'",
+         setup=_ckpt(lambda c, ws: {**c, "config": {**c["config"], "lr": "fast"}})),
+    Case("eval-not-a-checkpoint", "eval {file}", r"file: not a readable checkpoint"),
+    Case("eval-nowhere", "eval {ws}/nowhere.pt", r"nowhere.pt: checkpoint not found"),
+    # -- data ---------------------------------------------------------------------------------------------
+    Case("data-verify-overflow", "data verify --data-dir {idx}", r"truncated: dims \[2147483648", setup=_idx(_overflowing_dims)),
+    Case("data-verify-dir-as-file", "data verify --data-dir {idx}", r"is a directory, expected an IDX file",
+         setup=_idx(_dir_instead_of_file)),
+    Case("data-convert-out-is-file", "data convert --data-dir {idx} --out {file}", r"--out \S+file': is a file, expected a directory",
+         setup=_idx(lambda f: None)),
+    # -- gelu ---------------------------------------------------------------------------------------------
+    Case("gelu-check-n-negative", "gelu check --n -5", r"--n -5: expected an integer >= 1"),
+    Case("gelu-check-impl-unknown", "gelu check --impl nope", r"--impl 'nope': unknown implementation"),
+    Case("gelu-bench-budget-negative", "gelu bench --budget -1", r"--budget -1: expected a finite number > 0"),
+    Case("gelu-bench-budget-nan", "gelu bench --budget nan", r"--budget nan: expected a finite number > 0"),
+    Case("gelu-bench-sizes-too-big", "gelu bench --sizes 1000G", r"--sizes 1000G: the benchmark holds about 8 tensors"),
+    Case("gelu-bench-sizes-garbage", "gelu bench --sizes 12X", r"--sizes '12X': expected a number with an optional K/M/G"),
+    Case("gelu-bench-dtype", "gelu bench --dtype float16", r"--dtype 'float16': expected one of float32, bfloat16, float64"),
+    Case("gelu-bench-out-is-file", "gelu bench --quick --out {file}", r"--out \S+file': is a file, expected a directory"),
+    # -- gpt ------------------------------------------------------------------------------------------------
+    Case("gpt-bench-seq-zero", "gpt bench --model tiny --device cpu --seq 0", r"--seq 0: expected an integer >= 2"),
+    Case("gpt-bench-steps-zero", "gpt bench --model tiny --device cpu --steps 0", r"--steps 0: expected an integer >= 1"),
+    Case("gpt-bench-lr-nan", "gpt bench --model tiny --device cpu --lr nan", r"--lr nan: expected a finite number > 0"),
+    Case("gpt-bench-global-batch-zero", "gpt bench --model tiny --device cpu --global-batch 0", r"--global-batch 0: expected an integer >= 1"),
+    Case("gpt-bench-json-is-dir", "gpt bench --model tiny --device cpu --json {dir}", r"--json \S+dir': is a directory, expected a file"),
+    Case("gpt-bench-json-under-file", "gpt bench --model tiny --device cpu --json {file}/x.json", r"cannot be created: \S+file is a file"),
+    Case("gpt-bench-out-holds-lenet-run", "gpt bench --model tiny --device cpu --out {run}",
+         r"already holds a run .*; pass --overwrite to replace it, or choose another --out"),
+    Case("gpt-bench-nproc-bad-flag-in-parent", "gpt bench --model tiny --device cpu --nproc 2 --strategy ddp --steps 0",
+         r"--steps 0: expected", check=lambda ws, out: _not_launched(out)),
+    Case("gpt-bench-diverges", "gpt bench --model tiny --device cpu --steps 3 --warmup 0 --seq 16 --global-batch 2 "
+         "--micro-batch 2 --lr 1e9 --out {ws}/g", r"gpt bench: the loss became non-finite \(nan on rank 0\) at step \d",
+         code=3, creates=("g", "g/config.json", "g/env.json", "g/metrics.jsonl", "g/events.out.tfevents.*"), check=_no_json_nan),
+    Case("gpt-plan-gpu-mem-overflow", "gpt plan --gpu-mem 1e400GiB", r"--gpu-mem '1e400GiB': expected a size such as 80GiB"),
+    Case("gpt-plan-gpu-mem-nan", "gpt plan --gpu-mem nanGiB", r"--gpu-mem 'nanGiB': expected a size"),
+    Case("gpt-plan-gpus-zero", "gpt plan --gpus 0", r"--gpus 0: expected an integer >= 1"),
+    Case("gpt-compare-timeout-nan", "gpt compare --timeout nan --out {ws}/cmp", r"--timeout nan: expected a finite number > 0"),
+    Case("gpt-compare-timeout-negative", "gpt compare --timeout -1 --out {ws}/cmp", r"--timeout -1: expected a finite number > 0"),
+    Case("gpt-compare-out-is-file", "gpt compare --out {file}", r"--out \S+file': is a file, expected a directory"),
+    # -- dp compare ---------------------------------------------------------------------------------------------
+    Case("dp-repeats-zero", "dp compare --repeats 0", r"--repeats 0: expected an integer >= 1"),
+    Case("dp-threads-zero", "dp compare --threads 0", r"--threads 0: expected an integer >= 1"),
+    Case("dp-nproc-zero", "dp compare --nproc 0", r"--nproc 0: expected an integer >= 1"),
+    Case("dp-json-is-dir", "dp compare --json {dir}", r"--json \S+dir': is a directory, expected a file"),
+    Case("dp-modes-unknown", "dp compare --modes none,magic", r"--modes: unknown mode 'magic'"),
+    # -- report ------------------------------------------------------------------------------------------------
+    Case("report-out-is-file", "report {run} -o {file}", r"-o/--out \S+file': is a file, expected a directory"),
+    Case("report-metrics-line-not-object", "report {run} -o {ws}/rep", r"metrics.jsonl:1: expected a JSON object, found list",
+         setup=_write("run/metrics.jsonl", "[1, 2]\n")),
+    Case("report-summary-wrong-type", "report {run} -o {ws}/rep", r"summary.json: 'test_accuracy' must be a number, found \"high\"",
+         setup=_edit_json("run/summary.json", _set("test_accuracy", "high"))),
+    Case("report-config-not-object", "report {run} -o {ws}/rep", r"config.json: expected a JSON object, found list",
+         setup=_write("run/config.json", "[]")),
+    Case("report-folder-skips-bad-renders-gpt", "report {ws}/runs -o {ws}/rep", r"^report: \S+index.html \(1 runs, 1 result files",
+         code=0, setup=_runs_folder, creates=("rep", "rep/*"), check=_report_renders_good_and_gpt),
+    Case("report-nowhere", "report {ws}/nowhere -o {ws}/rep", r"nowhere: no such file or directory"),
+]
+
+
+# ----------------------------------------------------------------------------- the harness
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pristine") / "run"
+    train(TrainConfig(epochs=1, train_subset=256, test_subset=100, batch_size=64, device="cpu", progress=False,
+                      tensorboard=False, gpu_telemetry=False, out=str(out)), log=lambda *_: None)
+    return out
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under `root` → the sha256 of its bytes and its mode (folders: their mode)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        st = p.lstat()
+        out[rel] = f"dir {st.st_mode:o}" if p.is_dir() else f"{_digest(p)} {st.st_mode:o}"
+    return out
+
+
+def _digest(p: Path) -> str:
+    try:
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+    except PermissionError:  # a row made it unreadable on purpose: its size and mtime stand in
+        return f"unreadable {p.stat().st_size} {p.stat().st_mtime_ns}"
+
+
+def permissions_bind(tmp: Path) -> bool:
+    """Whether mode bits stop this process (they do not stop root with CAP_DAC_OVERRIDE)."""
+    probe = tmp / ".probe"
+    probe.write_text("x")
+    probe.chmod(0)
+    try:
+        probe.read_text()
+        return False
+    except PermissionError:
+        return True
+    finally:
+        probe.unlink()
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input(case: Case, finished_run: Path, tmp_path: Path, capsys, monkeypatch):
+    if case.needs_non_root and not permissions_bind(tmp_path):
+        pytest.skip("runs as root (or with CAP_DAC_OVERRIDE), which reads and writes through any permission bits")
+    for key, value in case.env.items():
+        monkeypatch.setenv(key, value)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    shutil.copytree(finished_run, ws / "run")
+    (ws / "file").write_text("a file where a folder or a checkpoint is expected\n")
+    (ws / "dir").mkdir()
+    (ws / "dir" / "notes.txt").write_text("not a run\n")
+    if case.setup:
+        case.setup(ws)
+    monkeypatch.chdir(ws)  # anything written to a default place (runs/…) shows up in the snapshot
+    before = snapshot(ws)
+    argv = case.argv.format(ws=ws, run=ws / "run", file=ws / "file", dir=ws / "dir", idx=ws / "idx",
+                            ckpt=ws / "crafted.pt").split()
+    try:
+        code, out, err = run_cli(argv, capsys)
+    finally:
+        while _held:
+            _held.pop().release()
+    lines = (err if case.code else out).strip().splitlines()
+    assert lines, f"nothing printed (exit {code}); stdout: {out[-500:]} stderr: {err[-500:]}"
+    last = lines[-1]
+    assert "Traceback" not in err, err[-3000:]
+    if case.code:
+        assert last.startswith("trainlab: error: "), err[-2000:]
+    assert code == case.code, err[-2000:]
+    assert re.search(case.last, last), f"last line: {last}"
+    after = snapshot(ws)
+    allowed = lambda rel: any(Path(rel).match(pattern) for pattern in case.creates)  # noqa: E731
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k) and not allowed(k))
+    assert not changed, f"the command changed the user's files: {changed}"
+    if case.check:
+        case.check(ws, out)
+
+
+def test_the_table_covers_every_command_group():
+    groups = {c.argv.split()[0] for c in CASES}
+    assert {"train", "eval", "data", "gelu", "gpt", "dp", "report"} <= groups
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+# ----------------------------------------------------------------------------- the top-level handler
+
+
+def _failing_command(exc: BaseException):
+    def command(args):
+        raise exc
+    return command
+
+
+def test_an_oserror_anywhere_is_one_line_naming_the_path(monkeypatch, capsys):
+    import errno
+
+    import trainlab.gpt.cli as gpt_cli
+
+    monkeypatch.setattr(gpt_cli, "_plan", _failing_command(OSError(errno.ENOSPC, "No space left on device", "/data/out.json")))
+    code, _, err = run_cli(["gpt", "plan"], capsys)
+    assert code == 2 and err.strip() == "trainlab: error: /data/out.json: No space left on device"
+
+
+def test_a_bug_keeps_its_traceback_and_asks_for_a_report(monkeypatch, capsys):
+    import trainlab.gpt.cli as gpt_cli
+
+    monkeypatch.setattr(gpt_cli, "_plan", _failing_command(ZeroDivisionError("division by zero")))
+    code, _, err = run_cli(["gpt", "plan"], capsys)
+    assert code == 1
+    assert "Traceback (most recent call last)" in err and "ZeroDivisionError: division by zero" in err
+    assert err.strip().splitlines()[-1].startswith("trainlab: internal error (ZeroDivisionError): this is a bug in trainlab")
+
+
+# ----------------------------------------------------------------------------- the launcher (processes)
+
+_HOOK = """
+import os, signal
+if os.environ.get("RANK") == "1" and os.environ.get("TRAINLAB_TEST_RANK1"):
+    import torch
+    step, calls = torch.optim.SGD.step, [0]
+    def dying_step(self, *a, **k):
+        calls[0] += 1
+        if calls[0] == 3:
+            os.kill(os.getpid(), getattr(signal, os.environ["TRAINLAB_TEST_RANK1"]))
+        return step(self, *a, **k)
+    torch.optim.SGD.step = dying_step
+"""
+
+
+def _launch_with_rank1(tmp_path: Path, signame: str, timeout_s: int = 5) -> tuple[subprocess.CompletedProcess, float]:
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_HOOK)  # imported at start-up by every worker (PYTHONPATH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), *sys.path]), "TRAINLAB_TEST_RANK1": signame,
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "trainlab", "train", "--parallel", "ddp", "--nproc", "2", "--device", "cpu",
+           "--epochs", "1", "--train-subset", "640", "--test-subset", "100", "--batch-size", "64", "--optimizer", "sgd",
+           "--lr", "0.05", "--no-progress", "--no-tensorboard", "--no-gpu-telemetry", "--dist-timeout", str(timeout_s),
+           "--out", str(tmp_path / "run")]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    return proc, time.monotonic() - t0
+
+
+@pytest.mark.dist
+def test_a_killed_rank_is_one_line_naming_rank_and_signal(tmp_path):
+    proc, _ = _launch_with_rank1(tmp_path, "SIGKILL")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["trainlab: error: rank 1/2 was killed by SIGKILL (signal 9) — often the kernel's out-of-memory "
+                      "killer; the other ranks were stopped"], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
+    assert (tmp_path / "run" / "config.json").exists()  # the run directory survives, for --resume
+
+
+@pytest.mark.dist
+def test_a_stopped_rank_ends_soon_after_the_timeout(tmp_path):
+    # SIGSTOP: the rank cannot even act on SIGTERM; torchrun's agent alone would wait 30 s more for it.
+    # The job's wall time is start-up (seconds, more on a loaded box) + 5 s timeout + well under 30 s.
+    proc, seconds = _launch_with_rank1(tmp_path, "SIGSTOP", timeout_s=5)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainlab: error: rank 0/2: a collective failed") and "the 5 s process-group timeout" in last
+    assert last.endswith("[rank(s) 1 did not answer in time and were stopped]"), last
+    assert [line for line in proc.stderr.splitlines() if line.startswith("trainlab: error:")] == [last]
+    ran = [line for line in proc.stdout.splitlines() if "dist_timeout" in line]
+    assert ran and "5 s (--dist-timeout)" in ran[0]
+    assert seconds < 120, seconds
