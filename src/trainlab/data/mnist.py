@@ -358,8 +358,12 @@ def load_mnist(data_dir: str | os.PathLike | None = None,
     or ~/.cache/trainlab/mnist). Any missing, truncated or inconsistent input raises `DataError`.
     """
     if data_dir is not None:
-        if Path(data_dir).expanduser().is_file():
-            return load_pack(Path(data_dir).expanduser())
+        path = Path(data_dir).expanduser()
+        if path.is_file() and path.suffix == ".npz":
+            return load_pack(path)
+        if path.is_file():
+            raise DataError(f"{data_dir}: --data-dir is not a directory (expected a folder of IDX files "
+                            "or a `trainlab data pack` .npz file)")
         return load_idx_dir(data_dir)
     if not _embedded_installed() and pack_path(cache_dir).is_file():
         return load_pack(pack_path(cache_dir))
