@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "trainlab.lenet.cli",      # train, eval, dp
     "trainlab.data.cli",       # data
     "trainlab.ops.cli",        # gelu
+    "trainlab.ops.layers_cli", # ops (conv2d, max_pool2d, linear, relu)
     "trainlab.gpt.cli",        # gpt
     "trainlab.report.cli",     # report
 )
