@@ -1,4 +1,4 @@
-"""`trainlab train`, `trainlab eval` and `trainlab dp compare`: flags into a config, then the library.
+"""`trainlab train`, `eval`, `dp compare` and `profile`: flags into a config, then the library.
 
 The flags of `train` and `dp compare` are derived from `TrainConfig` and `CompareConfig`. With `--nproc N`
 the resolved TrainConfig is handed to N torchrun workers as JSON (`trainlab worker SPEC.json`).
@@ -21,6 +21,7 @@ from trainlab.lenet.config import TrainConfig, apply_preset
 from trainlab.lenet.data_parallel import check_launch
 from trainlab.lenet.evaluate import evaluate_checkpoint
 from trainlab.lenet.loop import train
+from trainlab.lenet.profile import ProfileConfig, run_profile_cmd
 
 # Flags that cannot change a resumed run's result; every other flag is refused with --resume.
 RESUME_OVERRIDES = ("epochs", "device", "progress", "tensorboard", "gpu_telemetry", "dist_timeout", "step_timing")
@@ -82,6 +83,10 @@ def run_dp_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_profile(args: argparse.Namespace) -> int:
+    return run_profile_cmd(ProfileConfig(**explicit_values(args, ProfileConfig)), args.command_line)
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("train", help="train LeNet-5 on MNIST", description="Train LeNet-5 on MNIST.")
     add_flags(p, TrainConfig)
@@ -103,3 +108,6 @@ def add_parser(subparsers) -> None:
     sub.required = True
     add_command(sub, "compare", "run several modes on the same global batches and say where the time goes",
                 CompareConfig, run_dp_compare)
+
+    add_command(subparsers, "profile", "per-layer forward/backward time of LeNet-5 training steps, ATen's layers and "
+                "ours side by side (torch.profiler; Chrome trace in the run directory)", ProfileConfig, run_profile)

@@ -24,6 +24,8 @@ class TrainConfig(Config):
     act: str = opt("relu", "activation: relu, gelu, gelu-python, gelu-cpp, gelu-triton, gelu-cuda, …")
     pool: str = opt("max", "LeNet pooling: max | avg")
     batchnorm: bool = opt(False, "BatchNorm after convs and hidden FCs (the `best` preset)")
+    ops: str = opt("aten", "whose layers: aten (PyTorch's) | own (ours: trainlab.ops conv2d/max_pool2d/linear/relu "
+                           "in C++) | own=python|cpp|triton|cuda (one rung of the ladder)", metavar="aten|own[=IMPL]")
     # data
     data_dir: str | None = opt(None, "directory with the official MNIST IDX files (default: embedded MNIST)")
     loader: str = opt("device", "device (whole set resident on the device) | dataloader (torch DataLoader)")

@@ -26,7 +26,7 @@ from trainlab.lenet.checkpoint import load_checkpoint, save_checkpoint
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.data_parallel import setup_data_parallel
 from trainlab.lenet.evaluate import evaluate
-from trainlab.lenet.model import count_parameters
+from trainlab.lenet.model import check_model_options, count_parameters
 from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, build_scheduler, scaled_lr, use_channels_last
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.gpu import GPUSampler
@@ -50,6 +50,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     # ---- resolve everything up front, so a bad flag fails before any work -------------------------
     if cfg.batch_size <= 0 or cfg.epochs <= 0:
         raise ConfigError(f"--batch-size and --epochs must be positive (got {cfg.batch_size}, {cfg.epochs})")
+    check_model_options(cfg.act, cfg.pool, cfg.batchnorm, cfg.ops)
     par = setup_data_parallel(cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing,
                               timeout_s=cfg.dist_timeout)
     device = par.device
