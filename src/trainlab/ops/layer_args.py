@@ -67,6 +67,27 @@ def check_same(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Te
         raise OpInputError(f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}")
 
 
+def check_x_weight_bias(op: str, x, weight, bias, rank: int, x_layout: str, w_layout: str, unit: str) -> None:
+    """x and weight of one rank, dtype and device; x's dim 1 (channels/features) = weight's dim 1."""
+    check_tensor(op, "x", x, rank, x_layout)
+    check_tensor(op, "weight", weight, rank, w_layout)
+    check_same(op, "weight", weight, "x", x)
+    if x.shape[1] != weight.shape[1]:
+        raise OpInputError(f"{op}: x has {x.shape[1]} {unit} but weight expects {weight.shape[1]} "
+                           f"(x {list(x.shape)}, weight {list(weight.shape)})")
+    check_bias(op, bias, x, weight.shape[0], f"output {unit}")
+
+
+def check_bias(op: str, bias, x: torch.Tensor, n_out: int, what: str) -> None:
+    """An optional 1-D bias with one entry per output channel/feature, like x in dtype and device."""
+    if bias is None:
+        return
+    check_tensor(op, "bias", bias, 1, f"[{what.replace(' ', '_')}]")
+    check_same(op, "bias", bias, "x", x)
+    if bias.shape[0] != n_out:
+        raise OpInputError(f"{op}: bias has {bias.shape[0]} entries but weight has {n_out} {what}")
+
+
 # ---- conv2d (stride 1, zero padding) -------------------------------------------------------------
 
 def conv2d_output_hw(h, w, kh, kw, padding: tuple[int, int]):
@@ -76,17 +97,7 @@ def conv2d_output_hw(h, w, kh, kw, padding: tuple[int, int]):
 def check_conv2d(x, weight, bias, padding) -> tuple[int, int]:
     """The validated padding pair; OpInputError for anything LeNet-style conv2d cannot take."""
     op = "conv2d"
-    check_tensor(op, "x", x, 4, "[N, C, H, W]")
-    check_tensor(op, "weight", weight, 4, "[out_channels, in_channels, KH, KW]")
-    check_same(op, "weight", weight, "x", x)
-    if x.shape[1] != weight.shape[1]:
-        raise OpInputError(f"{op}: x has {x.shape[1]} channels but weight expects {weight.shape[1]} "
-                           f"(x {list(x.shape)}, weight {list(weight.shape)})")
-    if bias is not None:
-        check_tensor(op, "bias", bias, 1, "[out_channels]")
-        check_same(op, "bias", bias, "x", x)
-        if bias.shape[0] != weight.shape[0]:
-            raise OpInputError(f"{op}: bias has {bias.shape[0]} entries but weight has {weight.shape[0]} output channels")
+    check_x_weight_bias(op, x, weight, bias, 4, "[N, C, H, W]", "[out_channels, in_channels, KH, KW]", "channels")
     pad = pair(op, "padding", padding, 0)
     oh, ow = conv2d_output_hw(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], pad)
     if oh < 1 or ow < 1:
@@ -124,18 +135,8 @@ def check_max_pool2d(x, kernel_size, stride, padding):
 # ---- linear / relu ---------------------------------------------------------------------------------
 
 def check_linear(x, weight, bias) -> None:
-    op = "linear"
-    check_tensor(op, "x", x, 2, "[N, in_features] (flatten it first)")
-    check_tensor(op, "weight", weight, 2, "[out_features, in_features]")
-    check_same(op, "weight", weight, "x", x)
-    if x.shape[1] != weight.shape[1]:
-        raise OpInputError(f"{op}: x has {x.shape[1]} features but weight expects {weight.shape[1]} "
-                           f"(x {list(x.shape)}, weight {list(weight.shape)})")
-    if bias is not None:
-        check_tensor(op, "bias", bias, 1, "[out_features]")
-        check_same(op, "bias", bias, "x", x)
-        if bias.shape[0] != weight.shape[0]:
-            raise OpInputError(f"{op}: bias has {bias.shape[0]} entries but weight has {weight.shape[0]} output features")
+    check_x_weight_bias("linear", x, weight, bias, 2, "[N, in_features] (flatten it first)",
+                        "[out_features, in_features]", "features")
 
 
 def check_relu(x) -> None:

@@ -90,45 +90,6 @@ if tl is not None:
         y_off = img.to(tl.int64)[:, None] * (OC * OH * OW) + rn[None, :] * (OH * OW) + (oh * OW + ow)[:, None]
         tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
-    def _conv2d_bwd_input_kernel(g_ptr, w_ptr, dx_ptr, N, C, H, W, OC, OH, OW, sgn, sgc, sgh, sgw,
-                                 KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
-                                 F64: tl.constexpr, IEEE: tl.constexpr,
-                                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        # dx[n, c, h, w] = sum_k dy[n, o, h+PH-p, w+PW-q] * w[o, c, p, q],  k = (o, p, q):
-        # the forward's implicit GEMM with the kernel flipped. Rows m = (n, h, w), columns c.
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        K = OC * KH * KW
-        m_ok = rm < N * H * W
-        n_ok = rn < C
-        img = rm // (H * W)
-        h = (rm // W) % H
-        w = rm % W
-        g_base = img.to(tl.int64) * sgn
-        if F64:
-            acc = tl.full((BM, BN), 0.0, tl.float64)
-        else:
-            acc = tl.full((BM, BN), 0.0, tl.float32)
-        for k0 in range(0, K, BK):
-            rk = k0 + tl.arange(0, BK)
-            k_ok = rk < K
-            o = rk // (KH * KW)
-            p = (rk // KW) % KH
-            q = rk % KW
-            oh = h[:, None] + PH - p[None, :]
-            ow = w[:, None] + PW - q[None, :]
-            a_ok = m_ok[:, None] & k_ok[None, :] & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
-            a = tl.load(g_ptr + g_base[:, None] + o[None, :] * sgc + oh * sgh + ow * sgw, mask=a_ok, other=0.0)
-            # w[o, c, p, q] at (o*C + c)*KH*KW + p*KW + q
-            b_off = (o[:, None] * C + rn[None, :]) * (KH * KW) + (p * KW + q)[:, None]
-            b = tl.load(w_ptr + b_off, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            if IEEE:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
-        dx_off = img.to(tl.int64)[:, None] * (C * H * W) + rn[None, :] * (H * W) + (h * W + w)[:, None]
-        tl.store(dx_ptr + dx_off, acc.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
     def _conv2d_bwd_weight_kernel(g_ptr, x_ptr, dw_ptr, N, C, H, W, OC, OH, OW,
                                   sgn, sgc, sgh, sgw, sxn, sxc, sxh, sxw, K_PER_SPLIT,
                                   KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
@@ -306,7 +267,7 @@ if tl is not None:
         tl.store(dx_ptr + offs, tl.where(v <= 0, tl.full((BLOCK,), 0.0, g.dtype), g), mask=ok)   # NaN passes
 
 
-KERNELS = ("_conv2d_fwd_kernel", "_conv2d_bwd_input_kernel", "_conv2d_bwd_weight_kernel", "_matmul_kernel",
+KERNELS = ("_conv2d_fwd_kernel", "_conv2d_bwd_weight_kernel", "_matmul_kernel",
            "_max_pool2d_fwd_kernel", "_max_pool2d_bwd_kernel", "_relu_fwd_kernel", "_relu_bwd_kernel")
 
 
@@ -329,10 +290,6 @@ def aot_specs(dtype: str = "fp32") -> dict:
             sig(["x_ptr", "w_ptr", "b_ptr", "y_ptr", *shape7, "sxn", "sxc", "sxh", "sxw"], [ptr] * 4 + ["i32"] * 11)
             | dict.fromkeys([*conv, "HAS_BIAS", "F64", "IEEE", *tiles], "constexpr"),
             {**conv, "HAS_BIAS": True, **prec, **tiles}),
-        "_conv2d_bwd_input_kernel": (
-            sig(["g_ptr", "w_ptr", "dx_ptr", *shape7, "sgn", "sgc", "sgh", "sgw"], [ptr] * 3 + ["i32"] * 11)
-            | dict.fromkeys([*conv, "F64", "IEEE", *tiles], "constexpr"),
-            {**conv, **prec, **tiles}),
         "_conv2d_bwd_weight_kernel": (
             sig(["g_ptr", "x_ptr", "dw_ptr", *shape7, "sgn", "sgc", "sgh", "sgw", "sxn", "sxc", "sxh", "sxw",
                  "K_PER_SPLIT"], [ptr, ptr, acc] + ["i32"] * 16)
@@ -463,18 +420,12 @@ def conv2d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 
 @torch.library.custom_op("trainlab::triton_conv2d_bwd_input", mutates_args=())
 def conv2d_bwd_input(grad: torch.Tensor, weight: torch.Tensor, padding: list[int]) -> torch.Tensor:
-    interpreted, dtype = _interpreted(grad), grad.dtype
-    grad, weight = _kernel_inputs(interpreted, grad, weight)
-    n, oc, oh, ow = grad.shape
-    _, c, kh, kw = weight.shape
-    h, w = oh - 2 * padding[0] + kh - 1, ow - 2 * padding[1] + kw - 1
-    dx = torch.empty((n, c, h, w), dtype=grad.dtype, device=grad.device)
-    if dx.numel():
-        t = _tiles(interpreted, c)
-        grid = (-(-n * h * w // t["BM"]), -(-c // t["BN"]))
-        _launch("_conv2d_bwd_input_kernel", interpreted, grid, grad, weight.contiguous(), dx, n, c, h, w, oc, oh, ow,
-                *grad.stride(), KH=kh, KW=kw, PH=padding[0], PW=padding[1], **_precision(grad.dtype), **t)
-    return dx.to(dtype)
+    # For stride 1, dx[n, c, h, w] = sum_{o,p,q} dy[n, o, h+PH-p, w+PW-q] w[o, c, p, q] is itself a
+    # convolution: of dy with the kernel flipped in space and transposed in channels, padded by
+    # K-1-P. So the forward's implicit-GEMM kernel computes it, with no kernel of its own.
+    kh, kw = weight.shape[2], weight.shape[3]
+    flipped = weight.flip(2, 3).transpose(0, 1).contiguous()   # [C, OC, KH, KW]: 2.4k numbers for LeNet's conv2
+    return conv2d_fwd(grad, flipped, None, [kh - 1 - padding[0], kw - 1 - padding[1]])
 
 
 @torch.library.custom_op("trainlab::triton_conv2d_bwd_weight", mutates_args=())

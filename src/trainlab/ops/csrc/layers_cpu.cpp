@@ -2,12 +2,14 @@
 //
 // Registered as real operators in the `trainlab` namespace (schemas at the bottom), so autograd,
 // FakeTensor and torch.compile treat them like ATen ops; the autograd formulas and the fake (meta)
-// implementations are registered from Python in trainlab/ops/layers_cpp.py.
+// implementations are registered from Python in trainlab/ops/layer_autograd.py.
 //
 // What is ours and what is ATen's: every byte of data movement is written here — im2col and col2im
 // for the convolution, the window argmax and the gradient scatter for max-pooling, the bias
-// reductions, ReLU's mask. The matrix products go through ATen's BLAS (at::bmm / at::mm / at::addmm,
-// which call MKL on this build): writing a competitive GEMM is a different lesson.
+// reductions, ReLU's mask. The matrix products go through ATen's BLAS (at::mm / at::addmm, which
+// call MKL on this build): writing a competitive GEMM is a different lesson. The convolution's and
+// the linear layer's algorithms (chunking, the bias-as-a-GEMM-row trick) are in layers_algo.h,
+// shared with the CUDA build; this file supplies their CPU data movement (CpuBackend).
 //
 // Precision: float32 and float64 are computed in their own type. bfloat16 and float16 inputs are
 // widened to float32 once at the op's entry and the result is rounded once on exit (what ATen's CPU
@@ -25,6 +27,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
+#include "layers_algo.h"
 #include "layers_shapes.h"
 
 #include <algorithm>
@@ -42,20 +45,7 @@ constexpr int64_t kGrain = 32768;            // elements per task, ATen's GRAIN_
 constexpr int64_t kColsBudget = 1 << 18;     // im2col elements per chunk: 1 MiB in float32, half an L2
 
 // ================================================================================================
-// conv2d: stride 1, zero padding, no dilation or groups (LeNet-5's convolutions).
-//
-//   forward   out[n] = W · cols(x[n]) + b          cols(x[n]): [C·KH·KW, OH·OW] patches (im2col)
-//   backward  dx[n]  = col2im(Wᵀ · dy[n])          col2im: the adjoint of im2col, patches summed back
-//             dW     = Σ_n dy[n] · cols(x[n])ᵀ,    db = Σ_n,l dy[n, :, l]
-//
-// Samples are processed in chunks whose columns fit in kColsBudget elements — about half of one
-// core's L2 — and the chunk's columns are laid side by side, [C·KH·KW, B·OH·OW], so that each chunk
-// is ONE large GEMM whose operand the im2col pass has just left in cache (B small per-sample GEMMs
-// were 2-3x slower: LeNet's per-sample matrices are 6x25x784 and 16x150x100). The price is a
-// transposing copy of out / dy between [B, OC, L] and [OC, B·L], which stays in cache too.
-// The bias rides in the GEMM: cols gets an extra row of ones and W an extra column holding b, so
-// the forward GEMM adds b and the weight-gradient GEMM's extra column is exactly db. Batch 4096
-// costs no more working memory than batch 256.
+// conv2d's CPU data movement (the algorithm: layers_algo.h)
 // ================================================================================================
 
 // Short rows (LeNet's are 10 to 28 elements) with whole vectors and one masked vector at the end
@@ -150,7 +140,7 @@ void col2im_chunk(const T* dcols, T* dx, const ConvShape& s, int64_t n0, int64_t
 
 // [B, OC, L] (samples n0.. of an NCHW tensor) <-> [OC, B·L] (the GEMM's layout).
 template <typename T>
-void gather_channels_first(const T* nchw, T* t, int64_t n0, int64_t B, int64_t OC, int64_t L) {
+void to_channels_first(const T* nchw, T* t, int64_t n0, int64_t B, int64_t OC, int64_t L) {
   at::parallel_for(0, B * OC, std::max<int64_t>(1, kGrain / L), [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       const int64_t b = u / OC, oc = u % OC;
@@ -160,91 +150,13 @@ void gather_channels_first(const T* nchw, T* t, int64_t n0, int64_t B, int64_t O
 }
 
 template <typename T>
-void scatter_channels_first(const T* t, T* nchw, int64_t n0, int64_t B, int64_t OC, int64_t L) {
+void from_channels_first(const T* t, T* nchw, int64_t n0, int64_t B, int64_t OC, int64_t L) {
   at::parallel_for(0, B * OC, std::max<int64_t>(1, kGrain / L), [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       const int64_t b = u / OC, oc = u % OC;
       std::memcpy(nchw + ((n0 + b) * OC + oc) * L, t + (oc * B + b) * L, L * sizeof(T));
     }
   });
-}
-
-at::Tensor conv2d_fwd_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                          at::IntArrayRef padding) {
-  const ConvShape s = conv_shape("conv2d_fwd", x, weight, padding);
-  check_conv_bias("conv2d_fwd", bias, x, s);
-  const bool has_bias = bias.has_value() && bias->defined();
-  const at::Tensor xc = opmath_contiguous(x);
-  const int64_t ckk = s.ckk(), L = s.l(), rows = ckk + (has_bias ? 1 : 0);
-  at::Tensor wm = opmath_contiguous(weight).view({s.OC, ckk});
-  if (has_bias) wm = at::cat({wm, opmath_contiguous(*bias).view({s.OC, 1})}, 1);   // [OC, CKK + 1]
-  at::Tensor out = at::empty({s.N, s.OC, s.OH, s.OW}, xc.options());
-  const int64_t chunk = chunk_samples(rows * L, s.N, kColsBudget);
-  at::Tensor cols_buf = at::empty({rows * chunk * L}, xc.options());
-  at::Tensor out_buf = at::empty({s.OC * chunk * L}, xc.options());
-  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "trainlab_conv2d_fwd", [&] {
-    for (int64_t n0 = 0; n0 < s.N; n0 += chunk) {
-      const int64_t B = std::min(chunk, s.N - n0);
-      at::Tensor cols = cols_buf.narrow(0, 0, rows * B * L).view({rows, B * L});
-      if (has_bias) cols.select(0, ckk).fill_(1);   // the ones row: the GEMM adds the bias column of wm
-      im2col_chunk(xc.const_data_ptr<scalar_t>(), cols.data_ptr<scalar_t>(), s, n0, B);
-      at::Tensor t = out_buf.narrow(0, 0, s.OC * B * L).view({s.OC, B * L});
-      at::mm_out(t, wm, cols);   // BLAS: [OC, rows] x [rows, B·L]
-      scatter_channels_first(t.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n0, B, s.OC, L);
-    }
-  });
-  return out.to(x.scalar_type());
-}
-
-// dx from dy: the input size follows from stride 1 (H = OH - 2·PH + KH - 1).
-at::Tensor conv2d_bwd_input_cpu(const at::Tensor& grad, const at::Tensor& weight, at::IntArrayRef padding) {
-  const ConvShape s = conv_shape_from_grad("conv2d_bwd_input", grad, weight, padding);
-  const at::Tensor gc = opmath_contiguous(grad);
-  const int64_t ckk = s.ckk(), L = s.l();
-  const at::Tensor wt = opmath_contiguous(weight).view({s.OC, ckk}).t();   // [CKK, OC], a transposed view
-  at::Tensor dx = at::empty({s.N, s.C, s.H, s.W}, gc.options());
-  const int64_t chunk = chunk_samples(ckk * L, s.N, kColsBudget);
-  at::Tensor dcols_buf = at::empty({ckk * chunk * L}, gc.options());
-  at::Tensor g_buf = at::empty({s.OC * chunk * L}, gc.options());
-  AT_DISPATCH_FLOATING_TYPES(gc.scalar_type(), "trainlab_conv2d_bwd_input", [&] {
-    for (int64_t n0 = 0; n0 < s.N; n0 += chunk) {
-      const int64_t B = std::min(chunk, s.N - n0);
-      at::Tensor gt = g_buf.narrow(0, 0, s.OC * B * L).view({s.OC, B * L});
-      gather_channels_first(gc.const_data_ptr<scalar_t>(), gt.data_ptr<scalar_t>(), n0, B, s.OC, L);
-      at::Tensor dcols = dcols_buf.narrow(0, 0, ckk * B * L).view({ckk, B * L});
-      at::mm_out(dcols, wt, gt);   // BLAS: [CKK, OC] x [OC, B·L]
-      col2im_chunk(dcols.const_data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(), s, n0, B);
-    }
-  });
-  return dx.to(grad.scalar_type());
-}
-
-// (dW, db) from dy and x; db is [OC] when `bias`, else empty. The GEMM accumulates every chunk into
-// one [OC, rows] matrix in the compute type (beta = 1), chunk after chunk in order.
-std::tuple<at::Tensor, at::Tensor> conv2d_bwd_weight_cpu(const at::Tensor& grad, const at::Tensor& x,
-                                                         const at::Tensor& weight, at::IntArrayRef padding, bool bias) {
-  const ConvShape s = conv_shape("conv2d_bwd_weight", x, weight, padding);
-  check_conv_grad("conv2d_bwd_weight", grad, x, s);
-  const at::Tensor xc = opmath_contiguous(x), gc = opmath_contiguous(grad);
-  const int64_t ckk = s.ckk(), L = s.l(), rows = ckk + (bias ? 1 : 0);
-  at::Tensor acc = at::zeros({s.OC, rows}, xc.options());
-  const int64_t chunk = chunk_samples((rows + s.OC) * L, s.N, kColsBudget);
-  at::Tensor cols_buf = at::empty({rows * chunk * L}, xc.options());
-  at::Tensor g_buf = at::empty({s.OC * chunk * L}, xc.options());
-  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "trainlab_conv2d_bwd_weight", [&] {
-    for (int64_t n0 = 0; n0 < s.N; n0 += chunk) {
-      const int64_t B = std::min(chunk, s.N - n0);
-      at::Tensor cols = cols_buf.narrow(0, 0, rows * B * L).view({rows, B * L});
-      if (bias) cols.select(0, ckk).fill_(1);   // its GEMM column is sum_l dy: the bias gradient
-      im2col_chunk(xc.const_data_ptr<scalar_t>(), cols.data_ptr<scalar_t>(), s, n0, B);
-      at::Tensor gt = g_buf.narrow(0, 0, s.OC * B * L).view({s.OC, B * L});
-      gather_channels_first(gc.const_data_ptr<scalar_t>(), gt.data_ptr<scalar_t>(), n0, B, s.OC, L);
-      acc.addmm_(gt, cols.t());   // BLAS: acc += [OC, B·L] x [B·L, rows]
-    }
-  });
-  at::Tensor dw = acc.narrow(1, 0, ckk).reshape(weight.sizes()).to(weight.scalar_type());
-  at::Tensor db = bias ? acc.select(1, ckk).to(weight.scalar_type()).contiguous() : at::empty({0}, weight.options());
-  return {dw, db};
 }
 
 // ================================================================================================
@@ -377,21 +289,8 @@ at::Tensor max_pool2d_bwd_cpu(const at::Tensor& grad, const at::Tensor& indices,
 }
 
 // ================================================================================================
-// linear: y = x Wᵀ + b. Forward and both matrix gradients are single BLAS calls (at::addmm/mm);
-// the bias gradient, a column sum of dy, is ours.
+// linear's bias gradient (the GEMMs: layers_algo.h)
 // ================================================================================================
-
-at::Tensor linear_fwd_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  check_linear("linear_fwd", x, weight, bias);
-  const at::Tensor xc = opmath_contiguous(x), wc = opmath_contiguous(weight);
-  at::Tensor out;
-  if (bias.has_value() && bias->defined()) {
-    out = at::addmm(opmath_contiguous(*bias), xc, wc.t());   // BLAS, bias broadcast by the GEMM's beta term
-  } else {
-    out = at::mm(xc, wc.t());
-  }
-  return out.to(x.scalar_type());
-}
 
 // db[j] = sum_i g[i, j]: rows added one at a time into a vector accumulator (fixed order).
 template <typename T>
@@ -410,21 +309,27 @@ void column_sums(const T* g, T* out, int64_t rows, int64_t cols) {
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_bwd_cpu(const at::Tensor& grad, const at::Tensor& x,
-                                                              const at::Tensor& weight, bool bias) {
-  check_linear_grad("linear_bwd", grad, x, weight);
-  const at::Tensor gc = opmath_contiguous(grad), xc = opmath_contiguous(x), wc = opmath_contiguous(weight);
-  at::Tensor dx = at::mm(gc, wc);        // [N, out] x [out, in]   (BLAS)
-  at::Tensor dw = at::mm(gc.t(), xc);    // [out, N] x [N, in]     (BLAS)
-  at::Tensor db = at::empty({bias ? gc.size(1) : 0}, gc.options());
-  if (bias) {
-    AT_DISPATCH_FLOATING_TYPES(gc.scalar_type(), "trainlab_linear_bias_grad", [&] {
-      column_sums(gc.const_data_ptr<scalar_t>(), db.data_ptr<scalar_t>(), gc.size(0), gc.size(1));
-    });
+// The CPU data movement of the shared algorithms (layers_algo.h).
+struct CpuBackend {
+  static constexpr int64_t kColsBudget = trainlab_layers::kColsBudget;
+  template <typename T> static void im2col(const T* x, T* cols, const ConvShape& s, int64_t n0, int64_t B) {
+    im2col_chunk(x, cols, s, n0, B);
   }
-  const auto t = x.scalar_type();
-  return {dx.to(t), dw.to(t), db.to(t)};
-}
+  template <typename T> static void col2im(const T* dcols, T* dx, const ConvShape& s, int64_t n0, int64_t B) {
+    col2im_chunk(dcols, dx, s, n0, B);
+  }
+  template <typename T>
+  static void to_channels_first(const T* nchw, T* t, int64_t n0, int64_t B, int64_t OC, int64_t L) {
+    trainlab_layers::to_channels_first(nchw, t, n0, B, OC, L);
+  }
+  template <typename T>
+  static void from_channels_first(const T* t, T* nchw, int64_t n0, int64_t B, int64_t OC, int64_t L) {
+    trainlab_layers::from_channels_first(t, nchw, n0, B, OC, L);
+  }
+  template <typename T> static void column_sums(const T* g, T* out, int64_t rows, int64_t cols) {
+    trainlab_layers::column_sums(g, out, rows, cols);
+  }
+};
 
 // ================================================================================================
 // relu: y = max(x, 0) with NaN kept; dx = dy where y > 0 (and where y is NaN), else 0 — exactly
@@ -505,13 +410,14 @@ TORCH_LIBRARY_FRAGMENT(trainlab, m) {
 }
 
 TORCH_LIBRARY_IMPL(trainlab, CPU, m) {
-  m.impl("conv2d_fwd", &trainlab_layers::conv2d_fwd_cpu);
-  m.impl("conv2d_bwd_input", &trainlab_layers::conv2d_bwd_input_cpu);
-  m.impl("conv2d_bwd_weight", &trainlab_layers::conv2d_bwd_weight_cpu);
+  using trainlab_layers::CpuBackend;
+  m.impl("conv2d_fwd", &trainlab_layers::conv2d_forward<CpuBackend>);
+  m.impl("conv2d_bwd_input", &trainlab_layers::conv2d_backward_input<CpuBackend>);
+  m.impl("conv2d_bwd_weight", &trainlab_layers::conv2d_backward_weight<CpuBackend>);
   m.impl("max_pool2d_fwd", &trainlab_layers::max_pool2d_fwd_cpu);
   m.impl("max_pool2d_bwd", &trainlab_layers::max_pool2d_bwd_cpu);
-  m.impl("linear_fwd", &trainlab_layers::linear_fwd_cpu);
-  m.impl("linear_bwd", &trainlab_layers::linear_bwd_cpu);
+  m.impl("linear_fwd", &trainlab_layers::linear_forward<CpuBackend>);
+  m.impl("linear_bwd", &trainlab_layers::linear_backward<CpuBackend>);
   m.impl("relu_fwd", &trainlab_layers::relu_fwd_cpu);
   m.impl("relu_bwd", &trainlab_layers::relu_bwd_cpu);
 }

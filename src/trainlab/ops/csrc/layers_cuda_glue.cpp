@@ -1,9 +1,9 @@
 // The CUDA implementations of the trainlab layer ops: tensors in, raw pointers and shapes out to
-// the CUDA-only kernels of layers_cuda.cu, cuBLAS (at::mm_out / at::addmm) for the GEMMs. Same
-// algorithms and layouts as the CPU kernels (layers_cpu.cpp): im2col chunks laid side by side so
-// each chunk is one GEMM, the bias as an extra GEMM row/column, bfloat16/half widened to float for
-// the GEMM side, one-byte window indices for pooling. Also defines `max_pool2d_bwd_atomic`, the
-// naive scatter backward, which exists only on CUDA (it is the benchmark's "before").
+// the CUDA-only kernels of layers_cuda.cu. The convolution and the linear layer run the same
+// algorithm as on the CPU (layers_algo.h: chunked im2col, one GEMM per chunk, the bias as an extra
+// GEMM row/column) with CudaBackend's kernels for the data movement and cuBLAS for the GEMMs;
+// pooling and relu call their kernels directly. Also defines `max_pool2d_bwd_atomic`, the naive
+// scatter backward, which exists only on CUDA (it is the benchmark's "before").
 //
 // Built only when torch has CUDA and a GPU is present (trainlab/ops/layers_cpp.py). It includes no
 // cuBLAS/cuSPARSE headers (ATen calls cuBLAS for it), so the tests can syntax-check it against the
@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "layers_algo.h"
 #include "layers_cuda.h"
 #include "layers_shapes.h"
 
@@ -25,7 +26,7 @@ namespace {
 namespace k = trainlab_layers_cuda;
 
 // GPUs have memory to spare: a chunk's columns may take up to 64 Mi elements (256 MiB in float32),
-// so LeNet's batches are one chunk and each layer one GEMM.
+// so LeNet's batches up to ~2600 are one chunk, and each layer one GEMM per chunk.
 constexpr int64_t kCudaColsBudget = int64_t(1) << 26;
 
 k::ConvGeom geom(const ConvShape& s) { return {s.N, s.C, s.H, s.W, s.OC, s.KH, s.KW, s.PH, s.PW, s.OH, s.OW}; }
@@ -38,85 +39,43 @@ template <> struct Cuda<at::Half> { using type = __half; };
 template <typename T> auto* ptr(const at::Tensor& t) { return reinterpret_cast<const typename Cuda<T>::type*>(t.const_data_ptr<T>()); }
 template <typename T> auto* mut(at::Tensor& t) { return reinterpret_cast<typename Cuda<T>::type*>(t.data_ptr<T>()); }
 
+// The CUDA data movement of the shared algorithms, on the current stream.
+struct CudaBackend {
+  static constexpr int64_t kColsBudget = kCudaColsBudget;
+  template <typename T> static void im2col(const T* x, T* cols, const ConvShape& s, int64_t n0, int64_t B) {
+    C10_CUDA_CHECK(k::im2col(x, cols, geom(s), n0, B, c10::cuda::getCurrentCUDAStream()));
+  }
+  template <typename T> static void col2im(const T* dcols, T* dx, const ConvShape& s, int64_t n0, int64_t B) {
+    C10_CUDA_CHECK(k::col2im(dcols, dx, geom(s), n0, B, c10::cuda::getCurrentCUDAStream()));
+  }
+  template <typename T>
+  static void to_channels_first(const T* nchw, T* t, int64_t n0, int64_t B, int64_t OC, int64_t L) {
+    C10_CUDA_CHECK(k::to_channels_first(nchw, t, n0, B, OC, L, c10::cuda::getCurrentCUDAStream()));
+  }
+  template <typename T>
+  static void from_channels_first(const T* t, T* nchw, int64_t n0, int64_t B, int64_t OC, int64_t L) {
+    C10_CUDA_CHECK(k::from_channels_first(t, nchw, n0, B, OC, L, c10::cuda::getCurrentCUDAStream()));
+  }
+  template <typename T> static void column_sums(const T* g, T* out, int64_t rows, int64_t cols) {
+    C10_CUDA_CHECK(k::column_sums(g, out, rows, cols, c10::cuda::getCurrentCUDAStream()));
+  }
+};
+
 at::Tensor conv2d_fwd_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                            at::IntArrayRef padding) {
-  const ConvShape s = conv_shape("conv2d_fwd", x, weight, padding);
-  check_conv_bias("conv2d_fwd", bias, x, s);
   const c10::cuda::CUDAGuard guard(x.device());
-  const bool has_bias = bias.has_value() && bias->defined();
-  const at::Tensor xc = opmath_contiguous(x);
-  const int64_t ckk = s.ckk(), L = s.l(), rows = ckk + (has_bias ? 1 : 0);
-  at::Tensor wm = opmath_contiguous(weight).view({s.OC, ckk});
-  if (has_bias) wm = at::cat({wm, opmath_contiguous(*bias).view({s.OC, 1})}, 1);
-  at::Tensor out = at::empty({s.N, s.OC, s.OH, s.OW}, xc.options());
-  const int64_t chunk = chunk_samples(rows * L, s.N, kCudaColsBudget);
-  at::Tensor cols_buf = at::empty({rows * chunk * L}, xc.options());
-  at::Tensor out_buf = at::empty({s.OC * chunk * L}, xc.options());
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "trainlab_conv2d_fwd_cuda", [&] {
-    for (int64_t n0 = 0; n0 < s.N; n0 += chunk) {
-      const int64_t B = std::min(chunk, s.N - n0);
-      at::Tensor cols = cols_buf.narrow(0, 0, rows * B * L).view({rows, B * L});
-      if (has_bias) cols.select(0, ckk).fill_(1);
-      C10_CUDA_CHECK(k::im2col(xc.const_data_ptr<scalar_t>(), cols.data_ptr<scalar_t>(), geom(s), n0, B, stream));
-      at::Tensor t = out_buf.narrow(0, 0, s.OC * B * L).view({s.OC, B * L});
-      at::mm_out(t, wm, cols);   // cuBLAS
-      C10_CUDA_CHECK(k::from_channels_first(t.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n0, B, s.OC, L, stream));
-    }
-  });
-  return out.to(x.scalar_type());
+  return conv2d_forward<CudaBackend>(x, weight, bias, padding);
 }
 
 at::Tensor conv2d_bwd_input_cuda(const at::Tensor& grad, const at::Tensor& weight, at::IntArrayRef padding) {
-  const ConvShape s = conv_shape_from_grad("conv2d_bwd_input", grad, weight, padding);
   const c10::cuda::CUDAGuard guard(grad.device());
-  const at::Tensor gc = opmath_contiguous(grad);
-  const int64_t ckk = s.ckk(), L = s.l();
-  const at::Tensor wt = opmath_contiguous(weight).view({s.OC, ckk}).t();
-  at::Tensor dx = at::empty({s.N, s.C, s.H, s.W}, gc.options());
-  const int64_t chunk = chunk_samples(ckk * L, s.N, kCudaColsBudget);
-  at::Tensor dcols_buf = at::empty({ckk * chunk * L}, gc.options());
-  at::Tensor g_buf = at::empty({s.OC * chunk * L}, gc.options());
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES(gc.scalar_type(), "trainlab_conv2d_bwd_input_cuda", [&] {
-    for (int64_t n0 = 0; n0 < s.N; n0 += chunk) {
-      const int64_t B = std::min(chunk, s.N - n0);
-      at::Tensor gt = g_buf.narrow(0, 0, s.OC * B * L).view({s.OC, B * L});
-      C10_CUDA_CHECK(k::to_channels_first(gc.const_data_ptr<scalar_t>(), gt.data_ptr<scalar_t>(), n0, B, s.OC, L, stream));
-      at::Tensor dcols = dcols_buf.narrow(0, 0, ckk * B * L).view({ckk, B * L});
-      at::mm_out(dcols, wt, gt);   // cuBLAS
-      C10_CUDA_CHECK(k::col2im(dcols.const_data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(), geom(s), n0, B, stream));
-    }
-  });
-  return dx.to(grad.scalar_type());
+  return conv2d_backward_input<CudaBackend>(grad, weight, padding);
 }
 
 std::tuple<at::Tensor, at::Tensor> conv2d_bwd_weight_cuda(const at::Tensor& grad, const at::Tensor& x,
                                                           const at::Tensor& weight, at::IntArrayRef padding, bool bias) {
-  const ConvShape s = conv_shape("conv2d_bwd_weight", x, weight, padding);
-  check_conv_grad("conv2d_bwd_weight", grad, x, s);
   const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor xc = opmath_contiguous(x), gc = opmath_contiguous(grad);
-  const int64_t ckk = s.ckk(), L = s.l(), rows = ckk + (bias ? 1 : 0);
-  at::Tensor acc = at::zeros({s.OC, rows}, xc.options());
-  const int64_t chunk = chunk_samples((rows + s.OC) * L, s.N, kCudaColsBudget);
-  at::Tensor cols_buf = at::empty({rows * chunk * L}, xc.options());
-  at::Tensor g_buf = at::empty({s.OC * chunk * L}, xc.options());
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "trainlab_conv2d_bwd_weight_cuda", [&] {
-    for (int64_t n0 = 0; n0 < s.N; n0 += chunk) {
-      const int64_t B = std::min(chunk, s.N - n0);
-      at::Tensor cols = cols_buf.narrow(0, 0, rows * B * L).view({rows, B * L});
-      if (bias) cols.select(0, ckk).fill_(1);
-      C10_CUDA_CHECK(k::im2col(xc.const_data_ptr<scalar_t>(), cols.data_ptr<scalar_t>(), geom(s), n0, B, stream));
-      at::Tensor gt = g_buf.narrow(0, 0, s.OC * B * L).view({s.OC, B * L});
-      C10_CUDA_CHECK(k::to_channels_first(gc.const_data_ptr<scalar_t>(), gt.data_ptr<scalar_t>(), n0, B, s.OC, L, stream));
-      acc.addmm_(gt, cols.t());   // cuBLAS, accumulating chunk after chunk
-    }
-  });
-  at::Tensor dw = acc.narrow(1, 0, ckk).reshape(weight.sizes()).to(weight.scalar_type());
-  at::Tensor db = bias ? acc.select(1, ckk).to(weight.scalar_type()).contiguous() : at::empty({0}, weight.options());
-  return {dw, db};
+  return conv2d_backward_weight<CudaBackend>(grad, x, weight, padding, bias);
 }
 
 std::tuple<at::Tensor, at::Tensor> max_pool2d_fwd_cuda(const at::Tensor& x, at::IntArrayRef kernel,
@@ -177,30 +136,14 @@ at::Tensor max_pool2d_bwd_atomic_cuda(const at::Tensor& grad, const at::Tensor& 
 }
 
 at::Tensor linear_fwd_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  check_linear("linear_fwd", x, weight, bias);
   const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor xc = opmath_contiguous(x), wc = opmath_contiguous(weight);
-  const at::Tensor out = (bias.has_value() && bias->defined()) ? at::addmm(opmath_contiguous(*bias), xc, wc.t())
-                                                               : at::mm(xc, wc.t());
-  return out.to(x.scalar_type());
+  return linear_forward<CudaBackend>(x, weight, bias);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_bwd_cuda(const at::Tensor& grad, const at::Tensor& x,
                                                                const at::Tensor& weight, bool bias) {
-  check_linear_grad("linear_bwd", grad, x, weight);
   const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor gc = opmath_contiguous(grad), xc = opmath_contiguous(x), wc = opmath_contiguous(weight);
-  at::Tensor dx = at::mm(gc, wc);
-  at::Tensor dw = at::mm(gc.t(), xc);
-  at::Tensor db = at::empty({bias ? gc.size(1) : 0}, gc.options());
-  if (bias) {
-    const auto stream = c10::cuda::getCurrentCUDAStream();
-    AT_DISPATCH_FLOATING_TYPES(gc.scalar_type(), "trainlab_linear_bias_grad_cuda", [&] {
-      C10_CUDA_CHECK(k::column_sums(gc.const_data_ptr<scalar_t>(), db.data_ptr<scalar_t>(), gc.size(0), gc.size(1), stream));
-    });
-  }
-  const auto t = x.scalar_type();
-  return {dx.to(t), dw.to(t), db.to(t)};
+  return linear_backward<CudaBackend>(grad, x, weight, bias);
 }
 
 at::Tensor relu_fwd_cuda(const at::Tensor& x) {
