@@ -11,13 +11,16 @@ How the time is attributed (torch.profiler, no guessing from wall clocks):
   * the rest of the step is the loss (forward range + its backward nodes), the optimizer
     (`Optimizer.step#…`, `Optimizer.zero_grad#…`), gradient accumulation into `.grad`
     (AccumulateGrad nodes) and "other" (what is left of the step's range: Python, hooks, the loader).
-Each step runs in a `record_function("trainlab.step")` range; every number is per step (median and
-p10/p90 over the profiled steps; warm-up steps are run first and not profiled). On a GPU the device
-time of the kernels is reported next to the CPU-side time.
+The variants are profiled in one session with their steps interleaved — step 1 of every variant,
+then step 2, … in rotating order — because on a shared machine the load changes by the second,
+and variants profiled one after the other are not comparable (measured: a 1.47x "slowdown" of one
+variant that was 1.0x when interleaved). Each step runs in a `record_function("trainlab.step:<variant>")`
+range; every number is per step (median and p10/p90 over the profiled steps; warm-up steps are run
+first and not profiled). On a GPU the device time of the kernels is reported next to the CPU time.
 
 Output, in the run directory: `profile.json/.md/.log` (the table; `trainlab report` renders
-profile.json) and one Chrome trace per variant, `trace_<variant>.json.gz` (open it in Perfetto,
-https://ui.perfetto.dev, or chrome://tracing).
+profile.json) and one Chrome trace with every variant's steps, `trace.json.gz` (open it in
+Perfetto, https://ui.perfetto.dev, or chrome://tracing).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from trainlab.stats import summarize
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
-STEP = "trainlab.step"
+STEP = "trainlab.step:"   # + the variant
 LAYER_PREFIX = "layer:"
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 
@@ -67,7 +70,7 @@ class ProfileConfig(Config):
     device: str = opt("auto", "auto | cpu | cuda")
     threads: int | None = opt(None, "torch CPU threads (default: torch's choice)")
     seed: int = opt(0, "seeds the initial weights and the batch order (the same for every variant)")
-    trace: bool = opt(True, "write a Chrome trace per variant (trace_<variant>.json.gz)")
+    trace: bool = opt(True, "write the Chrome trace (trace.json.gz, every variant's steps)")
     out: str | None = opt(None, "run directory (default runs/profile-<timestamp>)")
     json: bool = opt(False, "print the result as JSON instead of the table")
 
@@ -108,10 +111,10 @@ def _descendants(event):
         yield from _descendants(child)
 
 
-def attribute(events, layers: list[str]) -> list[dict]:
-    """Per profiled step: {part: (cpu_us, device_us)} for each layer's forward and backward and the
-    rest of the step, from the profiler's events (see the module docstring)."""
-    steps = sorted((e for e in events if e.name == STEP), key=lambda e: e.time_range.start)
+def attribute(events) -> dict[str, list[dict]]:
+    """{variant: per profiled step {part: (cpu_us, device_us)}} for each layer's forward and
+    backward and the rest of the step, from the profiler's events (see the module docstring)."""
+    steps = sorted((e for e in events if e.name.startswith(STEP)), key=lambda e: e.time_range.start)
     owner: dict[tuple, str] = {}   # (thread, sequence_nr) of a forward op -> the part that created it
     for e in events:
         part = e.name[len(LAYER_PREFIX):] if e.name.startswith(LAYER_PREFIX) else "loss" if e.name == "loss" else None
@@ -142,65 +145,80 @@ def attribute(events, layers: list[str]) -> list[dict]:
             charge(e, "optimizer.step")
         elif e.name.startswith("Optimizer.zero_grad#"):
             charge(e, "optimizer.zero_grad")
+    by_variant: dict[str, list[dict]] = {}
     for i, s in enumerate(steps):
         per_step[i]["step"] = (s.time_range.elapsed_us(), s.device_time_total or 0.0)
         accounted = sum(cpu for part, (cpu, _) in per_step[i].items() if part != "step")
         per_step[i]["other"] = (max(0.0, per_step[i]["step"][0] - accounted), 0.0)
-    return per_step
+        by_variant.setdefault(s.name[len(STEP):], []).append(per_step[i])
+    return by_variant
 
 
-def profile_variant(ops: str, cfg: ProfileConfig, data, device: torch.device, out: Path, log=print) -> dict:
-    """Warm up, then profile `cfg.steps` (or one epoch of) training steps of LeNet-5 built with `ops`."""
-    tcfg = TrainConfig(act=cfg.act, ops=ops, batch_size=cfg.batch_size, seed=cfg.seed, train_subset=cfg.train_subset,
-                       device=str(device), channels_last="off")
-    torch.manual_seed(cfg.seed)
-    model = LeNet5(act=cfg.act, ops=ops).to(device)
-    optimizer = build_optimizer(tcfg, model, tcfg.lr)
-    batches = build_train_batches(tcfg, data, device)
-    names = list(layer_names(model))
-    handles = instrument(model)
+class Variant:
+    """One LeNet-5 variant ready to train: model (instrumented), optimizer, its own batch order."""
 
-    def step(x, y):
-        with record_function(STEP):
-            logits = model(x)
+    def __init__(self, ops: str, cfg: ProfileConfig, data, device: torch.device):
+        tcfg = TrainConfig(act=cfg.act, ops=ops, batch_size=cfg.batch_size, seed=cfg.seed,
+                           train_subset=cfg.train_subset, device=str(device), channels_last="off")
+        torch.manual_seed(cfg.seed)   # every variant starts from the same weights
+        self.ops = ops
+        self.model = LeNet5(act=cfg.act, ops=ops).to(device)
+        self.optimizer = build_optimizer(tcfg, self.model, tcfg.lr)
+        self.batches = build_train_batches(tcfg, data, device)
+        self.layers = list(layer_names(self.model))
+        self.handles = instrument(self.model)
+        self.epoch, self.it = -1, iter(())
+
+    def next_batch(self):
+        try:
+            return next(self.it)
+        except StopIteration:   # epoch 0 is the warm-up's; profiled steps start at epoch 1
+            self.epoch += 1
+            self.batches.set_epoch(self.epoch)
+            self.it = iter(self.batches)
+            return next(self.it)
+
+    def step(self) -> None:
+        x, y = self.next_batch()
+        with record_function(STEP + self.ops):
+            logits = self.model(x)
             with record_function("loss"):
                 loss = F.cross_entropy(logits.float(), y)
-            optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            optimizer.step()
-        return loss
+            self.optimizer.step()
 
-    batches.set_epoch(0)
-    it = iter(batches)
-    for _ in range(cfg.warmup):
-        step(*next(it))
-    n_steps = cfg.steps or len(batches)
+
+def profile_variants(variants: list[str], cfg: ProfileConfig, data, device: torch.device, out: Path,
+                     log=print) -> dict:
+    """Warm every variant up, then profile `cfg.steps` (or one epoch of) training steps of each, the
+    variants' steps interleaved in rotating order, in one profiler session."""
+    runs = [Variant(v, cfg, data, device) for v in variants]
+    for run in runs:
+        for _ in range(cfg.warmup):
+            run.step()
+        run.epoch, run.it = 0, iter(())   # profiled steps: from the start of epoch 1, in order
+    n_steps = cfg.steps or len(runs[0].batches)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    batches.set_epoch(1)   # the profiled steps: epoch 1's batches, in order
-    it = iter(batches)
     synchronize(device)
     t0 = time.perf_counter()
     with profile(activities=activities) as prof:
         for i in range(n_steps):
-            try:
-                x, y = next(it)
-            except StopIteration:
-                batches.set_epoch(2 + i)
-                it = iter(batches)
-                x, y = next(it)
-            step(x, y)
-        synchronize(device)
+            for run in runs[i % len(runs):] + runs[:i % len(runs)]:
+                run.step()
+            synchronize(device)
     wall = time.perf_counter() - t0
-    for h in handles:
-        h.remove()
+    for run in runs:
+        for h in run.handles:
+            h.remove()
     trace = None
     if cfg.trace:
-        trace = out / f"trace_{re.sub(r'[^A-Za-z0-9]+', '_', ops)}.json.gz"
+        trace = out / "trace.json.gz"
         prof.export_chrome_trace(str(trace))
-    per_step = attribute(prof.events(), names)
-    log(f"  {ops}: {n_steps} steps in {wall:.2f} s under the profiler" + (f", trace {trace}" if trace else ""))
-    return {"ops": ops, "steps": n_steps, "wall_s": wall, "layers": names, "per_step": per_step,
-            "trace": str(trace) if trace else None}
+    per_step = attribute(prof.events())
+    log(f"profiled {n_steps} steps of each of {', '.join(variants)} in {wall:.1f} s" + (f"; trace {trace}" if trace else ""))
+    return {"steps": n_steps, "wall_s": wall, "trace": str(trace) if trace else None,
+            "variants": [{"ops": run.ops, "layers": run.layers, "per_step": per_step.get(run.ops, [])} for run in runs]}
 
 
 def summarize_parts(result: dict) -> list[dict]:
@@ -237,7 +255,8 @@ def format_table(rows: list[dict], variants: list[str]) -> str:
     head = f"{'part':<20}" + "".join(f"{v + ' fwd':>16}{v + ' bwd':>16}" for v in variants)
     if len(variants) > 1:
         head += "".join(f"{'x ' + variants[0] + ' (' + v + ')':>22}" for v in variants[1:])
-    lines = ["ms per training step, median over the profiled steps (CPU time; see profile.json for p10/p90)", head]
+    lines = ["ms per training step, median over the profiled steps, variants interleaved step by step "
+             "(CPU time; p10/p90 in profile.json)", head]
     for layer in layers:
         cells = []
         for v in variants:
@@ -277,12 +296,12 @@ def run_profile(cfg: ProfileConfig, command: str = "trainlab profile", log=print
     env = collect_env(device)
     header = format_header({**cfg.to_dict(), "variants": ",".join(variants), "run_dir": str(out)}, env)
     log(header)
-    results = [profile_variant(v, cfg, data, device, out, log) for v in variants]
-    rows = [r for res in results for r in summarize_parts(res)]
+    result = profile_variants(variants, cfg, data, device, out, log)
+    rows = [r for res in result["variants"] for r in summarize_parts(res)]
     table = format_table(rows, variants)
     payload = {"config": cfg.to_dict(), "device": str(device), "torch_threads": torch.get_num_threads(),
-               "variants": variants, "steps": results[0]["steps"], "batch_size": cfg.batch_size, "rows": rows,
-               "traces": {r["ops"]: r["trace"] for r in results}, "wall_s": {r["ops"]: r["wall_s"] for r in results}}
+               "variants": variants, "steps": result["steps"], "batch_size": cfg.batch_size, "rows": rows,
+               "trace": result["trace"], "wall_s": result["wall_s"], "interleaved": True}
     write_results(out, "profile", payload, f"# LeNet-5 per-layer profile\n\n```\n{table}\n```", [header, "", table],
                   command, env=env)
     return {**payload, "table": table, "run_dir": str(out)}
@@ -294,6 +313,5 @@ def run_profile_cmd(cfg: ProfileConfig, command: str) -> int:
         print(json.dumps({k: v for k, v in result.items() if k != "table"}, indent=2))
     else:
         print(result["table"])
-        print(f"wrote {result['run_dir']}/profile.{{json,md,log}}" +
-              "".join(f", {t}" for t in result["traces"].values() if t))
+        print(f"wrote {result['run_dir']}/profile.{{json,md,log}}" + (f", {result['trace']}" if result["trace"] else ""))
     return 0

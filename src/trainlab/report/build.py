@@ -156,8 +156,8 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
         blocks.append(Block("table", rows=table_from_rows(rows, ["strategy", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
                                                                  "total_bytes", "fits", "max_micro_batch"])))
     elif res.kind == "lenet_profile":   # ms per training step, medians; rows = variant x part
-        blocks.append(Block("p", f"{res.data.get('steps')} profiled steps per variant, batch {res.data.get('batch_size')}, "
-                                 f"device {res.data.get('device')}; traces: {', '.join(str(t) for t in (res.data.get('traces') or {}).values())}"))
+        blocks.append(Block("p", f"{res.data.get('steps')} profiled steps per variant (interleaved), batch "
+                                 f"{res.data.get('batch_size')}, device {res.data.get('device')}; trace: {res.data.get('trace')}"))
         blocks.append(Block("table", rows=table_from_rows(rows, ["variant", "layer", "fwd_ms_median", "bwd_ms_median", "total_ms_median",
                                                                  "fwd_ms_p10", "fwd_ms_p90", "bwd_ms_p10", "bwd_ms_p90"])))
     elif res.kind == "ops_check":
