@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -241,7 +240,7 @@ def summarize_parts(result: dict) -> list[dict]:
         rows.append({"variant": result["ops"], "layer": part, "fwd_ms_median": None, "fwd_ms_p10": None, "fwd_ms_p90": None,
                      "bwd_ms_median": None, "bwd_ms_p10": None, "bwd_ms_p90": None, "total_ms_median": s["median"],
                      "total_ms_p10": s["p10"], "total_ms_p90": s["p90"],
-                     "fwd_device_ms_median": None, "bwd_device_ms_median": summarize(series(part, 1))["median"]})
+                     "total_device_ms_median": summarize(series(part, 1))["median"]})
     for r in rows:
         r.setdefault("total_ms_median", (r["fwd_ms_median"] or 0.0) + (r["bwd_ms_median"] or 0.0))
     return rows
@@ -279,6 +278,8 @@ def format_table(rows: list[dict], variants: list[str]) -> str:
 
 def run_profile(cfg: ProfileConfig, command: str = "trainlab profile", log=print) -> dict:
     variants = list(cfg.ops or ["aten", "own"])
+    if len(set(variants)) < len(variants):
+        raise ConfigError(f"--ops {' '.join(variants)}: each variant once (they are told apart by name in the trace)")
     for v in variants:
         check_model_options(cfg.act, "max", False, v)   # every flag fails here, before data loads
     if cfg.steps is not None and cfg.steps < 1:
