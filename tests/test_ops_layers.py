@@ -90,10 +90,10 @@ def test_pool_saves_one_byte_per_output(ext):
 
 
 def test_conv_batch_beyond_one_chunk_matches_aten(ext):
-    # More samples than one cache-sized chunk (17 for conv2): the chunk loop, the last partial
-    # chunk and the weight gradient accumulated across chunks, at the check's tolerance.
+    # More samples than one cache-sized chunk (17 forward, 15 weight-gradient for conv2): the chunk
+    # loop, the last partial chunk and the weight gradient accumulated across chunks, at tolerance.
     case = layers_check.CASES["conv2d"][1]   # lenet-conv2
-    row = layers_check.check_row(case, "cpp", torch.float32, batch=301)
+    row = layers_check.check_row(case, "cpp", torch.float32, batch=70)
     assert row["ok"] and row["worst_ratio_to_tol"] < 0.5, row
 
 
