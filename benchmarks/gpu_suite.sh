@@ -5,6 +5,8 @@
 #           build, double backward, 2^31-element tensors, attention-backend and planner checks,
 #           telemetry), gelu check + bench, a default LeNet-5 run (curves, gpu.csv, nvidia-smi while
 #           busy), time-to-99%, the eager / compile / CUDA-graphs step benchmark
+#   ops:    our conv2d / max-pool / linear operators (GPU tests, ops check/bench with the cuda and
+#           Triton rows, profile, epoch benchmark)
 #   gpt:    benchmarks/gpt_gpu_suite.sh (GPT-2 1.6B: planner, handout baseline vs best, planner vs
 #           measured peak)
 #
@@ -20,13 +22,35 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 PART=${1:-}
 case "$PART" in
-  lenet) shift ;;
+  lenet|ops) shift ;;
   gpt) shift; exec bash benchmarks/gpt_gpu_suite.sh "$@" ;;
-  *) echo "usage: $0 lenet|gpt --out DIR [--budget S] [--dry-run] [--force] [--work DIR] [--mnist PACK.npz]" >&2; exit 2 ;;
+  *) echo "usage: $0 lenet|ops|gpt --out DIR [--budget S] [--dry-run] [--force] [--work DIR] [--mnist PACK.npz]" >&2; exit 2 ;;
 esac
-SUITE_USAGE_PART="lenet "
+SUITE_USAGE_PART="$PART "
 . benchmarks/suite_lib.sh
-suite_init lenet "$@"
+suite_init "$PART" "$@"
+
+if [ "$PART" = ops ]; then
+  # Our conv2d / max-pool / linear operators on the GPU (issue 13): their GPU tests, the correctness
+  # table with the cuda and compiled-triton rows, the per-layer benchmark (incl. the naive atomic pool
+  # backward), the per-layer profile, and an interleaved epoch benchmark (accuracy and epoch time).
+  if [ "$DRY" = 1 ]; then
+    step env 60 10 $PY -c "import sys, torch; print(sys.version); print('torch', torch.__version__, torch.version.cuda)"
+    step pytest_gpu 90 20 $PY -m pytest -q -m gpu -p no:cacheprovider --co tests/test_ops_layers_cuda.py tests/test_ops_layers_triton.py tests/test_lenet_own_ops.py
+    step ops_check 90 20 $PY -m trainlab ops check --op max_pool2d --impl aten --impl python --dtype float32 --case batch1 --no-gelu --out "$WORK/ops_check"
+    step ops_bench 60 10 $PY -m trainlab ops bench --device cpu --quick --impl python --layer pool1 --out "$WORK/ops_bench"
+    step profile 90 20 $PY -m trainlab profile --device cpu --ops aten --steps 2 --warmup 1 --train-subset 256 --batch-size 64 --out "$WORK/profile"
+  else
+    step env 60 10 sh -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0))'"
+    step pytest_gpu 180 60 $PY -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/test_ops_layers_cuda.py tests/test_ops_layers_triton.py tests/test_lenet_own_ops.py
+    step ops_check 90 30 $PY -m trainlab ops check --impl aten --impl cuda --impl triton --batch 64 --no-gelu --out "$WORK/ops_check"
+    step ops_bench 90 30 $PY -m trainlab ops bench --device cuda --out "$WORK/ops_bench"
+    step profile 60 20 $PY -m trainlab profile --device cuda --ops aten --ops own=cuda --ops own=triton --steps 100 --out "$WORK/profile"
+    step epoch 120 40 $PY benchmarks/ops_lenet_epoch.py --device cuda --ops aten,own=cuda,own=triton --epochs 3 --name "$WORK/ops_lenet_epoch_cuda"
+  fi
+  suite_done
+  exit 0
+fi
 
 if [ "$DRY" = 1 ]; then
   DEV=cpu

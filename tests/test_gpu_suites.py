@@ -31,7 +31,7 @@ def _suite(part, out, work, *extra, **kw):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("part", ["lenet", "gpt"])
+@pytest.mark.parametrize("part", ["lenet", "ops", "gpt"])
 def test_dry_run_completes_within_budget_and_packs_results(tmp_path, part):
     out, work = tmp_path / "out", tmp_path / "work"
     t0 = time.monotonic()

@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "trainlab.lenet.cli",      # train, eval, sweep, dp
     "trainlab.data.cli",       # data
     "trainlab.ops.cli",        # gelu
+    "trainlab.ops.layers_cli", # ops (conv2d, max_pool2d, linear, relu)
     "trainlab.gpt.cli",        # gpt
     "trainlab.report.cli",     # report
 )

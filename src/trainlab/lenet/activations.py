@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from trainlab.errors import ConfigError
 from trainlab.ops import GELU
+from trainlab.ops.relu import ReLU
 
 
 def _gelu_impl(impl: str, approximate: str = "none") -> Callable[[], nn.Module]:
@@ -42,3 +43,19 @@ def make_activation(name: str) -> nn.Module:
     except KeyError:
         raise ConfigError(f"--act {name!r}: unknown activation; choose one of {', '.join(ACTIVATIONS)}") from None
     return factory()
+
+
+# `--ops own`: the activation from our operators, at the same rung as the layers.
+OWN_ACTIVATIONS = {
+    "relu": lambda impl: ReLU(impl=impl),
+    "gelu": lambda impl: GELU(impl=impl),
+    "gelu-tanh": lambda impl: GELU(impl=impl, approximate="tanh"),
+}
+
+
+def make_own_activation(name: str, impl: str) -> nn.Module:
+    try:
+        factory = OWN_ACTIVATIONS[name]
+    except KeyError:
+        raise ConfigError(f"--act {name!r} with --ops own: choose one of {', '.join(OWN_ACTIVATIONS)}") from None
+    return factory(impl)

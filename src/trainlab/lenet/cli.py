@@ -1,5 +1,4 @@
-"""`trainlab train`, `trainlab eval`, `trainlab sweep` and `trainlab dp compare`: flags into a config,
-then the library.
+"""`trainlab train`, `eval`, `sweep`, `dp compare` and `profile`: flags into a config, then the library.
 
 The flags of `train` and `dp compare` are derived from `TrainConfig` and `CompareConfig`; `sweep` takes
 every `train` flag as a comma-separated list (`flags.add_list_flags`) plus `SweepConfig`'s. With
@@ -25,6 +24,7 @@ from trainlab.lenet.config import RESUME_OVERRIDES, TrainConfig, apply_preset
 from trainlab.lenet.data_parallel import check_launch
 from trainlab.lenet.evaluate import evaluate_checkpoint
 from trainlab.lenet.loop import default_run_dir, train
+from trainlab.lenet.profile import ProfileConfig, run_profile_cmd
 from trainlab.lenet.sweep import NOT_SWEPT, SweepConfig, run_sweep
 from trainlab.telemetry.rundir import check_run_dir
 
@@ -111,6 +111,10 @@ def run_dp_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_profile(args: argparse.Namespace) -> int:
+    return run_profile_cmd(ProfileConfig(**explicit_values(args, ProfileConfig)), args.command_line)
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("train", help="train LeNet-5 on MNIST", description="Train LeNet-5 on MNIST.")
     add_flags(p, TrainConfig)
@@ -141,3 +145,6 @@ def add_parser(subparsers) -> None:
     sub.required = True
     add_command(sub, "compare", "run several modes on the same global batches and say where the time goes",
                 CompareConfig, run_dp_compare)
+
+    add_command(subparsers, "profile", "per-layer forward/backward time of LeNet-5 training steps, ATen's layers and "
+                "ours side by side (torch.profiler; Chrome trace in the run directory)", ProfileConfig, run_profile)

@@ -16,7 +16,7 @@ from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, between, non_negative, one_of, opt, positive
 from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.data_parallel import MODES
-from trainlab.lenet.model import POOLS
+from trainlab.lenet.model import POOLS, check_model_options
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("onecycle", "cosine", "constant")
@@ -39,6 +39,8 @@ class TrainConfig(Config):
     act: str = opt("relu", "activation: relu, gelu, gelu-python, gelu-cpp, gelu-triton, gelu-cuda, …", check=one_of(ACTIVATIONS))
     pool: str = opt("max", "LeNet pooling: max | avg", check=one_of(POOLS))
     batchnorm: bool = opt(False, "BatchNorm after convs and hidden FCs (the `best` preset)")
+    ops: str = opt("aten", "whose layers: aten (PyTorch's) | own (ours: trainlab.ops conv2d/max_pool2d/linear/relu "
+                           "in C++) | own=python|cpp|triton|cuda (one rung of the ladder)", metavar="aten|own[=IMPL]")
     # data
     data_dir: str | None = opt(None, "directory with the official MNIST IDX files (default: embedded MNIST)")
     loader: str = opt("device", "device (whole set resident on the device) | dataloader (torch DataLoader)",
@@ -88,6 +90,7 @@ class TrainConfig(Config):
 
     def validate(self) -> None:
         super().validate()
+        check_model_options(self.act, self.pool, self.batchnorm, self.ops)  # the model flags, together
         if self.preset not in PRESETS:
             raise ConfigError(f"--preset {self.preset!r}: expected one of {', '.join(PRESETS)}")
         if self.schedule == "onecycle" and self.warmup_epochs:

@@ -4,37 +4,79 @@ conv 6@5×5 (pad 2) → pool → conv 16@5×5 → pool → FC 120 → FC 84 → 
 The activation is chosen by name from `models.activations` (relu, gelu, the trainlab GELU
 implementations…); pooling is max or average; `batchnorm=True` adds BatchNorm after each conv and
 hidden FC layer (the high-accuracy preset).
+
+`ops="own[=python|cpp|triton|cuda]"` builds the same network from our operators only (trainlab.ops:
+Conv2d, MaxPool2d, Linear and ReLU/GELU at the chosen rung). Our layer classes subclass nn.Conv2d /
+nn.Linear, so they draw the same initial weights from the same seed and have the same state_dict
+keys: an `own` run starts from exactly the weights of the `aten` run (flatten stays a view, the
+loss stays F.cross_entropy).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn as nn
 
 from trainlab.errors import ConfigError
-from trainlab.lenet.activations import make_activation
+from trainlab.lenet.activations import OWN_ACTIVATIONS, make_activation, make_own_activation
+from trainlab.ops.conv import Conv2d as OwnConv2d
+from trainlab.ops.linear import Linear as OwnLinear
+from trainlab.ops.pool import MaxPool2d as OwnMaxPool2d
 
 POOLS = {"max": nn.MaxPool2d, "avg": nn.AvgPool2d}
+OPS_IMPLS = ("python", "cpp", "triton", "cuda")
+
+
+def parse_ops(spec: str) -> str | None:
+    """--ops: None for PyTorch's layers, else the trainlab.ops implementation ("own" means cpp)."""
+    if spec == "aten":
+        return None
+    impl = "cpp" if spec == "own" else spec.removeprefix("own=") if spec.startswith("own=") else None
+    if impl not in OPS_IMPLS:
+        raise ConfigError(f"--ops {spec!r}: expected aten, own or own=python|cpp|triton|cuda")
+    return impl
+
+
+def check_model_options(act: str, pool: str, batchnorm: bool, ops: str) -> str | None:
+    """Validate the model flags together (before any data loads); returns parse_ops(ops)."""
+    impl = parse_ops(ops)
+    if pool not in POOLS:
+        raise ConfigError(f"--pool {pool!r}: expected one of {', '.join(POOLS)}")
+    if impl is not None:
+        if batchnorm:
+            raise ConfigError(f"--ops {ops}: LeNet-5 from our operators has no BatchNorm; drop --batchnorm "
+                              "(the `best` preset turns it on)")
+        if pool != "max":
+            raise ConfigError(f"--ops {ops}: our pooling operator is max_pool2d; use --pool max")
+        if act not in OWN_ACTIVATIONS:
+            raise ConfigError(f"--ops {ops}: --act must be one of {', '.join(OWN_ACTIVATIONS)} (our operators), "
+                              f"got {act!r}")
+    return impl
 
 
 class LeNet5(nn.Module):
-    def __init__(self, act: str = "relu", pool: str = "max", batchnorm: bool = False, num_classes: int = 10):
+    def __init__(self, act: str = "relu", pool: str = "max", batchnorm: bool = False, num_classes: int = 10,
+                 ops: str = "aten"):
         super().__init__()
-        if pool not in POOLS:
-            raise ConfigError(f"--pool {pool!r}: expected one of {', '.join(POOLS)}")
-        Pool = POOLS[pool]
+        impl = check_model_options(act, pool, batchnorm, ops)
+        Conv, Pool, Linear, Act = nn.Conv2d, POOLS[pool], nn.Linear, make_activation
+        if impl is not None:   # same constructors and argument order: the same random draws
+            Conv, Pool, Linear = (partial(cls, impl=impl) for cls in (OwnConv2d, OwnMaxPool2d, OwnLinear))
+            Act = partial(make_own_activation, impl=impl)
         norm2d = (lambda c: nn.BatchNorm2d(c)) if batchnorm else (lambda c: nn.Identity())
         norm1d = (lambda c: nn.BatchNorm1d(c)) if batchnorm else (lambda c: nn.Identity())
         # Conv biases are redundant before BatchNorm (it has its own shift).
         self.features = nn.Sequential(
-            nn.Conv2d(1, 6, 5, padding=2, bias=not batchnorm), norm2d(6), make_activation(act), Pool(2),   # 28→28→14
-            nn.Conv2d(6, 16, 5, bias=not batchnorm), norm2d(16), make_activation(act), Pool(2),             # 14→10→5
+            Conv(1, 6, 5, padding=2, bias=not batchnorm), norm2d(6), Act(act), Pool(2),   # 28→28→14
+            Conv(6, 16, 5, bias=not batchnorm), norm2d(16), Act(act), Pool(2),             # 14→10→5
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(16 * 5 * 5, 120, bias=not batchnorm), norm1d(120), make_activation(act),
-            nn.Linear(120, 84, bias=not batchnorm), norm1d(84), make_activation(act),
-            nn.Linear(84, num_classes),
+            Linear(16 * 5 * 5, 120, bias=not batchnorm), norm1d(120), Act(act),
+            Linear(120, 84, bias=not batchnorm), norm1d(84), Act(act),
+            Linear(84, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

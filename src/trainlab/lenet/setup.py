@@ -14,7 +14,7 @@ from trainlab.lenet.model import LeNet5
 
 def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     torch.manual_seed(cfg.seed)  # the initial weights depend on the seed alone
-    model = LeNet5(act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm).to(device)
+    model = LeNet5(act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm, ops=cfg.ops).to(device)
     if use_channels_last(cfg, device):
         model = model.to(memory_format=torch.channels_last)
     return model
@@ -79,8 +79,8 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 def use_channels_last(cfg: TrainConfig, device: torch.device) -> bool:
-    if cfg.channels_last == "auto":
-        return device.type == "cuda"
+    if cfg.channels_last == "auto":   # our operators (--ops own) compute in NCHW
+        return device.type == "cuda" and cfg.ops == "aten"
     if cfg.channels_last in ("on", "off"):
         return cfg.channels_last == "on"
     raise ConfigError(f"--channels-last {cfg.channels_last!r}: expected auto, on or off")

@@ -35,7 +35,7 @@ import torch
 
 from trainlab.distributed.launch import worker_command, write_spec
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.flags import Config, opt
+from trainlab.flags import Config, at_least, opt, output_dir
 from trainlab.io import atomic_write_json, read_json
 from trainlab.lenet.config import TrainConfig, apply_preset
 from trainlab.lenet.data_parallel import MULTI_PROCESS_MODES, check_launch
@@ -50,8 +50,10 @@ SWEEP_FILE = "sweep.json"
 class SweepConfig(Config):
     """`trainlab sweep`: where the runs go and how they are scheduled (the swept flags are TrainConfig's)."""
 
-    out: str | None = opt(None, "sweep directory; each run is OUT/<flag>=<value>_…_seed=<s> (default runs/sweep-<time>)")
-    seeds: int | None = opt(None, "seeds 0..N-1 for every configuration (same as --seed 0,1,…,N-1)", metavar="N")
+    out: str | None = opt(None, "sweep directory; each run is OUT/<flag>=<value>_…_seed=<s> (default runs/sweep-<time>)",
+                          check=output_dir)
+    seeds: int | None = opt(None, "seeds 0..N-1 for every configuration (same as --seed 0,1,…,N-1)", metavar="N",
+                            check=at_least(1))
     gpus: str = opt("auto", "auto (one run per visible GPU when there are several) | none (one run after another "
                             "on --device) | comma-separated GPU indices")
     dry_run: bool = opt(False, "print the runs and exit")
@@ -90,12 +92,11 @@ def plan(values: dict[str, list], sc: SweepConfig) -> tuple[list[Run], dict[str,
     """The runs of the sweep: the product of the value lists (TrainConfig field order), seeds last.
     Returns (runs, every flag's values with the seeds filled in, the swept flags — those with more than
     one value — and the sweep directory)."""
+    sc.validate()
     values = dict(values)
     if sc.seeds is not None:
         if "seed" in values:
             raise ConfigError("--seeds N and --seed LIST both give the seeds: use one of them")
-        if sc.seeds < 1:
-            raise ConfigError(f"--seeds {sc.seeds}: expected a positive number of seeds")
         values["seed"] = list(range(sc.seeds))
     order = [f for f in TrainConfig.__dataclass_fields__ if f in values and f != "seed"] + (["seed"] if "seed" in values else [])
     swept = [k for k in order if len(values[k]) > 1]

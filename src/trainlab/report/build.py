@@ -203,6 +203,9 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
         "gpt_bench": "GPT benchmark (trainlab gpt bench)",
         "gpt_plan": "GPT memory plan (trainlab gpt plan)",
         "gpt_compare": "GPT strategy comparison (trainlab gpt compare)",
+        "lenet_profile": "LeNet-5 per-layer profile (trainlab profile)",
+        "ops_check": "Layer operators vs ATen (trainlab ops check)",
+        "ops_bench": "Layer operators, time per LeNet-5 layer (trainlab ops bench)",
     }[res.kind]
     blocks = [Block("h2", title), Block("p", f"Source: <code>{html.escape(str(res.path))}</code>")]
     if res.kind == "gelu_check":
@@ -241,6 +244,19 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
         blocks.append(Block("p", f"model params: {fmt.count(d.get('params'))}"))
         blocks.append(Block("table", rows=table_from_rows(rows, ["strategy", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
                                                                  "total_bytes", "fits", "max_micro_batch"])))
+    elif res.kind == "lenet_profile":   # ms per training step, medians; rows = variant x part
+        blocks.append(Block("p", f"{res.data.get('steps')} profiled steps per variant (interleaved), batch "
+                                 f"{res.data.get('batch_size')}, device {res.data.get('device')}; trace: {res.data.get('trace')}"))
+        blocks.append(Block("table", rows=table_from_rows(rows, ["variant", "layer", "fwd_ms_median", "bwd_ms_median", "total_ms_median",
+                                                                 "fwd_ms_p10", "fwd_ms_p90", "bwd_ms_p10", "bwd_ms_p90"])))
+    elif res.kind == "ops_check":
+        failed = [r for r in rows if r.get("ok") is False]
+        blocks.append(Block("p", f"{len(rows)} rows, {len(failed)} failing."))
+        blocks.append(Block("table", rows=table_from_rows(rows, ["op", "case", "impl", "dtype", "fwd_max_abs_err", "grad_max_abs_err",
+                                                                 "worst_ratio_to_tol", "ok"])))
+    elif res.kind == "ops_bench":
+        blocks.append(Block("table", rows=table_from_rows(rows, ["batch", "layer", "impl", "fwd_median_s", "fwd_ratio_to_aten",
+                                                                 "bwd_median_s", "bwd_ratio_to_aten"])))
     elif res.kind == "gpt_compare":
         blocks.append(Block("table", rows=table_from_rows(rows, ["strategy", "nproc", "status", "step_ms_median", "tokens_per_s",
                                                                  "tflops_per_device", "mfu", "peak_tensor_bytes", "predicted_bytes",

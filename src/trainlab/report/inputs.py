@@ -38,7 +38,7 @@ class TrainingRun:
 @dataclass
 class ResultFile:
     path: Path
-    kind: str            # gelu_check | gelu_bench | dp_compare | gpt_bench | gpt_plan | gpt_compare
+    kind: str            # gelu_check | gelu_bench | dp_compare | gpt_bench | gpt_plan | gpt_compare | lenet_profile | ops_check | ops_bench
     data: Any
 
     @property
@@ -150,6 +150,12 @@ def classify(data: Any) -> str | None:
         return "gpt_plan"
     rows = ResultFile(Path(), "", data).rows
     first = rows[0] if rows and isinstance(rows[0], dict) else {}
+    if {"variant", "layer", "fwd_ms_median"} <= set(first):
+        return "lenet_profile"
+    if {"op", "case", "impl", "worst_ratio_to_tol"} <= set(first):
+        return "ops_check"
+    if {"layer", "impl", "fwd_median_s"} <= set(first):
+        return "ops_bench"
     if {"impl", "fwd_max_abs_err"} <= set(first):
         return "gelu_check"
     if {"impl", "size", "median_s"} <= set(first):

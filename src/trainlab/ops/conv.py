@@ -1,0 +1,142 @@
+r"""conv2d (stride 1, zero padding): one entry point, a ladder of implementations, a Python reference.
+
+    conv2d(x, weight, bias=None, padding=0, impl="aten" | "python" | "cpp" | "triton" | "cuda")
+    Conv2d(in_channels, out_channels, kernel_size, padding=0, impl="cpp")   # drop-in for nn.Conv2d
+
+Math, for x [N, C, H, W], W [OC, C, KH, KW], padding P, output [N, OC, OH, OW] with
+OH = H + 2P - KH + 1:
+
+    y[n, o, i, j] = b[o] + sum_{c, p, q} W[o, c, p, q] * xpad[n, c, i + p, j + q]
+
+im2col turns this into one matrix product per sample: cols(x)[(c, p, q), (i, j)] =
+xpad[c, i + p, j + q] is a [C*KH*KW, OH*OW] matrix and y[n] = W.view(OC, -1) @ cols(x[n]) + b.
+Differentiating that product (the backward, derived once here and implemented by every rung):
+
+    dW = sum_n dy[n] @ cols(x[n])^T          (a GEMM with the sample-and-pixel axis contracted)
+    db = sum_{n, i, j} dy[n, :, i, j]
+    dx = col2im(W^T @ dy[n])                 col2im is im2col's adjoint: every entry of the
+                                             [C*KH*KW, OH*OW] matrix is added back to the input
+                                             position it was copied from (overlapping patches add up)
+
+The `python` rung writes im2col and col2im as loops over the KH*KW kernel offsets, each one slice
+of the padded input (25 slices for LeNet's 5x5 kernels): readable, and vectorized over batch,
+channels and pixels by torch. The `cpp` rung (csrc/layers_cpu.cpp) does the same data movement in
+cache-sized chunks with one BLAS GEMM per chunk; `triton` fuses im2col into the GEMM (implicit
+GEMM: patches are gathered straight into registers, never materialized); `cuda` is the C++ op's
+CUDA kernels (im2col/col2im on the GPU, cuBLAS for the GEMM).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from trainlab.ops.layer_args import check_conv2d, check_device, check_impl
+from trainlab.ops.rungs import compiled_rung, prepare
+
+REDUCED = (torch.bfloat16, torch.float16)
+
+
+# ---- python: the reference autograd.Function -------------------------------------------------------
+
+def im2col(x: torch.Tensor, kh: int, kw: int, padding: tuple[int, int]) -> torch.Tensor:
+    """[N, C, H, W] -> [N, C*KH*KW, OH*OW]: one strided slice of the padded input per kernel offset."""
+    n, c, h, w = x.shape
+    ph, pw = padding
+    xpad = x.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
+    xpad[:, :, ph:ph + h, pw:pw + w] = x
+    oh, ow = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
+    cols = x.new_empty((n, c, kh, kw, oh, ow))
+    for p in range(kh):
+        for q in range(kw):
+            cols[:, :, p, q] = xpad[:, :, p:p + oh, q:q + ow]
+    return cols.reshape(n, c * kh * kw, oh * ow)
+
+
+def col2im(cols: torch.Tensor, c: int, h: int, w: int, kh: int, kw: int, padding: tuple[int, int]) -> torch.Tensor:
+    """The adjoint of im2col: [N, C*KH*KW, OH*OW] -> [N, C, H, W], overlapping patches summed."""
+    n = cols.shape[0]
+    ph, pw = padding
+    oh, ow = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
+    cols = cols.reshape(n, c, kh, kw, oh, ow)
+    xpad = cols.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
+    for p in range(kh):
+        for q in range(kw):
+            xpad[:, :, p:p + oh, q:q + ow] += cols[:, :, p, q]
+    return xpad[:, :, ph:ph + h, pw:pw + w]
+
+
+class Conv2dFunction(torch.autograd.Function):
+    """conv2d as im2col + matmul, with the backward derived in the module docstring. Saves x and W
+    (not the columns: they are KH*KW times larger than x and cheap to rebuild). bfloat16/float16
+    inputs are computed in float32 and rounded once, as ATen does."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, padding):
+        ctx.save_for_backward(x, weight)
+        ctx.padding, ctx.has_bias = padding, bias is not None
+        xc, wc = _widen(x), _widen(weight)
+        oc, _, kh, kw = weight.shape
+        cols = im2col(xc, kh, kw, padding)                           # [N, CKK, L]
+        y = wc.reshape(oc, -1) @ cols                                # [N, OC, L]   (torch.matmul: BLAS)
+        if bias is not None:
+            y = y + _widen(bias).view(1, oc, 1)
+        oh, ow = x.shape[2] + 2 * padding[0] - kh + 1, x.shape[3] + 2 * padding[1] - kw + 1
+        return y.reshape(x.shape[0], oc, oh, ow).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        xc, wc, g = _widen(x), _widen(weight), _widen(grad)
+        n, c, h, w = x.shape
+        oc, _, kh, kw = weight.shape
+        gm = g.reshape(n, oc, -1)                                    # [N, OC, L]
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = col2im(wc.reshape(oc, -1).t() @ gm, c, h, w, kh, kw, ctx.padding).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            cols = im2col(xc, kh, kw, ctx.padding)
+            dw = (gm @ cols.transpose(1, 2)).sum(0).reshape(weight.shape).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = gm.sum((0, 2)).to(weight.dtype)
+        return dx, dw, db, None
+
+
+def _widen(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.dtype in REDUCED else t
+
+
+# ---- dispatch --------------------------------------------------------------------------------------
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, padding=0,
+           impl: str = "aten") -> torch.Tensor:
+    """2-D convolution, stride 1, zero padding, with the chosen implementation; differentiable.
+
+    OpInputError (one line) for a wrong dtype, rank, channel count or a kernel larger than the
+    padded input; ConfigError for an unknown impl; HardwareError when the impl cannot run here."""
+    check_impl("conv2d", impl)
+    pad = check_conv2d(x, weight, bias, padding)
+    check_device("conv2d", impl, x)
+    if impl == "aten":
+        return F.conv2d(x, weight, bias, padding=pad)
+    if impl == "python":
+        return Conv2dFunction.apply(x, weight, bias, pad)
+    return compiled_rung(impl).conv2d(x, weight, bias, pad)
+
+
+class Conv2d(nn.Conv2d):
+    """nn.Conv2d with our operator in `forward`: same parameters, same initialization (so the same
+    seed gives the same weights as nn.Conv2d), same state_dict keys. Stride 1, no dilation/groups."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, padding=0, bias: bool = True,
+                 impl: str = "cpp"):
+        check_impl("Conv2d", impl)   # before nn.Conv2d draws its initial weights
+        super().__init__(in_channels, out_channels, kernel_size, padding=padding, bias=bias)
+        self.impl = prepare("Conv2d", impl)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return conv2d(x, self.weight, self.bias, self.padding, impl=self.impl)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", impl={self.impl!r}"
