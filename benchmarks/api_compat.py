@@ -20,6 +20,7 @@ import argparse
 import ast
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -94,6 +95,7 @@ def resolves(name: str) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="build/api_compat", help="directory for api_compat_<versions>.json")
+    ap.add_argument("--force", action="store_true", help="overwrite a verdict already in --out for these versions")
     args = ap.parse_args()
     import torch
 
@@ -107,11 +109,16 @@ def main() -> int:
     versions = {"torch": torch.__version__, "triton": triton_version, "python": sys.version.split()[0]}
     stem = f"api_compat_torch{torch.__version__.split('+')[0]}_triton{triton_version}_py{sys.version_info[0]}.{sys.version_info[1]}"
     out = Path(args.out)
+    target = out / f"{stem}.json"
+    if target.exists() and not args.force:
+        sys.exit(f"api_compat.py: error: {target} exists; pass --force to overwrite it, or --out DIR to write elsewhere")
     out.mkdir(parents=True, exist_ok=True)
     missing = sorted(n for n, ok in verdict.items() if not ok)
-    (out / f"{stem}.json").write_text(json.dumps({"command": "python benchmarks/api_compat.py --out " + args.out,
-                                                  "versions": versions, "present": verdict,
-                                                  "missing": {n: used[n] for n in missing}}, indent=1) + "\n")
+    tmp = target.with_suffix(".json.tmp")   # temp file + rename: a killed run never leaves half a verdict
+    tmp.write_text(json.dumps({"command": "python benchmarks/api_compat.py --out " + args.out,
+                               "versions": versions, "present": verdict,
+                               "missing": {n: used[n] for n in missing}}, indent=1) + "\n")
+    os.replace(tmp, target)
     print(f"{len(used)} torch/triton names used; {len(missing)} missing in torch {versions['torch']}, "
           f"triton {versions['triton']}, Python {versions['python']}")
     for n in missing:

@@ -144,7 +144,10 @@ def _shell_commands(source: str) -> list[list[str]]:
             continue
         for i, tok in enumerate(tokens):
             if tok == "trainlab" and i and tokens[i - 1] == "-m":
-                out.append([OPEN if t == "$@" else ANY if "$" in t else t for t in tokens[i + 1:]])
+                # "$@", or an array of the caller's arguments the script did not define itself (benchmarks/
+                # out_args.sh leaves them in ARGS): the flags are passed on
+                out.append([OPEN if t == "$@" or re.match(r"\$\{\w+\[@\]", t) else ANY if "$" in t else t
+                            for t in tokens[i + 1:]])
                 break
     return out
 
@@ -341,13 +344,16 @@ def test_invocations_are_read_from_python_lists_and_shell_scripts(tmp_path):
         '    other = ["not", "a", "command"]\n')
     (tmp_path / "benchmarks" / "b.sh").write_text(
         'COMMON=(--model tiny --steps 2)\n$PY -m trainlab gpt bench "${COMMON[@]}" --strategy "$S" --json "$OUT/x.json" > log\n'
-        'CMD=("$PY" -m trainlab dp compare --modes "$MODES" "$@")\n')
+        'CMD=("$PY" -m trainlab dp compare --modes "$MODES" "$@")\n'
+        '$PY -m trainlab train --act relu ${ARGS[@]+"${ARGS[@]}"}\n')
     assert invocations(tmp_path) == [["train", "--act", "gelu-cpp", "--epochs", "1", "--out", ANY],
                                      ["gpt", "bench", "--model", "tiny", "--steps", "2", "--strategy", ANY, "--json", ANY],
-                                     ["dp", "compare", "--modes", ANY, OPEN]]
+                                     ["dp", "compare", "--modes", ANY, OPEN], ["train", "--act", "relu", OPEN]]
     found = invocations(tmp_path)
     assert exercised_by(["dp", "compare", "--modes", "ring", "--threads", "1"], found)  # passed on by "$@"
     assert not exercised_by(["gpt", "bench", "--model", "tiny", "--impl", "hf"], found)  # no "$@" there
+    assert exercised_by(["train", "--act", "relu", "--threads", "1"], found)  # the caller's ARGS passed on
+    assert not exercised_by(["train", "--act", "gelu", "--threads", "1"], found)  # but not another choice
 
 
 def test_the_handout_numbers_quoted_in_the_walkthrough():
