@@ -14,11 +14,11 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from trainlab.data.augment import affine_matrices, apply_affine, seeded_generator
+from trainlab.data.augment import affine_matrices, apply_affine, elastic_displacement, identity_matrices, seeded_generator
 from trainlab.data.mnist import BACKGROUND, MNIST, normalize
 from trainlab.errors import ConfigError
 
-_SHUFFLE_STREAM, _AUGMENT_STREAM = 0, 1
+_SHUFFLE_STREAM, _AUGMENT_STREAM, _ELASTIC_STREAM = 0, 1, 2
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -40,10 +40,14 @@ class DeviceLoader:
     `augment=True` applies a random affine transform on the device, one per position in the epoch's
     order, drawn from a generator seeded by (seed, epoch): reproducible, resumable and independent
     of world size. Host→device traffic happens once per epoch (order and transforms), never per step.
+    `elastic_alpha` > 0 adds an elastic distortion (`augment.elastic_displacement`, width
+    `elastic_sigma`) in the same `grid_sample`; its noise is drawn on the device per global batch from
+    a generator seeded by (seed, epoch, batch start), so it too is resumable and independent of world size.
     """
 
     def __init__(self, images_uint8, labels, batch_size: int, device, shuffle: bool = True, seed: int = 0,
-                 augment: bool = False, drop_last: bool = False, rank: int = 0, world_size: int = 1):
+                 augment: bool = False, drop_last: bool = False, rank: int = 0, world_size: int = 1,
+                 elastic_alpha: float = 0.0, elastic_sigma: float = 4.0):
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -63,6 +67,10 @@ class DeviceLoader:
         self.n = len(labels)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.augment, self.drop_last = augment, drop_last
+        if elastic_alpha < 0 or elastic_sigma <= 0:
+            raise ConfigError(f"elastic distortion needs alpha >= 0 and sigma > 0 (got --elastic-alpha {elastic_alpha:g}, "
+                              f"--elastic-sigma {elastic_sigma:g})")
+        self.elastic_alpha, self.elastic_sigma = elastic_alpha, elastic_sigma
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
 
@@ -98,9 +106,19 @@ class DeviceLoader:
             hi = start + (self.rank + 1) * size // self.world_size
             index = order[lo:hi]
             x, y = self.x.index_select(0, index), self.y.index_select(0, index)
-            if theta is not None:
+            if self.elastic_alpha > 0:
+                x = apply_affine(x, theta[lo:hi] if theta is not None else identity_matrices(hi - lo), fill=BACKGROUND,
+                                 displacement=self._elastic(start, size)[lo - start:hi - start])
+            elif theta is not None:
                 x = apply_affine(x, theta[lo:hi], fill=BACKGROUND)
             yield x, y
+
+    def _elastic(self, start: int, size: int) -> torch.Tensor:
+        """The displacement fields of the global batch starting at `start` (every rank draws all of them
+        and keeps its rows: the fields of a sample do not depend on the world size)."""
+        generator = seeded_generator(self.seed, self.epoch, start, stream=_ELASTIC_STREAM, device=self.device)
+        _, _, height, width = self.x.shape
+        return elastic_displacement(size, height, width, self.elastic_alpha, self.elastic_sigma, generator, self.device)
 
 
 class EpochSampler(torch.utils.data.Sampler[int]):

@@ -12,7 +12,8 @@ from trainlab.io import atomic_torch_save
 
 
 def save_checkpoint(path: Path, *, model, optimizer, scheduler, epoch: int, global_step: int,
-                    history: list[dict], train_seconds: float, config: dict) -> None:
+                    history: list[dict], train_seconds: float, config: dict, ema: dict | None = None) -> None:
+    """`ema` (an `EMA.state_dict()`, with --ema) is stored beside the live weights so a resume is exact."""
     atomic_torch_save(path, {
         "format": "trainlab.lenet.v1",
         "model": unwrap(model).state_dict(),
@@ -23,6 +24,7 @@ def save_checkpoint(path: Path, *, model, optimizer, scheduler, epoch: int, glob
         "history": history,
         "train_seconds": train_seconds,
         "config": config,
+        "ema": ema,
     })
 
 

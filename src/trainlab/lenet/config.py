@@ -29,6 +29,9 @@ class TrainConfig(Config):
     loader: str = opt("device", "device (whole set resident on the device) | dataloader (torch DataLoader)")
     workers: int = opt(0, "DataLoader worker processes (--loader dataloader)")
     augment: bool = opt(False, "random affine augmentation (±15°, ±10% shift, 0.8–1.2 scale) on the device")
+    elastic_alpha: float = opt(0.0, "elastic distortion (Simard et al. 2003) strength α in pixels, on the device "
+                                    "with the affine; 0 = off, the paper uses 34")
+    elastic_sigma: float = opt(4.0, "elastic distortion smoothness: Gaussian σ of the displacement field in pixels")
     train_subset: int | None = opt(None, "train on the first N images (tests, quick looks)")
     test_subset: int | None = opt(None, "evaluate on the first N test images")
     # optimization
@@ -41,6 +44,8 @@ class TrainConfig(Config):
     schedule: str = opt("onecycle", "onecycle | cosine | constant")
     warmup_epochs: float = opt(0.0, "linear warm-up for cosine/constant (OneCycle has its own)")
     label_smoothing: float = opt(0.0, "cross-entropy label smoothing")
+    ema: float = opt(0.0, "keep an exponential moving average of the weights with this decay (e.g. 0.999) and "
+                          "evaluate/checkpoint it; 0 = off")
     scale_lr: str = opt("none", "linear | sqrt | none: multiply lr by (global batch / 128) or its sqrt")
     # execution
     device: str = opt("auto", "auto (CUDA if available) | cpu | cuda | cuda:N")
@@ -49,6 +54,8 @@ class TrainConfig(Config):
     compile: bool = opt(False, "torch.compile the model (compile time reported separately)")
     parallel: str = opt("none", "none | dp | ddp | allreduce (see `trainlab dp`)")
     seed: int = opt(0, "seeds init, shuffling and augmentation; same seed → same curve on CPU")
+    tta: bool = opt(False, "also report test accuracy under test-time augmentation (mean softmax over fixed "
+                           "shifted views), separately from test_accuracy")
     eval_batch_size: int = opt(2000, "test-set batch size (no gradients, so large is fine)")
     step_timing: bool = opt(False, "split each step into data / compute / communication time (syncs every step)")
     dist_timeout: float | None = opt(None, "process-group timeout in seconds: a dead or hung rank fails the "

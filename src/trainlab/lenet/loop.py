@@ -25,9 +25,12 @@ from trainlab.lenet.batches import build_test_batches, build_train_batches, to_d
 from trainlab.lenet.checkpoint import load_checkpoint, save_checkpoint
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.data_parallel import setup_data_parallel
+from trainlab.lenet.ema import EMA
 from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
-from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, build_scheduler, scaled_lr, use_channels_last
+from trainlab.lenet.setup import (amp_dtype, autocast, build_model, build_optimizer, build_scheduler, check_recipe, scaled_lr,
+                                  use_channels_last)
+from trainlab.lenet.tta import evaluate_tta
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.gpu import GPUSampler
 from trainlab.telemetry.rundir import RunDir
@@ -50,6 +53,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     # ---- resolve everything up front, so a bad flag fails before any work -------------------------
     if cfg.batch_size <= 0 or cfg.epochs <= 0:
         raise ConfigError(f"--batch-size and --epochs must be positive (got {cfg.batch_size}, {cfg.epochs})")
+    check_recipe(cfg)
     par = setup_data_parallel(cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing,
                               timeout_s=cfg.dist_timeout)
     device = par.device
@@ -69,6 +73,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     lr = scaled_lr(cfg)
     optimizer = build_optimizer(cfg, model, lr)
     scheduler = build_scheduler(cfg, optimizer, lr, steps_per_epoch)
+    ema = EMA(model, cfg.ema) if cfg.ema else None  # evaluated and checkpointed in place of the live weights
     start_epoch, global_step, history, train_seconds = 0, 0, [], 0.0
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
@@ -76,6 +81,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
         scheduler.load_state_dict(ckpt["scheduler"])
         start_epoch, global_step = ckpt["epochs_done"], ckpt["global_step"]
         history, train_seconds = ckpt["history"], ckpt["train_seconds"]
+        if ema is not None:
+            ema.load_state_dict(ckpt["ema"])
     params = count_parameters(model)
 
     # ---- record what this run is, before it runs -------------------------------------------------
@@ -93,6 +100,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
         log("gpu telemetry: skipped — training on the CPU")
 
     model = par.wrap(model)
+    eval_model = ema.module if ema is not None else model
     if cfg.compile:
         model = torch.compile(model)
     warmup_seconds = _warm_up(model, train_batches, device, precision, channels_last) if (cfg.compile or device.type == "cuda") else 0.0
@@ -120,6 +128,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
                 par.after_backward(model)  # hand-written all-reduce; DDP/DP reduce inside backward
                 optimizer.step()
                 scheduler.step()
+                if ema is not None:
+                    ema.update()
                 par.timer.step_done()
                 step_losses.append(loss.detach())
                 global_step += 1
@@ -130,7 +140,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
             train_seconds += epoch_seconds
             losses = par.mean(torch.stack(step_losses).float()).cpu().tolist()  # one sync for the whole epoch
 
-            result = evaluate(model, test_batches, device, precision)
+            result = evaluate(eval_model, test_batches, device, precision)
             record = {
                 "epoch": epoch + 1,
                 "global_step": global_step,
@@ -138,6 +148,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
                 "test_loss": result["test_loss"],
                 "test_accuracy": result["test_accuracy"],
                 "per_class_accuracy": result["per_class_accuracy"],
+                **({"live_test_accuracy": evaluate(model, test_batches, device, precision)["test_accuracy"]} if ema else {}),
                 "lr": scheduler.get_last_lr()[0],
                 "epoch_seconds": epoch_seconds,
                 "train_seconds": train_seconds,
@@ -148,13 +159,15 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
             if time_to_target is None and result["test_accuracy"] >= TARGET_ACCURACY:
                 time_to_target = train_seconds
             log(f"epoch {epoch + 1:>3}/{cfg.epochs}  train_loss {record['train_loss']:.4f}  test_loss {record['test_loss']:.4f}  "
-                f"test_acc {record['test_accuracy']:6.2f}%  {record['images_per_s']:>9,.0f} img/s  {epoch_seconds:6.2f} s")
+                f"test_acc {record['test_accuracy']:6.2f}%  {record['images_per_s']:>9,.0f} img/s  {epoch_seconds:6.2f} s"
+                + (f"  (live weights {record['live_test_accuracy']:.2f}%)" if ema else ""))
             if writer is not None:
                 _log_epoch(writer, record, losses, global_step, result, scheduler)
             if par.is_main:
                 run.write_metrics(history)
                 save_checkpoint(run.checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch + 1,
-                                global_step=global_step, history=history, train_seconds=train_seconds, config=cfg.to_dict())
+                                global_step=global_step, history=history, train_seconds=train_seconds, config=cfg.to_dict(),
+                                ema=ema.state_dict() if ema is not None else None)
             epochs_run += 1
             if cfg.stop_after is not None and epochs_run >= cfg.stop_after and epoch + 1 < cfg.epochs:
                 log(f"stopping after {epochs_run} epoch(s) as asked (--stop-after); resume with: trainlab train --resume {run.path}")
@@ -174,7 +187,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
                     writer.add_scalar("gpu/memory_used_mib", s["memory_used_mib"], i)
 
     # ---- summarize ------------------------------------------------------------------------------
-    final = evaluate(model, test_batches, device, precision)
+    final = evaluate(eval_model, test_batches, device, precision)
+    tta = evaluate_tta(eval_model, test_batches, device, precision) if cfg.tta else None
     if writer is not None:
         _log_images(writer, unwrap(model), test_batches, global_step)
         writer.close()
@@ -183,6 +197,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
         "test_loss": final["test_loss"],
         "per_class_accuracy": final["per_class_accuracy"],
         "confusion_matrix": final["confusion_matrix"],
+        "tta_test_accuracy": tta["test_accuracy"] if tta else None,
+        "ema_decay": cfg.ema or None,
         "epochs": cfg.epochs,
         "train_seconds": train_seconds,
         "warmup_seconds": warmup_seconds,
@@ -202,7 +218,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     if par.is_main:
         run.write_json("summary.json", summary)
     par.close()
-    log(f"done: test accuracy {summary['test_accuracy']:.2f}%  train time {train_seconds:.1f} s  "
+    if tta:
+        log(f"test-time augmentation ({tta['views']} views, reported separately): test accuracy {tta['test_accuracy']:.2f}%")
+    log(f"done: test accuracy {summary['test_accuracy']:.2f}%{' (EMA weights)' if ema else ''}  train time {train_seconds:.1f} s  "
         f"time to {TARGET_ACCURACY:g}%: {'%.1f s' % time_to_target if time_to_target is not None else 'not reached'}  run dir: {run.path}")
     return summary
 

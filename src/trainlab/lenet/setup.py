@@ -15,6 +15,16 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("onecycle", "cosine", "constant")
 
 
+def check_recipe(cfg: TrainConfig) -> None:
+    """The recipe flags (augmentation, EMA) checked before any data loads."""
+    if not (math.isfinite(cfg.elastic_alpha) and cfg.elastic_alpha >= 0):
+        raise ConfigError(f"--elastic-alpha {cfg.elastic_alpha:g}: expected a displacement scale >= 0 in pixels (0 = off)")
+    if not (math.isfinite(cfg.elastic_sigma) and cfg.elastic_sigma > 0):
+        raise ConfigError(f"--elastic-sigma {cfg.elastic_sigma:g}: expected a Gaussian width > 0 in pixels")
+    if not 0 <= cfg.ema < 1:
+        raise ConfigError(f"--ema {cfg.ema:g}: expected a decay in [0, 1) (e.g. 0.999; 0 = off)")
+
+
 def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     torch.manual_seed(cfg.seed)  # the initial weights depend on the seed alone
     model = LeNet5(act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm).to(device)
