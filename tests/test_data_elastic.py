@@ -6,21 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data_fixtures import tiny_arrays
+from data_fixtures import collect_epoch as _collect, tiny_arrays
 from trainlab.data import MNIST, DeviceLoader, make_dataloader
-from trainlab.data.augment import (apply_affine, elastic_displacement, gaussian_blur_matrix, gaussian_kernel1d,
-                                   identity_matrices, seeded_generator)
+from trainlab.data.augment import (Distortion, affine_matrices, apply_affine, elastic_displacement, gaussian_blur_matrix,
+                                   gaussian_kernel1d, identity_matrices, seeded_generator)
 from trainlab.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
 def arrays():
-    return tiny_arrays(n_train=103, n_test=20, seed=7)
-
-
-def _collect(loader, epoch):
-    loader.set_epoch(epoch)
-    return [(x.clone(), y.clone()) for x, y in loader]
+    return tiny_arrays(n_train=70, n_test=10, seed=11)
 
 
 def test_gaussian_kernel_is_normalized_with_the_right_width():
@@ -80,8 +75,9 @@ def test_zero_displacement_leaves_images_unchanged():
 
 
 def test_device_loader_elastic_is_seeded_by_seed_and_epoch(arrays):
-    def batches(seed, epoch, **kw):
-        loader = DeviceLoader(arrays.train_images, arrays.train_labels, 32, "cpu", seed=seed, elastic_alpha=34.0, **kw)
+    def batches(seed, epoch, affine=False):
+        loader = DeviceLoader(arrays.train_images, arrays.train_labels, 32, "cpu", seed=seed,
+                              augment=Distortion(affine=affine, elastic_alpha=34.0))
         return _collect(loader, epoch)
 
     plain = _collect(DeviceLoader(arrays.train_images, arrays.train_labels, 32, "cpu", seed=1), 0)
@@ -94,7 +90,7 @@ def test_device_loader_elastic_is_seeded_by_seed_and_epoch(arrays):
     assert not torch.equal(batches(1, 1)[0][0], a[0][0])
     assert not torch.equal(batches(2, 0)[0][0], a[0][0])
     # With the affine too: the same fields, one grid_sample; differs from affine alone and elastic alone.
-    both = batches(1, 0, augment=True)
+    both = batches(1, 0, affine=True)
     affine_only = _collect(DeviceLoader(arrays.train_images, arrays.train_labels, 32, "cpu", seed=1, augment=True), 0)
     assert not torch.equal(both[0][0], a[0][0]) and not torch.equal(both[0][0], affine_only[0][0])
 
@@ -102,8 +98,8 @@ def test_device_loader_elastic_is_seeded_by_seed_and_epoch(arrays):
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_elastic_rank_shards_concatenate_to_the_single_process_batch(arrays, world_size):
     def loader(rank, ws):
-        return DeviceLoader(arrays.train_images, arrays.train_labels, 12, "cpu", seed=9, augment=True, elastic_alpha=20.0,
-                            rank=rank, world_size=ws)
+        return DeviceLoader(arrays.train_images, arrays.train_labels, 12, "cpu", seed=9, rank=rank, world_size=ws,
+                            augment=Distortion(affine=True, degrees=10.0, elastic_alpha=20.0))
 
     single = _collect(loader(0, 1), 2)
     shards = [_collect(loader(r, world_size), 2) for r in range(world_size)]
@@ -113,19 +109,38 @@ def test_elastic_rank_shards_concatenate_to_the_single_process_batch(arrays, wor
 
 
 def test_dataset_path_elastic_is_per_sample_and_reproducible(arrays):
-    ds = MNIST(arrays=arrays, elastic_alpha=34.0, seed=3)
+    elastic = Distortion(elastic_alpha=34.0)
+    ds = MNIST(arrays=arrays, augment=elastic, seed=3)
     plain = MNIST(arrays=arrays)
-    x0, x0_again = ds[5][0], MNIST(arrays=arrays, elastic_alpha=34.0, seed=3)[5][0]
+    x0, x0_again = ds[5][0], MNIST(arrays=arrays, augment=elastic, seed=3)[5][0]
     assert torch.equal(x0, x0_again) and not torch.equal(x0, plain[5][0])
     ds.set_epoch(1)
     assert not torch.equal(ds[5][0], x0)
     # The same sample gets the same field whatever batch it lands in.
-    loader = make_dataloader(MNIST(arrays=arrays, elastic_alpha=34.0, seed=3), 10, shuffle=False)
+    loader = make_dataloader(MNIST(arrays=arrays, augment=elastic, seed=3), 10, shuffle=False)
     loader.set_epoch(0)
     assert torch.equal(next(iter(loader))[0][5], x0)
 
 
-@pytest.mark.parametrize("kwargs", [dict(elastic_alpha=-1.0), dict(elastic_alpha=34.0, elastic_sigma=0.0)])
-def test_bad_elastic_parameters(arrays, kwargs):
-    with pytest.raises(ConfigError, match="elastic"):
-        DeviceLoader(arrays.train_images, arrays.train_labels, 8, "cpu", **kwargs)
+def test_affine_ranges_are_the_distortion_s():
+    # A narrower Distortion draws from the narrower ranges (the same uniform numbers, rescaled).
+    wide = Distortion(affine=True).matrices(2000, seeded_generator(0, 0)).double()
+    narrow = Distortion(affine=True, degrees=5.0, translate=0.05, scale=0.1).matrices(2000, seeded_generator(0, 0)).double()
+    assert torch.equal(wide.float(), affine_matrices(2000, seeded_generator(0, 0)))  # the defaults are the old ranges
+    angle = torch.atan2(narrow[:, 0, 1], narrow[:, 0, 0]).rad2deg()
+    zoom = 1 / narrow[:, :, :2].det().sqrt()
+    assert -5 <= angle.min() < -4.9 and 4.9 < angle.max() <= 5
+    assert 0.9 <= zoom.min() < 0.91 and 1.09 < zoom.max() <= 1.1
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(elastic_alpha=-1.0), "--elastic-alpha -1"),
+    (dict(elastic_alpha=34.0, elastic_sigma=0.0), "--elastic-sigma 0"),
+    (dict(elastic_alpha=float("inf")), "--elastic-alpha inf"),
+    (dict(degrees=-1.0), "--augment-degrees -1"),
+    (dict(translate=1.5), "--augment-translate 1.5"),
+    (dict(scale=float("nan")), "--augment-scale nan"),
+])
+def test_bad_distortion_parameters_name_the_flag(kwargs, needle):
+    with pytest.raises(ConfigError, match=needle):
+        Distortion(affine=True, **kwargs)

@@ -153,6 +153,7 @@ def test_presets_keep_lenet5_and_name_the_batchnorm_additions():
     (["--ema", "nan"], "--ema nan"),
     (["--elastic-alpha", "-3"], "--elastic-alpha -3"),
     (["--elastic-sigma", "0"], "--elastic-sigma 0"),
+    (["--augment-degrees", "200"], "--augment-degrees 200"),
 ])
 def test_bad_recipe_flags_are_one_line_errors(tmp_path, capsys, argv, needle):
     assert main(["train", *argv, "--out", str(tmp_path / "x"), "--device", "cpu", "--no-progress"]) == 2

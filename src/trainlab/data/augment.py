@@ -22,12 +22,56 @@ and CUDA draw different fields (different generators).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from trainlab.errors import ConfigError
+
 _STREAMS = {"shuffle": 0, "augment": 1, "elastic": 2}  # independent random streams derived from one seed
+
+
+@dataclass(frozen=True)
+class Distortion:
+    """What training augmentation does to each image: a random affine and/or an elastic distortion.
+
+    The affine draws a rotation in ±`degrees`, a shift of up to `translate`·width/height and a zoom in
+    [1 − `scale`, 1 + `scale`]; `elastic_alpha` > 0 adds Simard's elastic field (α, σ in pixels).
+    """
+
+    affine: bool = False
+    degrees: float = 15.0
+    translate: float = 0.1
+    scale: float = 0.2
+    elastic_alpha: float = 0.0
+    elastic_sigma: float = 4.0
+
+    def __post_init__(self):
+        checks = [("degrees", self.degrees, 0 <= self.degrees <= 180, "an angle in [0, 180]"),
+                  ("translate", self.translate, 0 <= self.translate < 1, "a fraction of the image in [0, 1)"),
+                  ("scale", self.scale, 0 <= self.scale < 1, "a zoom fraction in [0, 1)"),
+                  ("elastic-alpha", self.elastic_alpha, math.isfinite(self.elastic_alpha) and self.elastic_alpha >= 0,
+                   "a displacement scale >= 0 in pixels (0 = off)"),
+                  ("elastic-sigma", self.elastic_sigma, math.isfinite(self.elastic_sigma) and self.elastic_sigma > 0,
+                   "a Gaussian width > 0 in pixels")]
+        for name, value, ok, expected in checks:
+            if not ok:  # NaN fails every comparison, so it lands here too
+                raise ConfigError(f"--{'augment-' if name in ('degrees', 'translate', 'scale') else ''}{name} {value:g}: "
+                                  f"expected {expected}")
+
+    @classmethod
+    def of(cls, augment: "bool | Distortion") -> "Distortion":
+        """`True` → the default affine; `False` → nothing; a Distortion → itself."""
+        return augment if isinstance(augment, Distortion) else cls(affine=bool(augment))
+
+    @property
+    def enabled(self) -> bool:
+        return self.affine or self.elastic_alpha > 0
+
+    def matrices(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return affine_matrices(n, generator, self.degrees, self.translate, (1 - self.scale, 1 + self.scale))
 
 
 def seeded_generator(seed: int, *keys: int, stream: int = 0, device: torch.device | str = "cpu") -> torch.Generator:

@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from trainlab.data.augment import affine_matrices, apply_affine, elastic_displacement, identity_matrices, seeded_generator
+from trainlab.data.augment import Distortion, apply_affine, elastic_displacement, identity_matrices, seeded_generator
 from trainlab.data.mnist import BACKGROUND, MNIST, normalize
 from trainlab.errors import ConfigError
 
@@ -37,17 +37,16 @@ class DeviceLoader:
     [r·b/W, (r+1)·b/W) of every global batch, so the global order is the same for any world size
     (like DistributedSampler, but contiguous slices of one shared batch). A final global batch
     smaller than `world_size` is dropped, since some ranks would get no rows.
-    `augment=True` applies a random affine transform on the device, one per position in the epoch's
-    order, drawn from a generator seeded by (seed, epoch): reproducible, resumable and independent
-    of world size. Host→device traffic happens once per epoch (order and transforms), never per step.
-    `elastic_alpha` > 0 adds an elastic distortion (`augment.elastic_displacement`, width
-    `elastic_sigma`) in the same `grid_sample`; its noise is drawn on the device per global batch from
-    a generator seeded by (seed, epoch, batch start), so it too is resumable and independent of world size.
+    `augment=True` (or a `Distortion` with `affine=True`) applies a random affine transform on the
+    device, one per position in the epoch's order, drawn from a generator seeded by (seed, epoch):
+    reproducible, resumable and independent of world size. Host→device traffic happens once per epoch
+    (order and transforms), never per step. A `Distortion` with `elastic_alpha` > 0 adds an elastic
+    distortion in the same `grid_sample`; its noise is drawn on the device per global batch from a
+    generator seeded by (seed, epoch, batch start), so it too is resumable and independent of world size.
     """
 
     def __init__(self, images_uint8, labels, batch_size: int, device, shuffle: bool = True, seed: int = 0,
-                 augment: bool = False, drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                 elastic_alpha: float = 0.0, elastic_sigma: float = 4.0):
+                 augment: bool | Distortion = False, drop_last: bool = False, rank: int = 0, world_size: int = 1):
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -66,11 +65,7 @@ class DeviceLoader:
         self.y = labels.to(self.device, dtype=torch.long)
         self.n = len(labels)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.augment, self.drop_last = augment, drop_last
-        if elastic_alpha < 0 or elastic_sigma <= 0:
-            raise ConfigError(f"elastic distortion needs alpha >= 0 and sigma > 0 (got --elastic-alpha {elastic_alpha:g}, "
-                              f"--elastic-sigma {elastic_sigma:g})")
-        self.elastic_alpha, self.elastic_sigma = elastic_alpha, elastic_sigma
+        self.distortion, self.drop_last = Distortion.of(augment), drop_last
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
 
@@ -94,11 +89,11 @@ class DeviceLoader:
         # the loop would make every step wait for the GPU to drain its queue.
         order = order.to(self.device)
         theta = None
-        if self.augment and bounds:
+        if self.distortion.affine and bounds:
             # One transform per position in the epoch's global order, so every world size (and a
             # resumed run) applies the same transform to the same sample.
             generator = seeded_generator(self.seed, self.epoch, stream=_AUGMENT_STREAM)
-            theta = affine_matrices(bounds[-1][1], generator).to(self.device)
+            theta = self.distortion.matrices(bounds[-1][1], generator).to(self.device)
         for start, stop in bounds:
             size = stop - start
             # This rank's slice of the global batch (the whole batch when world_size == 1).
@@ -106,7 +101,7 @@ class DeviceLoader:
             hi = start + (self.rank + 1) * size // self.world_size
             index = order[lo:hi]
             x, y = self.x.index_select(0, index), self.y.index_select(0, index)
-            if self.elastic_alpha > 0:
+            if self.distortion.elastic_alpha > 0:
                 x = apply_affine(x, theta[lo:hi] if theta is not None else identity_matrices(hi - lo), fill=BACKGROUND,
                                  displacement=self._elastic(start, size)[lo - start:hi - start])
             elif theta is not None:
@@ -118,7 +113,8 @@ class DeviceLoader:
         and keeps its rows: the fields of a sample do not depend on the world size)."""
         generator = seeded_generator(self.seed, self.epoch, start, stream=_ELASTIC_STREAM, device=self.device)
         _, _, height, width = self.x.shape
-        return elastic_displacement(size, height, width, self.elastic_alpha, self.elastic_sigma, generator, self.device)
+        d = self.distortion
+        return elastic_displacement(size, height, width, d.elastic_alpha, d.elastic_sigma, generator, self.device)
 
 
 class EpochSampler(torch.utils.data.Sampler[int]):

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainlab.data.augment import affine_matrices, apply_affine, elastic_displacement, identity_matrices, seeded_generator
+from trainlab.data.augment import Distortion, apply_affine, elastic_displacement, identity_matrices, seeded_generator
 from trainlab.data.idx import read_idx, write_idx
 from trainlab.errors import DataError
 from trainlab.io import atomic_write_json
@@ -349,18 +349,16 @@ class MNIST(torch.utils.data.Dataset):
     `trainlab.data.loader` is the fast default. With `augment=True` each sample gets a random affine
     transform whose parameters depend only on (seed, epoch, index), so results do not depend on the
     number of workers; call `set_epoch` (the loader from `make_dataloader` does) to vary it by epoch.
-    `elastic_alpha` > 0 adds an elastic distortion drawn the same way (`augment.elastic_displacement`).
+    `augment` may be a `Distortion` (affine ranges, elastic distortion), drawn the same way per sample.
     """
 
     def __init__(self, train: bool = True, data_dir: str | os.PathLike | None = None,
-                 arrays: MNISTArrays | None = None, augment: bool = False, seed: int = 0,
-                 elastic_alpha: float = 0.0, elastic_sigma: float = 4.0):
+                 arrays: MNISTArrays | None = None, augment: bool | Distortion = False, seed: int = 0):
         arrays = arrays if arrays is not None else load_mnist(data_dir)
         images, labels = arrays.split(train)
         self.images = torch.from_numpy(np.ascontiguousarray(images))  # uint8 [N, 28, 28]
         self.labels = torch.from_numpy(np.ascontiguousarray(labels)).long()
-        self.train, self.augment, self.seed, self.epoch = train, augment, seed, 0
-        self.elastic_alpha, self.elastic_sigma = elastic_alpha, elastic_sigma
+        self.train, self.distortion, self.seed, self.epoch = train, Distortion.of(augment), seed, 0
         self.source = arrays.source
 
     def set_epoch(self, epoch: int) -> None:
@@ -371,12 +369,13 @@ class MNIST(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         x = normalize(self.images[index]).unsqueeze(0)  # [1, 28, 28]
-        if self.augment or self.elastic_alpha > 0:
+        d = self.distortion
+        if d.enabled:
             generator = seeded_generator(self.seed, self.epoch, int(index), stream=1)
-            theta = affine_matrices(1, generator) if self.augment else identity_matrices(1)
+            theta = d.matrices(1, generator) if d.affine else identity_matrices(1)
             displacement = None
-            if self.elastic_alpha > 0:  # a per-sample CPU stream: the same field for any number of workers
+            if d.elastic_alpha > 0:  # a per-sample CPU stream: the same field for any number of workers
                 elastic = seeded_generator(self.seed, self.epoch, int(index), stream=2)
-                displacement = elastic_displacement(1, *x.shape[-2:], self.elastic_alpha, self.elastic_sigma, elastic)
+                displacement = elastic_displacement(1, *x.shape[-2:], d.elastic_alpha, d.elastic_sigma, elastic)
             x = apply_affine(x.unsqueeze(0), theta, fill=BACKGROUND, displacement=displacement).squeeze(0)
         return x, int(self.labels[index])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from trainlab.data.augment import Distortion
 from trainlab.data.loader import DeviceLoader, make_dataloader
 from trainlab.data.mnist import MNIST
 from trainlab.errors import ConfigError
@@ -22,20 +23,24 @@ def _subset(images, labels, n: int | None):
     return (images, labels) if n is None else (images[:n], labels[:n])
 
 
+def distortion(cfg: TrainConfig) -> Distortion:
+    """The training augmentation the config asks for (validated: a bad range is one ConfigError line)."""
+    return Distortion(affine=cfg.augment, degrees=cfg.augment_degrees, translate=cfg.augment_translate,
+                      scale=cfg.augment_scale, elastic_alpha=cfg.elastic_alpha, elastic_sigma=cfg.elastic_sigma)
+
+
 def build_train_batches(cfg: TrainConfig, data, device: torch.device, par: DataParallelContext | None = None):
     """Training batches; with data parallelism each rank gets its shard of every global batch."""
     par = par or DataParallelContext(device=device)
     images, labels = _subset(data.train_images, data.train_labels, cfg.train_subset)
     if cfg.loader == "device":
-        return DeviceLoader(images, labels, cfg.batch_size, device, shuffle=True, seed=cfg.seed, augment=cfg.augment,
-                            rank=par.rank, world_size=par.world_size, elastic_alpha=cfg.elastic_alpha,
-                            elastic_sigma=cfg.elastic_sigma)
+        return DeviceLoader(images, labels, cfg.batch_size, device, shuffle=True, seed=cfg.seed, augment=distortion(cfg),
+                            rank=par.rank, world_size=par.world_size)
     if cfg.loader == "dataloader":
         if par.world_size > 1:
             raise ConfigError(f"--loader dataloader is single-process; with --parallel {par.mode} over {par.world_size} "
                               "ranks use --loader device (it shards every global batch across ranks)")
-        ds = MNIST(train=True, arrays=data, augment=cfg.augment, seed=cfg.seed, elastic_alpha=cfg.elastic_alpha,
-                   elastic_sigma=cfg.elastic_sigma)
+        ds = MNIST(train=True, arrays=data, augment=distortion(cfg), seed=cfg.seed)
         if cfg.train_subset is not None:
             ds = torch.utils.data.Subset(ds, range(cfg.train_subset))
         return make_dataloader(ds, cfg.batch_size, shuffle=True, seed=cfg.seed, workers=cfg.workers,

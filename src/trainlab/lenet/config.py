@@ -28,7 +28,10 @@ class TrainConfig(Config):
     data_dir: str | None = opt(None, "directory with the official MNIST IDX files (default: embedded MNIST)")
     loader: str = opt("device", "device (whole set resident on the device) | dataloader (torch DataLoader)")
     workers: int = opt(0, "DataLoader worker processes (--loader dataloader)")
-    augment: bool = opt(False, "random affine augmentation (±15°, ±10% shift, 0.8–1.2 scale) on the device")
+    augment: bool = opt(False, "random affine augmentation on the device (ranges: --augment-degrees/-translate/-scale)")
+    augment_degrees: float = opt(15.0, "affine augmentation: rotation range ± degrees")
+    augment_translate: float = opt(0.1, "affine augmentation: shift range ± this fraction of the width/height")
+    augment_scale: float = opt(0.2, "affine augmentation: zoom range 1 ± this fraction")
     elastic_alpha: float = opt(0.0, "elastic distortion (Simard et al. 2003) strength α in pixels, on the device "
                                     "with the affine; 0 = off, the paper uses 34")
     elastic_sigma: float = opt(4.0, "elastic distortion smoothness: Gaussian σ of the displacement field in pixels")

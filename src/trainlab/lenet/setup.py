@@ -7,6 +7,7 @@ from contextlib import nullcontext
 
 import torch
 
+from trainlab.lenet.batches import distortion
 from trainlab.lenet.config import TrainConfig
 from trainlab.errors import ConfigError
 from trainlab.lenet.model import LeNet5
@@ -16,11 +17,8 @@ SCHEDULES = ("onecycle", "cosine", "constant")
 
 
 def check_recipe(cfg: TrainConfig) -> None:
-    """The recipe flags (augmentation, EMA) checked before any data loads."""
-    if not (math.isfinite(cfg.elastic_alpha) and cfg.elastic_alpha >= 0):
-        raise ConfigError(f"--elastic-alpha {cfg.elastic_alpha:g}: expected a displacement scale >= 0 in pixels (0 = off)")
-    if not (math.isfinite(cfg.elastic_sigma) and cfg.elastic_sigma > 0):
-        raise ConfigError(f"--elastic-sigma {cfg.elastic_sigma:g}: expected a Gaussian width > 0 in pixels")
+    """The recipe flags (augmentation ranges, EMA) checked before any data loads."""
+    distortion(cfg)  # raises ConfigError naming the flag
     if not 0 <= cfg.ema < 1:
         raise ConfigError(f"--ema {cfg.ema:g}: expected a decay in [0, 1) (e.g. 0.999; 0 = off)")
 
