@@ -122,6 +122,26 @@ def test_dataset_path_elastic_is_per_sample_and_reproducible(arrays):
     assert torch.equal(next(iter(loader))[0][5], x0)
 
 
+@pytest.mark.parametrize("affine, alpha", [(True, 0.0), (False, 34.0), (True, 34.0)])
+def test_probability_leaves_the_other_images_untouched(arrays, affine, alpha):
+    def epoch(p):
+        loader = DeviceLoader(arrays.train_images, arrays.train_labels, 16, "cpu", seed=5,
+                              augment=Distortion(affine=affine, elastic_alpha=alpha, p=p))
+        return torch.cat([x for x, _ in _collect(loader, 3)])
+
+    plain = torch.cat([x for x, _ in _collect(DeviceLoader(arrays.train_images, arrays.train_labels, 16, "cpu", seed=5), 3)])
+    always, half = epoch(1.0), epoch(0.5)
+    untouched = (half - plain).abs().amax(dim=(1, 2, 3)) < 1e-4  # identity grid_sample: float rounding only
+    assert 0.3 < float(untouched.float().mean()) < 0.7  # about half, drawn per image
+    # The distorted half is distorted exactly as with p=1 (same matrices and fields), the rest is the input.
+    torch.testing.assert_close(half[~untouched], always[~untouched], rtol=0, atol=1e-6)
+    assert (((always - plain).abs().amax(dim=(1, 2, 3))) > 1e-3).all()
+    # The Dataset path draws the same way per sample.
+    ds, ds_plain = MNIST(arrays=arrays, augment=Distortion(affine=affine, elastic_alpha=alpha, p=0.5), seed=5), MNIST(arrays=arrays)
+    same = [torch.equal(ds[i][0], ds_plain[i][0]) for i in range(len(ds))]
+    assert 0.3 < sum(same) / len(same) < 0.7
+
+
 def test_affine_ranges_are_the_distortion_s():
     # A narrower Distortion draws from the narrower ranges (the same uniform numbers, rescaled).
     wide = Distortion(affine=True).matrices(2000, seeded_generator(0, 0)).double()
@@ -140,6 +160,7 @@ def test_affine_ranges_are_the_distortion_s():
     (dict(degrees=-1.0), "--augment-degrees -1"),
     (dict(translate=1.5), "--augment-translate 1.5"),
     (dict(scale=float("nan")), "--augment-scale nan"),
+    (dict(p=0.0), "--augment-p 0"),
 ])
 def test_bad_distortion_parameters_name_the_flag(kwargs, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -39,6 +39,9 @@ class Distortion:
 
     The affine draws a rotation in ±`degrees`, a shift of up to `translate`·width/height and a zoom in
     [1 − `scale`, 1 + `scale`]; `elastic_alpha` > 0 adds Simard's elastic field (α, σ in pixels).
+    Each image is distorted with probability `p`; the others pass unchanged. Every resampled image is
+    slightly blurred by the bilinear interpolation while the test digits are crisp, so a share of
+    untouched images keeps the training distribution anchored to the test one.
     """
 
     affine: bool = False
@@ -47,6 +50,7 @@ class Distortion:
     scale: float = 0.2
     elastic_alpha: float = 0.0
     elastic_sigma: float = 4.0
+    p: float = 1.0
 
     def __post_init__(self):
         checks = [("degrees", self.degrees, 0 <= self.degrees <= 180, "an angle in [0, 180]"),
@@ -55,10 +59,11 @@ class Distortion:
                   ("elastic-alpha", self.elastic_alpha, math.isfinite(self.elastic_alpha) and self.elastic_alpha >= 0,
                    "a displacement scale >= 0 in pixels (0 = off)"),
                   ("elastic-sigma", self.elastic_sigma, math.isfinite(self.elastic_sigma) and self.elastic_sigma > 0,
-                   "a Gaussian width > 0 in pixels")]
+                   "a Gaussian width > 0 in pixels"),
+                  ("p", self.p, 0 < self.p <= 1, "a probability in (0, 1]")]
         for name, value, ok, expected in checks:
             if not ok:  # NaN fails every comparison, so it lands here too
-                raise ConfigError(f"--{'augment-' if name in ('degrees', 'translate', 'scale') else ''}{name} {value:g}: "
+                raise ConfigError(f"--{'augment-' if name in ('degrees', 'translate', 'scale', 'p') else ''}{name} {value:g}: "
                                   f"expected {expected}")
 
     @classmethod
@@ -72,6 +77,10 @@ class Distortion:
 
     def matrices(self, n: int, generator: torch.Generator) -> torch.Tensor:
         return affine_matrices(n, generator, self.degrees, self.translate, (1 - self.scale, 1 + self.scale))
+
+    def selected(self, n: int, generator: torch.Generator) -> torch.Tensor | None:
+        """Which of n images get distorted (bool [n], drawn after the matrices), or None when all do."""
+        return torch.rand(n, generator=generator) < self.p if self.p < 1 else None
 
 
 def seeded_generator(seed: int, *keys: int, stream: int = 0, device: torch.device | str = "cpu") -> torch.Generator:

@@ -88,12 +88,18 @@ class DeviceLoader:
         # Everything random for the epoch crosses to the device once, here: a host→device copy inside
         # the loop would make every step wait for the GPU to drain its queue.
         order = order.to(self.device)
-        theta = None
-        if self.distortion.affine and bounds:
+        theta = selected = None
+        if self.distortion.enabled and bounds:
             # One transform per position in the epoch's global order, so every world size (and a
             # resumed run) applies the same transform to the same sample.
             generator = seeded_generator(self.seed, self.epoch, stream=_AUGMENT_STREAM)
-            theta = self.distortion.matrices(bounds[-1][1], generator).to(self.device)
+            n = bounds[-1][1]
+            theta = self.distortion.matrices(n, generator) if self.distortion.affine else identity_matrices(n)
+            selected = self.distortion.selected(n, generator)
+            if selected is not None:  # images left out of this epoch's distortion keep the identity
+                theta = torch.where(selected.view(-1, 1, 1), theta, identity_matrices(n))
+                selected = selected.to(self.device)
+            theta = theta.to(self.device)
         for start, stop in bounds:
             size = stop - start
             # This rank's slice of the global batch (the whole batch when world_size == 1).
@@ -101,11 +107,13 @@ class DeviceLoader:
             hi = start + (self.rank + 1) * size // self.world_size
             index = order[lo:hi]
             x, y = self.x.index_select(0, index), self.y.index_select(0, index)
-            if self.distortion.elastic_alpha > 0:
-                x = apply_affine(x, theta[lo:hi] if theta is not None else identity_matrices(hi - lo), fill=BACKGROUND,
-                                 displacement=self._elastic(start, size)[lo - start:hi - start])
-            elif theta is not None:
-                x = apply_affine(x, theta[lo:hi], fill=BACKGROUND)
+            if theta is not None:
+                displacement = None
+                if self.distortion.elastic_alpha > 0:
+                    displacement = self._elastic(start, size)[lo - start:hi - start]
+                    if selected is not None:
+                        displacement = displacement * selected[lo:hi].view(-1, 1, 1, 1)
+                x = apply_affine(x, theta[lo:hi], fill=BACKGROUND, displacement=displacement)
             yield x, y
 
     def _elastic(self, start: int, size: int) -> torch.Tensor:

@@ -373,6 +373,9 @@ class MNIST(torch.utils.data.Dataset):
         if d.enabled:
             generator = seeded_generator(self.seed, self.epoch, int(index), stream=1)
             theta = d.matrices(1, generator) if d.affine else identity_matrices(1)
+            selected = d.selected(1, generator)
+            if selected is not None and not bool(selected[0]):
+                return x, int(self.labels[index])
             displacement = None
             if d.elastic_alpha > 0:  # a per-sample CPU stream: the same field for any number of workers
                 elastic = seeded_generator(self.seed, self.epoch, int(index), stream=2)

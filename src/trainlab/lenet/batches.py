@@ -26,7 +26,8 @@ def _subset(images, labels, n: int | None):
 def distortion(cfg: TrainConfig) -> Distortion:
     """The training augmentation the config asks for (validated: a bad range is one ConfigError line)."""
     return Distortion(affine=cfg.augment, degrees=cfg.augment_degrees, translate=cfg.augment_translate,
-                      scale=cfg.augment_scale, elastic_alpha=cfg.elastic_alpha, elastic_sigma=cfg.elastic_sigma)
+                      scale=cfg.augment_scale, elastic_alpha=cfg.elastic_alpha, elastic_sigma=cfg.elastic_sigma,
+                      p=cfg.augment_p)
 
 
 def build_train_batches(cfg: TrainConfig, data, device: torch.device, par: DataParallelContext | None = None):

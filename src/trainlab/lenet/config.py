@@ -32,6 +32,7 @@ class TrainConfig(Config):
     augment_degrees: float = opt(15.0, "affine augmentation: rotation range ± degrees")
     augment_translate: float = opt(0.1, "affine augmentation: shift range ± this fraction of the width/height")
     augment_scale: float = opt(0.2, "affine augmentation: zoom range 1 ± this fraction")
+    augment_p: float = opt(1.0, "probability that a training image is distorted (affine/elastic); the rest stay as is")
     elastic_alpha: float = opt(0.0, "elastic distortion (Simard et al. 2003) strength α in pixels, on the device "
                                     "with the affine; 0 = off, the paper uses 34")
     elastic_sigma: float = opt(4.0, "elastic distortion smoothness: Gaussian σ of the displacement field in pixels")
