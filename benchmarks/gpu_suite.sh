@@ -34,7 +34,7 @@ case "$PART" in
     run pytest_gpu $PY -m pytest -q -m gpu -p no:cacheprovider tests
     run gelu_check $PY -m trainlab gelu check --json
     run gelu_bench $PY -m trainlab gelu bench --device cuda --out "$LOGS"
-    run lenet_time_to_99 $PY benchmarks/lenet_time_to_99.py --device cuda --skip-seed-style
+    run lenet_time_to_99 $PY benchmarks/lenet_time_to_99.py --device cuda --loops fast,default
     run lenet_train $PY -m trainlab train --device cuda --no-progress --out "$LOGS/lenet_run"
     run dp_compile $PY benchmarks/dp_compile.py --device cuda
     ;;
