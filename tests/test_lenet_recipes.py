@@ -148,6 +148,32 @@ def test_presets_keep_lenet5_and_name_the_batchnorm_additions():
         assert bn == (2 * (6 + 16 + 120 + 84) if cfg.batchnorm else 0), name
 
 
+def test_presets_resolve_and_explicit_flags_win():
+    import argparse
+
+    from trainlab.flags import add_flags
+    from trainlab.lenet.cli import config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser, TrainConfig)
+    fast = config_from_args(parser.parse_args(["--preset", "fast", "--epochs", "3"]))
+    assert fast.preset == "fast" and fast.epochs == 3  # the explicit flag wins over the preset
+    assert (fast.batchnorm, fast.amp, fast.label_smoothing, fast.lr) == (True, "bf16", 0.1, 1e-2)
+    best = config_from_args(parser.parse_args(["--preset", "best"]))
+    for key, value in PRESETS["best"].items():
+        assert getattr(best, key) == value, key
+    assert best.ema > 0 and best.augment  # the accuracy recipe: averaged weights, augmentation
+
+
+def test_fast_preset_trains_in_bf16_on_the_cpu(tmp_path):
+    from trainlab.lenet.config import apply_preset
+
+    cfg = apply_preset(TrainConfig(**dict(SMALL, out=str(tmp_path / "f"))), "fast", explicit={"epochs"})
+    summary = train(cfg, log=quiet)
+    assert summary["epochs"] == 1 and summary["params"] == 61_932  # LeNet-5 + BatchNorm (biases dropped)
+    assert 10.0 < summary["test_accuracy"] <= 100.0
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--ema", "1.5"], "--ema 1.5"),
     (["--ema", "nan"], "--ema nan"),

@@ -71,7 +71,8 @@ class TrainConfig(Config):
     tensorboard: bool = opt(True, "write TensorBoard events")
     gpu_telemetry: bool = opt(True, "sample GPU utilization/memory/power with NVML")
     stop_after: int | None = opt(None, "stop after N epochs as if interrupted (to try --resume)")
-    preset: str = opt("default", "default | best (BatchNorm, augmentation, 30 epochs)", choices=("default", "best"))
+    preset: str = opt("default", "default | fast (time-to-99% on a CPU: BatchNorm, bf16, 2 epochs) | best (≥99.6%: "
+                                 "BatchNorm, augmentation, EMA, long schedule)", choices=("default", "fast", "best"))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -80,8 +81,17 @@ class TrainConfig(Config):
 # Presets set several fields at once; explicit flags given by the user still win (see lenet.cli).
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
-    # ≥99.5%: BatchNorm + augmentation + longer OneCycle + label smoothing.
-    "best": dict(batchnorm=True, augment=True, epochs=30, lr=5e-3, label_smoothing=0.05, weight_decay=5e-4),
+    # Time-to-99% on a CPU (benchmarks/lenet_time_to_99.py, measured against the seed-style loop):
+    # BatchNorm + label smoothing 0.1 + a 2× higher peak lr reach 99% in 2 epochs (99.23–99.35% on seeds 0–4);
+    # bf16 autocast runs the convolutions on the CPU's bf16 units (AMX/AVX512-BF16; oneDNN).
+    # Channels-last is left off: with BatchNorm on 6 channels it is slower (benchmarks/lenet_cpu_step.py).
+    "fast": dict(batchnorm=True, epochs=2, lr=1e-2, label_smoothing=0.1, amp="bf16"),
+    # ≥99.6% (benchmarks/lenet_accuracy.py, 5 seeds): BatchNorm + a moderate affine (±10°, ±10% shift,
+    # ±10% zoom) on 3 of 4 images (the untouched quarter keeps the crisp test digits in distribution) +
+    # label smoothing + a 60-epoch OneCycle + an EMA of the weights (evaluated and checkpointed).
+    # Elastic distortion (--elastic-alpha) was measured and is not used: it lowered LeNet-5's accuracy.
+    "best": dict(batchnorm=True, augment=True, augment_degrees=10.0, augment_translate=0.1, augment_scale=0.1,
+                 augment_p=0.75, epochs=60, lr=5e-3, label_smoothing=0.05, weight_decay=5e-4, ema=0.999),
 }
 
 
