@@ -24,13 +24,15 @@ from _common import save
 from trainlab.lenet.model import LeNet5
 
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
-# (label, channels_last, bf16 autocast, batchnorm)
+# (label, channels_last, bf16 autocast, batchnorm: "" | "all" | "234" = after conv2, fc1, fc2 only)
 VARIANTS = [
-    ("fp32 NCHW (defaults)", False, False, False),
-    ("fp32 channels-last", True, False, False),
-    ("bf16 autocast NCHW", False, True, False),
-    ("bf16 autocast channels-last", True, True, False),
-    ("bf16 channels-last + BatchNorm (fast preset)", True, True, True),
+    ("fp32 NCHW (defaults)", False, False, ""),
+    ("fp32 channels-last", True, False, ""),
+    ("bf16 autocast NCHW", False, True, ""),
+    ("bf16 autocast channels-last", True, True, ""),
+    ("bf16 NCHW + BatchNorm (all)", False, True, "all"),
+    ("bf16 channels-last + BatchNorm (all)", True, True, "all"),
+    ("bf16 channels-last + BatchNorm 2-4 (fast preset)", True, True, "234"),
 ]
 
 
@@ -114,11 +116,11 @@ def attribute(events, steps: int) -> dict[str, float]:
     return dict(ms)
 
 
-def profile_variant(label: str, channels_last: bool, bf16: bool, batchnorm: bool, batch_size: int, steps: int,
+def profile_variant(label: str, channels_last: bool, bf16: bool, batchnorm: str, batch_size: int, steps: int,
                     threads: int) -> dict:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = LeNet5(batchnorm=batchnorm)
+    model = LeNet5(batchnorm=bool(batchnorm), batchnorm_conv1=batchnorm == "all")
     x = torch.randn(batch_size, 1, 28, 28)
     y = torch.randint(0, 10, (batch_size,))
     if channels_last:

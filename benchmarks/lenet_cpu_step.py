@@ -7,7 +7,8 @@ and the ratio to the first variant is the figure to trust. Compile time is repor
 
 A variant is a '+'-joined list of settings, e.g. `bn+bf16+cl+compile@1`:
     cl        channels-last memory format          bf16     torch.autocast(cpu, bfloat16)
-    bn        LeNet-5 with BatchNorm (best/fast)    compile  torch.compile the model (inductor, C++ on CPU)
+    bn        LeNet-5 with BatchNorm (best)         compile  torch.compile the model (inductor, C++ on CPU)
+    bn234     BatchNorm after conv2, fc1, fc2 only (--no-batchnorm-conv1; the fast preset)
     fused     AdamW(fused=True)                     foreach  AdamW(foreach=True) (the default is chosen by torch)
     bsN       batch size N (default --batch-size)   @T       T threads (default: torch's default)
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from _common import save
 from trainlab.lenet.model import LeNet5
 
-SETTINGS = {"fp32", "cl", "bf16", "bn", "compile", "fused", "foreach"}
+SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach"}
 
 
 def parse_variant(spec: str, batch_size: int) -> dict:
@@ -46,7 +47,7 @@ class Variant:
     def __init__(self, v: dict):
         self.v = v
         torch.manual_seed(0)
-        self.model = LeNet5(batchnorm=v.get("bn", False))
+        self.model = LeNet5(batchnorm=bool(v.get("bn") or v.get("bn234")), batchnorm_conv1=not v.get("bn234"))
         self.x = torch.randn(v["batch_size"], 1, 28, 28)
         self.y = torch.randint(0, 10, (v["batch_size"],))
         if v.get("cl"):
@@ -93,7 +94,7 @@ class _threads:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", default="fp32,cl,bf16,bf16+cl,bn,bn+cl,bn+bf16,bn+bf16+cl")
+    ap.add_argument("--variants", default="fp32,cl,bf16,bf16+cl,bn,bn+bf16,bn+bf16+cl,bn234+bf16+cl,bs64")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=20, help="round-robin rounds")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")

@@ -138,14 +138,23 @@ def test_tta_averages_softmax_over_the_views():
 
 # ----------------------------------------------------------------------------- presets and flags
 
-def test_presets_keep_lenet5_and_name_the_batchnorm_additions():
+@pytest.mark.parametrize("batchnorm_conv1, bn_layers", [(True, (6, 16, 120, 84)), (False, (16, 120, 84))])
+def test_batchnorm_variants_are_lenet5_plus_named_batchnorm(batchnorm_conv1, bn_layers):
+    model = LeNet5(batchnorm=True, batchnorm_conv1=batchnorm_conv1)
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    assert [m.num_features for m in bns] == list(bn_layers)
+    # Each BatchNorm adds a scale and a shift per channel and makes the preceding layer's bias redundant.
+    assert count_parameters(model) == 61_706 + 2 * sum(bn_layers) - sum(bn_layers)
+    assert (model.conv1.bias is None) == batchnorm_conv1
+    assert count_parameters(LeNet5()) == 61_706
+
+
+def test_presets_keep_lenet5():
     for name, preset in PRESETS.items():
-        cfg = TrainConfig(**{k: v for k, v in preset.items()})
-        model = LeNet5(act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm)
-        bn = sum(p.numel() for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) for p in m.parameters())
-        dropped_biases = (6 + 16 + 120 + 84) if cfg.batchnorm else 0  # a conv/FC bias before BatchNorm is redundant
-        assert count_parameters(model) == 61_706 + bn - dropped_biases, name
-        assert bn == (2 * (6 + 16 + 120 + 84) if cfg.batchnorm else 0), name
+        cfg = TrainConfig(**preset)
+        model = LeNet5(act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm, batchnorm_conv1=cfg.batchnorm_conv1)
+        convs_and_fcs = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+        assert [tuple(m.weight.shape) for m in convs_and_fcs] == [(6, 1, 5, 5), (16, 6, 5, 5), (120, 400), (84, 120), (10, 84)], name
 
 
 def test_presets_resolve_and_explicit_flags_win():
@@ -158,7 +167,8 @@ def test_presets_resolve_and_explicit_flags_win():
     add_flags(parser, TrainConfig)
     fast = config_from_args(parser.parse_args(["--preset", "fast", "--epochs", "3"]))
     assert fast.preset == "fast" and fast.epochs == 3  # the explicit flag wins over the preset
-    assert (fast.batchnorm, fast.amp, fast.label_smoothing, fast.lr) == (True, "bf16", 0.1, 1e-2)
+    assert (fast.batchnorm, fast.batchnorm_conv1, fast.amp, fast.channels_last, fast.label_smoothing, fast.lr) == \
+        (True, False, "bf16", "on", 0.1, 1e-2)
     best = config_from_args(parser.parse_args(["--preset", "best"]))
     for key, value in PRESETS["best"].items():
         assert getattr(best, key) == value, key
@@ -170,7 +180,9 @@ def test_fast_preset_trains_in_bf16_on_the_cpu(tmp_path):
 
     cfg = apply_preset(TrainConfig(**dict(SMALL, out=str(tmp_path / "f"))), "fast", explicit={"epochs"})
     summary = train(cfg, log=quiet)
-    assert summary["epochs"] == 1 and summary["params"] == 61_932  # LeNet-5 + BatchNorm (biases dropped)
+    # LeNet-5 + BatchNorm after conv2, fc1, fc2 (scale and shift per channel; their layers' biases dropped)
+    assert summary["epochs"] == 1 and summary["params"] == 61_706 + (16 + 120 + 84) == 61_926
+    assert (summary["amp"], summary["channels_last"]) == ("bfloat16", True)
     assert 10.0 < summary["test_accuracy"] <= 100.0
 
 

@@ -24,6 +24,8 @@ class TrainConfig(Config):
     act: str = opt("relu", "activation: relu, gelu, gelu-python, gelu-cpp, gelu-triton, gelu-cuda, …")
     pool: str = opt("max", "LeNet pooling: max | avg")
     batchnorm: bool = opt(False, "BatchNorm after convs and hidden FCs (the `best` preset)")
+    batchnorm_conv1: bool = opt(True, "with --batchnorm, also after conv1 (off: conv2 and the hidden FCs only; "
+                                      "cheaper on a CPU, the `fast` preset)")
     # data
     data_dir: str | None = opt(None, "directory with the official MNIST IDX files (default: embedded MNIST)")
     loader: str = opt("device", "device (whole set resident on the device) | dataloader (torch DataLoader)")
@@ -82,10 +84,12 @@ class TrainConfig(Config):
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     # Time-to-99% on a CPU (benchmarks/lenet_time_to_99.py, measured against the seed-style loop):
-    # BatchNorm + label smoothing 0.1 + a 2× higher peak lr reach 99% in 2 epochs (99.23–99.35% on seeds 0–4);
-    # bf16 autocast runs the convolutions on the CPU's bf16 units (AMX/AVX512-BF16; oneDNN).
-    # Channels-last is left off: with BatchNorm on 6 channels it is slower (benchmarks/lenet_cpu_step.py).
-    "fast": dict(batchnorm=True, epochs=2, lr=1e-2, label_smoothing=0.1, amp="bf16"),
+    # BatchNorm + label smoothing 0.1 + a 2× higher peak lr reach 99% in 2 epochs (99.07–99.33% on seeds 0–4);
+    # bf16 autocast runs the convolutions on the CPU's bf16 units (AMX/AVX512-BF16; oneDNN) and channels-last
+    # speeds them up further. conv1's BatchNorm is left out: on 6×28×28 channels-last activations it costs
+    # more than all the convolutions it would help (benchmarks/lenet_cpu_profile.py).
+    "fast": dict(batchnorm=True, batchnorm_conv1=False, epochs=2, lr=1e-2, label_smoothing=0.1, amp="bf16",
+                 channels_last="on"),
     # ≥99.6% (benchmarks/lenet_accuracy.py, 5 seeds): BatchNorm + a moderate affine (±10°, ±10% shift,
     # ±10% zoom) on 3 of 4 images (the untouched quarter keeps the crisp test digits in distribution) +
     # label smoothing + a 60-epoch OneCycle + an EMA of the weights (evaluated and checkpointed).

@@ -207,6 +207,8 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
         "device": str(device),
         "device_name": env["gpus"][0] if device.type == "cuda" and env["gpus"] else env["cpu"],
         "params": params,
+        "amp": str(precision).removeprefix("torch.") if precision is not None else "off",
+        "channels_last": channels_last,
         "act": cfg.act,
         "seed": cfg.seed,
         "gpu": gpu.summary() if gpu is not None else None,

@@ -25,7 +25,7 @@ def check_recipe(cfg: TrainConfig) -> None:
 
 def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     torch.manual_seed(cfg.seed)  # the initial weights depend on the seed alone
-    model = LeNet5(act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm).to(device)
+    model = LeNet5(act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm, batchnorm_conv1=cfg.batchnorm_conv1).to(device)
     if use_channels_last(cfg, device):
         model = model.to(memory_format=torch.channels_last)
     return model
