@@ -70,7 +70,7 @@ else
   step gelu_check 90 30 sh -c "$PY -m trainlab gelu check --json > '$WORK/gelu_check.json'"
   step gelu_bench 120 40 $PY -m trainlab gelu bench --device cuda --budget 0.2 --out "$WORK/gelu_bench"
   step lenet_train 90 30 $PY -m trainlab train --device cuda --no-progress --overwrite --out "$WORK/lenet_run"
-  step lenet_time_to_99 90 30 $PY benchmarks/lenet_time_to_99.py --device cuda --skip-seed-style --out "$WORK/results"
+  step lenet_time_to_99 90 30 $PY benchmarks/lenet_time_to_99.py --device cuda --loops fast,default --out "$WORK/results"
   step dp_compile 90 30 $PY benchmarks/dp_compile.py --device cuda --steps 200 --out "$WORK/results"
 fi
 

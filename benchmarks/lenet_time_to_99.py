@@ -1,17 +1,29 @@
-"""Time-to-99% test accuracy: trainlab's trainer vs the seed-style loop, in one run, same machine.
+"""Time-to-99% test accuracy: trainlab's `fast` preset and defaults vs the seed-style loop, in one run.
 
-The seed-style loop is what the public solutions do: a per-sample Dataset + DataLoader, batch 64,
-Adam lr 1e-3, num_workers 0, the same LeNet-5, evaluation after each epoch. Both clocks count
-training time only (evaluation excluded, as in trainlab's summary). Target: ≥5× shorter on the
-2-core CPU. On a GPU the same script reports trainlab's time-to-99% (target < 1 s) with warm-up /
-compile time reported separately.
+The seed-style loop is the handout's recipe as the public solutions write it (`/work/shared/seeds/001…`:
+"use torchvision.datasets … then torch.utils.data.DataLoader"): a per-sample map-style Dataset, a
+DataLoader with batch 64, shuffle, num_workers 0, Adam lr 1e-3, the same LeNet-5 (ReLU, max-pool,
+fp32), evaluation after each epoch. Its Dataset is trainlab's `MNIST` (a uint8 → float lookup per
+sample), which is cheaper than torchvision's PIL → ToTensor → Normalize, so the comparison flatters
+the seed-style loop, not trainlab. Every clock counts training time only (evaluation excluded, as in
+trainlab's summary); warm-up/compile time, where there is any, is reported separately.
 
-    python benchmarks/lenet_time_to_99.py [--device cpu] [--max-epochs 15] [--skip-seed-style]
+For each seed the loops run back to back (fast, defaults, seed-style, …), so a busy neighbour slows
+them alike and the per-seed ratio is the figure to trust. A loop may carry a thread count
+(`fast@1` = the fast preset with torch.set_num_threads(1)) to compare thread settings in the same run.
+
+    python benchmarks/lenet_time_to_99.py --device cpu                       # 5 seeds, the full comparison
+    python benchmarks/lenet_time_to_99.py --device cpu --seeds 0 --loops fast,seed-style
+    python benchmarks/lenet_time_to_99.py --device cuda --loops fast,default  # GPU: no seed-style loop
+
+Target (issue 12): the fast preset ≥5× shorter than the seed-style loop on the 2-core CPU, reaching 99%
+on every seed.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 
@@ -19,16 +31,21 @@ import torch
 import torch.nn.functional as F
 
 from _common import add_output_args, check_output, save
-from trainlab.lenet.config import TrainConfig
 from trainlab.data.mnist import MNIST, load_mnist
 from trainlab.device import resolve_device, synchronize
-from trainlab.lenet.model import LeNet5
-from trainlab.lenet.evaluate import evaluate
-from trainlab.telemetry.rundir import RunDir
 from trainlab.lenet.batches import build_test_batches
+from trainlab.lenet.config import TrainConfig, apply_preset
+from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.loop import train
+from trainlab.lenet.model import LeNet5
+from trainlab.telemetry.rundir import RunDir
 
 TARGET = 99.0
+LOOPS = {
+    "fast": "trainlab --preset fast",
+    "default": "trainlab defaults (device loader, OneCycle AdamW 5e-3, batch 256, fp32)",
+    "seed-style": "seed-style (per-sample Dataset + DataLoader, batch 64, Adam 1e-3)",
+}
 
 
 def seed_style(device: torch.device, max_epochs: int, seed: int, log) -> dict:
@@ -38,8 +55,9 @@ def seed_style(device: torch.device, max_epochs: int, seed: int, log) -> dict:
     test = build_test_batches(TrainConfig(), data, device)
     model = LeNet5().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    train_s, accs = 0.0, []
+    train_s, accs, epoch_s = 0.0, [], []
     for epoch in range(max_epochs):
+        model.train()
         synchronize(device)
         t0 = time.perf_counter()
         for x, y in loader:
@@ -49,60 +67,131 @@ def seed_style(device: torch.device, max_epochs: int, seed: int, log) -> dict:
             loss.backward()
             opt.step()
         synchronize(device)
-        train_s += time.perf_counter() - t0
+        epoch_s.append(time.perf_counter() - t0)
+        train_s += epoch_s[-1]
         acc = evaluate(model, test, device)["test_accuracy"]
         accs.append(acc)
-        log(f"seed-style  epoch {epoch + 1:>2}  test_acc {acc:.2f}%  train {train_s:7.1f} s")
+        log(f"  seed-style  epoch {epoch + 1:>2}  test_acc {acc:.2f}%  {len(data.train_labels) / epoch_s[-1]:>8,.0f} img/s  "
+            f"train {train_s:7.1f} s")
         if acc >= TARGET:
-            return {"time_to_99_s": train_s, "epochs": epoch + 1, "final_accuracy": acc, "accuracies": accs}
-    return {"time_to_99_s": None, "epochs": max_epochs, "final_accuracy": accs[-1], "accuracies": accs}
+            break
+    reached = accs[-1] >= TARGET
+    return {"time_to_99_s": train_s if reached else None, "epochs_to_99": len(accs) if reached else None,
+            "final_accuracy": accs[-1], "accuracies": accs, "warmup_s": 0.0,
+            "images_per_s": len(data.train_labels) / statistics.median(epoch_s)}
 
 
-def trainlab_run(device: torch.device, seed: int, log, **overrides) -> dict:
+def trainlab_run(device: torch.device, seed: int, preset: str, log) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        cfg = TrainConfig(device=str(device), seed=seed, progress=False, tensorboard=False, out=d, **overrides)
-        s = train(cfg, log=lambda line: log(line) if line.startswith(("epoch", "done")) else None)
-        accs = [r["test_accuracy"] for r in RunDir(d).read_metrics()]
-    return {"time_to_99_s": s["time_to_99_seconds"], "epochs": s["epochs"], "final_accuracy": s["test_accuracy"],
-            "warmup_s": s["warmup_seconds"], "train_seconds": s["train_seconds"], "accuracies": accs}
+        cfg = apply_preset(TrainConfig(device=str(device), seed=seed, progress=False, tensorboard=False, out=d), preset)
+        s = train(cfg, log=lambda line: log("  " + line) if line.startswith(("epoch", "done")) else None)
+        history = RunDir(d).read_metrics()
+    accs = [r["test_accuracy"] for r in history]
+    epochs_to_99 = next((i + 1 for i, a in enumerate(accs) if a >= TARGET), None)
+    return {"time_to_99_s": s["time_to_99_seconds"], "epochs_to_99": epochs_to_99, "final_accuracy": s["test_accuracy"],
+            "accuracies": accs, "warmup_s": s["warmup_seconds"], "train_seconds": s["train_seconds"],
+            "images_per_s": s["images_per_s_median"], "epochs": s["epochs"]}
+
+
+def parse_loop(spec: str) -> tuple[str, int | None]:
+    name, _, threads = spec.partition("@")
+    if name not in LOOPS:
+        raise SystemExit(f"--loops: unknown loop {name!r}; expected {', '.join(LOOPS)} (optionally @THREADS)")
+    return name, int(threads) if threads else None
+
+
+def run_loop(spec: str, device, seed: int, max_epochs: int, log) -> dict:
+    name, threads = parse_loop(spec)
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        log(f"[seed {seed}] {spec} ({torch.get_num_threads()} threads)")
+        if name == "seed-style":
+            r = seed_style(device, max_epochs, seed, log)
+        else:
+            r = trainlab_run(device, seed, name, log)
+    finally:
+        torch.set_num_threads(before)
+    return {"loop": spec, "seed": seed, "threads": threads or before, **r}
+
+
+def _fmt(v, spec="{:.1f}"):
+    return spec.format(v) if v is not None else "—"
+
+
+def tables(rows: list[dict], loops: list[str], seeds: list[int]) -> tuple[str, dict]:
+    md = ["| loop | threads | reached 99 % | time to 99 % (s), median [min, max] | epochs to 99 % | images/s (median) |",
+          "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    summary = {}
+    for spec in loops:
+        rs = [r for r in rows if r["loop"] == spec]
+        times = [r["time_to_99_s"] for r in rs if r["time_to_99_s"] is not None]
+        epochs = [r["epochs_to_99"] for r in rs if r["epochs_to_99"] is not None]
+        name, _ = parse_loop(spec)
+        med = statistics.median(times) if times else None
+        summary[spec] = {"reached": len(times), "of": len(rs), "median_s": med}
+        md.append(f"| {LOOPS[name]}{'' if spec == name else f' [{spec}]'} | {rs[0]['threads']} | {len(times)}/{len(rs)} | "
+                  f"{_fmt(med)} [{_fmt(min(times) if times else None)}, {_fmt(max(times) if times else None)}] | "
+                  f"{'/'.join(map(str, epochs)) or '—'} | {statistics.median(r['images_per_s'] for r in rs):,.0f} |")
+    text = "\n".join(md)
+    if "seed-style" in loops:
+        ratio_md = ["| seed | " + " | ".join(f"seed-style ÷ {s}" for s in loops if s != "seed-style") + " |",
+                    "| ---: |" + " ---: |" * (len(loops) - 1)]
+        ratios: dict[str, list[float]] = {s: [] for s in loops if s != "seed-style"}
+        for seed in seeds:
+            by = {r["loop"]: r for r in rows if r["seed"] == seed}
+            base = by["seed-style"]["time_to_99_s"]
+            cells = []
+            for spec in ratios:
+                t = by[spec]["time_to_99_s"]
+                if base is not None and t is not None:
+                    ratios[spec].append(base / t)
+                    cells.append(f"{base / t:.1f}×")
+                else:
+                    cells.append("—")
+            ratio_md.append(f"| {seed} | " + " | ".join(cells) + " |")
+        ratio_md.append("| **median** | " + " | ".join(f"**{statistics.median(v):.1f}×**" if v else "—" for v in ratios.values()) + " |")
+        ratio_md.append("| min | " + " | ".join(f"{min(v):.1f}×" if v else "—" for v in ratios.values()) + " |")
+        text += "\n\nSpeed-up in time-to-99 %, per seed (both sides measured back to back):\n\n" + "\n".join(ratio_md)
+        for spec, v in ratios.items():
+            summary[spec]["speedup_vs_seed_style"] = {"per_seed": v, "median": statistics.median(v) if v else None,
+                                                      "min": min(v) if v else None}
+    warm = [r for r in rows if r.get("warmup_s")]
+    if warm:
+        text += "\n\nWarm-up/compile time (excluded from the clocks above): " + ", ".join(
+            f"{r['loop']} seed {r['seed']} {r['warmup_s']:.2f} s" for r in warm) + "."
+    return text, summary
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--max-epochs", type=int, default=15, help="seed-style loop gives up after this many epochs")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--skip-seed-style", action="store_true", help="GPU runs: only trainlab's time-to-99")
-    ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--loops", default="fast,default,seed-style",
+                    help="comma-separated: fast, default, seed-style; NAME@N runs it with N threads")
+    ap.add_argument("--max-epochs", type=int, default=15, help="the seed-style loop gives up after this many epochs")
+    ap.add_argument("--name", default=None, help="result file stem (default lenet_time_to_99_<device>)")
     add_output_args(ap)
     args = ap.parse_args()
     device = resolve_device(args.device)
-    check_output(args.out, f"lenet_time_to_99_{device.type}", force=args.force)
+    loops = args.loops.split(",")
+    for spec in loops:
+        parse_loop(spec)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    name = args.name or f"lenet_time_to_99_{device.type}"
+    check_output(args.out, name, force=args.force)
     lines: list[str] = []
 
     def log(line):
         print(line, flush=True)
         lines.append(line)
 
-    overrides = {k: v for k, v in {"compile": args.compile, "batch_size": args.batch_size}.items() if v}
-    ours = trainlab_run(device, args.seed, log, **overrides)
-    rows = [{"loop": "trainlab defaults (device loader, OneCycle AdamW 5e-3, batch 256)", **ours}]
-    if not args.skip_seed_style:
-        rows.append({"loop": "seed-style (Dataset+DataLoader, batch 64, Adam 1e-3)", **seed_style(device, args.max_epochs, args.seed, log)})
-    md = ["| loop | time to 99% (s) | epochs | final acc (%) |", "| --- | ---: | ---: | ---: |"]
-    for r in rows:
-        t = f"{r['time_to_99_s']:.1f}" if r["time_to_99_s"] is not None else f"not reached in {r['epochs']} epochs"
-        md.append(f"| {r['loop']} | {t} | {r['epochs']} | {r['final_accuracy']:.2f} |")
-    if len(rows) == 2 and rows[0]["time_to_99_s"] and rows[1]["time_to_99_s"]:
-        ratio = rows[1]["time_to_99_s"] / rows[0]["time_to_99_s"]
-        md.append(f"\nSpeed-up in time-to-99%: **{ratio:.1f}×** (target ≥5×).")
-        rows.append({"loop": "ratio", "speedup": ratio})
-    if device.type == "cuda":
-        md.append(f"\nWarm-up/compile (excluded): {ours['warmup_s']:.2f} s.")
-    text = "\n".join(md)
+    log(f"torch threads by default: {torch.get_num_threads()}")
+    rows = [run_loop(spec, device, seed, args.max_epochs, log) for seed in seeds for spec in loops]
+    text, summary = tables(rows, loops, seeds)
     print(text)
-    save(f"lenet_time_to_99_{device.type}", rows, text, lines, device, out=args.out)
+    save(name, {"rows": rows, "summary": summary}, text, lines, device, out=args.out)
 
 
 if __name__ == "__main__":

@@ -38,3 +38,9 @@ def write_csv(path: Path, images: np.ndarray, labels: np.ndarray, header: bool =
     lines += [",".join(map(str, row)) for row in rows]
     Path(path).write_text("\n".join(lines) + "\n")
     return Path(path)
+
+
+def collect_epoch(loader, epoch: int) -> list:
+    """Every (x, y) batch of `loader` for `epoch`, cloned (the loader may reuse buffers)."""
+    loader.set_epoch(epoch)
+    return [(x.clone(), y.clone()) for x, y in loader]

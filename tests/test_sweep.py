@@ -49,7 +49,7 @@ def test_every_train_flag_is_a_sweep_flag():
 @pytest.mark.parametrize("argv, needle", [
     (["--lr", "1e-3,fast"], "--lr '1e-3,fast': 'fast' is not a number"),
     (["--epochs", "1,,2"], "--epochs '1,,2': expected comma-separated values with none empty"),
-    (["--preset", "default,turbo"], "--preset 'default,turbo': 'turbo' is not one of default, best"),
+    (["--preset", "default,turbo"], "--preset 'default,turbo': 'turbo' is not one of default, fast, best"),
     (["--optimizer", "adam,lion"], "--optimizer 'lion'"),
     (["--seeds", "2", "--seed", "0,1"], "--seeds N and --seed LIST both give the seeds"),
     (["--parallel", "ddp"], "--parallel ddp: a sweep runs single-process runs"),

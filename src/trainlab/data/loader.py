@@ -14,11 +14,11 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from trainlab.data.augment import affine_matrices, apply_affine, seeded_generator
+from trainlab.data.augment import Distortion, apply_affine, elastic_displacement, identity_matrices, seeded_generator
 from trainlab.data.mnist import BACKGROUND, MNIST, normalize
 from trainlab.errors import ConfigError
 
-_SHUFFLE_STREAM, _AUGMENT_STREAM = 0, 1
+_SHUFFLE_STREAM, _AUGMENT_STREAM, _ELASTIC_STREAM = 0, 1, 2
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -45,13 +45,16 @@ class DeviceLoader:
     the shards differ by one row; the trainer weights each rank's gradient by its shard size
     (`shard_weights`), so the step equals single-process training on the global batch. A final
     global batch smaller than `world_size` is dropped, since some ranks would get no rows.
-    `augment=True` applies a random affine transform on the device, one per position in the epoch's
-    order, drawn from a generator seeded by (seed, epoch): reproducible, resumable and independent
-    of world size. Host→device traffic happens once per epoch (order and transforms), never per step.
+    `augment=True` (or a `Distortion` with `affine=True`) applies a random affine transform on the
+    device, one per position in the epoch's order, drawn from a generator seeded by (seed, epoch):
+    reproducible, resumable and independent of world size. Host→device traffic happens once per epoch
+    (order and transforms), never per step. A `Distortion` with `elastic_alpha` > 0 adds an elastic
+    distortion in the same `grid_sample`; its noise is drawn on the device per global batch from a
+    generator seeded by (seed, epoch, batch start), so it too is resumable and independent of world size.
     """
 
     def __init__(self, images_uint8, labels, batch_size: int, device, shuffle: bool = True, seed: int = 0,
-                 augment: bool = False, drop_last: bool = False, rank: int = 0, world_size: int = 1):
+                 augment: bool | Distortion = False, drop_last: bool = False, rank: int = 0, world_size: int = 1):
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -70,7 +73,7 @@ class DeviceLoader:
         self.y = labels.to(self.device, dtype=torch.long)
         self.n = len(labels)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.augment, self.drop_last = augment, drop_last
+        self.distortion, self.drop_last = Distortion.of(augment), drop_last
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
 
@@ -103,20 +106,39 @@ class DeviceLoader:
         # Everything random for the epoch crosses to the device once, here: a host→device copy inside
         # the loop would make every step wait for the GPU to drain its queue.
         order = order.to(self.device)
-        theta = None
-        if self.augment and bounds:
+        theta = selected = None
+        if self.distortion.enabled and bounds:
             # One transform per position in the epoch's global order, so every world size (and a
             # resumed run) applies the same transform to the same sample.
             generator = seeded_generator(self.seed, self.epoch, stream=_AUGMENT_STREAM)
-            theta = affine_matrices(bounds[-1][1], generator).to(self.device)
+            n = bounds[-1][1]
+            theta = self.distortion.matrices(n, generator) if self.distortion.affine else identity_matrices(n)
+            selected = self.distortion.selected(n, generator)
+            if selected is not None:  # images left out of this epoch's distortion keep the identity
+                theta = torch.where(selected.view(-1, 1, 1), theta, identity_matrices(n))
+                selected = selected.to(self.device)
+            theta = theta.to(self.device)
         for start, stop in bounds:
             # This rank's slice of the global batch (the whole batch when world_size == 1).
             lo, hi = shard_bounds(stop - start, self.rank, self.world_size, start)
             index = order[lo:hi]
             x, y = self.x.index_select(0, index), self.y.index_select(0, index)
             if theta is not None:
-                x = apply_affine(x, theta[lo:hi], fill=BACKGROUND)
+                displacement = None
+                if self.distortion.elastic_alpha > 0:
+                    displacement = self._elastic(start, stop - start)[lo - start:hi - start]
+                    if selected is not None:
+                        displacement = displacement * selected[lo:hi].view(-1, 1, 1, 1)
+                x = apply_affine(x, theta[lo:hi], fill=BACKGROUND, displacement=displacement)
             yield x, y
+
+    def _elastic(self, start: int, size: int) -> torch.Tensor:
+        """The displacement fields of the global batch starting at `start` (every rank draws all of them
+        and keeps its rows: the fields of a sample do not depend on the world size)."""
+        generator = seeded_generator(self.seed, self.epoch, start, stream=_ELASTIC_STREAM, device=self.device)
+        _, _, height, width = self.x.shape
+        d = self.distortion
+        return elastic_displacement(size, height, width, d.elastic_alpha, d.elastic_sigma, generator, self.device)
 
 
 class EpochSampler(torch.utils.data.Sampler[int]):

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainlab.data.augment import random_affine, seeded_generator
+from trainlab.data.augment import Distortion, apply_affine, elastic_displacement, identity_matrices, seeded_generator
 from trainlab.data.idx import read_idx, write_idx
 from trainlab.data.pack import PACK_NAME, read_pack
 from trainlab.errors import DataError
@@ -420,15 +420,16 @@ class MNIST(torch.utils.data.Dataset):
     `trainlab.data.loader` is the fast default. With `augment=True` each sample gets a random affine
     transform whose parameters depend only on (seed, epoch, index), so results do not depend on the
     number of workers; call `set_epoch` (the loader from `make_dataloader` does) to vary it by epoch.
+    `augment` may be a `Distortion` (affine ranges, elastic distortion), drawn the same way per sample.
     """
 
     def __init__(self, train: bool = True, data_dir: str | os.PathLike | None = None,
-                 arrays: MNISTArrays | None = None, augment: bool = False, seed: int = 0):
+                 arrays: MNISTArrays | None = None, augment: bool | Distortion = False, seed: int = 0):
         arrays = arrays if arrays is not None else load_mnist(data_dir)
         images, labels = arrays.split(train)
         self.images = torch.from_numpy(np.ascontiguousarray(images))  # uint8 [N, 28, 28]
         self.labels = torch.from_numpy(np.ascontiguousarray(labels)).long()
-        self.train, self.augment, self.seed, self.epoch = train, augment, seed, 0
+        self.train, self.distortion, self.seed, self.epoch = train, Distortion.of(augment), seed, 0
         self.source = arrays.source
 
     def set_epoch(self, epoch: int) -> None:
@@ -439,7 +440,16 @@ class MNIST(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         x = normalize(self.images[index]).unsqueeze(0)  # [1, 28, 28]
-        if self.augment:
+        d = self.distortion
+        if d.enabled:
             generator = seeded_generator(self.seed, self.epoch, int(index), stream=1)
-            x = random_affine(x.unsqueeze(0), generator, fill=BACKGROUND).squeeze(0)
+            theta = d.matrices(1, generator) if d.affine else identity_matrices(1)
+            selected = d.selected(1, generator)
+            if selected is not None and not bool(selected[0]):
+                return x, int(self.labels[index])
+            displacement = None
+            if d.elastic_alpha > 0:  # a per-sample CPU stream: the same field for any number of workers
+                elastic = seeded_generator(self.seed, self.epoch, int(index), stream=2)
+                displacement = elastic_displacement(1, *x.shape[-2:], d.elastic_alpha, d.elastic_sigma, elastic)
+            x = apply_affine(x.unsqueeze(0), theta, fill=BACKGROUND, displacement=displacement).squeeze(0)
         return x, int(self.labels[index])

@@ -33,7 +33,8 @@ _HISTORY_NUMBERS = ("epoch", "test_accuracy", "train_seconds", "images_per_s")  
 
 
 def save_checkpoint(path: Path, *, model, optimizer, scheduler, epoch: int, global_step: int,
-                    history: list[dict], train_seconds: float, config: dict) -> None:
+                    history: list[dict], train_seconds: float, config: dict, ema: dict | None = None) -> None:
+    """`ema` (an `EMA.state_dict()`, with --ema) is stored beside the live weights so a resume is exact."""
     atomic_torch_save(path, {
         "format": FORMAT,
         "model": unwrap(model).state_dict(),
@@ -44,6 +45,7 @@ def save_checkpoint(path: Path, *, model, optimizer, scheduler, epoch: int, glob
         "history": history,
         "train_seconds": train_seconds,
         "config": config,
+        "ema": ema,
     })
 
 
@@ -76,6 +78,11 @@ def load_checkpoint(path: str | Path) -> dict:
     for i, record in enumerate(ckpt["history"]):
         if not (isinstance(record, dict) and all(isinstance(record.get(k), (int, float)) for k in _HISTORY_NUMBERS)):
             raise UserError(f"{path}: damaged checkpoint: history[{i}] lacks the numbers {', '.join(_HISTORY_NUMBERS)}")
+    ema = ckpt.get("ema")
+    if ema is not None and not (isinstance(ema, dict) and isinstance(ema.get("model"), dict)
+                                and isinstance(ema.get("decay"), float) and isinstance(ema.get("updates"), int)):
+        raise UserError(f"{path}: damaged checkpoint: entry 'ema' must hold decay, updates and the averaged weights "
+                        "under 'model' (or be absent)")
     return ckpt
 
 
@@ -117,7 +124,7 @@ def load_model_state(model: torch.nn.Module, state: dict, path) -> None:
 
 
 def restore_checkpoint(ckpt: dict, cfg: TrainConfig, model, optimizer, scheduler, run, steps_per_epoch: int,
-                       log=print) -> tuple[int, int, list[dict], float]:
+                       log=print, ema=None) -> tuple[int, int, list[dict], float]:
     """Put a resumed run back where its checkpoint left it → (epochs done, global step, history, seconds).
 
     The checkpoint must come from this run's config (fields that decide the result identical); a
@@ -134,6 +141,9 @@ def restore_checkpoint(ckpt: dict, cfg: TrainConfig, model, optimizer, scheduler
                           + (" and is complete" if done == cfg.epochs else "")
                           + f"; pass --epochs N with N > {done} to extend it")
     load_model_state(model, ckpt["model"], path)
+    if ema is not None:  # the same --ema (checked above), so the checkpoint holds the average
+        load_model_state(ema.module, ckpt["ema"]["model"], path)  # checked: one line naming any mismatch
+        ema.load_state_dict(ckpt["ema"])
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
     except (ValueError, KeyError, TypeError, RuntimeError) as e:

@@ -70,6 +70,8 @@ def evaluate_checkpoint(path, device: str = "auto", data_dir: str | None = None)
         cfg.data_dir = data_dir
     dev = resolve_device(device)
     model = build_model(cfg, dev)
-    load_model_state(model, ckpt["model"], path)
+    # A run with --ema was evaluated (and reported) with its averaged weights: re-test those.
+    load_model_state(model, ckpt["ema"]["model"] if ckpt.get("ema") else ckpt["model"], path)
     result = evaluate(model, build_test_batches(cfg, load_mnist(cfg.data_dir), dev), dev, amp_dtype(cfg, dev))
-    return {**result, "device": str(dev), "epochs_done": ckpt["epochs_done"], "checkpoint": str(path)}
+    return {**result, "device": str(dev), "epochs_done": ckpt["epochs_done"], "checkpoint": str(path),
+            "weights": "ema" if ckpt.get("ema") else "live"}

@@ -30,9 +30,11 @@ from trainlab.lenet.checkpoint import load_checkpoint, restore_checkpoint, save_
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet import misclassified
 from trainlab.lenet.data_parallel import setup_data_parallel
+from trainlab.lenet.ema import EMA
 from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
 from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, build_scheduler, scaled_lr, use_channels_last
+from trainlab.lenet.tta import evaluate_tta
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.figures import misclassified_figure
 from trainlab.telemetry.gpu import GPUSampler
@@ -83,10 +85,11 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     lr = scaled_lr(cfg)
     optimizer = build_optimizer(cfg, model, lr)
     scheduler = build_scheduler(cfg, optimizer, lr, steps_per_epoch)
+    ema = EMA(model, cfg.ema) if cfg.ema else None  # evaluated and checkpointed in place of the live weights
     start_epoch, global_step, history, train_seconds = 0, 0, [], 0.0
     if ckpt is not None:
         start_epoch, global_step, history, train_seconds = restore_checkpoint(
-            ckpt, cfg, model, optimizer, scheduler, run, steps_per_epoch, log)
+            ckpt, cfg, model, optimizer, scheduler, run, steps_per_epoch, log, ema=ema)
     params = count_parameters(model)
 
     # ---- record what this run is, before it runs -------------------------------------------------
@@ -113,7 +116,8 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
         model = torch.compile(model)
     # Each rank scores its shard of the test set with the plain module: DDP's forward would broadcast
     # buffers, a collective that ranks with different numbers of test batches cannot all join.
-    eval_model = unwrap(model) if par.multi_process else model
+    live_model = unwrap(model) if par.multi_process else model
+    eval_model = ema.module if ema is not None else live_model  # what is tested, reported and checkpointed
     warmup_seconds = _warm_up(model, train_batches, device, precision, channels_last) if (cfg.compile or device.type == "cuda") else 0.0
 
     # ---- train ----------------------------------------------------------------------------------
@@ -140,6 +144,8 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
                 par.after_backward(model)  # hand-written all-reduce; DDP/DP reduce inside backward
                 optimizer.step()
                 scheduler.step()
+                if ema is not None:
+                    ema.update()
                 par.timer.step_done()
                 step_losses.append(loss.detach())
                 step_correct.append((logits.detach().argmax(1) == y).sum())  # stays on the device
@@ -170,6 +176,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
                 "test_loss": result["test_loss"],
                 "test_accuracy": result["test_accuracy"],
                 "per_class_accuracy": result["per_class_accuracy"],
+                **({"live_test_accuracy": _live_accuracy(live_model, test_batches, device, precision, par)} if ema else {}),
                 "lr": scheduler.get_last_lr()[0],
                 "epoch_seconds": epoch_seconds,
                 "train_seconds": train_seconds,
@@ -182,13 +189,15 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
                 time_to_target = train_seconds
             log(f"epoch {epoch + 1:>3}/{cfg.epochs}  train_loss {record['train_loss']:.4f}  test_loss {record['test_loss']:.4f}  "
                 f"train_acc {record['train_accuracy']:6.2f}%  test_acc {record['test_accuracy']:6.2f}%  "
-                f"{record['images_per_s']:>9,.0f} img/s  {epoch_seconds:6.2f} s")
+                f"{record['images_per_s']:>9,.0f} img/s  {epoch_seconds:6.2f} s"
+                + (f"  (live weights {record['live_test_accuracy']:.2f}%)" if ema else ""))
             if writer is not None:
                 _log_epoch(writer, record, losses, accuracies, global_step, result, scheduler)
             if par.is_main:
                 run.write_metrics(history)
                 save_checkpoint(run.checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch + 1,
-                                global_step=global_step, history=history, train_seconds=train_seconds, config=cfg.to_dict())
+                                global_step=global_step, history=history, train_seconds=train_seconds, config=cfg.to_dict(),
+                                ema=ema.state_dict() if ema is not None else None)
             epochs_run += 1
             if cfg.stop_after is not None and epochs_run >= cfg.stop_after and epoch + 1 < cfg.epochs:
                 log(f"stopping after {epochs_run} epoch(s) as asked (--stop-after); resume with: trainlab train --resume {run.path}")
@@ -210,6 +219,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     # ---- summarize ------------------------------------------------------------------------------
     par.broadcast_buffers(eval_model)
     final = evaluate(eval_model, test_batches, device, precision, par=par, predictions=True)
+    tta = evaluate_tta(eval_model, test_batches, device, precision, par=par) if cfg.tta else None
     wrong = misclassified.misclassified(final["predictions"], *_test_arrays(data, cfg))
     if par.is_main:
         misclassified.save(run.file(misclassified.FILE), wrong)
@@ -223,6 +233,8 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
         "test_loss": final["test_loss"],
         "per_class_accuracy": final["per_class_accuracy"],
         "confusion_matrix": final["confusion_matrix"],
+        "tta_test_accuracy": tta["test_accuracy"] if tta else None,
+        "ema_decay": cfg.ema or None,
         "epochs": cfg.epochs,
         "train_seconds": train_seconds,
         "warmup_seconds": warmup_seconds,
@@ -232,6 +244,8 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
         "device_name": env["gpus"][0] if device.type == "cuda" and env["gpus"] else env["cpu"],
         "tf32": tf32,
         "params": params,
+        "amp": str(precision).removeprefix("torch.") if precision is not None else "off",
+        "channels_last": channels_last,
         "act": cfg.act,
         "seed": cfg.seed,
         "gpu": gpu.summary() if gpu is not None else None,
@@ -243,13 +257,21 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     if par.is_main:
         run.write_json("summary.json", summary)
     par.close()
-    log(f"done: test accuracy {summary['test_accuracy']:.2f}%  train time {train_seconds:.1f} s  "
+    if tta:
+        log(f"test-time augmentation ({tta['views']} views, reported separately): test accuracy {tta['test_accuracy']:.2f}%")
+    log(f"done: test accuracy {summary['test_accuracy']:.2f}%{' (EMA weights)' if ema else ''}  train time {train_seconds:.1f} s  "
         f"time to {TARGET_ACCURACY:g}%: {'%.1f s' % time_to_target if time_to_target is not None else 'not reached'}  run dir: {run.path}")
     return summary
 
 
 def _silent(*_args, **_kwargs) -> None:
     pass
+
+
+def _live_accuracy(live_model, test_batches, device, precision, par) -> float:
+    """With --ema, the live (not averaged) weights' test accuracy, for the log and metrics.jsonl."""
+    par.broadcast_buffers(live_model)
+    return evaluate(live_model, test_batches, device, precision, par=par)["test_accuracy"]
 
 
 def _test_arrays(data, cfg: TrainConfig):

@@ -3,7 +3,9 @@
 conv 6@5×5 (pad 2) → pool → conv 16@5×5 → pool → FC 120 → FC 84 → FC 10: 61,706 parameters.
 The activation is chosen by name from `models.activations` (relu, gelu, the trainlab GELU
 implementations…); pooling is max or average; `batchnorm=True` adds BatchNorm after each conv and
-hidden FC layer (the high-accuracy preset).
+hidden FC layer (the high-accuracy preset). `batchnorm_conv1=False` leaves conv1's output
+unnormalized: on a CPU that BatchNorm (6 channels × 28 × 28 per image, the largest activation) is the
+costliest one, and channels-last, which speeds up the convolutions, slows it down (the `fast` preset).
 
 `ops="own[=python|cpp|triton|cuda]"` builds the same network from our operators only (trainlab.ops:
 Conv2d, MaxPool2d, Linear and ReLU/GELU at the chosen rung). Our layer classes subclass nn.Conv2d /
@@ -58,7 +60,7 @@ def check_model_options(act: str, pool: str, batchnorm: bool, ops: str) -> str |
 
 class LeNet5(nn.Module):
     def __init__(self, act: str = "relu", pool: str = "max", batchnorm: bool = False, num_classes: int = 10,
-                 ops: str = "aten"):
+                 ops: str = "aten", batchnorm_conv1: bool = True):
         super().__init__()
         impl = check_model_options(act, pool, batchnorm, ops)
         Conv, Pool, Linear, Act = nn.Conv2d, POOLS[pool], nn.Linear, make_activation
@@ -67,10 +69,11 @@ class LeNet5(nn.Module):
             Act = partial(make_own_activation, impl=impl)
         norm2d = (lambda c: nn.BatchNorm2d(c)) if batchnorm else (lambda c: nn.Identity())
         norm1d = (lambda c: nn.BatchNorm1d(c)) if batchnorm else (lambda c: nn.Identity())
+        bn1 = batchnorm and batchnorm_conv1
         # Conv biases are redundant before BatchNorm (it has its own shift).
         self.features = nn.Sequential(
-            Conv(1, 6, 5, padding=2, bias=not batchnorm), norm2d(6), Act(act), Pool(2),   # 28→28→14
-            Conv(6, 16, 5, bias=not batchnorm), norm2d(16), Act(act), Pool(2),             # 14→10→5
+            Conv(1, 6, 5, padding=2, bias=not bn1), norm2d(6) if bn1 else nn.Identity(), Act(act), Pool(2),  # 28→28→14
+            Conv(6, 16, 5, bias=not batchnorm), norm2d(16), Act(act), Pool(2),                              # 14→10→5
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),

@@ -1,0 +1,64 @@
+"""Exponential moving average (EMA) of a model's weights, the model that is evaluated when `--ema` is on.
+
+After every optimizer step, each floating-point tensor of the state (parameters and BatchNorm running
+statistics) moves towards the live model's:
+
+    ema ← ema + (1 − d_t)·(live − ema),   d_t = min(decay, (1 + t) / (10 + t))
+
+where t counts the updates so far. The ramp d_t keeps the first steps from averaging in the random
+initialization (TensorFlow's `ExponentialMovingAverage(num_updates=…)`, timm's warm-up). Integer
+buffers (BatchNorm's `num_batches_tracked`) are copied. An average over the last ~1/(1 − decay) steps
+smooths the noise of the final, low-learning-rate phase; on MNIST it is worth a few hundredths of a
+percent of test accuracy and costs one `_foreach_lerp_` per step.
+
+The EMA lives in the checkpoint (`state_dict`), with its update count, so a resumed run is exact.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+
+class EMA:
+    """The average of `model` (the plain module: DDP and torch.compile wrap the same parameters)."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
+        self.decay = decay
+        self.updates = 0
+        self.source = model
+        self.module = copy.deepcopy(model).eval()
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+
+    def current_decay(self) -> float:
+        """d_t for the next update: the warm-up ramp, capped at `decay`."""
+        return min(self.decay, (1 + self.updates) / (10 + self.updates))
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """Move the average one step towards the live model (call after each optimizer step)."""
+        weight = 1.0 - self.current_decay()
+        averaged, live, copied_to, copied_from = [], [], [], []
+        for e, l in zip(self.module.state_dict().values(), self.source.state_dict().values()):
+            if e.dtype.is_floating_point:
+                averaged.append(e)
+                live.append(l.detach())
+            else:
+                copied_to.append(e)
+                copied_from.append(l)
+        torch._foreach_lerp_(averaged, live, weight)
+        for e, l in zip(copied_to, copied_from):
+            e.copy_(l)
+        self.updates += 1
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "updates": self.updates, "model": self.module.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.decay, self.updates = state["decay"], state["updates"]
+        self.module.load_state_dict(state["model"])

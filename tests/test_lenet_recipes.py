@@ -1,0 +1,200 @@
+"""The accuracy recipe's parts: EMA of the weights (formula, resume, eval), test-time augmentation, flags."""
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+from trainlab.cli import main
+from trainlab.data.mnist import BACKGROUND, load_mnist
+from trainlab.lenet.batches import build_test_batches
+from trainlab.lenet.config import PRESETS, TrainConfig
+from trainlab.lenet.ema import EMA
+from trainlab.lenet.evaluate import evaluate
+from trainlab.lenet.loop import train
+from trainlab.lenet.model import LeNet5, count_parameters
+from trainlab.lenet.tta import evaluate_tta, shifted
+
+SMALL = dict(epochs=1, train_subset=512, test_subset=500, batch_size=128, device="cpu", progress=False, tensorboard=False)
+
+
+def quiet(*_a, **_k):
+    pass
+
+
+# ----------------------------------------------------------------------------- EMA
+
+def test_ema_follows_the_formula_with_its_warm_up_ramp():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    ema = EMA(model, decay=0.9)
+    expected = {k: v.double().clone() for k, v in model.state_dict().items()}
+    for t in range(30):
+        with torch.no_grad():  # the "optimizer step": new live weights and BatchNorm statistics
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+            model(torch.randn(8, 3))
+        d = min(0.9, (1 + t) / (10 + t))
+        assert ema.current_decay() == pytest.approx(d)
+        ema.update()
+        for k, live in model.state_dict().items():
+            if live.dtype.is_floating_point:
+                expected[k] = d * expected[k] + (1 - d) * live.double()
+            else:
+                expected[k] = live.double()
+    assert ema.updates == 30
+    for k, v in ema.module.state_dict().items():
+        torch.testing.assert_close(v.double(), expected[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert int(ema.module.state_dict()["1.num_batches_tracked"]) == 30  # integer buffers copied, not averaged
+    assert not any(p.requires_grad for p in ema.module.parameters())
+
+
+def test_ema_state_dict_round_trip_continues_identically():
+    torch.manual_seed(1)
+    model = nn.Linear(4, 4)
+    a = EMA(model, decay=0.99)
+    for _ in range(5):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        a.update()
+    b = EMA(nn.Linear(4, 4), decay=0.5)
+    b.source = model
+    b.load_state_dict(a.state_dict())
+    assert b.decay == 0.99 and b.updates == 5
+    with torch.no_grad():
+        model.weight.mul_(-2)
+    a.update()
+    b.update()
+    assert torch.equal(a.module.weight, b.module.weight)
+
+
+@pytest.mark.parametrize("decay", [0.0, 1.0, -0.5])
+def test_ema_rejects_decays_outside_0_1(decay):
+    with pytest.raises(ValueError, match="decay"):
+        EMA(nn.Linear(2, 2), decay)
+
+
+def test_resume_with_ema_equals_uninterrupted(tmp_path):
+    kw = dict(SMALL, epochs=2, ema=0.9, batchnorm=True, augment=True, elastic_alpha=34.0, test_subset=200)
+    full = train(TrainConfig(**kw, out=str(tmp_path / "full")), log=quiet)
+    part = train(TrainConfig(**kw, stop_after=1, out=str(tmp_path / "part")), log=quiet)
+    assert part["interrupted"]
+    resumed = train(TrainConfig(**kw, out=str(tmp_path / "part")), resume=tmp_path / "part", log=quiet)
+    assert resumed["test_accuracy"] == full["test_accuracy"] and resumed["test_loss"] == full["test_loss"]
+    a, b = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=False) for d in ("full", "part"))
+    assert a["ema"]["updates"] == b["ema"]["updates"] == 2 * 4
+    for k in a["ema"]["model"]:
+        assert torch.equal(a["ema"]["model"][k], b["ema"]["model"][k]), k
+    records = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert all("live_test_accuracy" in r for r in records)
+
+
+def test_the_ema_weights_are_what_is_reported_and_what_eval_reloads(tmp_path, capsys):
+    summary = train(TrainConfig(**dict(SMALL, epochs=2, ema=0.95, tta=True), out=str(tmp_path / "r")), log=quiet)
+    assert 0 < summary["tta_test_accuracy"] <= 100  # reported beside test_accuracy, which is checked below
+    ckpt = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=False)
+    live_differs = any(not torch.equal(ckpt["model"][k], ckpt["ema"]["model"][k]) for k in ckpt["model"])
+    assert live_differs and summary["ema_decay"] == 0.95
+    assert main(["eval", str(tmp_path / "r"), "--device", "cpu", "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["weights"] == "ema"
+    # eval tests all 10,000 images; recompute the reported number on the run's 500 with the EMA weights
+    # (so TTA, reported separately, did not leak into test_accuracy).
+    model = LeNet5()
+    model.load_state_dict(ckpt["ema"]["model"])
+    batches = build_test_batches(TrainConfig(**SMALL), load_mnist(), torch.device("cpu"))
+    assert evaluate(model, batches, torch.device("cpu"))["test_accuracy"] == summary["test_accuracy"]
+
+
+# ----------------------------------------------------------------------------- TTA
+
+def test_shifted_view_is_a_roll_with_background_fill():
+    x = torch.randn(3, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    right = torch.full_like(x, BACKGROUND)
+    right[..., :, 1:] = x[..., :, :-1]
+    up = torch.full_like(x, BACKGROUND)
+    up[..., :-1, :] = x[..., 1:, :]
+    torch.testing.assert_close(shifted(x, 1, 0), right, rtol=0, atol=1e-5)
+    torch.testing.assert_close(shifted(x, 0, -1), up, rtol=0, atol=1e-5)
+    assert shifted(x, 0, 0) is x
+
+
+def test_tta_averages_softmax_over_the_views():
+    torch.manual_seed(0)
+    model = LeNet5().eval()
+    x = torch.randn(64, 1, 28, 28)
+    y = torch.randint(0, 10, (64,))
+    batches = [(x[:40], y[:40]), (x[40:], y[40:])]
+    cpu = torch.device("cpu")
+    one_view = evaluate_tta(model, batches, cpu, shifts=((0, 0),))
+    assert one_view["test_accuracy"] == evaluate(model, batches, cpu)["test_accuracy"] and one_view["views"] == 1
+    shifts = ((0, 0), (1, 0), (0, -1))
+    with torch.no_grad():
+        probs = sum(model(shifted(x, dx, dy)).softmax(1) for dx, dy in shifts)
+    expected = 100.0 * float((probs.argmax(1) == y).float().mean())
+    assert evaluate_tta(model, batches, cpu, shifts=shifts)["test_accuracy"] == pytest.approx(expected)
+
+
+# ----------------------------------------------------------------------------- presets and flags
+
+@pytest.mark.parametrize("batchnorm_conv1, bn_layers", [(True, (6, 16, 120, 84)), (False, (16, 120, 84))])
+def test_batchnorm_variants_are_lenet5_plus_named_batchnorm(batchnorm_conv1, bn_layers):
+    model = LeNet5(batchnorm=True, batchnorm_conv1=batchnorm_conv1)
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    assert [m.num_features for m in bns] == list(bn_layers)
+    # Each BatchNorm adds a scale and a shift per channel and makes the preceding layer's bias redundant.
+    assert count_parameters(model) == 61_706 + 2 * sum(bn_layers) - sum(bn_layers)
+    assert (model.conv1.bias is None) == batchnorm_conv1
+    assert count_parameters(LeNet5()) == 61_706
+
+
+def test_presets_keep_lenet5():
+    for name, preset in PRESETS.items():
+        cfg = TrainConfig(**preset)
+        model = LeNet5(act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm, batchnorm_conv1=cfg.batchnorm_conv1)
+        convs_and_fcs = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+        assert [tuple(m.weight.shape) for m in convs_and_fcs] == [(6, 1, 5, 5), (16, 6, 5, 5), (120, 400), (84, 120), (10, 84)], name
+
+
+def test_presets_resolve_and_explicit_flags_win():
+    import argparse
+
+    from trainlab.flags import add_flags
+    from trainlab.lenet.cli import config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser, TrainConfig)
+    fast = config_from_args(parser.parse_args(["--preset", "fast", "--epochs", "3"]))
+    assert fast.preset == "fast" and fast.epochs == 3  # the explicit flag wins over the preset
+    assert (fast.batchnorm, fast.batchnorm_conv1, fast.amp, fast.channels_last, fast.label_smoothing, fast.lr) == \
+        (True, False, "bf16", "on", 0.1, 1e-2)
+    best = config_from_args(parser.parse_args(["--preset", "best"]))
+    for key, value in PRESETS["best"].items():
+        assert getattr(best, key) == value, key
+    assert best.ema > 0 and best.augment  # the accuracy recipe: averaged weights, augmentation
+
+
+def test_fast_preset_trains_in_bf16_on_the_cpu(tmp_path):
+    from trainlab.lenet.config import apply_preset
+
+    cfg = apply_preset(TrainConfig(**dict(SMALL, out=str(tmp_path / "f"))), "fast", explicit={"epochs"})
+    summary = train(cfg, log=quiet)
+    # LeNet-5 + BatchNorm after conv2, fc1, fc2 (scale and shift per channel; their layers' biases dropped)
+    assert summary["epochs"] == 1 and summary["params"] == 61_706 + (16 + 120 + 84) == 61_926
+    assert (summary["amp"], summary["channels_last"]) == ("bfloat16", True)
+    assert 10.0 < summary["test_accuracy"] <= 100.0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--ema", "1.5"], "--ema 1.5"),
+    (["--ema", "nan"], "--ema nan"),
+    (["--elastic-alpha", "-3"], "--elastic-alpha -3"),
+    (["--elastic-sigma", "0"], "--elastic-sigma 0"),
+    (["--augment-degrees", "200"], "--augment-degrees 200"),
+])
+def test_bad_recipe_flags_are_one_line_errors(tmp_path, capsys, argv, needle):
+    assert main(["train", *argv, "--out", str(tmp_path / "x"), "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trainlab: error:") and needle in err[0]
+    assert not (tmp_path / "x").exists()  # refused before the run directory or the data
