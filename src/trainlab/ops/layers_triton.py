@@ -84,7 +84,7 @@ if tl is not None:
             if IEEE:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
             else:
-                acc = tl.dot(a, b, acc)
+                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)   # float64 for gradcheck (triton 3.7 wants it named)
         if HAS_BIAS:   # epilogue: the bias is added while the tile is still in registers
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(acc.dtype)[None, :]
         y_off = img.to(tl.int64)[:, None] * (OC * OH * OW) + rn[None, :] * (OH * OW) + (oh * OW + ow)[:, None]
@@ -136,7 +136,7 @@ if tl is not None:
             if IEEE:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
             else:
-                acc = tl.dot(a, b, acc)
+                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)   # float64 for gradcheck (triton 3.7 wants it named)
         out = split.to(tl.int64) * OC * NCOL + rm[:, None] * NCOL + rn[None, :]
         tl.store(dw_ptr + out, acc, mask=m_ok[:, None] & (rn < NCOL)[None, :])
 
@@ -171,7 +171,7 @@ if tl is not None:
             if IEEE:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
             else:
-                acc = tl.dot(a, b, acc)
+                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)   # float64 for gradcheck (triton 3.7 wants it named)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(acc.dtype)[None, :]
         out = split.to(tl.int64) * M * NCOL + rm.to(tl.int64)[:, None] * NCOL + rn[None, :]
