@@ -138,28 +138,38 @@ def test_op_rejects_integer_input_with_dtype_in_message(ext):
 
 # ---- build errors ------------------------------------------------------------------------------
 
-def test_missing_compiler_is_one_clear_error(monkeypatch):
-    from trainlab.ops import gelu_cpp
+# Both C++ extensions (GELU and the LeNet layers) are built by the same kind of loader; each must
+# turn a missing compiler or a failed build into one line that names the fallback.
+LOADERS = ["gelu_cpp", "layers_cpp"]
 
-    monkeypatch.setattr(gelu_cpp, "_loaded", None)
+
+@pytest.mark.parametrize("module", LOADERS)
+def test_missing_compiler_is_one_clear_error(monkeypatch, module):
+    import importlib
+
+    loader = importlib.import_module(f"trainlab.ops.{module}")
+    monkeypatch.setattr(loader, "_loaded", None)
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     with pytest.raises(HardwareError, match=r"no C\+\+ compiler.*impl='python'"):
-        gelu_cpp.load()
+        loader.load()
 
 
-def test_build_failure_is_one_clear_error(monkeypatch, tmp_path):
+@pytest.mark.parametrize("module", LOADERS)
+def test_build_failure_is_one_clear_error(monkeypatch, tmp_path, module):
+    import importlib
+
     from torch.utils import cpp_extension
 
-    from trainlab.ops import gelu_cpp
+    loader = importlib.import_module(f"trainlab.ops.{module}")
 
     def failing_load(**kwargs):
         raise RuntimeError("Error building extension 'x':\nfoo.cpp:1:1: error: expected unqualified-id\nninja: build stopped")
 
-    monkeypatch.setattr(gelu_cpp, "_loaded", None)
+    monkeypatch.setattr(loader, "_loaded", None)
     monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(cpp_extension, "load", failing_load)
     with pytest.raises(HardwareError, match=r"failed \(foo.cpp:1:1: error: expected unqualified-id\).*impl='python'") as e:
-        gelu_cpp.load()
+        loader.load()
     assert "\n" not in str(e.value)
     assert str(tmp_path) in str(e.value)
 
