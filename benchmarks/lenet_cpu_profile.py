@@ -6,7 +6,7 @@ rest of the step is the loss, `zero_grad`, the optimizer step and what no op acc
 dispatcher overhead: step wall time minus the ops' time). One table per variant (memory format,
 precision, BatchNorm, batch size, threads), all measured in one process so the ratios are comparable.
 
-    python benchmarks/lenet_cpu_profile.py [--threads 1,2] [--batch-size 256] [--steps 30] [--out NAME]
+    python benchmarks/lenet_cpu_profile.py [--threads 1,2] [--batch-size 256] [--steps 30] [--out DIR] [--name NAME] [--force]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from _common import save
+from _common import add_output_args, check_output, save
 from trainlab.lenet.model import LeNet5
 
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
@@ -179,8 +179,10 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, each profiled in this run")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--steps", type=int, default=30, help="profiled steps per variant (after 10 warm-up steps)")
-    ap.add_argument("--out", default="lenet_cpu_profile", help="results/<out>.{json,md,log}")
+    ap.add_argument("--name", default="lenet_cpu_profile", help="result file stem: <out>/<name>.{json,md,log}")
+    add_output_args(ap)
     args = ap.parse_args()
+    check_output(args.out, args.name, force=args.force)
     lines: list[str] = []
     results = []
     for threads in [int(t) for t in args.threads.split(",")]:
@@ -194,7 +196,7 @@ def main() -> None:
     text = "\n\n".join(table([r for r in results if r["threads"] == t]) for t in sorted({r["threads"] for r in results}))
     text = f"LeNet-5 training step on the CPU, batch {args.batch_size}, AdamW; ms per step (share of the profiled step).\n\n" + text
     print(text)
-    save(args.out, results, text, lines + text.splitlines())
+    save(args.name, results, text, lines + text.splitlines(), out=args.out)
 
 
 if __name__ == "__main__":

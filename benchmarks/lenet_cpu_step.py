@@ -12,7 +12,7 @@ A variant is a '+'-joined list of settings, e.g. `bn+bf16+cl+compile@1`:
     fused     AdamW(fused=True)                     foreach  AdamW(foreach=True) (the default is chosen by torch)
     bsN       batch size N (default --batch-size)   @T       T threads (default: torch's default)
 
-    python benchmarks/lenet_cpu_step.py --variants fp32,cl,bf16,bf16+cl,bn+bf16+cl [--rounds 20] [--out NAME]
+    python benchmarks/lenet_cpu_step.py --variants fp32,cl,bf16,bf16+cl,bn+bf16+cl [--rounds 20] [--out DIR] [--name NAME] [--force]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from _common import save
+from _common import add_output_args, check_output, save
 from trainlab.lenet.model import LeNet5
 
 SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach"}
@@ -98,8 +98,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=20, help="round-robin rounds")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
-    ap.add_argument("--out", default="lenet_cpu_step", help="results/<out>.{json,md,log}")
+    ap.add_argument("--name", default="lenet_cpu_step", help="result file stem: <out>/<name>.{json,md,log}")
+    add_output_args(ap)
     args = ap.parse_args()
+    check_output(args.out, args.name, force=args.force)
     specs = [parse_variant(s, args.batch_size) for s in args.variants.split(",")]
     lines = [f"torch threads by default: {torch.get_num_threads()}"]
     print(lines[0])
@@ -132,7 +134,7 @@ def main() -> None:
            f"{r['images_per_s']:,.0f} | {r['speedup']:.2f} | {r['warmup_s']:.1f} |" for r in rows]
     text = "\n".join(md)
     print(text)
-    save(args.out, rows, text, lines)
+    save(args.name, rows, text, lines, out=args.out)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,12 @@ def _ranks_job(info, tmp):
     dist.barrier()  # rank 0 has written the checkpoint the others are about to read
     resumed = TrainConfig(**{**part.to_dict(), "stop_after": None})
     out["resumed"] = {"test_loss": train(resumed, resume=f"{tmp}/ddp_part", log=quiet)["test_loss"]}
+    s = train(TrainConfig(**{**BASE, **EMA_TTA}, parallel="ddp", out=f"{tmp}/ddp_ema"), log=quiet)
+    out["ema_tta"] = {k: s[k] for k in ("test_accuracy", "tta_test_accuracy", "test_loss")}
     return out
+
+
+EMA_TTA = dict(ema=0.9, tta=True, test_subset=301)  # 301 test images: shards of 151 and 150
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +54,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dp")
     ranks = spawn_for_test(_ranks_job, 2, str(tmp), timeout_s=240)
     single = train(TrainConfig(**BASE, parallel="none", out=str(tmp / "single")), log=quiet)
+    single["ema_tta"] = train(TrainConfig(**{**BASE, **EMA_TTA}, parallel="none", out=str(tmp / "single_ema")), log=quiet)
     return tmp, ranks, single
 
 
@@ -95,6 +101,21 @@ def test_resume_under_ddp_equals_uninterrupted_ddp(runs):
         torch.testing.assert_close(resumed[k], full[k], rtol=1e-6, atol=1e-7, msg=k)
     assert _step_losses(tmp / "ddp_part") == pytest.approx(_step_losses(tmp / "ddp"), rel=1e-6)
     assert ranks[0]["resumed"]["test_loss"] == pytest.approx(ranks[0]["ddp"]["test_loss"], rel=1e-6)
+
+
+def test_ema_and_tta_are_scored_over_the_whole_test_set_under_ddp(runs):
+    # Each rank tests its shard; the EMA model's loss/accuracy and the TTA counts must be summed over
+    # ranks, so they equal one process scoring all 301 images (a count over rank 0's 151 would not be
+    # a whole number of images out of 301).
+    _, ranks, single = runs
+    ours, ref = ranks[0]["ema_tta"], single["ema_tta"]
+    assert ranks[1]["ema_tta"] == ours
+    n = EMA_TTA["test_subset"]
+    for key in ("test_accuracy", "tta_test_accuracy"):
+        count = ours[key] * n / 100
+        assert count == pytest.approx(round(count), abs=1e-6), (key, ours[key])
+        assert abs(ours[key] - ref[key]) <= 100 / n + 1e-9, (key, ours[key], ref[key])  # at most one image apart
+    assert ours["test_loss"] == pytest.approx(ref["test_loss"], rel=1e-4)
 
 
 # ---- a crashed rank: the survivor exits with one clear line, well within a short timeout ---------

@@ -311,7 +311,9 @@ def run_profile(cfg: ProfileConfig, command: str = "trainlab profile", log=print
         table = format_table(rows, variants)
         payload = {"config": cfg.to_dict(), "device": str(device), "torch_threads": torch.get_num_threads(),
                    "variants": variants, "steps": result["steps"], "batch_size": cfg.batch_size, "rows": rows,
-                   "trace": result["trace"], "wall_s": result["wall_s"], "interleaved": True}
+                   "trace": result["trace"], "wall_s": result["wall_s"], "interleaved": True,
+                   # the raw attribution: per variant, per step, {part: [cpu_us, device_us]}
+                   "per_step": {res["ops"]: res["per_step"] for res in result["variants"]}}
         write_results(run.path, "profile", payload, f"# LeNet-5 per-layer profile\n\n```\n{table}\n```",
                       [header, "", table], command, env=env)
     return {**payload, "table": table, "run_dir": str(run.path)}
