@@ -2,6 +2,7 @@
 
 import csv
 import sys
+import threading
 import time
 import types
 
@@ -108,15 +109,22 @@ def test_image_grid_layout_and_range():
 def test_busy_snapshot_runs_nvidia_smi_in_the_background(monkeypatch, tmp_path):
     from trainlab.telemetry.env import BusySnapshot
 
+    # The fake nvidia-smi answers only once the test lets it: if start() waited for it, start() would
+    # not return until the flag exists, which is created only after start() returned (no clock involved).
+    flag = tmp_path / "go"
     fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\nsleep 0.2\necho '| 0  NVIDIA H100 80GB HBM3 |  97%  Default |'\n")
+    fake.write_text(f"#!/bin/sh\nwhile [ ! -f {flag} ]; do sleep 0.02; done\n"
+                    "echo '| 0  NVIDIA H100 80GB HBM3 |  97%  Default |'\n")
     fake.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PATH", f"{tmp_path}:/bin:/usr/bin")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    t0 = time.perf_counter()
-    snap = BusySnapshot().start()
-    assert time.perf_counter() - t0 < 0.15          # does not wait for nvidia-smi: the GPU keeps working
-    result = snap.finish()
+    started = []
+    caller = threading.Thread(target=lambda: started.append(BusySnapshot().start()), daemon=True)
+    caller.start()
+    caller.join(timeout=60)
+    assert started, "start() waited for nvidia-smi: the GPU would sit idle meanwhile"
+    flag.touch()
+    result = started[0].finish()
     assert "97%" in result["text"] and result["taken_utc"]
     assert BusySnapshot().finish() is None           # never started
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
