@@ -45,6 +45,9 @@ def layer_names(model: LeNet5) -> dict[torch.nn.Module, str]:
         kind = kinds.get(type(module))
         if kind is None:
             continue  # Identity (no BatchNorm), Flatten (a view)
+        if kind == "bn":  # numbered by the layer it normalizes (bn2 follows conv2 even without bn1)
+            names[module] = f"bn{counters['conv'] + counters['fc']}"
+            continue
         counters[kind] += 1
         names[module] = f"{kind}{counters[kind]}"
     return names
