@@ -44,7 +44,7 @@ def main() -> None:
     if args.merge:
         for part in args.merge.split(","):
             data = read_json(Path(args.out) / f"{name}.{part}.json")
-            rows += data["rows"]["rows"]
+            rows += data["rows"]
             lines += (Path(args.out) / f"{name}.{part}.log").read_text().splitlines()
     for seed in [int(s) for s in args.seeds.split(",")] if not args.merge else []:
         explicit = {"epochs": args.epochs} if args.epochs else {}

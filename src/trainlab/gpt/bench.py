@@ -94,10 +94,11 @@ def _with_world_size(cfg: BenchConfig) -> BenchConfig:
     return cfg
 
 
-def run_bench(cfg: BenchConfig, log=print) -> dict | None:
+def run_bench(cfg: BenchConfig, log=print, exit_when_done: bool = False) -> dict | None:
     """Run the benchmark in this process (a torchrun worker or the only process).
 
     Returns the summary on rank 0 and None on other ranks; writes --json / --out on rank 0.
+    `exit_when_done` (torchrun workers): end the process once the results are written, without returning.
     """
     cfg = _with_world_size(cfg)
     model_cfg, spec, seq = cfg.validate()
@@ -281,6 +282,12 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
             writer.close()
         if run is not None:
             run.release(failed=not finished)
+        if finished and exit_when_done:
+            # A torchrun worker whose results are written ends here, inside this frame. Returning would
+            # destroy the DDP model and its gloo process group on this thread, and that destructor can
+            # block for good once the peer rank has exited (a hung 2-rank `gpt bench` under load,
+            # py-spy: the worker idle in the return from run_bench, after the summary was printed).
+            exit_worker(0)
         destroy_distributed()
 
 
@@ -297,7 +304,6 @@ def bench_command(cfg: BenchConfig) -> int:
 
 def bench_worker(spec: dict) -> int:
     """`trainlab worker SPEC.json` for "gpt-bench": one process (or torchrun rank) of a benchmark."""
-    run_bench(BenchConfig.from_dict(spec["config"], source="gpt bench spec"), log=lambda *a: print(*a, flush=True))
-    if under_torchrun():
-        exit_worker(0)  # results are written; don't let a stuck gloo teardown hang torchrun
+    run_bench(BenchConfig.from_dict(spec["config"], source="gpt bench spec"), log=lambda *a: print(*a, flush=True),
+              exit_when_done=under_torchrun())
     return 0
