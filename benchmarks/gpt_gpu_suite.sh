@@ -71,9 +71,8 @@ FIRST=${MICROS%% *}
 best "$FIRST"
 step baseline_hf_fp32_ckpt 150 60 $PY -m trainlab gpt bench "${COMMON[@]}" --impl hf --strategy ckpt --tf32 off \
     --micro-batch "$BASE_MICRO" --steps "$BASE_STEPS" --warmup 1 --json "$R/baseline_hf_fp32_ckpt.json"
-SEQ=$($PY -c "from trainlab.gpt.model import get_preset; print(get_preset('$MODEL').n_positions)")
 step planner_error 120 40 $PY benchmarks/gpt_planner_error.py --model "$MODEL" --device "$DEVICE" \
-    --strategies amp+ckpt,amp,none --micro-batches 2 --seq "$SEQ" \
+    --strategies amp+ckpt,amp,none --micro-batches 2 \
     $([ "$DEVICE" = cuda ] && echo --fused) --name "gpt_planner_error_${MODEL}_${DEVICE}" --out "$R"
 for B in ${MICROS#"$FIRST"}; do best "$B"; done
 step ours_fp32_ckpt 120 60 $PY -m trainlab gpt bench "${COMMON[@]}" --strategy ckpt --tf32 off --micro-batch "$BASE_MICRO" \

@@ -46,7 +46,7 @@ if [ "$PART" = ops ]; then
     step ops_check 90 30 $PY -m trainlab ops check --impl aten --impl cuda --impl triton --batch 64 --no-gelu --out "$WORK/ops_check"
     step ops_bench 90 30 $PY -m trainlab ops bench --device cuda --out "$WORK/ops_bench"
     step profile 60 20 $PY -m trainlab profile --device cuda --ops aten --ops own=cuda --ops own=triton --steps 100 --out "$WORK/profile"
-    step epoch 120 40 $PY benchmarks/ops_lenet_epoch.py --device cuda --ops aten,own=cuda,own=triton --epochs 3 --name "$WORK/ops_lenet_epoch_cuda"
+    step epoch 120 40 $PY benchmarks/ops_lenet_epoch.py --device cuda --ops aten,own=cuda,own=triton --epochs 3 --name ops_lenet_epoch_cuda --out "$WORK"
   fi
   suite_done
   exit 0

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from _common import save
+from _common import add_output_args, check_output, save
 from trainlab.io import read_json
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
@@ -39,8 +39,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--train-subset", type=int, default=None, help="a shorter epoch, for a smoke run")
-    ap.add_argument("--name", default="ops_lenet_epoch", help="results file stem")
+    ap.add_argument("--name", default="ops_lenet_epoch", help="results file stem: <out>/<name>.{json,md,log}")
+    add_output_args(ap)
     args = ap.parse_args()
+    check_output(args.out, args.name, force=args.force)
     variants = [v.strip() for v in args.ops.split(",") if v.strip()]
     for v in variants:
         parse_ops(v)
@@ -86,7 +88,8 @@ def main() -> None:
     print(table)
     note = (f"{args.epochs} epochs per variant, epochs interleaved across variants (rotating order), seed {args.seed}, "
             f"device {args.device}, torch threads {torch.get_num_threads()}")
-    save(args.name, rows, f"# LeNet-5: our operators vs ATen, full MNIST\n\n{note}\n\n{table}\n", log_lines + ["", table])
+    save(args.name, rows, f"# LeNet-5: our operators vs ATen, full MNIST\n\n{note}\n\n{table}\n", log_lines + ["", table],
+         out=args.out)
 
 
 def epoch_seconds(run_dir: Path) -> list[float]:

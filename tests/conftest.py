@@ -16,19 +16,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
-def load_gelu_ext():
-    """The C++ (and, on a GPU, CUDA) GELU extension. Without a compiler on a CPU machine its tests
-    skip (test_gelu_cpp.py tests that error itself); on a machine with a GPU a failed build fails
+def load_ext(load):
+    """A C++ (and, on a GPU, CUDA) extension, built by `load`. Without a compiler on a CPU machine its
+    tests skip (test_gelu_cpp.py tests that error itself); on a machine with a GPU a failed build fails
     them: the GPU suite must never report "skipped" for a broken build."""
     from trainlab.errors import HardwareError
-    from trainlab.ops import gelu_cpp
 
     try:
-        return gelu_cpp.load()
+        return load()
     except HardwareError as e:
         if torch.cuda.is_available():
             raise
         pytest.skip(str(e))
+
+
+def load_gelu_ext():
+    """The GELU extension (see `load_ext`)."""
+    from trainlab.ops import gelu_cpp
+
+    return load_ext(gelu_cpp.load)
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ and CUDA draw different fields (different generators).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -30,7 +31,9 @@ import torch.nn.functional as F
 
 from trainlab.errors import ConfigError
 
-_STREAMS = {"shuffle": 0, "augment": 1, "elastic": 2}  # independent random streams derived from one seed
+# Independent random streams derived from one seed; the device loader and the Dataset path share them,
+# so both draw the same order, transforms and elastic fields.
+SHUFFLE_STREAM, AUGMENT_STREAM, ELASTIC_STREAM = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ def elastic_displacement(n: int, height: int, width: int, alpha: float, sigma: f
     return (alpha * smooth).permute(0, 2, 3, 1)
 
 
+@functools.lru_cache(maxsize=16)   # the same few (size, σ, device) every batch: build each once (never mutated)
 def gaussian_blur_matrix(size: int, sigma: float, device=None) -> torch.Tensor:
     """[size, size] matrix M with (M @ v)[i] = Σ_j k[j − i] v[j]: a 1-D Gaussian blur of v, zeros outside."""
     k = gaussian_kernel1d(sigma, device=device)
@@ -154,8 +158,9 @@ def apply_affine(x: torch.Tensor, theta: torch.Tensor, fill: float = 0.0,
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     if displacement is not None:
         # grid_sample's coordinates span [-1, 1] over W (resp. H) pixels: one pixel is 2/W.
-        scale = torch.tensor([2.0 / x.shape[-1], 2.0 / x.shape[-2]], device=x.device, dtype=x.dtype)
-        grid = grid + displacement.to(x.dtype) * scale
+        # Python scalars, not a tensor built on the host: no host→device copy (and GPU sync) per batch.
+        d = displacement.to(x.dtype)
+        grid = grid + torch.stack((d[..., 0] * (2.0 / x.shape[-1]), d[..., 1] * (2.0 / x.shape[-2])), dim=-1)
     # grid_sample pads with zeros; shifting by `fill` makes the padding the background value
     # (for normalized MNIST, black is -MEAN/STD, not 0).
     out = F.grid_sample(x - fill, grid, mode="bilinear", padding_mode="zeros", align_corners=False)

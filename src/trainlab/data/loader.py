@@ -14,16 +14,15 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from trainlab.data.augment import Distortion, apply_affine, elastic_displacement, identity_matrices, seeded_generator
+from trainlab.data.augment import (AUGMENT_STREAM, ELASTIC_STREAM, SHUFFLE_STREAM, Distortion, apply_affine,
+                                   elastic_displacement, identity_matrices, seeded_generator)
 from trainlab.data.mnist import BACKGROUND, MNIST, normalize
 from trainlab.errors import ConfigError
-
-_SHUFFLE_STREAM, _AUGMENT_STREAM, _ELASTIC_STREAM = 0, 1, 2
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The sample order of `epoch`: a LongTensor permutation of range(n), a pure function of its arguments."""
-    return torch.randperm(n, generator=seeded_generator(seed, epoch, stream=_SHUFFLE_STREAM))
+    return torch.randperm(n, generator=seeded_generator(seed, epoch, stream=SHUFFLE_STREAM))
 
 
 def shard_bounds(n: int, rank: int, world_size: int, start: int = 0) -> tuple[int, int]:
@@ -110,7 +109,7 @@ class DeviceLoader:
         if self.distortion.enabled and bounds:
             # One transform per position in the epoch's global order, so every world size (and a
             # resumed run) applies the same transform to the same sample.
-            generator = seeded_generator(self.seed, self.epoch, stream=_AUGMENT_STREAM)
+            generator = seeded_generator(self.seed, self.epoch, stream=AUGMENT_STREAM)
             n = bounds[-1][1]
             theta = self.distortion.matrices(n, generator) if self.distortion.affine else identity_matrices(n)
             selected = self.distortion.selected(n, generator)
@@ -135,7 +134,7 @@ class DeviceLoader:
     def _elastic(self, start: int, size: int) -> torch.Tensor:
         """The displacement fields of the global batch starting at `start` (every rank draws all of them
         and keeps its rows: the fields of a sample do not depend on the world size)."""
-        generator = seeded_generator(self.seed, self.epoch, start, stream=_ELASTIC_STREAM, device=self.device)
+        generator = seeded_generator(self.seed, self.epoch, start, stream=ELASTIC_STREAM, device=self.device)
         _, _, height, width = self.x.shape
         d = self.distortion
         return elastic_displacement(size, height, width, d.elastic_alpha, d.elastic_sigma, generator, self.device)

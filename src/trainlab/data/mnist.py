@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainlab.data.augment import Distortion, apply_affine, elastic_displacement, identity_matrices, seeded_generator
+from trainlab.data.augment import (AUGMENT_STREAM, ELASTIC_STREAM, Distortion, apply_affine, elastic_displacement,
+                                   identity_matrices, seeded_generator)
 from trainlab.data.idx import read_idx, write_idx
 from trainlab.data.pack import PACK_NAME, read_pack
 from trainlab.errors import DataError
@@ -442,14 +443,14 @@ class MNIST(torch.utils.data.Dataset):
         x = normalize(self.images[index]).unsqueeze(0)  # [1, 28, 28]
         d = self.distortion
         if d.enabled:
-            generator = seeded_generator(self.seed, self.epoch, int(index), stream=1)
+            generator = seeded_generator(self.seed, self.epoch, int(index), stream=AUGMENT_STREAM)
             theta = d.matrices(1, generator) if d.affine else identity_matrices(1)
             selected = d.selected(1, generator)
             if selected is not None and not bool(selected[0]):
                 return x, int(self.labels[index])
             displacement = None
             if d.elastic_alpha > 0:  # a per-sample CPU stream: the same field for any number of workers
-                elastic = seeded_generator(self.seed, self.epoch, int(index), stream=2)
+                elastic = seeded_generator(self.seed, self.epoch, int(index), stream=ELASTIC_STREAM)
                 displacement = elastic_displacement(1, *x.shape[-2:], d.elastic_alpha, d.elastic_sigma, elastic)
             x = apply_affine(x.unsqueeze(0), theta, fill=BACKGROUND, displacement=displacement).squeeze(0)
         return x, int(self.labels[index])

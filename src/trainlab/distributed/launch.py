@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -286,8 +285,8 @@ def record_worker_error(line: str, code: int, peer: bool = False) -> bool:
         return False
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps({"message": line, "timestamp": int(time.time()),
-                                          "trainlab": {"line": line, "code": code, "peer": peer}}))
+        atomic_write_json(path, {"message": line, "timestamp": int(time.time()),   # the agent never reads half of it
+                                 "trainlab": {"line": line, "code": code, "peer": peer}})
     except OSError:
         return False
     return True

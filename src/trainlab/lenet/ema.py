@@ -30,10 +30,24 @@ class EMA:
             raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
         self.decay = decay
         self.updates = 0
-        self.source = model
         self.module = copy.deepcopy(model).eval()
         for p in self.module.parameters():
             p.requires_grad_(False)
+        self.source = model
+
+    @property
+    def source(self) -> nn.Module:
+        return self._source
+
+    @source.setter
+    def source(self, model: nn.Module) -> None:
+        # The state tensors are fixed objects (loading a state copies into them), so they are paired once
+        # here, not with two state_dict() walks per optimizer step.
+        self._source = model
+        pairs = list(zip(self.module.state_dict().values(), model.state_dict().values()))
+        self._averaged = [e for e, _ in pairs if e.dtype.is_floating_point]
+        self._live = [l for e, l in pairs if e.dtype.is_floating_point]
+        self._copied = [(e, l) for e, l in pairs if not e.dtype.is_floating_point]
 
     def current_decay(self) -> float:
         """d_t for the next update: the warm-up ramp, capped at `decay`."""
@@ -42,17 +56,8 @@ class EMA:
     @torch.no_grad()
     def update(self) -> None:
         """Move the average one step towards the live model (call after each optimizer step)."""
-        weight = 1.0 - self.current_decay()
-        averaged, live, copied_to, copied_from = [], [], [], []
-        for e, l in zip(self.module.state_dict().values(), self.source.state_dict().values()):
-            if e.dtype.is_floating_point:
-                averaged.append(e)
-                live.append(l.detach())
-            else:
-                copied_to.append(e)
-                copied_from.append(l)
-        torch._foreach_lerp_(averaged, live, weight)
-        for e, l in zip(copied_to, copied_from):
+        torch._foreach_lerp_(self._averaged, self._live, 1.0 - self.current_decay())
+        for e, l in self._copied:   # integer buffers (num_batches_tracked)
             e.copy_(l)
         self.updates += 1
 

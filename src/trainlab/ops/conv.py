@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.layer_args import check_conv2d, check_device, check_impl
+from trainlab.ops.layer_args import check_conv2d, check_device, check_impl, conv2d_output_hw
 from trainlab.ops.rungs import compiled_rung, prepare
 
 REDUCED = (torch.bfloat16, torch.float16)
@@ -46,7 +46,7 @@ def im2col(x: torch.Tensor, kh: int, kw: int, padding: tuple[int, int]) -> torch
     ph, pw = padding
     xpad = x.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
     xpad[:, :, ph:ph + h, pw:pw + w] = x
-    oh, ow = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
+    oh, ow = conv2d_output_hw(h, w, kh, kw, padding)
     cols = x.new_empty((n, c, kh, kw, oh, ow))
     for p in range(kh):
         for q in range(kw):
@@ -58,7 +58,7 @@ def col2im(cols: torch.Tensor, c: int, h: int, w: int, kh: int, kw: int, padding
     """The adjoint of im2col: [N, C*KH*KW, OH*OW] -> [N, C, H, W], overlapping patches summed."""
     n = cols.shape[0]
     ph, pw = padding
-    oh, ow = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
+    oh, ow = conv2d_output_hw(h, w, kh, kw, padding)
     cols = cols.reshape(n, c, kh, kw, oh, ow)
     xpad = cols.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
     for p in range(kh):
@@ -82,7 +82,7 @@ class Conv2dFunction(torch.autograd.Function):
         y = wc.reshape(oc, -1) @ cols                                # [N, OC, L]   (torch.matmul: BLAS)
         if bias is not None:
             y = y + _widen(bias).view(1, oc, 1)
-        oh, ow = x.shape[2] + 2 * padding[0] - kh + 1, x.shape[3] + 2 * padding[1] - kw + 1
+        oh, ow = conv2d_output_hw(x.shape[2], x.shape[3], kh, kw, padding)
         return y.reshape(x.shape[0], oc, oh, ow).to(x.dtype)
 
     @staticmethod

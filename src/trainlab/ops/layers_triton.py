@@ -29,13 +29,13 @@ Offsets into the batch dimension are computed in int64 (batch 4096 x 6 x 28 x 28
 """
 
 # No `from __future__ import annotations`: Triton reads `tl.constexpr` annotations as objects.
-import os
 from typing import Optional
 
 import torch
 
 from trainlab.errors import HardwareError
 from trainlab.ops import layer_autograd
+from trainlab.ops.gelu_triton import interpreter_enabled
 from trainlab.ops.layer_args import conv2d_output_hw, pool_index_dtype, pool_output_hw
 
 try:  # optional dependency: without it impl="triton" raises a HardwareError naming the fix
@@ -317,10 +317,6 @@ def aot_specs(dtype: str = "fp32") -> dict:
 
 # ---- mode, launch geometry ----------------------------------------------------------------------------
 
-def interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
-
-
 def _interpreted(t: torch.Tensor) -> bool:
     """True → run in Triton's interpreter, False → compile; HardwareError when neither can run."""
     if triton is None:
@@ -342,8 +338,10 @@ def _kernel(name: str, interpreted: bool):
             from triton.runtime.interpreter import InterpretedFunction
 
             _kernels[key] = InterpretedFunction(fn)
-        else:
-            _kernels[key] = triton.jit(fn)
+        else:   # never triton.jit: it follows TRITON_INTERPRET at wrap time and would interpret CUDA tensors
+            from triton.runtime.jit import JITFunction
+
+            _kernels[key] = JITFunction(fn)
     return _kernels[key]
 
 
