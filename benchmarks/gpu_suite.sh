@@ -37,7 +37,7 @@ if [ "$PART" = ops ]; then
   if [ "$DRY" = 1 ]; then
     step env 60 10 $PY -c "import sys, torch; print(sys.version); print('torch', torch.__version__, torch.version.cuda)"
     step pytest_gpu 90 20 $PY -m pytest -q -m gpu -p no:cacheprovider --co tests/test_ops_layers_cuda.py tests/test_ops_layers_triton.py tests/test_lenet_own_ops.py
-    step ops_check 90 20 $PY -m trainlab ops check --op max_pool2d --impl aten --impl python --dtype float32 --case batch1 --no-gelu --out "$WORK/ops_check"
+    step ops_check 90 20 $PY -m trainlab ops check --op max_pool2d --impl aten --impl python --dtype float32 --case batch1-overlap --no-gelu --out "$WORK/ops_check"
     step ops_bench 60 10 $PY -m trainlab ops bench --device cpu --quick --impl python --layer pool1 --out "$WORK/ops_bench"
     step profile 90 20 $PY -m trainlab profile --device cpu --ops aten --steps 2 --warmup 1 --train-subset 256 --batch-size 64 --out "$WORK/profile"
   else
@@ -57,7 +57,7 @@ if [ "$DRY" = 1 ]; then
   step env 60 10 $PY -c "import sys, torch; print(sys.version); print('torch', torch.__version__, torch.version.cuda)"
   step data 60 10 $PY -m trainlab data verify
   step pytest_gpu 90 20 $PY -m pytest -q -m gpu -p no:cacheprovider --co tests           # collect only on CPU
-  step gelu_check 60 10 sh -c "$PY -m trainlab gelu check --json --impl torch --impl python --impl cuda --dtype float32 --approximate none --n 256 > '$WORK/gelu_check.json'"
+  step gelu_check 60 10 sh -c "$PY -m trainlab gelu check --json --impl aten --impl python --impl cuda --dtype float32 --approximate none --n 256 > '$WORK/gelu_check.json'"
   step gelu_bench 60 10 $PY -m trainlab gelu bench --device cpu --sizes 1K --impl python --budget 0.01 --out "$WORK/gelu_bench"
   step lenet_train 90 15 $PY -m trainlab train --device cpu --epochs 1 --train-subset 2048 --test-subset 1024 --no-progress --overwrite --out "$WORK/lenet_run"
   step lenet_time_to_99 30 10 $PY benchmarks/lenet_time_to_99.py --help                 # trains to 99%: import check only

@@ -32,9 +32,9 @@ def load_ext(load):
 
 def load_gelu_ext():
     """The GELU extension (see `load_ext`)."""
-    from trainlab.ops import gelu_cpp
+    from trainlab.ops.gelu import load
 
-    return load_ext(gelu_cpp.load)
+    return load_ext(load)
 
 
 @pytest.fixture(scope="session")

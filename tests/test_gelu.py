@@ -91,13 +91,13 @@ def test_module_wraps_impl_and_reprs():
     x = _x(100)
     torch.testing.assert_close(m(x), F.gelu(x, approximate="tanh"))
     assert "python" in repr(m) and "tanh" in repr(m)
-    assert set(IMPLS) == {"torch", "python", "cpp", "triton", "cuda"}
+    assert set(IMPLS) == {"aten", "python", "cpp", "triton", "cuda"}
 
 
 # ---- bad input ---------------------------------------------------------------------------------
 
 def test_unknown_impl_lists_valid_names():
-    with pytest.raises(ConfigError, match="torch, python, cpp, triton, cuda"):
+    with pytest.raises(ConfigError, match="aten, python, cpp, triton, cuda"):
         gelu(torch.zeros(3), impl="fortran")
     with pytest.raises(ConfigError, match="choose one of"):
         GELU(impl="nope")
@@ -165,16 +165,19 @@ def test_check_json_contract_and_skipped_rows(capsys):
         # could not run: "skipped" with the reason, never reported as ok
         assert all(r["skipped"] and r["reason"] and r["ok"] is None and r["status"] == "skipped" for r in cuda)
         assert doc["skipped"] == len(cuda)
-        assert main(["gelu", "check", "--impl", "cuda", "--dtype", "float32", "--approximate", "none"]) == 0
-        table = capsys.readouterr().out
+        # a check in which nothing could run checked nothing: it fails, with the reason (issue 20)
+        assert main(["gelu", "check", "--impl", "cuda", "--dtype", "float32", "--approximate", "none"]) == 2
+        captured = capsys.readouterr()
+        table = captured.out
         assert "skipped: no CUDA GPU" in table and "0 rows that ran" in table and "1 skipped" in table
+        assert captured.err.strip().splitlines()[-1].startswith("trainlab: error: nothing was checked")
 
 
 def test_check_fails_with_nonzero_exit_when_a_row_is_out_of_tolerance(monkeypatch, capsys):
     from trainlab.ops import check
 
     # A tolerance no float32 kernel can meet: the row must fail and the exit code must say so.
-    monkeypatch.setitem(check.TOLERANCES, torch.float32, check.Tolerance(0.0, 0.0))
+    monkeypatch.setitem(check.TOLERANCES["elementwise"], torch.float32, check.Tolerance(0.0, 0.0))
     rc = main(["gelu", "check", "--json", "--impl", "python", "--dtype", "float32", "--approximate", "none", "--n", "256"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 1 and doc["ok"] is False and doc["rows"][0]["ok"] is False
@@ -192,7 +195,7 @@ def test_check_flags_a_wrong_backward(monkeypatch):
         return 0.5 * (1.0 + torch.erf(x * math_mod.SQRT1_2))
 
     monkeypatch.setattr(math_mod, "derivative", bad_derivative)
-    row = check.check_row("python", "none", torch.float64, n=128)
+    row = check.gelu_row("python", "none", torch.float64, n=128)
     assert row["ok"] is False and row["gradcheck"] is False and row["grad_max_abs_err"] > 0.1
 
 
@@ -213,12 +216,12 @@ def test_bench_json_rows_and_baseline(capsys):
     assert rc == 0 and doc["sizes"] == [1024, 4096]
     rows = doc["rows"]
     assert {(r["impl"], r["pass"], r["size"]) for r in rows} == {
-        (i, p, s) for i in ("torch", "python") for p in ("fwd", "fwd+bwd") for s in (1024, 4096)}
+        (i, p, s) for i in ("aten", "python") for p in ("fwd", "fwd+bwd") for s in (1024, 4096)}
     for r in rows:
         assert r["runs"] >= 5 and r["p10_s"] <= r["median_s"] <= r["p90_s"]
         elem_bytes = (2 if r["pass"] == "fwd" else 5) * r["size"] * 4
         assert r["gbps"] == pytest.approx(elem_bytes / r["median_s"] / 1e9)
-        if r["impl"] == "torch":
+        if r["impl"] == "aten":
             assert r["ratio_to_torch"] == 1.0
     if not torch.cuda.is_available():
         assert "triton" in doc["skipped"] and "cuda" in doc["skipped"]
@@ -238,7 +241,7 @@ def test_bench_survives_an_impl_that_fails(monkeypatch, capsys):
     """Any error of one impl (not only a UserError) is listed under `skipped`; the others are timed."""
     from trainlab.ops import bench
 
-    def flaky_gelu(x, impl="torch", approximate="none"):
+    def flaky_gelu(x, impl="aten", approximate="none"):
         if impl == "python":
             raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
         return gelu(x, impl=impl, approximate=approximate)
@@ -246,5 +249,5 @@ def test_bench_survives_an_impl_that_fails(monkeypatch, capsys):
     monkeypatch.setattr(bench, "gelu", flaky_gelu)
     rc = main(["gelu", "bench", "--json", "--sizes", "1K", "--impl", "python", "--budget", "0.01", "--device", "cpu"])
     doc = json.loads(capsys.readouterr().out)
-    assert rc == 0 and {r["impl"] for r in doc["rows"]} == {"torch"}
+    assert rc == 0 and {r["impl"] for r in doc["rows"]} == {"aten"}
     assert doc["skipped"]["python"] == "RuntimeError: CUDA error: an illegal memory access was encountered (at 1K elements)"

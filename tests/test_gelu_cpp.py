@@ -1,7 +1,7 @@
 """The C++ extension (CPU kernels, and the CUDA kernel on a GPU) against F.gelu and float64.
 
 The first test in a fresh cache JIT-compiles the extension (~30-60 s on 2 cores); later runs reuse
-the cached library (see trainlab.ops.gelu_cpp.cache_dir).
+the cached library (see trainlab.ops.build.cache_dir).
 """
 
 import math
@@ -140,7 +140,7 @@ def test_op_rejects_integer_input_with_dtype_in_message(ext):
 
 # Both C++ extensions (GELU and the LeNet layers) are built by the same kind of loader; each must
 # turn a missing compiler or a failed build into one line that names the fallback.
-LOADERS = ["gelu_cpp", "layers_cpp"]
+LOADERS = ["gelu", "layers_cpp"]
 
 
 @pytest.mark.parametrize("module", LOADERS)
@@ -148,7 +148,7 @@ def test_missing_compiler_is_one_clear_error(monkeypatch, module):
     import importlib
 
     loader = importlib.import_module(f"trainlab.ops.{module}")
-    monkeypatch.setattr(loader, "_loaded", None)
+    monkeypatch.setattr(loader.EXTENSION, "loaded", None)
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     with pytest.raises(HardwareError, match=r"no C\+\+ compiler.*impl='python'"):
         loader.load()
@@ -165,7 +165,7 @@ def test_build_failure_is_one_clear_error(monkeypatch, tmp_path, module):
     def failing_load(**kwargs):
         raise RuntimeError("Error building extension 'x':\nfoo.cpp:1:1: error: expected unqualified-id\nninja: build stopped")
 
-    monkeypatch.setattr(loader, "_loaded", None)
+    monkeypatch.setattr(loader.EXTENSION, "loaded", None)
     monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(cpp_extension, "load", failing_load)
     with pytest.raises(HardwareError, match=r"failed \(foo.cpp:1:1: error: expected unqualified-id\).*impl='python'") as e:
@@ -177,12 +177,14 @@ def test_build_failure_is_one_clear_error(monkeypatch, tmp_path, module):
 def test_failed_build_fails_gpu_tests_instead_of_skipping(monkeypatch):
     from conftest import load_gelu_ext
 
-    from trainlab.ops import gelu_cpp
+    import importlib
+
+    gelu_module = importlib.import_module("trainlab.ops.gelu")
 
     def broken():
         raise HardwareError("impl='cpp': building the C++ GELU extension failed (nvcc: error)")
 
-    monkeypatch.setattr(gelu_cpp, "load", broken)
+    monkeypatch.setattr(gelu_module, "load", broken)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(HardwareError, match="building"):
         load_gelu_ext()
@@ -192,7 +194,7 @@ def test_failed_build_fails_gpu_tests_instead_of_skipping(monkeypatch):
 
 
 def test_cache_dir_honours_trainlab_cache(monkeypatch, tmp_path):
-    from trainlab.ops.gelu_cpp import cache_dir
+    from trainlab.ops.build import cache_dir
 
     monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path))
     assert cache_dir().parent == tmp_path / "torch_extensions"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trainlab.ops.gelu_cpp import CSRC
+from trainlab.ops.build import CSRC
 from trainlab.ops.kernel_check import (ARCHS, cuda_include_dir, demangle, find_nvcc, find_tool, nvcc_ptx, nvcc_sass,
                                        ptx_entries, sass_functions, sass_vector_widths, vector_widths)
 

@@ -332,6 +332,17 @@ CASES = [
     Case("ops-bench-batch-garbage", "ops bench --batch 2x", r"--batch '2x': expected comma-separated integers"),
     Case("ops-bench-budget-nan", "ops bench --budget nan", r"--budget nan: expected a finite number > 0"),
     Case("ops-bench-threads-zero", "ops bench --threads 0", r"--threads 0: expected an integer >= 1"),
+    Case("ops-check-case-unknown", "ops check --case lenet-conv9", r"--case 'lenet-conv9': choose from elementwise, lenet-conv1"),
+    Case("ops-check-op-unknown", "ops check --op conv3d", r"--op 'conv3d': unknown operator; choose from gelu, conv2d"),
+    Case("ops-check-op-list-unknown", "ops check --op relu,tanh", r"--op 'tanh': unknown operator"),
+    Case("ops-bench-op-unknown", "ops bench --op conv3d", r"--op 'conv3d': unknown operator"),
+    Case("ops-check-impl-unknown", "ops check --impl fortran", r"--impl 'fortran': unknown implementation"),
+    # A check in which every requested row was skipped checked nothing: a failure naming why, never "ok".
+    *([Case("gelu-check-nothing-runs", "gelu check --impl cuda --dtype float32 --approximate none",
+            r"nothing was checked: every requested row was skipped \(cuda: no CUDA GPU"),
+       Case("ops-check-nothing-runs", "ops check --op relu --impl cuda --case nan-inf-zero",
+            r"nothing was checked: every requested row was skipped \(cuda: no CUDA GPU")]
+      if not torch.cuda.is_available() else []),
     Case("profile-steps-zero", "profile --steps 0 --out {ws}/p", r"--steps 0: expected an integer >= 1"),
     Case("profile-variant-twice", "profile --ops own --ops own --out {ws}/p", r"--ops own own: each variant once"),
     Case("profile-own-act", "profile --ops own --act tanh --out {ws}/p", r"--act must be one of relu, gelu, gelu-tanh"),

@@ -160,10 +160,10 @@ def test_ops_check_cli_subset_passes_and_writes_results(tmp_path, capsys):
 
 
 def test_ops_check_exit_code_is_nonzero_when_a_row_fails(monkeypatch, capsys):
-    from trainlab.ops import layers_check
+    from trainlab.ops import check
 
-    real = layers_check.check_row
-    monkeypatch.setattr(layers_check, "check_row", lambda *a, **k: {**real(*a, **k), "ok": False, "reason": "forced"})
+    real = check.check_row
+    monkeypatch.setattr(check, "check_row", lambda *a, **k: {**real(*a, **k), "ok": False, "reason": "forced"})
     assert main(["ops", "check", "--op", "relu", "--impl", "cpp", "--case", "nan-inf-zero", "--dtype", "float32",
                  "--no-gelu"]) == 1
     assert "FAILED relu/nan-inf-zero/cpp/float32: forced" in capsys.readouterr().out

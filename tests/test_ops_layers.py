@@ -16,14 +16,14 @@ import torch.nn.functional as F
 
 from conftest import load_ext
 from trainlab.errors import ConfigError, HardwareError, UserError
-from trainlab.ops import layers_check
+from trainlab.ops import check
 from trainlab.ops.conv import Conv2d, conv2d
 from trainlab.ops.layer_args import OpInputError
 from trainlab.ops.linear import Linear, linear
 from trainlab.ops.pool import MaxPool2d, max_pool2d
 from trainlab.ops.relu import ReLU, relu
 
-ALL_CASES = [case for cases in layers_check.CASES.values() for case in cases]
+ALL_CASES = [case for cases in check.CASES.values() for case in cases]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def ext():
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: f"{c.op}-{c.name}")
 @pytest.mark.parametrize("impl", ["python", "cpp"])
 def test_rung_matches_aten_within_tolerance(ext, impl, case, dtype):
-    row = layers_check.check_row(case, impl, dtype, batch=4)
+    row = check.check_row(case, impl, dtype, batch=4)
     assert row["ok"], row
     assert row["worst_ratio_to_tol"] <= 1.0
     if case.op == "relu" or (case.op == "max_pool2d" and case.name in ("lenet-pool1", "lenet-pool2", "strided-input",
@@ -57,14 +57,14 @@ def test_tolerance_catches_a_wrong_kernel(ext, monkeypatch):
         return dx, dw, None if db is None else db * 0.5, none
 
     monkeypatch.setattr(conv.Conv2dFunction, "backward", staticmethod(broken))
-    row = layers_check.check_row(layers_check.CASES["conv2d"][0], "python", torch.float32, batch=2)
+    row = check.check_row(check.CASES["conv2d"][0], "python", torch.float32, batch=2)
     assert not row["ok"] and row["worst_ratio_to_tol"] > 100
 
 
-@pytest.mark.parametrize("op", layers_check.OPS)
+@pytest.mark.parametrize("op", tuple(check.LAYER_OPS))
 @pytest.mark.parametrize("impl", ["python", "cpp"])
 def test_gradcheck_and_opcheck(ext, op, impl):
-    row = layers_check.autograd_row(op, impl)
+    row = check.autograd_row(op, impl)
     assert row["gradcheck"] is True, row
     assert row["opcheck"] is (True if impl == "cpp" else None), row
 
@@ -90,8 +90,8 @@ def test_pool_saves_one_byte_per_output(ext):
 def test_conv_batch_beyond_one_chunk_matches_aten(ext):
     # More samples than one cache-sized chunk (17 forward, 15 weight-gradient for conv2): the chunk
     # loop, the last partial chunk and the weight gradient accumulated across chunks, at tolerance.
-    case = layers_check.CASES["conv2d"][1]   # lenet-conv2
-    row = layers_check.check_row(case, "cpp", torch.float32, batch=70)
+    case = check.CASES["conv2d"][1]   # lenet-conv2
+    row = check.check_row(case, "cpp", torch.float32, batch=70)
     assert row["ok"] and row["worst_ratio_to_tol"] < 0.5, row
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainlab.ops import layers_check
+from trainlab.ops import check
 from trainlab.ops.kernel_check import ARCHS, cuda_include_dir, find_nvcc, nvcc_ptx, vector_widths
 
 CSRC = Path(__file__).resolve().parent.parent / "src" / "trainlab" / "ops" / "csrc"
@@ -75,16 +75,16 @@ def test_aten_glue_compiles_against_torch_headers(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("case", [c for cases in layers_check.CASES.values() for c in cases], ids=lambda c: f"{c.op}-{c.name}")
+@pytest.mark.parametrize("case", [c for cases in check.CASES.values() for c in cases], ids=lambda c: f"{c.op}-{c.name}")
 def test_cuda_rung_matches_aten(case, dtype):
-    row = layers_check.check_row(case, "cuda", dtype, batch=64)
+    row = check.check_row(case, "cuda", dtype, batch=64)
     assert row["ok"] and row["device"].startswith("cuda"), row
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", layers_check.OPS)
+@pytest.mark.parametrize("op", tuple(check.LAYER_OPS))
 def test_cuda_gradcheck_and_opcheck(op):
-    row = layers_check.autograd_row(op, "cuda")
+    row = check.autograd_row(op, "cuda")
     assert row["gradcheck"] is True and row["opcheck"] is True, row
 
 

@@ -9,12 +9,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from trainlab.ops import layers_check  # noqa: E402
+from trainlab.ops import check  # noqa: E402
 from trainlab.ops.kernel_check import ARCHS, triton_ptx  # noqa: E402
 
 # Small shapes: the interpreter runs each program instance in NumPy.
-CASES = [c for c in (layers_check.CASES["conv2d"][1:4] + layers_check.CASES["max_pool2d"][2:]
-                     + layers_check.CASES["linear"][2:] + layers_check.CASES["relu"][1:])]
+CASES = [c for c in (check.CASES["conv2d"][1:4] + check.CASES["max_pool2d"][2:]
+                     + check.CASES["linear"][2:] + check.CASES["relu"][1:])]
 
 
 @pytest.fixture
@@ -26,19 +26,19 @@ def interpret(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.op}-{c.name}")
 def test_triton_matches_aten_within_tolerance(interpret, case, dtype):
-    row = layers_check.check_row(case, "triton", dtype, batch=2)
+    row = check.check_row(case, "triton", dtype, batch=2)
     assert row["ok"], row
 
 
 def test_lenet_conv1_shape_with_split_k(interpret):
     # LeNet's first layer (padding 2, one input channel), batch 2: 1568 output pixels.
-    row = layers_check.check_row(layers_check.CASES["conv2d"][0], "triton", torch.float32, batch=2)
+    row = check.check_row(check.CASES["conv2d"][0], "triton", torch.float32, batch=2)
     assert row["ok"], row
 
 
-@pytest.mark.parametrize("op", layers_check.OPS)
+@pytest.mark.parametrize("op", tuple(check.LAYER_OPS))
 def test_gradcheck_and_opcheck(interpret, op):
-    row = layers_check.autograd_row(op, "triton")
+    row = check.autograd_row(op, "triton")
     assert row["gradcheck"] is True and row["opcheck"] is True, row["reason"]
 
 
@@ -100,7 +100,7 @@ def test_bf16_gemms_use_tensor_cores_and_fp32_does_not(ptx):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("case", [c for cases in layers_check.CASES.values() for c in cases], ids=lambda c: f"{c.op}-{c.name}")
+@pytest.mark.parametrize("case", [c for cases in check.CASES.values() for c in cases], ids=lambda c: f"{c.op}-{c.name}")
 def test_compiled_kernels_match_aten_on_gpu(case, dtype):
-    row = layers_check.check_row(case, "triton", dtype, batch=64)
+    row = check.check_row(case, "triton", dtype, batch=64)
     assert row["ok"] and row["mode"] == "compiled", row

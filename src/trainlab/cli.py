@@ -30,8 +30,7 @@ from trainlab.errors import UserError
 COMMAND_MODULES = (
     "trainlab.lenet.cli",      # train, eval, sweep, dp
     "trainlab.data.cli",       # data
-    "trainlab.ops.cli",        # gelu
-    "trainlab.ops.layers_cli", # ops (conv2d, max_pool2d, linear, relu)
+    "trainlab.ops.cli",        # ops, and its alias gelu
     "trainlab.gpt.cli",        # gpt
     "trainlab.report.cli",     # report
 )

@@ -1,9 +1,10 @@
-"""Summaries of repeated timings: medians with spread, never a single lucky number."""
+"""Repeated timings, taken interleaved, and their summaries: medians with spread, never a single lucky number."""
 
 from __future__ import annotations
 
 import statistics
-from typing import Sequence
+import time
+from typing import Callable, Sequence
 
 
 def summarize(samples: Sequence[float]) -> dict:
@@ -28,3 +29,39 @@ def format_spread(s: dict, scale: float = 1.0, unit: str = "") -> str:
     if not s or s.get("median") is None:
         return "n/a"
     return f"{s['median'] * scale:.3g}{unit} [{s['p10'] * scale:.3g}–{s['p90'] * scale:.3g}]"
+
+
+def time_interleaved(fns: dict[str, Callable | Sequence[Callable]], warmup: int = 3, min_runs: int = 5,
+                     max_runs: int = 200, budget_s: float = 0.5, sync: Callable[[], None] = lambda: None,
+                     rounds: int | None = None, on_round: Callable[[int], None] | None = None) -> dict:
+    """Wall time of each entry of `fns`, taken round-robin — run 1 of every entry, then run 2, … — so
+    that a change in machine load hits all of them alike: on a shared machine this matters more than
+    the number of runs. Warm-up runs are excluded.
+
+    An entry is one callable or a sequence of phases run back to back in one run (e.g. a forward and
+    its backward), each timed on its own; `sync` is called around every timed phase (a device
+    synchronize, so queued GPU work is counted). Runs go on until `rounds` (when given), else until
+    at least `min_runs` and the budget (`budget_s` per entry) are spent, at most `max_runs`.
+    Returns {name: summarize(samples)}, or a list of summaries (one per phase) for a sequence."""
+    phases = {k: (list(v) if isinstance(v, (list, tuple)) else [v]) for k, v in fns.items()}
+    samples: dict[str, list[list[float]]] = {k: [[] for _ in p] for k, p in phases.items()}
+    for steps in phases.values():
+        for _ in range(warmup):
+            for step in steps:
+                step()
+    sync()
+    start, runs = time.perf_counter(), 0
+    while (runs < rounds if rounds is not None else
+           runs < max_runs and (runs < min_runs or time.perf_counter() - start < budget_s * len(fns))):
+        for name, steps in phases.items():
+            for i, step in enumerate(steps):
+                sync()
+                t0 = time.perf_counter()
+                step()
+                sync()
+                samples[name][i].append(time.perf_counter() - t0)
+        runs += 1
+        if on_round:
+            on_round(runs)
+    return {k: [summarize(s) for s in v] if isinstance(fns[k], (list, tuple)) else summarize(v[0])
+            for k, v in samples.items()}

@@ -29,7 +29,7 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "silu": nn.SiLU,
     "gelu": nn.GELU,                      # F.gelu, the reference
     "gelu-tanh": lambda: nn.GELU(approximate="tanh"),
-    "gelu-torch": _gelu_impl("torch"),
+    "gelu-torch": _gelu_impl("aten"),      # the aten rung through GELU(); the name predates "aten"
     "gelu-python": _gelu_impl("python"),
     "gelu-cpp": _gelu_impl("cpp"),
     "gelu-triton": _gelu_impl("triton"),

@@ -1,36 +1,53 @@
-"""`trainlab gelu bench`: time every GELU implementation next to F.gelu, llm.c style.
+"""`trainlab ops bench` (and its alias `trainlab gelu bench`): time every rung next to the aten rung, llm.c style.
 
-For each size, impl and pass (forward; forward+backward) the harness reports the median and the
-p10–p90 spread of many synchronized runs (warm-up runs excluded), the effective bandwidth and the
-ratio to F.gelu. Effective bandwidth counts the bytes a fused kernel must move: forward reads x and
-writes y (2 N bytes-per-element), backward reads grad and x and writes dx (3 N), so forward+backward
-is 5 N. On a GPU the measured device copy bandwidth (y.copy_(x), 2 N) is reported as the ceiling.
+Every measurement goes through one timer, `trainlab.stats.time_interleaved`: the rungs take turns
+run by run (run 1 of every rung, then run 2, …), so a change in machine load hits all of them
+alike; the tables report the median, the p10–p90 spread and the ratio of medians to aten. Warm-up
+runs are excluded, and each rung runs once at full size before timing (build, JIT, import).
 
-The `python` impl is timed like the others — its cost (several unfused passes over memory) is the
-point of the comparison. Triton on CPU only runs under the interpreter, whose speed means nothing,
-so it is benchmarked only on a GPU. On CUDA tensors `cpp` is not timed: the registered op
-`trainlab::gelu_fwd` dispatches CUDA tensors to the same kernel as `cuda`, so its row would be a
-second copy of that one. An impl that cannot run (not built, not installed, out of memory at a size)
-is listed under `skipped` with the error, and the others are still timed.
+GELU: for each size, rung and pass (forward; forward+backward) the effective bandwidth counts the
+bytes a fused kernel must move: forward reads x and writes y (2 N element-bytes), backward reads
+grad and x and writes dx (3 N), so forward+backward is 5 N. On a GPU the measured device copy
+bandwidth (y.copy_(x), 2 N) is reported as the ceiling.
+
+Layers: every layer of LeNet-5 (conv1 … fc3 and the activations between them, at its real shape),
+for every batch size, its forward and — separately, in the same run — its backward (the gradients
+training needs: conv1's input is data and gets none).
+
+The `python` rung is timed like the others: its cost (several unfused passes over memory) is the
+lesson. Triton on a CPU only runs under the interpreter, whose speed means nothing, so `triton` is
+timed only on a GPU. On CUDA tensors `cpp` is not timed: the registered ops dispatch CUDA tensors
+to the same kernels as `cuda`, so its row would be a second copy of that one. On a GPU the layer
+bench also times `cuda-atomic`, the naive atomicAdd pool backward, next to the gather kernel. A
+rung that cannot run (not built, not installed, out of memory at a size) is listed under `skipped`
+with the error, and the others are still timed.
 """
 
 from __future__ import annotations
 
 import re
-import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from trainlab.device import synchronize
 from trainlab.errors import ConfigError, UserError
+from trainlab.ops.conv import conv2d
 from trainlab.ops.gelu import APPROXIMATIONS, gelu
-from trainlab.stats import summarize
+from trainlab.ops.ladder import DTYPES, IMPLS, canonical_impls
+from trainlab.ops.linear import linear
+from trainlab.ops.pool import max_pool2d
+from trainlab.ops.relu import relu
+from trainlab.stats import time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
 DEFAULT_SIZES = [2**10, 2**14, 2**18, 2**20, 2**22, 2**24, 2**26]   # 1K … 64M elements
 QUICK_SIZES = [2**10, 2**16, 2**20]
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+DEFAULT_BATCHES = (256, 4096)
+CPP_ON_CUDA = ("on CUDA tensors impl='cpp' dispatches to the same CUDA kernel as impl='cuda' "
+               "(the op's CUDA key): timed once, as 'cuda'")
 
 
 def parse_size(text: str) -> int:
@@ -51,123 +68,100 @@ def format_size(n: int) -> str:
     return str(n)
 
 
-def _time_interleaved(fns: dict, device, warmup: int, min_runs: int, max_runs: int, budget_s: float) -> dict:
-    """Synchronized wall time of each fn in `fns`, taken round-robin (run 1 of every fn, then run 2…)
-    so that a change in machine load hits all impls alike — on a shared CPU this matters more than
-    the number of runs. Warm-up runs are excluded. Returns {name: summarize(samples)}."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    synchronize(device)
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    start = time.perf_counter()
-    runs = 0
-    while runs < max_runs and (runs < min_runs or time.perf_counter() - start < budget_s * len(fns)):
-        for name, fn in fns.items():
-            synchronize(device)
-            t0 = time.perf_counter()
-            fn()
-            synchronize(device)
-            samples[name].append(time.perf_counter() - t0)
-        runs += 1
-    return {k: summarize(v) for k, v in samples.items()}
-
-
-CPP_ON_CUDA = ("on CUDA tensors impl='cpp' dispatches to the same CUDA kernel as impl='cuda' "
-               "(trainlab::gelu_fwd's CUDA key): timed once, as 'cuda'")
-
-
 def available_impls(device: torch.device) -> tuple[list[str], dict]:
-    """Impls to time on `device`, and {impl: reason} for those skipped."""
-    skipped = {}
-    impls = ["torch", "python"]
+    """Rungs to time on `device`, and {rung: why not} for the others."""
     if device.type == "cuda":
-        impls += ["cuda"]
-        skipped["cpp"] = CPP_ON_CUDA
+        impls, skipped = ["aten", "python", "cuda"], {"cpp": CPP_ON_CUDA}
         try:
             import triton  # noqa: F401
             impls.append("triton")
         except ImportError:
             skipped["triton"] = "triton not installed"
-    else:
-        impls += ["cpp"]
-        skipped["triton"] = "CPU: Triton only runs interpreted here; interpreter speed is meaningless"
-        skipped["cuda"] = "no CUDA GPU"
+        return impls, skipped
+    return ["aten", "python", "cpp"], {"triton": "CPU: Triton only runs interpreted here; interpreter speed is meaningless",
+                                       "cuda": "no CUDA GPU"}
+
+
+def _impls(requested, device: torch.device, extra: tuple[str, ...] = ()) -> tuple[list[str], dict]:
+    """The rungs to time (aten first: the baseline every ratio is taken against) and the skipped ones."""
+    default, skipped = available_impls(device)
+    impls = canonical_impls(requested, extra=extra) or default + list(extra if device.type == "cuda" else ())
+    if "aten" not in impls:
+        impls.insert(0, "aten")
+    if device.type == "cuda" and "cpp" in impls:
+        impls.remove("cpp")
+        skipped["cpp"] = CPP_ON_CUDA
     return impls, skipped
 
 
 def _error_line(e: BaseException) -> str:
+    if isinstance(e, UserError):
+        return str(e)
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
 
 
-def run_bench(sizes=None, impls=None, dtype: str = "float32", approximate: str = "none",
-              device: str | torch.device = "cpu", warmup: int = 3, min_runs: int = 5, max_runs: int = 200,
-              budget_s: float = 0.5, progress=None) -> dict:
-    """Time forward and forward+backward for each impl and size. Returns a JSON-able dict."""
-    if dtype not in _DTYPES:
-        raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(_DTYPES)}")
+# ---- GELU: sizes x rungs x (fwd, fwd+bwd) ---------------------------------------------------------------
+
+def run_gelu_bench(sizes=None, impls=None, dtype: str = "float32", approximate: str = "none",
+                   device: str | torch.device = "cpu", warmup: int = 3, min_runs: int = 5, max_runs: int = 200,
+                   budget_s: float = 0.5, progress=None) -> dict:
+    """Time forward and forward+backward for each rung and size. Returns a JSON-able dict."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if approximate not in APPROXIMATIONS:
         raise ConfigError(f"--approximate {approximate!r}: choose one of {', '.join(APPROXIMATIONS)}")
     device = torch.device(device)
     sizes = list(sizes or DEFAULT_SIZES)
-    default_impls, skipped = available_impls(device)
-    impls = list(impls or default_impls)
-    if "torch" not in impls:
-        impls.insert(0, "torch")   # the baseline every ratio is taken against
-    if device.type == "cuda" and "cpp" in impls:
-        impls.remove("cpp")
-        skipped["cpp"] = CPP_ON_CUDA
-    dt = _DTYPES[dtype]
+    impls, skipped = _impls(impls, device)
+    dt = DTYPES[dtype]
     elem = torch.finfo(dt).bits // 8
-    rows = []
-    copy_gbps = {}
+    sync = lambda: synchronize(device)  # noqa: E731
+    timing = dict(warmup=warmup, min_runs=min_runs, max_runs=max_runs, budget_s=budget_s, sync=sync)
+    rows, copy_gbps = [], {}
     for n in sizes:
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(n, generator=gen).to(dt).to(device)
         g = torch.randn(n, generator=gen).to(dt).to(device)
         if device.type == "cuda":
             out = torch.empty_like(x)
-            s = _time_interleaved({"copy": lambda: out.copy_(x)}, device, warmup, min_runs, max_runs, budget_s)["copy"]
+            s = time_interleaved({"copy": lambda: out.copy_(x)}, **timing)["copy"]
             copy_gbps[n] = 2 * n * elem / s["median"] / 1e9
             del out
-        runnable = []
         xr = {}
         for impl in impls:
-            if impl in skipped and impl != "torch":
+            if impl in skipped and impl != "aten":
                 continue   # failed at an earlier size
             try:   # build / JIT / import, and one full-size forward+backward, outside the timing
                 xr[impl] = x.detach().clone().requires_grad_()
                 gelu(xr[impl], impl=impl, approximate=approximate).backward(g)
-                synchronize(device)
-                runnable.append(impl)
+                sync()
             except Exception as e:   # unavailable here, or failing at this size: report, time the rest
-                if impl == "torch":
+                if impl == "aten":
                     raise
                 xr.pop(impl, None)
-                skipped[impl] = (str(e) if isinstance(e, UserError) else _error_line(e)) + f" (at {format_size(n)} elements)"
+                skipped[impl] = _error_line(e) + f" (at {format_size(n)} elements)"
 
-        def make_fwd(impl):
-            def fwd():
+        def fwd(impl):
+            def run():
                 with torch.no_grad():
                     gelu(x, impl=impl, approximate=approximate)
-            return fwd
+            return run
 
-        def make_fwd_bwd(impl):
-            def fwd_bwd():
+        def fwd_bwd(impl):
+            def run():
                 xr[impl].grad = None
                 gelu(xr[impl], impl=impl, approximate=approximate).backward(g)
-            return fwd_bwd
+            return run
 
-        for pass_name, maker, nbytes in (("fwd", make_fwd, 2 * n * elem), ("fwd+bwd", make_fwd_bwd, 5 * n * elem)):
-            stats = _time_interleaved({impl: maker(impl) for impl in runnable}, device, warmup, min_runs, max_runs, budget_s)
-            base = stats["torch"]["median"]
-            for impl in runnable:
-                st = stats[impl]
+        for pass_name, maker, nbytes in (("fwd", fwd, 2 * n * elem), ("fwd+bwd", fwd_bwd, 5 * n * elem)):
+            stats = time_interleaved({impl: maker(impl) for impl in xr}, **timing)
+            base = stats["aten"]["median"]
+            for impl, st in stats.items():
                 row = {"size": n, "impl": impl, "pass": pass_name, "dtype": dtype, "approximate": approximate,
                        "median_s": st["median"], "p10_s": st["p10"], "p90_s": st["p90"], "runs": st["n"],
                        "gbps": nbytes / st["median"] / 1e9,
-                       "ratio_to_torch": st["median"] / base,
+                       "ratio_to_torch": st["median"] / base,   # to aten (F.gelu); the key the reports read
                        "copy_gbps": copy_gbps.get(n),
                        "pct_of_copy_bw": (nbytes / st["median"] / 1e9) / copy_gbps[n] if n in copy_gbps else None}
                 rows.append(row)
@@ -179,7 +173,7 @@ def run_bench(sizes=None, impls=None, dtype: str = "float32", approximate: str =
             "bytes_model": "fwd 2N, fwd+bwd 5N element-bytes (fused kernel minimum)"}
 
 
-def format_table(result: dict) -> str:
+def format_gelu_table(result: dict) -> str:
     head = f"{'size':>6}  {'impl':<7} {'pass':<8} {'median':>10}  {'p10–p90':>21}  {'GB/s':>7}  {'x F.gelu':>8}"
     if result["device"].startswith("cuda"):
         head += f"  {'% copy':>6}"
@@ -192,15 +186,185 @@ def format_table(result: dict) -> str:
         if r["pct_of_copy_bw"] is not None:
             line += f"  {100 * r['pct_of_copy_bw']:>5.0f}%"
         lines.append(line)
-    for impl, why in result["skipped"].items():
-        lines.append(f"skipped {impl}: {why}")
-    return "\n".join(lines)
+    return "\n".join(lines + [f"skipped {impl}: {why}" for impl, why in result["skipped"].items()])
+
+
+# ---- layers: LeNet-5's layers x batch sizes x rungs, forward and backward ----------------------------
+
+@dataclass(frozen=True)
+class Layer:
+    """A LeNet-5 layer at batch `b`: `inputs(b, gen)` makes its tensors, `run(t, impl)` its forward."""
+
+    name: str
+    op: str
+    inputs: Callable
+    run: Callable
+    input_needs_grad: bool = True
+
+
+def _conv(name, c, h, oc, pad, first=False):
+    def inputs(b, gen):
+        return {"x": torch.randn(b, c, h, h, generator=gen), "weight": torch.randn(oc, c, 5, 5, generator=gen) * 0.2,
+                "bias": torch.randn(oc, generator=gen)}
+    return Layer(name, "conv2d", inputs, lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], pad, impl=impl),
+                 input_needs_grad=not first)
+
+
+def _pool(name, c, h):
+    return Layer(name, "max_pool2d", lambda b, gen: {"x": torch.randn(b, c, h, h, generator=gen)},
+                 lambda t, impl: max_pool2d(t["x"], 2, impl=impl))
+
+
+def _relu(name, *shape):
+    return Layer(name, "relu", lambda b, gen: {"x": torch.randn(b, *shape, generator=gen)},
+                 lambda t, impl: relu(t["x"], impl=impl))
+
+
+def _fc(name, fin, fout):
+    def inputs(b, gen):
+        return {"x": torch.randn(b, fin, generator=gen), "weight": torch.randn(fout, fin, generator=gen) * 0.05,
+                "bias": torch.randn(fout, generator=gen)}
+    return Layer(name, "linear", inputs, lambda t, impl: linear(t["x"], t["weight"], t["bias"], impl=impl))
+
+
+LAYERS = (
+    _conv("conv1", 1, 28, 6, 2, first=True), _relu("relu1", 6, 28, 28), _pool("pool1", 6, 28),
+    _conv("conv2", 6, 14, 16, 0), _relu("relu2", 16, 10, 10), _pool("pool2", 16, 10),
+    _fc("fc1", 400, 120), _relu("relu3", 120), _fc("fc2", 120, 84), _relu("relu4", 84), _fc("fc3", 84, 10),
+)
+LAYER_NAMES = tuple(layer.name for layer in LAYERS)
+
+
+class _AtomicPool(torch.autograd.Function):
+    """LeNet's 2x2 pool with the CUDA-only naive backward (one thread per output, atomicAdd into a
+    zeroed dx): the "before" of the gather kernel, timed next to it on a GPU."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out, idx = torch.ops.trainlab.max_pool2d_fwd(x, [2, 2], [2, 2], [0, 0])
+        ctx.save_for_backward(idx)
+        ctx.hw = list(x.shape[2:])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (idx,) = ctx.saved_tensors
+        return torch.ops.trainlab.max_pool2d_bwd_atomic(grad, idx, ctx.hw, [2, 2], [2, 2], [0, 0])
+
+
+def _call(layer: Layer, tensors: dict, impl: str):
+    if impl == "cuda-atomic":
+        return _AtomicPool.apply(tensors["x"]) if layer.op == "max_pool2d" else None
+    return layer.run(tensors, impl)
+
+
+def _time_layer(layer: Layer, batch: int, impls: list[str], device: torch.device, skipped: dict, **timing) -> dict:
+    """{impl: [fwd summary, bwd summary]}, the rungs interleaved run by run."""
+    gen = torch.Generator().manual_seed(0)
+    base = {k: v.to(device) for k, v in layer.inputs(batch, gen).items()}
+    phases = {}
+    for impl in impls:
+        tensors = {k: v.detach().clone().requires_grad_(k != "x" or layer.input_needs_grad) for k, v in base.items()}
+        try:
+            out = _call(layer, tensors, impl)   # builds / compiles / imports outside the timing
+        except UserError as e:
+            skipped[impl] = str(e)
+            continue
+        if out is None:
+            continue
+        state = {"dy": torch.randn(out.shape, generator=gen).to(device)}
+
+        def forward(impl=impl, tensors=tensors, state=state):
+            state["out"] = _call(layer, tensors, impl)
+
+        def backward(tensors=tensors, state=state):
+            torch.autograd.grad(state.pop("out"), [t for t in tensors.values() if t.requires_grad], state["dy"])
+
+        phases[impl] = (forward, backward)
+    return time_interleaved(phases, sync=lambda: synchronize(device), **timing)
+
+
+def run_layer_bench(batches=DEFAULT_BATCHES, impls=None, layers=None, device: str | torch.device = "cpu",
+                    warmup: int = 2, min_runs: int = 5, max_runs: int = 200, budget_s: float = 1.0,
+                    progress=None) -> dict:
+    """Time every layer's forward and backward for each rung and batch. Returns a JSON-able dict."""
+    device = torch.device(device)
+    impls, skipped = _impls(impls, device, extra=("cuda-atomic",))
+    if "cuda-atomic" in impls:
+        from trainlab.ops.layers_cpp import EXTENSION
+
+        EXTENSION.require_cuda()
+    unknown = set(layers or ()) - set(LAYER_NAMES)
+    if unknown:
+        raise ConfigError(f"--layer {sorted(unknown)[0]!r}: choose from {', '.join(LAYER_NAMES)}")
+    if any(b < 1 for b in batches):
+        raise ConfigError(f"--batch {','.join(map(str, batches))}: batch sizes must be positive")
+    chosen = [layer for layer in LAYERS if not layers or layer.name in layers]
+    rows = []
+    for batch in batches:
+        for layer in chosen:
+            stats = _time_layer(layer, batch, impls, device, skipped, warmup=warmup, min_runs=min_runs,
+                                max_runs=max_runs, budget_s=budget_s)
+            base = stats["aten"]
+            for impl, (fwd, bwd) in stats.items():
+                row = {"layer": layer.name, "op": layer.op, "batch": batch, "impl": impl,
+                       "fwd_median_s": fwd["median"], "fwd_p10_s": fwd["p10"], "fwd_p90_s": fwd["p90"],
+                       "bwd_median_s": bwd["median"], "bwd_p10_s": bwd["p10"], "bwd_p90_s": bwd["p90"],
+                       "runs": fwd["n"], "fwd_ratio_to_aten": fwd["median"] / base[0]["median"],
+                       "bwd_ratio_to_aten": bwd["median"] / base[1]["median"],
+                       "total_ratio_to_aten": (fwd["median"] + bwd["median"]) / (base[0]["median"] + base[1]["median"])}
+                rows.append(row)
+                if progress:
+                    progress(row)
+    return {"device": str(device), "torch_threads": torch.get_num_threads(), "batches": list(batches),
+            "impls": impls, "layers": [layer.name for layer in chosen], "skipped": skipped, "rows": rows,
+            "totals": _totals(rows)}
+
+
+def _totals(rows: list[dict]) -> list[dict]:
+    """Per batch and rung, the sum of the layers' medians: a LeNet-5 step's layer time."""
+    out = {}
+    for r in rows:
+        t = out.setdefault((r["batch"], r["impl"]), {"batch": r["batch"], "impl": r["impl"], "fwd_s": 0.0, "bwd_s": 0.0})
+        t["fwd_s"] += r["fwd_median_s"]
+        t["bwd_s"] += r["bwd_median_s"]
+    for t in out.values():
+        base = out.get((t["batch"], "aten"))
+        t["ratio_to_aten"] = (t["fwd_s"] + t["bwd_s"]) / (base["fwd_s"] + base["bwd_s"]) if base else None
+    return list(out.values())
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3f}" if s < 0.1 else f"{s * 1e3:.1f}"
+
+
+def format_layer_table(result: dict) -> str:
+    lines = [f"device {result['device']}  torch threads {result['torch_threads']}  "
+             "(times in ms: median [p10–p90]; ratio = median / ATen's median)",
+             f"{'batch':>5}  {'layer':<6} {'impl':<11} {'forward':>26} {'x aten':>7} {'backward':>26} {'x aten':>7}"]
+    for r in result["rows"]:
+        fwd = f"{_ms(r['fwd_median_s'])} [{_ms(r['fwd_p10_s'])}–{_ms(r['fwd_p90_s'])}]"
+        bwd = f"{_ms(r['bwd_median_s'])} [{_ms(r['bwd_p10_s'])}–{_ms(r['bwd_p90_s'])}]"
+        lines.append(f"{r['batch']:>5}  {r['layer']:<6} {r['impl']:<11} {fwd:>26} {r['fwd_ratio_to_aten']:>7.2f} "
+                     f"{bwd:>26} {r['bwd_ratio_to_aten']:>7.2f}")
+    lines += ["", "all layers (sum of medians), per batch and impl:"]
+    for t in result["totals"]:
+        ratio = f"{t['ratio_to_aten']:.2f}x aten" if t["ratio_to_aten"] is not None else ""
+        lines.append(f"{t['batch']:>5}  {t['impl']:<11} fwd {_ms(t['fwd_s']):>8} ms  bwd {_ms(t['bwd_s']):>8} ms  "
+                     f"total {_ms(t['fwd_s'] + t['bwd_s']):>8} ms  {ratio}")
+    return "\n".join(lines + [f"skipped {impl}: {why}" for impl, why in result["skipped"].items()])
 
 
 def write_bench_results(out_dir, result: dict, table: str, command: str, stem: str = "gelu_bench") -> dict:
     """<stem>.json/.md/.log through the shared result writer: the table, headed by config and machine."""
     env = collect_env(result["device"])
-    config = {"command": command, "device": result["device"], "dtype": result["dtype"],
-              "approximate": result["approximate"], "sizes": ",".join(format_size(s) for s in result["sizes"])}
+    config = {"command": command, "device": result["device"], "torch_threads": result["torch_threads"]}
+    if "sizes" in result:
+        config.update(dtype=result["dtype"], approximate=result["approximate"],
+                      sizes=",".join(format_size(s) for s in result["sizes"]))
+        title = "GELU benchmark"
+    else:
+        config["batches"] = ",".join(map(str, result["batches"]))
+        title = "LeNet-5 layer benchmark"
     text = f"{format_header(config, env)}\n\n{table}"
-    return write_results(out_dir, stem, result, f"# GELU benchmark\n\n```\n{text}\n```", [text], command, env=env)
+    return write_results(out_dir, stem, result, f"# {title}\n\n```\n{text}\n```", [text], command, env=env)

@@ -1,61 +1,111 @@
-"""`trainlab gelu check|bench`: flags into the command's config (ops.config), then ops.check / ops.bench."""
+"""`trainlab ops check|bench --op gelu,conv2d,max_pool2d,linear,relu`: flags into the command's config
+(ops.config), then ops.check / ops.bench. `trainlab gelu check|bench` is the same command with the
+operator fixed to gelu (and only GELU's flags): it runs through the same two functions below.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 
+import torch
+
 from trainlab.device import resolve_device
-from trainlab.errors import ConfigError
+from trainlab.errors import HardwareError
 from trainlab.flags import add_command, explicit_values
-from trainlab.ops.bench import run_bench, write_bench_results
-from trainlab.ops.bench import format_table as format_bench_table
-from trainlab.ops.check import format_table as format_check_table
-from trainlab.ops.check import run_check
-from trainlab.ops.config import BenchConfig, CheckConfig
-from trainlab.ops.gelu import APPROXIMATIONS, IMPLS
+from trainlab.ops import bench, check
+from trainlab.ops.config import BenchConfig, CheckConfig, OpsBenchConfig, OpsCheckConfig
+from trainlab.telemetry.env import collect_env, format_header
+from trainlab.telemetry.results import write_results
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("gelu", help="verify and benchmark the GELU implementations")
+    p = subparsers.add_parser("ops", help="our operators (gelu, conv2d, max_pool2d, linear, relu): check and benchmark "
+                                          "every rung vs aten")
+    sub = p.add_subparsers(dest="ops_command", metavar="{check,bench}")
+    sub.required = True
+    add_command(sub, "check", "every rung against a float64 reference: errors, gradcheck, opcheck, edge values",
+                OpsCheckConfig, run_check_cmd)
+    add_command(sub, "bench", "forward and backward time of each rung vs aten: LeNet-5's layers, GELU over sizes",
+                OpsBenchConfig, run_bench_cmd)
+
+    p = subparsers.add_parser("gelu", help="verify and benchmark the GELU rungs (= trainlab ops check|bench --op gelu)")
     sub = p.add_subparsers(dest="gelu_command", metavar="{check,bench}")
     sub.required = True
-
     add_command(sub, "check", "error table vs a float64 reference, gradcheck, opcheck, edge cases", CheckConfig,
                 run_check_cmd)
     add_command(sub, "bench", "forward and forward+backward timing vs F.gelu", BenchConfig, run_bench_cmd)
 
 
-def _validated_impls(names):
-    for name in names or []:
-        if name not in IMPLS:
-            raise ConfigError(f"--impl {name!r}: unknown implementation; choose one of {', '.join(IMPLS)}")
-    return names
+def _progress(r: dict) -> None:
+    what = r["approximate"] if r["op"] == "gelu" else r["case"]
+    status = r["status"] if r["status"] != "skipped" else f"skipped ({r['reason']})"
+    print(f"  {r['op']:<10} {what:<17} {r['impl']:<7} {r['dtype']:<9} {status}", file=sys.stderr, flush=True)
 
 
 def run_check_cmd(args) -> int:
-    cc = CheckConfig(**explicit_values(args, CheckConfig))
-    cc.validate()
-    impls = _validated_impls(cc.impl) or IMPLS
-    progress = None if cc.json else (lambda r: print(
-        f"  {r['impl']:<7}{r['approximate']:<6}{r['dtype']:<9} {'skipped' if r['skipped'] else ('ok' if r['ok'] else 'FAIL')}",
-        file=sys.stderr, flush=True))
-    result = run_check(impls=impls, approximations=cc.approximate or APPROXIMATIONS,
-                       dtypes=cc.dtype or ("float32", "float64", "bfloat16"), n=cc.n, progress=progress)
-    print(json.dumps(result, indent=2) if cc.json else format_check_table(result))
+    alias = args.command == "gelu"   # `trainlab gelu check`: the GELU part of the result is the result
+    cls = CheckConfig if alias else OpsCheckConfig
+    cc = cls(**explicit_values(args, cls))
+    ops = ["gelu"] if alias else cc.validate()
+    if alias:
+        cc.validate()
+    result = check.run_check(ops=ops, impls=cc.impl or check.IMPLS, dtypes=cc.dtype, cases=getattr(cc, "case", None),
+                             approximations=cc.approximate or check.APPROXIMATIONS, n=cc.n,
+                             batch=getattr(cc, "batch", 8), progress=None if cc.json else _progress)
+    shown = result["gelu"] if alias else result
+    table = check.format_gelu_table(shown) if alias else check.format_table(result)
+    if getattr(cc, "out", None):
+        env = collect_env("cpu")
+        text = f"{format_header({'command': args.command_line}, env)}\n\n{table}"
+        write_results(cc.out, "ops_check", result, f"# Operator check\n\n```\n{text}\n```", [text],
+                      args.command_line, env=env)
+    print(json.dumps(shown, indent=2) if cc.json else table)
+    rows = result["rows"] + result["autograd_rows"] + (result["gelu"]["rows"] if result["gelu"] else [])
+    if rows and all(r["skipped"] for r in rows):   # a check that checked nothing must not pass
+        why = "; ".join(sorted({f"{r['impl']}: {r['reason']}" for r in rows}))
+        raise HardwareError(f"nothing was checked: every requested row was skipped ({why}); "
+                            "ask for rungs that can run here, e.g. --impl cpp")
     return 0 if result["ok"] else 1
 
 
 def run_bench_cmd(args) -> int:
-    bc = BenchConfig(**explicit_values(args, BenchConfig))
+    alias = args.command == "gelu"
+    cls = BenchConfig if alias else OpsBenchConfig
+    explicit = explicit_values(args, cls)
+    bc = cls(**explicit)
     sizes = bc.validate()
+    ops = ["gelu"] if alias else bc.operators()
+    if getattr(bc, "threads", None) is not None:
+        torch.set_num_threads(bc.threads)
     device = resolve_device(bc.device)
-    progress = None if bc.json else (lambda r: print(
-        f"  {r['size']:>9} {r['impl']:<7}{r['pass']:<8} {r['median_s'] * 1e3:9.3f} ms", file=sys.stderr, flush=True))
-    result = run_bench(sizes=sizes, impls=_validated_impls(bc.impl), dtype=bc.dtype, approximate=bc.approximate,
-                       device=device, budget_s=0.1 if bc.quick else bc.budget, progress=progress)
-    table = format_bench_table(result)
-    if bc.out:
-        write_bench_results(bc.out, result, table, command=args.command_line)
-    print(json.dumps(result, indent=2) if bc.json else table)
+    quiet = bc.json
+    results, tables = {}, []
+    layer_ops = [op for op in ops if op != "gelu"]
+    if layer_ops:
+        layers = [layer.name for layer in bench.LAYERS if layer.op in layer_ops and (not bc.layer or layer.name in bc.layer)]
+        unknown = set(bc.layer or ()) - set(bench.LAYER_NAMES)
+        result = bench.run_layer_bench(
+            batches=bc.batches(explicit_batch="batch" in explicit), impls=bc.impl, layers=sorted(unknown) or layers,
+            device=device, budget_s=0.1 if bc.quick else bc.budget, min_runs=3 if bc.quick else 5,
+            progress=None if quiet else (lambda r: print(
+                f"  {r['batch']:>5} {r['layer']:<6} {r['impl']:<11} fwd {r['fwd_median_s'] * 1e3:9.3f} ms  "
+                f"bwd {r['bwd_median_s'] * 1e3:9.3f} ms", file=sys.stderr, flush=True)))
+        results["layers"] = (result, bench.format_layer_table(result), "ops_bench")
+    if "gelu" in ops:
+        result = bench.run_gelu_bench(
+            sizes=sizes, impls=[i for i in bc.impl or [] if i != "cuda-atomic"] or None, dtype=bc.dtype,
+            approximate=bc.approximate, device=device, budget_s=0.1 if bc.quick else bc.budget,
+            progress=None if quiet else (lambda r: print(
+                f"  {r['size']:>9} {r['impl']:<7}{r['pass']:<8} {r['median_s'] * 1e3:9.3f} ms", file=sys.stderr, flush=True)))
+        results["gelu"] = (result, bench.format_gelu_table(result), "gelu_bench")
+    for result, table, stem in results.values():
+        if bc.out:
+            bench.write_bench_results(bc.out, result, table, command=args.command_line, stem=stem)
+        tables.append(table)
+    if quiet:
+        docs = {k: r for k, (r, _, _) in results.items()}
+        print(json.dumps(next(iter(docs.values())) if len(docs) == 1 else docs, indent=2))
+    else:
+        print("\n\n".join(tables))
     return 0

@@ -28,15 +28,15 @@ CUDA kernels (im2col/col2im on the GPU, cuBLAS for the GEMM).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.layer_args import check_conv2d, check_device, check_impl, conv2d_output_hw
-from trainlab.ops.rungs import compiled_rung, prepare
-
-REDUCED = (torch.bfloat16, torch.float16)
-
+from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64, widen
+from trainlab.ops.layer_args import check_conv2d, check_device, conv2d_output_hw
+from trainlab.ops.layers_cpp import compiled_rung, prepare
 
 # ---- python: the reference autograd.Function -------------------------------------------------------
 
@@ -76,19 +76,19 @@ class Conv2dFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, padding):
         ctx.save_for_backward(x, weight)
         ctx.padding, ctx.has_bias = padding, bias is not None
-        xc, wc = _widen(x), _widen(weight)
+        xc, wc = widen(x), widen(weight)
         oc, _, kh, kw = weight.shape
         cols = im2col(xc, kh, kw, padding)                           # [N, CKK, L]
         y = wc.reshape(oc, -1) @ cols                                # [N, OC, L]   (torch.matmul: BLAS)
         if bias is not None:
-            y = y + _widen(bias).view(1, oc, 1)
+            y = y + widen(bias).view(1, oc, 1)
         oh, ow = conv2d_output_hw(x.shape[2], x.shape[3], kh, kw, padding)
         return y.reshape(x.shape[0], oc, oh, ow).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        xc, wc, g = _widen(x), _widen(weight), _widen(grad)
+        xc, wc, g = widen(x), widen(weight), widen(grad)
         n, c, h, w = x.shape
         oc, _, kh, kw = weight.shape
         gm = g.reshape(n, oc, -1)                                    # [N, OC, L]
@@ -101,10 +101,6 @@ class Conv2dFunction(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = gm.sum((0, 2)).to(weight.dtype)
         return dx, dw, db, None
-
-
-def _widen(t: torch.Tensor) -> torch.Tensor:
-    return t.float() if t.dtype in REDUCED else t
 
 
 # ---- dispatch --------------------------------------------------------------------------------------
@@ -140,3 +136,33 @@ class Conv2d(nn.Conv2d):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", impl={self.impl!r}"
+
+
+# ---- check cases (run by ops/check.py) -------------------------------------------------------------
+
+def _conv_case(name, x, w, padding, bias=True, view=None):
+    def make(batch, gen):
+        n = batch if x[0] is None else x[0]
+        return {"x": randn64(gen, n, *x[1:]), "weight": randn64(gen, *w) / math.sqrt(w[1] * w[2] * w[3]),
+                "bias": randn64(gen, w[0]) if bias else None}
+    return Case("conv2d", name, make, lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], padding, impl=impl),
+                True, view)
+
+
+CASES = [
+    _conv_case("lenet-conv1", (None, 1, 28, 28), (6, 1, 5, 5), (2, 2)),
+    _conv_case("lenet-conv2", (None, 6, 14, 14), (16, 6, 5, 5), (0, 0)),
+    _conv_case("batch1", (1, 3, 9, 9), (4, 3, 3, 3), (1, 1)),
+    _conv_case("non-square", (2, 2, 7, 12), (3, 2, 3, 5), (1, 2)),
+    _conv_case("strided-input", (2, 3, 10, 22), (4, 3, 3, 3), (0, 0), bias=False, view=every_other_column),
+]
+
+
+def gradcheck_case(g: torch.Generator):
+    """float64 inputs small enough for gradcheck's numerical Jacobian, and fn(*inputs, impl)."""
+    return ((torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g),
+             torch.randn(3, 2, 3, 2, dtype=torch.float64, generator=g),
+             torch.randn(3, dtype=torch.float64, generator=g)), lambda x, w, b, impl: conv2d(x, w, b, (1, 0), impl=impl))
+
+
+OPCHECK_EXTRA = ([1, 0],)   # the non-tensor arguments of trainlab::conv2d_fwd for gradcheck_case's shapes

@@ -1,6 +1,6 @@
 r"""GELU: one entry point, five implementations, one Python reference with a hand-derived backward.
 
-    gelu(x, impl="torch" | "python" | "cpp" | "triton" | "cuda", approximate="none" | "tanh")
+    gelu(x, impl="aten" | "python" | "cpp" | "triton" | "cuda", approximate="none" | "tanh")
 
 Math (Hendrycks & Gimpel, 2016). With Phi the standard normal CDF and phi its density,
 
@@ -30,18 +30,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.errors import ConfigError
-from trainlab.ops import gelu_cpp, gelu_math
-
-IMPLS = ("torch", "python", "cpp", "triton", "cuda")
+from trainlab.errors import ConfigError, HardwareError
+from trainlab.ops import gelu_math
+from trainlab.ops.build import Extension
+from trainlab.ops.ladder import IMPLS, check_impl, widen
 APPROXIMATIONS = ("none", "tanh")
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 def validate_options(impl: str, approximate: str) -> None:
     """ConfigError for an unknown impl or approximation (the one check, for `gelu` and `GELU`)."""
-    if impl not in IMPLS:
-        raise ConfigError(f"gelu impl={impl!r}: unknown implementation; choose one of {', '.join(IMPLS)}")
+    check_impl("gelu", impl)
     if approximate not in APPROXIMATIONS:
         raise ConfigError(f"gelu approximate={approximate!r}: choose one of {', '.join(APPROXIMATIONS)}")
 
@@ -73,43 +72,129 @@ class GeluFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
         ctx.save_for_backward(x)   # the backward needs x only
         ctx.approximate = approximate
-        xc = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
-        return gelu_math.forward(xc, approximate).to(x.dtype)
+        return gelu_math.forward(widen(x), approximate).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (x,) = ctx.saved_tensors
         # torch ops on the saved x: with create_graph=True autograd records them, so the double
         # backward (and any higher order) of the python impl is exact without further code.
-        if x.dtype in (torch.bfloat16, torch.float16):
-            return (grad.float() * gelu_math.derivative(x.float(), ctx.approximate)).to(x.dtype), None
-        return grad * gelu_math.derivative(x, ctx.approximate), None
+        return (widen(grad) * gelu_math.derivative(widen(x), ctx.approximate)).to(x.dtype), None
 
 
 def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return GeluFunction.apply(x, approximate)
 
 
+# ---- cpp / cuda: the C++ extension ------------------------------------------------------------
+#
+# The C++ (and, with a GPU, CUDA) GELU extension: JIT build, cached, registered as real operators.
+#
+# `EXTENSION.load()` compiles `csrc/gelu_cpu.cpp` (+ `csrc/gelu_cuda.cpp`, the ATen glue, and
+# `csrc/gelu_cuda_kernels.cu`, the CUDA-only kernels, when torch has CUDA and a GPU is visible) with
+# `torch.utils.cpp_extension.load` the first time it is called on a machine, and reuses the shared
+# library afterwards (ninja rebuilds only when a source or flag changed). The library defines
+#
+#     trainlab::gelu_fwd(Tensor x, str approximate)                          y = GELU(x)
+#     trainlab::gelu_bwd(Tensor grad, Tensor x, str approximate)             grad * GELU'(x)
+#     trainlab::gelu_bwd2(Tensor grad_grad, Tensor grad, Tensor x, str a)    grad_grad * grad * GELU''(x)
+#
+# with CPU (and CUDA) kernels; this module adds the autograd formulas and the fake (shape-only)
+# implementations, which is what lets `torch.compile(fullgraph=True)` trace through the ops and
+# `torch.library.opcheck` pass. Each op's autograd formula uses the next op, so derivatives of any
+# order are exact: gelu_fwd → gelu_bwd → (gelu_bwd, gelu_bwd2) → torch ops (`gelu_math.bwd2_backward`).
+# (build and cache: ops/build.py)
+
+EXTENSION = Extension("gelu", "GELU", ("gelu_cpu.cpp",), ("gelu_cuda.cpp", "gelu_cuda_kernels.cu"),
+                      register=lambda with_cuda: _register(with_cuda))
+
+
+def load(verbose: bool = False) -> dict:
+    """Build (once) and load the GELU extension; returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
+    return EXTENSION.load(verbose)
+
+
+def _register(with_cuda: bool) -> None:
+    """Autograd formulas and fake implementations for the C++-defined ops."""
+
+    @torch.library.register_fake("trainlab::gelu_fwd")
+    def _gelu_fwd_fake(x, approximate):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake("trainlab::gelu_bwd")
+    def _gelu_bwd_fake(grad, x, approximate):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake("trainlab::gelu_bwd2")
+    def _gelu_bwd2_fake(grad_grad, grad, x, approximate):
+        return torch.empty_like(x)
+
+    def _save_inputs(ctx, inputs, output):
+        *tensors, approximate = inputs
+        ctx.save_for_backward(*tensors)   # gelu_fwd keeps only x, as F.gelu does
+        ctx.approximate = approximate
+
+    def _fwd_backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return torch.ops.trainlab.gelu_bwd(grad, x, ctx.approximate), None
+
+    def _bwd_backward(ctx, gg):
+        # d/dgrad (grad * d(x)) = d(x): the same kernel on gg; d/dx = grad * d'(x): the bwd2 kernel
+        grad, x = ctx.saved_tensors
+        return (torch.ops.trainlab.gelu_bwd(gg, x, ctx.approximate),
+                torch.ops.trainlab.gelu_bwd2(gg, grad, x, ctx.approximate), None)
+
+    def _bwd2_backward(ctx, ggg):
+        return (*gelu_math.bwd2_backward(ggg, *ctx.saved_tensors, ctx.approximate), None)
+
+    torch.library.register_autograd("trainlab::gelu_fwd", _fwd_backward, setup_context=_save_inputs)
+    torch.library.register_autograd("trainlab::gelu_bwd", _bwd_backward, setup_context=_save_inputs)
+    torch.library.register_autograd("trainlab::gelu_bwd2", _bwd2_backward, setup_context=_save_inputs)
+
+
+def gelu_cpp(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GELU through the compiled `trainlab::gelu_fwd` op (differentiable).
+
+    Under torch.compile the op is traced like any ATen op (fake impl + autograd formula registered
+    in `load`). The first call must happen outside the compiled region (or call `load()` first, as
+    `GELU(impl="cpp")` does in its constructor): building takes a lock Dynamo cannot trace.
+    """
+    EXTENSION.ensure()   # outside any lock when loaded, so torch.compile never traces the build lock
+    return torch.ops.trainlab.gelu_fwd(x, approximate)
+
+
+def gelu_cuda(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GELU through the extension's CUDA kernel; x must live on a CUDA device."""
+    if not torch.cuda.is_available():
+        raise HardwareError(f"impl='cuda': no CUDA GPU is available (torch {torch.__version__}); "
+                            "use impl='cpp' or impl='python' on CPU")
+    if x.device.type != "cuda":
+        raise HardwareError(f"impl='cuda': input is on {x.device}, expected a CUDA tensor; move it with "
+                            "x.cuda() or use impl='cpp' for CPU tensors")
+    EXTENSION.require_cuda()
+    return torch.ops.trainlab.gelu_fwd(x, approximate)
+
+
 # ---- dispatch ----------------------------------------------------------------------------------
 
-def gelu(x: torch.Tensor, impl: str = "torch", approximate: str = "none") -> torch.Tensor:
+def gelu(x: torch.Tensor, impl: str = "aten", approximate: str = "none") -> torch.Tensor:
     """GELU of `x` with the chosen implementation; differentiable for every impl.
 
-    impl: torch (F.gelu, the reference) | python (autograd.Function) | cpp (fused C++ op,
+    impl: aten (F.gelu, the reference) | python (autograd.Function) | cpp (fused C++ op,
     `trainlab::gelu_fwd`) | triton (Triton kernels; GPU, or CPU under TRITON_INTERPRET=1) |
     cuda (the extension's CUDA kernel; needs a GPU).
     Raises ConfigError for an unknown impl/approximate, TypeError for integer/complex/bool inputs,
     HardwareError when the impl cannot run here (no compiler, no GPU).
     """
     validate(x, impl, approximate)
-    if impl == "torch":
+    if impl == "aten":
         return F.gelu(x, approximate=approximate)
     if impl == "python":
         return gelu_python(x, approximate)
     if impl == "cpp":
-        return gelu_cpp.gelu_cpp(x, approximate)
+        return gelu_cpp(x, approximate)
     if impl == "cuda":
-        return gelu_cpp.gelu_cuda(x, approximate)
+        return gelu_cuda(x, approximate)
     from trainlab.ops.gelu_triton import gelu_triton  # imports Triton: only when asked for
 
     return gelu_triton(x, approximate)
@@ -118,7 +203,7 @@ def gelu(x: torch.Tensor, impl: str = "torch", approximate: str = "none") -> tor
 class GELU(nn.Module):
     """nn.Module wrapper: `GELU(impl="cpp")` drops in where `nn.GELU()` was."""
 
-    def __init__(self, impl: str = "torch", approximate: str = "none"):
+    def __init__(self, impl: str = "aten", approximate: str = "none"):
         super().__init__()
         validate_options(impl, approximate)
         self.impl = impl
@@ -126,7 +211,7 @@ class GELU(nn.Module):
         if impl == "cpp" or (impl == "cuda" and torch.cuda.is_available()):
             # Build/load the extension now, outside any torch.compile region: the first load takes
             # a lock and may run the compiler, which Dynamo cannot trace (fullgraph would fail).
-            gelu_cpp.load()
+            EXTENSION.load()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu(x, impl=self.impl, approximate=self.approximate)

@@ -36,6 +36,8 @@ import math
 
 import torch
 
+from trainlab.ops.ladder import widen
+
 SQRT1_2 = 1.0 / math.sqrt(2.0)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 BETA = math.sqrt(2.0 / math.pi)
@@ -46,10 +48,6 @@ def sech2(u: torch.Tensor) -> torch.Tensor:
     """1 - tanh(u)^2 without cancellation: 4e / (1 + e)^2, e = exp(-2|u|)."""
     e = torch.exp(-2.0 * u.abs())
     return 4.0 * e / ((1.0 + e) * (1.0 + e))
-
-
-def _opmath(x: torch.Tensor) -> torch.Tensor:
-    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
 
 
 def forward(x: torch.Tensor, approximate: str) -> torch.Tensor:
@@ -102,7 +100,7 @@ def third_derivative(x: torch.Tensor, approximate: str) -> torch.Tensor:
 
 def bwd2(gg: torch.Tensor, g: torch.Tensor, x: torch.Tensor, approximate: str) -> torch.Tensor:
     """gg * g * d'(x): the x-gradient of `g * d(x)` (what the gelu_bwd2 kernels compute)."""
-    out = _opmath(gg) * _opmath(g) * second_derivative(_opmath(x), approximate)
+    out = widen(gg) * widen(g) * second_derivative(widen(x), approximate)
     return out.to(x.dtype)
 
 
@@ -111,7 +109,7 @@ def bwd2_backward(ggg: torch.Tensor, gg: torch.Tensor, g: torch.Tensor, x: torch
 
     Plain torch ops, so autograd can differentiate them again (fourth order and beyond)."""
     dtype = x.dtype
-    ggg, gg, g, x = (_opmath(t) for t in (ggg, gg, g, x))
+    ggg, gg, g, x = (widen(t) for t in (ggg, gg, g, x))
     s = second_derivative(x, approximate)
     return ((ggg * g * s).to(dtype), (ggg * gg * s).to(dtype),
             (ggg * gg * g * third_derivative(x, approximate)).to(dtype))

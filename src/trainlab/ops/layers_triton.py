@@ -1,5 +1,5 @@
 """LeNet-5's layers as Triton kernels — conv2d, max_pool2d, linear, relu, forward and backward —
-registered as torch.library custom ops `trainlab::triton_*` (fakes + autograd from layer_autograd).
+registered as torch.library custom ops `trainlab::triton_*` (fakes + autograd from layer_args.register).
 
 What the Triton rung teaches that the C++ one does not:
   * implicit GEMM: the convolution never writes its im2col matrix. Each program computes a
@@ -34,9 +34,9 @@ from typing import Optional
 import torch
 
 from trainlab.errors import HardwareError
-from trainlab.ops import layer_autograd
 from trainlab.ops.gelu_triton import interpreter_enabled
-from trainlab.ops.layer_args import conv2d_output_hw, pool_index_dtype, pool_output_hw
+from trainlab.ops.ladder import widen
+from trainlab.ops.layer_args import conv2d_output_hw, pool_index_dtype, pool_output_hw, register
 
 try:  # optional dependency: without it impl="triton" raises a HardwareError naming the fix
     import triton
@@ -367,7 +367,7 @@ def _kernel_inputs(interpreted: bool, *tensors):
     (round-to-nearest-even) — the single rounding the compiled bf16 kernels do in registers."""
     if not interpreted:
         return tensors
-    return tuple(t.float() if t is not None and t.dtype in (torch.bfloat16, torch.float16) else t for t in tensors)
+    return tuple(widen(t) for t in tensors)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -551,7 +551,7 @@ def relu_bwd(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return dx.to(dtype)
 
 
-layer_autograd.register("triton_")
+register("triton_")
 
 
 # ---- entry points used by the triton rung (arguments already validated by layer_args) ----------------

@@ -16,15 +16,15 @@ the bias gradient fused into the weight-gradient GEMM.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.layer_args import check_device, check_impl, check_linear
-from trainlab.ops.rungs import compiled_rung, prepare
-
-REDUCED = (torch.bfloat16, torch.float16)
-
+from trainlab.ops.ladder import Case, check_impl, randn64, widen
+from trainlab.ops.layer_args import check_device, check_linear
+from trainlab.ops.layers_cpp import compiled_rung, prepare
 
 class LinearFunction(torch.autograd.Function):
     """The three products above, bfloat16/float16 computed in float32 and rounded once."""
@@ -33,23 +33,19 @@ class LinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        y = _widen(x) @ _widen(weight).t()
+        y = widen(x) @ widen(weight).t()
         if bias is not None:
-            y = y + _widen(bias)
+            y = y + widen(bias)
         return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        g = _widen(grad)
-        dx = (g @ _widen(weight)).to(x.dtype) if ctx.needs_input_grad[0] else None
-        dw = (g.t() @ _widen(x)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        g = widen(grad)
+        dx = (g @ widen(weight)).to(x.dtype) if ctx.needs_input_grad[0] else None
+        dw = (g.t() @ widen(x)).to(weight.dtype) if ctx.needs_input_grad[1] else None
         db = g.sum(0).to(weight.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db
-
-
-def _widen(t: torch.Tensor) -> torch.Tensor:
-    return t.float() if t.dtype in REDUCED else t
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, impl: str = "aten") -> torch.Tensor:
@@ -78,3 +74,36 @@ class Linear(nn.Linear):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", impl={self.impl!r}"
+
+
+# ---- check cases (run by ops/check.py) -------------------------------------------------------------
+
+def _linear_case(name, n, fin, fout, bias=True, transposed=False):
+    def make(batch, gen):
+        rows = batch if n is None else n
+        x = randn64(gen, fin, rows) if transposed else randn64(gen, rows, fin)
+        return {"x": x, "weight": randn64(gen, fout, fin) / math.sqrt(fin), "bias": randn64(gen, fout) if bias else None}
+    return Case("linear", name, make, lambda t, impl: linear(t["x"], t["weight"], t["bias"], impl=impl), True,
+                _transposed if transposed else None)
+
+
+def _transposed(t):
+    return {**t, "x": t["x"].t()}
+
+
+CASES = [
+    _linear_case("lenet-fc1", None, 400, 120),
+    _linear_case("lenet-fc2", None, 120, 84),
+    _linear_case("lenet-fc3", None, 84, 10),
+    _linear_case("batch1", 1, 30, 7),
+    _linear_case("transposed-input", 9, 25, 6, bias=False, transposed=True),   # x: a [25, 9] tensor's .t()
+]
+
+
+def gradcheck_case(g: torch.Generator):
+    """float64 inputs small enough for gradcheck's numerical Jacobian, and fn(*inputs, impl)."""
+    return ((torch.randn(3, 5, dtype=torch.float64, generator=g), torch.randn(4, 5, dtype=torch.float64, generator=g),
+             torch.randn(4, dtype=torch.float64, generator=g)), lambda x, w, b, impl: linear(x, w, b, impl=impl))
+
+
+OPCHECK_EXTRA = ()   # the non-tensor arguments of trainlab::linear_fwd for gradcheck_case's shapes

@@ -29,12 +29,15 @@ difference.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.layer_args import check_device, check_impl, check_max_pool2d, pool_index_dtype, pool_output_hw
-from trainlab.ops.rungs import compiled_rung, prepare
+from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64, widen
+from trainlab.ops.layer_args import check_device, check_max_pool2d, pool_index_dtype, pool_output_hw
+from trainlab.ops.layers_cpp import compiled_rung, prepare
 
 
 # ---- python: the reference autograd.Function -------------------------------------------------------
@@ -80,7 +83,7 @@ class MaxPool2dFunction(torch.autograd.Function):
         (index,) = ctx.saved_tensors
         h, w, kernel, stride, (ph, pw) = ctx.geometry
         n, c, oh, ow = grad.shape
-        acc = grad.float() if grad.dtype in (torch.bfloat16, torch.float16) else grad
+        acc = widen(grad)
         dxpad = acc.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
         for k, rows, cols in _window_slices(kernel, stride, (oh, ow)):
             dxpad[:, :, rows, cols] += torch.where(index == k, acc, 0)
@@ -116,3 +119,40 @@ class MaxPool2d(nn.MaxPool2d):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", impl={self.impl!r}"
+
+
+# ---- check cases (run by ops/check.py) -------------------------------------------------------------
+
+def _pool_case(name, x, kernel, stride, padding, view=None, make=None, edge=False):
+    def default_make(batch, gen):
+        return {"x": randn64(gen, batch if x[0] is None else x[0], *x[1:])}
+    return Case("max_pool2d", name, make or default_make,
+                lambda t, impl: max_pool2d(t["x"], kernel, stride, padding, impl=impl), False, view, edge)
+
+
+def _pool_edge_values(batch, gen):
+    """NaN, +-inf, all--inf windows and exact ties (also across dtypes: small integers)."""
+    x = torch.randint(-3, 4, (1, 2, 6, 6), generator=gen).double()
+    x[0, 0, 0, 0], x[0, 0, 1, 3], x[0, 1, 2, 2] = math.nan, math.inf, -math.inf
+    x[0, 1, 4:6, 0:2] = -math.inf
+    return {"x": x}
+
+
+CASES = [
+    _pool_case("lenet-pool1", (None, 6, 28, 28), (2, 2), (2, 2), (0, 0)),
+    _pool_case("lenet-pool2", (None, 16, 10, 10), (2, 2), (2, 2), (0, 0)),
+    _pool_case("batch1-overlap", (1, 3, 9, 9), (3, 3), (2, 2), (1, 1)),
+    _pool_case("non-square", (2, 3, 9, 7), (3, 2), (2, 1), (1, 0)),
+    _pool_case("stride1-overlap", (2, 2, 6, 5), (3, 3), (1, 1), (1, 1)),
+    _pool_case("strided-input", (2, 4, 12, 20), (2, 2), (2, 2), (0, 0), view=every_other_column),
+    _pool_case("nan-inf-ties", None, (2, 2), (2, 2), (0, 0), make=_pool_edge_values, edge=True),
+]
+
+
+def gradcheck_case(g: torch.Generator):
+    """float64 inputs small enough for gradcheck's numerical Jacobian, and fn(*inputs, impl)."""
+    return ((torch.randn(1, 2, 5, 6, dtype=torch.float64, generator=g),),
+            lambda x, impl: max_pool2d(x, (3, 2), (2, 1), (1, 1), impl=impl))
+
+
+OPCHECK_EXTRA = ([3, 2], [2, 1], [1, 1])   # the non-tensor arguments of trainlab::max_pool2d_fwd for gradcheck_case's shapes

@@ -11,12 +11,15 @@ y is what the next layer keeps alive anyway, so saving it costs no memory.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.layer_args import check_device, check_impl, check_relu
-from trainlab.ops.rungs import compiled_rung, prepare
+from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64
+from trainlab.ops.layer_args import check_device, check_relu
+from trainlab.ops.layers_cpp import compiled_rung, prepare
 
 
 class ReluFunction(torch.autograd.Function):
@@ -53,3 +56,31 @@ class ReLU(nn.Module):
 
     def extra_repr(self) -> str:
         return f"impl={self.impl!r}"
+
+
+# ---- check cases (run by ops/check.py) -------------------------------------------------------------
+
+def _relu_case(name, shape, view=None, make=None, edge=False):
+    def default_make(batch, gen):
+        return {"x": randn64(gen, batch if shape[0] is None else shape[0], *shape[1:])}
+    return Case("relu", name, make or default_make, lambda t, impl: relu(t["x"], impl=impl), False, view, edge)
+
+
+def _relu_edge_values(batch, gen):
+    vals = [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan, 1e-40, -1e-40, 3.5, -2.25, 1e30]
+    return {"x": torch.tensor(vals, dtype=torch.float64).view(3, 4)}
+
+
+CASES = [
+    _relu_case("lenet-act1", (None, 6, 28, 28)),
+    _relu_case("strided-input", (3, 4, 5, 8), view=every_other_column),
+    _relu_case("nan-inf-zero", None, make=_relu_edge_values, edge=True),
+]
+
+
+def gradcheck_case(g: torch.Generator):
+    """float64 inputs small enough for gradcheck's numerical Jacobian, and fn(*inputs, impl)."""
+    return ((torch.randn(4, 6, dtype=torch.float64, generator=g),), lambda x, impl: relu(x, impl=impl))
+
+
+OPCHECK_EXTRA = ()   # the non-tensor arguments of trainlab::relu_fwd for gradcheck_case's shapes

@@ -1,0 +1,136 @@
+"""One build for every C++/CUDA extension of trainlab: JIT-compiled, cached, loaded once.
+
+`Extension(...).load()` compiles its sources with `torch.utils.cpp_extension.load` the first time it
+is called on a machine and reuses the shared library afterwards (ninja rebuilds only when a source
+or flag changed). The CUDA sources are added when torch has CUDA, a GPU is visible and CUDA_HOME is
+set. The library registers `trainlab::` ops (no Python module); `register` then adds what C++
+cannot — autograd formulas and fake (shape-only) kernels — so `torch.library.opcheck` passes and
+`torch.compile(fullgraph=True)` traces through the ops.
+
+Build cache: `$TRAINLAB_CACHE/torch_extensions/<torch version>/<name>` if `TRAINLAB_CACHE` is set,
+else `$XDG_CACHE_HOME/trainlab/...` (default `~/.cache/trainlab/...`). The name is
+`trainlab_<stem>_<cpu capability>[_cuda]`, so one cache serves several machine types and two
+extensions never rebuild or overwrite each other.
+
+A missing compiler, a missing ninja or a failed build is one HardwareError line that names what is
+missing and the fallback (impl='python').
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from trainlab.errors import HardwareError
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+
+# Compiler flags per CPU capability that torch itself detected (and would use for its own kernels).
+# The CPU_CAPABILITY_* macros select the matching at::vec::Vectorized specialisation.
+CAPABILITY_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
+               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+}
+
+
+def cache_dir() -> Path:
+    """Where compiled extensions are kept between runs."""
+    root = os.environ.get("TRAINLAB_CACHE")
+    if root:
+        base = Path(root)
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainlab"
+    return base / "torch_extensions" / torch.__version__.replace("+", "_")
+
+
+def cpu_capability() -> str:
+    """The SIMD level the extension is compiled for: torch's own runtime choice (AVX512/AVX2/DEFAULT)."""
+    cap = torch.backends.cpu.get_cpu_capability()
+    return cap if cap in CAPABILITY_FLAGS else "DEFAULT"
+
+
+def want_cuda() -> bool:
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return torch.version.cuda is not None and torch.cuda.is_available() and CUDA_HOME is not None
+
+
+def check_toolchain(with_cuda: bool) -> None:
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise HardwareError(
+            f"impl='cpp': no C++ compiler found ({cxx!r} is not on PATH); install g++ (e.g. apt-get install g++) "
+            "or use impl='python'")
+    try:
+        from torch.utils.cpp_extension import verify_ninja_availability
+
+        verify_ninja_availability()
+    except RuntimeError:
+        raise HardwareError("impl='cpp': the ninja build tool is missing; `pip install ninja` or use impl='python'") from None
+    if with_cuda and shutil.which("nvcc") is None and not Path(os.environ.get("CUDA_HOME", "/nonexistent"), "bin", "nvcc").exists():
+        raise HardwareError("impl='cuda': nvcc not found (set CUDA_HOME); use impl='cpp' on CPU or impl='python'")
+
+
+def build_extension(stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sources: tuple[str, ...],
+                    verbose: bool = False) -> dict:
+    """Compile (or reuse) `trainlab_<stem>_<capability>[_cuda]` from csrc/ sources and load it;
+    returns {'name', 'build_dir', 'cuda', 'cpu_capability'}. `what` names it in the error line."""
+    from torch.utils import cpp_extension
+
+    with_cuda = want_cuda()
+    cap = cpu_capability()
+    check_toolchain(with_cuda)
+    name = f"trainlab_{stem}_{cap.lower()}" + ("_cuda" if with_cuda else "")
+    build_dir = cache_dir() / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    sources = [str(CSRC / s) for s in cpu_sources + (cuda_sources if with_cuda else ())]
+    try:
+        cpp_extension.load(name=name, sources=sources, build_directory=str(build_dir), with_cuda=with_cuda,
+                           extra_cflags=["-O3", *CAPABILITY_FLAGS.get(cap, [])],
+                           # no fast-math: erff/expf stay accurate
+                           extra_cuda_cflags=["-O3"] if with_cuda else None,
+                           is_python_module=False,   # the library registers ops; no Python module needed
+                           verbose=verbose)
+    except (RuntimeError, OSError, ImportError) as e:
+        lines = str(e).strip().splitlines() or ["unknown error"]
+        first = next((ln.strip() for ln in lines if "error:" in ln), lines[0])[:300]
+        raise HardwareError(f"impl='cpp': building the C++ {what} extension in {build_dir} failed ({first}); "
+                            "rerun with TRAINLAB_VERBOSE_BUILD=1 for the compiler log, or use impl='python'") from e
+    return {"name": name, "build_dir": str(build_dir), "cuda": with_cuda, "cpu_capability": cap}
+
+
+class Extension:
+    """One extension, loaded at most once per process. `register(with_cuda)` runs after the first
+    successful load (autograd formulas, fakes)."""
+
+    def __init__(self, stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sources: tuple[str, ...],
+                 register: Callable[[bool], None]):
+        self.stem, self.what, self.cpu_sources, self.cuda_sources = stem, what, cpu_sources, cuda_sources
+        self.register = register
+        self.loaded: dict | None = None
+        self._lock = threading.Lock()
+
+    def load(self, verbose: bool = False) -> dict:
+        """Build (once) and load; HardwareError (one line) when the toolchain is missing or the build fails."""
+        with self._lock:
+            if self.loaded is None:
+                info = build_extension(self.stem, self.what, self.cpu_sources, self.cuda_sources, verbose)
+                self.register(info["cuda"])
+                self.loaded = info
+            return self.loaded
+
+    def ensure(self) -> dict:
+        """load() unless already loaded — checked outside the lock so torch.compile never traces it."""
+        return self.loaded if self.loaded is not None else self.load(verbose=bool(os.environ.get("TRAINLAB_VERBOSE_BUILD")))
+
+    def require_cuda(self) -> None:
+        """impl='cuda': the extension must have been built with its CUDA kernels."""
+        if not self.ensure()["cuda"]:
+            raise HardwareError(f"impl='cuda': the {self.what} extension was built without CUDA (no GPU or nvcc "
+                                "at build time); set CUDA_HOME and clear the build cache, or use impl='triton'/'python'")

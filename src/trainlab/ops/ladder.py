@@ -1,0 +1,149 @@
+"""The operator ladder, written once for every operator (gelu, conv2d, max_pool2d, linear, relu).
+
+Each operator has the same five rungs, from the baseline to our own GPU kernels:
+
+    aten     PyTorch's own kernel (F.gelu, F.conv2d, …): the baseline every check and ratio is taken against
+    python   an autograd.Function of torch ops with the backward derived by hand: the readable reference
+    cpp      our C++ extension's CPU kernels, registered as `trainlab::` operators (ops/build.py)
+    triton   our Triton kernels (a GPU, or Triton's interpreter on CPU tensors under TRITON_INTERPRET=1)
+    cuda     the same C++ operators' CUDA kernels (a GPU and a CUDA build)
+
+This module holds what the rungs share: their names, the dtypes they are checked in and the
+tolerances, the one "compute reduced precision in float32" rule, whether a rung can run on this
+machine (and where), and getting a compiled rung ready.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from trainlab.errors import ConfigError
+
+IMPLS = ("aten", "python", "cpp", "triton", "cuda")
+# Older spellings accepted on the command line (`trainlab gelu check --impl torch`, in earlier docs).
+IMPL_ALIASES = {"torch": "aten"}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+REDUCED = (torch.bfloat16, torch.float16)
+
+
+def widen(t: torch.Tensor | None) -> torch.Tensor | None:
+    """bfloat16/float16 → float32, anything else unchanged: every rung computes reduced precision in
+    float32 and rounds once at the end, as ATen does, so the rungs stay comparable to it."""
+    return t.float() if t is not None and t.dtype in REDUCED else t
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """|err| <= atol * S + rtol * |ref| elementwise, on finite reference values. S is the size of the
+    computation: 1 for an element-wise op (scaled by max|grad_out| for a gradient), the same
+    computation on absolute values for a sum of products (see check.py)."""
+
+    atol: float
+    rtol: float
+
+
+TOLERANCES = {
+    # Element-wise ops (gelu): one function evaluation per element.
+    #   float64  Sleef/libm erf, exp, tanh are accurate to ~1 ulp (2.2e-16); margin for a few roundings.
+    #   float32  float32 erf approximations (ATen's Abramowitz–Stegun fit, our rational fit, libdevice)
+    #            are within ~4e-7 absolute of erf; GELU multiplies that by x/2, <= 1e-6 for |x| <= 5.
+    #   bfloat16 math in float32 then one rounding to an 8-bit significand: one full ulp (2^-7).
+    "elementwise": {torch.float64: Tolerance(1e-13, 1e-12), torch.float32: Tolerance(2e-6, 2e-6),
+                    torch.bfloat16: Tolerance(1e-5, 2.0 ** -7)},
+    # Sums of products and selections (conv2d, linear, max_pool2d, relu): a float sum of k terms is
+    # within k u S of the exact one; blocked/pairwise sums are far inside that (check.py's docstring).
+    "sum": {torch.float64: Tolerance(1e-12, 0.0), torch.float32: Tolerance(2e-5, 0.0),
+            torch.bfloat16: Tolerance(2e-5, 2.0 ** -8)},
+}
+
+
+def check_impl(op: str, impl: str) -> None:
+    if impl not in IMPLS:
+        raise ConfigError(f"{op} impl={impl!r}: unknown implementation; choose one of {', '.join(IMPLS)}")
+
+
+def canonical_impls(names, flag: str = "--impl", extra: tuple[str, ...] = ()) -> list[str]:
+    """Command-line rung names, aliases resolved; ConfigError (one line) for an unknown one."""
+    out = []
+    for name in names or []:
+        name = IMPL_ALIASES.get(name, name)
+        if name not in IMPLS + extra:
+            raise ConfigError(f"{flag} {name!r}: unknown implementation; choose one of {', '.join(IMPLS + extra)}")
+        out.append(name)
+    return out
+
+
+def availability(impl: str) -> tuple[str | None, torch.device]:
+    """(reason the rung cannot run here, or None; the device it runs on). Triton without a GPU runs
+    interpreted on the CPU."""
+    if impl == "cuda" and not torch.cuda.is_available():
+        return "no CUDA GPU on this machine", torch.device("cpu")
+    if impl == "triton":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "triton is not installed", torch.device("cpu")
+    gpu = impl == "cuda" or (impl == "triton" and torch.cuda.is_available())
+    return None, torch.device("cuda" if gpu else "cpu")
+
+
+def mode(impl: str, device: torch.device) -> str:
+    """eager (torch ops), compiled (our kernels) or interpreted (Triton on the CPU)."""
+    if impl == "triton":
+        return "compiled" if device.type == "cuda" else "interpreted"
+    return "eager" if impl in ("aten", "python") else "compiled"
+
+
+@contextlib.contextmanager
+def triton_interpreter_if_cpu(impl: str):
+    """Interpreted Triton for CPU rows: TRITON_INTERPRET=1 for the duration (restored after)."""
+    if impl != "triton" or torch.cuda.is_available():
+        yield
+        return
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+# ---- check cases: each operator file lists its own (see check.py for how a row is judged) ----------
+
+@dataclass(frozen=True)
+class Case:
+    """One shape case: `make(batch, gen)` returns float64 inputs (name -> tensor, or a non-tensor
+    argument), `view` turns the cast inputs into the layouts under test, `call(inputs, impl)` runs
+    the operator. `bilinear` ops get S from |inputs|; selections from the reference's own routing."""
+
+    op: str
+    name: str
+    make: Callable
+    call: Callable
+    bilinear: bool
+    view: Callable | None = None
+    edge: bool = False   # contains NaN/inf: compare the non-finite pattern too
+
+
+def _randn(gen, *shape):
+    return torch.randn(*shape, dtype=torch.float64, generator=gen)
+
+
+def randn64(gen, *shape) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.float64, generator=gen)
+
+
+def every_other_column(t: dict) -> dict:
+    return {**t, "x": t["x"][..., ::2]}   # a strided, non-contiguous view
