@@ -1,8 +1,8 @@
 """Cost of one LeNet-5 training step on the CPU under each execution setting, measured interleaved.
 
 Every variant (memory format, bf16 autocast, BatchNorm, torch.compile, optimizer implementation,
-threads, batch size) gets its own model, optimizer and batch; then the variants take turns, a few
-steps each, for many rounds. A busy neighbour on a shared machine therefore slows all of them alike,
+threads, batch size) gets its own model, optimizer and batch; then the variants take turns, one step
+each, for many rounds (trainlab.stats.time_interleaved, the timer every trainlab benchmark uses). A busy neighbour on a shared machine therefore slows all of them alike,
 and the ratio to the first variant is the figure to trust. Compile time is reported separately.
 
 A variant is a '+'-joined list of settings, e.g. `bn+bf16+cl+compile@1`:
@@ -12,13 +12,12 @@ A variant is a '+'-joined list of settings, e.g. `bn+bf16+cl+compile@1`:
     fused     AdamW(fused=True)                     foreach  AdamW(foreach=True) (the default is chosen by torch)
     bsN       batch size N (default --batch-size)   @T       T threads (default: torch's default)
 
-    python benchmarks/lenet_cpu_step.py --variants fp32,cl,bf16,bf16+cl,bn+bf16+cl [--rounds 20] [--out DIR] [--name NAME] [--force]
+    python benchmarks/lenet_cpu_step.py --variants fp32,cl,bf16,bf16+cl,bn+bf16+cl [--rounds 20] [--steps 5] [--out DIR] [--name NAME] [--force]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 
 from _common import add_output_args, check_output, save
 from trainlab.lenet.model import LeNet5
+from trainlab.stats import time_interleaved
 
 SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach"}
 
@@ -56,27 +56,22 @@ class Variant:
         kw = {"fused": True} if v.get("fused") else {"foreach": True} if v.get("foreach") else {}
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, **kw)
         self.forward = torch.compile(self.model) if v.get("compile") else self.model
-        self.times: list[float] = []
         t0 = time.perf_counter()
-        with _threads(v["threads"]):
-            for _ in range(3):  # compilation, oneDNN primitive creation, allocator warm-up
-                self.step()
+        for _ in range(3):  # compilation, oneDNN primitive creation, allocator warm-up
+            self.step()
         self.warmup_s = time.perf_counter() - t0
 
     def step(self) -> None:
+        with _threads(self.v["threads"]):
+            self._step()
+
+    def _step(self) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(self.v.get("bf16"))):
             logits = self.forward(self.x)
         loss = F.cross_entropy(logits.float(), self.y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
-
-    def timed(self, steps: int) -> None:
-        with _threads(self.v["threads"]):
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                self.step()
-                self.times.append(time.perf_counter() - t0)
 
 
 class _threads:
@@ -96,8 +91,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default="fp32,cl,bf16,bf16+cl,bn,bn+bf16,bn+bf16+cl,bn234+bf16+cl,bs64")
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=20, help="round-robin rounds")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
+    ap.add_argument("--rounds", type=int, default=20, help="progress lines")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per variant between progress lines")
     ap.add_argument("--name", default="lenet_cpu_step", help="result file stem: <out>/<name>.{json,md,log}")
     add_output_args(ap)
     args = ap.parse_args()
@@ -111,21 +106,22 @@ def main() -> None:
         line = f"built {v['spec']:<28} warm-up {variants[-1].warmup_s:6.2f} s"
         print(line, flush=True)
         lines.append(line)
-    for r in range(args.rounds):
-        for var in variants:
-            var.timed(args.steps)
-        line = f"round {r + 1:>3}/{args.rounds}: " + "  ".join(
-            f"{var.v['spec']} {statistics.median(var.times[-args.steps:]) * 1e3:.2f}" for var in variants)
-        print(line, flush=True)
-        lines.append(line)
+    def progress(runs: int) -> None:
+        if runs % args.steps == 0:
+            line = f"round {runs // args.steps:>3}/{args.rounds}: {runs} steps of each variant"
+            print(line, flush=True)
+            lines.append(line)
+
+    stats = time_interleaved({var.v["spec"]: var.step for var in variants}, warmup=0, rounds=args.rounds * args.steps,
+                             on_round=progress)
     rows = []
     base = None
     for var in variants:
-        ms = sorted(t * 1e3 for t in var.times)
-        med = statistics.median(ms)
+        st = stats[var.v["spec"]]
+        med = st["median"] * 1e3
         base = base or med
         rows.append({"variant": var.v["spec"], "batch_size": var.v["batch_size"], "threads": var.v["threads"] or torch.get_num_threads(),
-                     "median_ms": med, "p10_ms": ms[len(ms) // 10], "p90_ms": ms[(9 * len(ms)) // 10],
+                     "median_ms": med, "p10_ms": st["p10"] * 1e3, "p90_ms": st["p90"] * 1e3,
                      "images_per_s": var.v["batch_size"] / med * 1e3, "speedup": base / med * var.v["batch_size"] / specs[0]["batch_size"],
                      "warmup_s": var.warmup_s})
     md = ["| variant | batch | threads | ms/step median [p10, p90] | images/s | × first (images/s) | warm-up/compile (s) |",

@@ -346,6 +346,11 @@ CASES = [
     Case("profile-steps-zero", "profile --steps 0 --out {ws}/p", r"--steps 0: expected an integer >= 1"),
     Case("profile-variant-twice", "profile --ops own --ops own --out {ws}/p", r"--ops own own: each variant once"),
     Case("profile-own-act", "profile --ops own --act tanh --out {ws}/p", r"--act must be one of relu, gelu, gelu-tanh"),
+    Case("profile-variant-key-unknown", "profile --variant a:foo=1 --out {ws}/p", r"--variant 'a:foo=1': 'foo=1' is not KEY=VALUE"),
+    Case("profile-variant-bad-value", "profile --variant a:amp=fp8 --out {ws}/p", r"--variant 'a:amp=fp8': --amp 'fp8': expected one of"),
+    Case("profile-variant-own-batchnorm", "profile --variant a:ops=own,batchnorm=true --out {ws}/p",
+         r"--variant 'a:ops=own,batchnorm=true': --ops own: LeNet-5 from our operators has no BatchNorm"),
+    Case("profile-wall-steps-negative", "profile --wall-steps -1 --out {ws}/p", r"--wall-steps -1: expected an integer >= 0"),
     Case("profile-out-holds-run", "profile --steps 1 --warmup 0 --train-subset 64 --batch-size 32 --device cpu --out {run}",
          r"already holds a run .*; pass --overwrite to replace it"),
     # -- sweep -----------------------------------------------------------------------------------------------------

@@ -34,15 +34,12 @@ def format_spread(s: dict, scale: float = 1.0, unit: str = "") -> str:
 def time_interleaved(fns: dict[str, Callable | Sequence[Callable]], warmup: int = 3, min_runs: int = 5,
                      max_runs: int = 200, budget_s: float = 0.5, sync: Callable[[], None] = lambda: None,
                      rounds: int | None = None, on_round: Callable[[int], None] | None = None) -> dict:
-    """Wall time of each entry of `fns`, taken round-robin — run 1 of every entry, then run 2, … — so
-    that a change in machine load hits all of them alike: on a shared machine this matters more than
-    the number of runs. Warm-up runs are excluded.
-
-    An entry is one callable or a sequence of phases run back to back in one run (e.g. a forward and
-    its backward), each timed on its own; `sync` is called around every timed phase (a device
-    synchronize, so queued GPU work is counted). Runs go on until `rounds` (when given), else until
-    at least `min_runs` and the budget (`budget_s` per entry) are spent, at most `max_runs`.
-    Returns {name: summarize(samples)}, or a list of summaries (one per phase) for a sequence."""
+    """Wall time of each entry of `fns`, taken round-robin (run 1 of every entry, then run 2, …) so that
+    a change in machine load hits all alike: on a shared machine that matters more than the number
+    of runs. An entry is a callable, or a sequence of phases run back to back and timed apiece (a
+    forward, then its backward). `sync` brackets every timed phase (a device synchronize). Runs go on
+    for `rounds`, else until `min_runs` and `budget_s` per entry are spent (at most `max_runs`); warm-up
+    runs are excluded. Returns {name: summarize(samples)}, a list of them for a sequence of phases."""
     phases = {k: (list(v) if isinstance(v, (list, tuple)) else [v]) for k, v in fns.items()}
     samples: dict[str, list[list[float]]] = {k: [[] for _ in p] for k, p in phases.items()}
     for steps in phases.values():

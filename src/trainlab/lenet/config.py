@@ -137,7 +137,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # BatchNorm + label smoothing 0.1 + a 2× higher peak lr reach 99% in 2 epochs (99.07–99.33% on seeds 0–4);
     # bf16 autocast runs the convolutions on the CPU's bf16 units (AMX/AVX512-BF16; oneDNN) and channels-last
     # speeds them up further. conv1's BatchNorm is left out: on 6×28×28 channels-last activations it costs
-    # more than all the convolutions it would help (benchmarks/lenet_cpu_profile.py).
+    # more than all the convolutions it would help (`trainlab profile --variant ...`, benchmarks/results/lenet_cpu_profile.md).
     "fast": dict(batchnorm=True, batchnorm_conv1=False, epochs=2, lr=1e-2, label_smoothing=0.1, amp="bf16",
                  channels_last="on"),
     # Accuracy (benchmarks/lenet_accuracy.py, 5 seeds: 99.55 ± 0.08 %, min 99.47; with --tta, reported

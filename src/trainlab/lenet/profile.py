@@ -1,5 +1,14 @@
 """`trainlab profile`: where a LeNet-5 training step goes, layer by layer, forward and backward,
-for PyTorch's layers and ours side by side — the analysis the course report did by hand.
+for PyTorch's layers and ours, and for training settings, side by side — the analysis the course
+report did by hand.
+
+Variants: `--ops aten|own[=IMPL]` (whose layers), and `--variant NAME:KEY=VALUE,...` for any mix of
+training settings — ops, act, amp (bf16|off), channels_last (on|off), batchnorm, batchnorm_conv1,
+batch_size, threads — e.g. `--variant bf16-cl-bn234:amp=bf16,channels_last=on,batchnorm=true,batchnorm_conv1=false`.
+Layers are named conv1, bn1, relu1, pool1, conv2, bn2, …, fc3: a BatchNorm by the layer it follows
+(bn2 follows conv2 even without bn1, bn3 follows fc1). `--wall-steps N` also times N steps of each
+variant without the profiler (its own overhead is not the step's), interleaved by the shared timer
+(trainlab.stats.time_interleaved), for the wall time per step and images/s.
 
 How the time is attributed (torch.profiler, no guessing from wall clocks):
   * forward: each layer runs inside a `record_function("layer:<name>")` range opened and closed by
@@ -41,18 +50,20 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device, synchronize
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, one_of, opt
+from trainlab.flags import Config, at_least, check_value, one_of, opt
 from trainlab.lenet.activations import ACTIVATIONS
-from trainlab.lenet.batches import build_train_batches
+from trainlab.lenet.batches import build_train_batches, to_device
 from trainlab.lenet.config import TrainConfig
-from trainlab.lenet.model import LeNet5, check_model_options
-from trainlab.lenet.setup import build_optimizer
-from trainlab.stats import summarize
+from trainlab.lenet.model import check_model_options
+from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, use_channels_last
+from trainlab.stats import summarize, time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 from trainlab.telemetry.rundir import RunDir
 
 STEP = "trainlab.step:"   # + the variant
+# Training settings a --variant may set (TrainConfig fields, plus the CPU threads of its steps).
+VARIANT_KEYS = ("ops", "act", "amp", "channels_last", "batchnorm", "batchnorm_conv1", "batch_size", "threads")
 LAYER_PREFIX = "layer:"
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 
@@ -62,7 +73,11 @@ class ProfileConfig(Config):
     """Per-layer forward/backward time of LeNet-5 training steps (`trainlab profile`)."""
 
     ops: list[str] | None = opt(None, "variants side by side: aten, own, own=python|cpp|triton|cuda (repeatable; "
-                                      "default: aten and own)", metavar="aten|own[=IMPL]")
+                                      "default: aten and own, or none with --variant)", metavar="aten|own[=IMPL]")
+    variant: list[str] | None = opt(None, "a training-settings variant NAME:KEY=VALUE,... (repeatable); keys: "
+                                          f"{', '.join(VARIANT_KEYS)}", metavar="NAME:KEY=V,...")
+    wall_steps: int = opt(0, "also time this many steps of each variant without the profiler (interleaved): "
+                             "wall ms per step and images/s", check=at_least(0))
     steps: int | None = opt(None, "profile this many training steps (default: one epoch)", check=at_least(1))
     warmup: int = opt(3, "steps run before profiling (extension build, allocator, caches), not measured",
                       check=at_least(0))
@@ -81,21 +96,56 @@ class ProfileConfig(Config):
 
     @property
     def variants(self) -> list[str]:
-        return list(self.ops or ["aten", "own"])
+        return list(self.settings())
+
+    def settings(self) -> dict[str, dict]:
+        """{variant name: its settings} (an --ops variant sets ops alone)."""
+        return {**{ops: {"ops": ops} for ops in self.ops or ([] if self.variant else ["aten", "own"])},
+                **dict(parse_variant(v) for v in self.variant or [])}
 
     def validate(self) -> None:
         super().validate()
         if len(set(self.variants)) < len(self.variants):
             raise ConfigError(f"--ops {' '.join(self.variants)}: each variant once (they are told apart by name in the trace)")
-        for v in self.variants:
-            check_model_options(self.act, "max", False, v)   # every flag fails here, before data loads
+        for name, s in self.settings().items():   # every flag fails here, before data loads
+            check_model_options(s.get("act", self.act), "max", s.get("batchnorm", False), s.get("ops", "aten"))
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """'NAME:key=value,...' (or 'key=value,...', named by itself) -> (name, {key: typed value}); the
+    values are checked as TrainConfig checks its flags, and a bad one is one line naming --variant."""
+    name, sep, body = spec.partition(":")
+    if not sep:
+        name, body = spec, spec
+    settings = {}
+    for item in (i.strip() for i in body.split(",")):
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        key = key.replace("-", "_")
+        if not eq or key not in VARIANT_KEYS:
+            raise ConfigError(f"--variant {spec!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(VARIANT_KEYS)}")
+        kind = type(getattr(TrainConfig, key, 1))   # threads: an int like batch_size
+        try:
+            settings[key] = ({"true": True, "on": True, "false": False, "off": False}[raw.lower()] if kind is bool
+                             else int(raw) if kind is int else raw)
+        except (KeyError, ValueError):
+            raise ConfigError(f"--variant {spec!r}: {key}={raw!r} is not {'true/false' if kind is bool else 'an integer'}") from None
+    try:
+        TrainConfig(**{k: v for k, v in settings.items() if k != "threads"}).validate()
+        check_value(settings.get("threads", 1), at_least(1), "threads")
+    except ConfigError as e:
+        raise ConfigError(f"--variant {spec!r}: {e}") from None
+    return name.strip(), settings
 
 
 def layer_names(model: nn.Module) -> dict[str, nn.Module]:
-    """conv1, relu1, pool1, …, fc3 → module, in forward order (Identity placeholders skipped)."""
+    """conv1, bn1, relu1, pool1, …, fc3 → module, in forward order (Identity placeholders skipped).
+    A BatchNorm is named by the layer it normalizes: bn2 follows conv2 even without bn1, bn3 fc1."""
     names, counts = {}, {}
     for module in list(model.features) + list(model.classifier):
         if isinstance(module, nn.Identity):
+            continue
+        if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            names[f"bn{counts.get('conv', 0) + counts.get('fc', 0)}"] = module
             continue
         kind = ("conv" if isinstance(module, nn.Conv2d) else "fc" if isinstance(module, nn.Linear)
                 else "pool" if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)) else "flatten"
@@ -171,15 +221,18 @@ def attribute(events) -> dict[str, list[dict]]:
 
 
 class Variant:
-    """One LeNet-5 variant ready to train: model (instrumented), optimizer, its own batch order."""
+    """One LeNet-5 variant ready to train: model (instrumented), optimizer, precision, memory format,
+    threads, its own batch order — built as `trainlab train` builds them from the same settings."""
 
-    def __init__(self, ops: str, cfg: ProfileConfig, data, device: torch.device):
-        tcfg = TrainConfig(act=cfg.act, ops=ops, batch_size=cfg.batch_size, seed=cfg.seed,
-                           train_subset=cfg.train_subset, device=str(device), channels_last="off")
-        torch.manual_seed(cfg.seed)   # every variant starts from the same weights
-        self.ops = ops
-        self.model = LeNet5(act=cfg.act, ops=ops).to(device)
+    def __init__(self, name: str, settings: dict, cfg: ProfileConfig, data, device: torch.device):
+        train_settings = {"act": cfg.act, "batch_size": cfg.batch_size, "amp": "off", "channels_last": "off",
+                          **{k: v for k, v in settings.items() if k != "threads"}}
+        tcfg = TrainConfig(**train_settings, seed=cfg.seed, train_subset=cfg.train_subset, device=str(device))
+        self.name, self.settings, self.batch_size = name, settings, tcfg.batch_size
+        self.threads, self.device = settings.get("threads"), device
+        self.model = build_model(tcfg, device)   # every variant starts from the same weights (the seed)
         self.optimizer = build_optimizer(tcfg, self.model, tcfg.lr)
+        self.precision, self.channels_last = amp_dtype(tcfg, device), use_channels_last(tcfg, device)
         self.batches = build_train_batches(tcfg, data, device)
         self.layers = list(layer_names(self.model))
         self.handles = instrument(self.model)
@@ -195,24 +248,42 @@ class Variant:
             return next(self.it)
 
     def step(self) -> None:
-        x, y = self.next_batch()
-        with record_function(STEP + self.ops):
-            logits = self.model(x)
-            with record_function("loss"):
-                loss = F.cross_entropy(logits.float(), y)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
+        x, y = to_device(*self.next_batch(), self.device, self.channels_last)
+        before = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        try:
+            with record_function(STEP + self.name):
+                with autocast(self.device, self.precision):
+                    logits = self.model(x)
+                with record_function("loss"):
+                    loss = F.cross_entropy(logits.float(), y)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+        finally:
+            torch.set_num_threads(before)
 
 
-def profile_variants(variants: list[str], cfg: ProfileConfig, data, device: torch.device, out: Path,
-                     log=print) -> dict:
-    """Warm every variant up, then profile `cfg.steps` (or one epoch of) training steps of each, the
-    variants' steps interleaved in rotating order, in one profiler session."""
-    runs = [Variant(v, cfg, data, device) for v in variants]
+def profile_variants(cfg: ProfileConfig, data, device: torch.device, out: Path, log=print) -> dict:
+    """Warm every variant up, optionally time `cfg.wall_steps` steps of each without the profiler,
+    then profile `cfg.steps` (or one epoch of) training steps of each, the variants' steps
+    interleaved in rotating order, in one profiler session."""
+    runs = [Variant(name, settings, cfg, data, device) for name, settings in cfg.settings().items()]
+    variants = [run.name for run in runs]
     for run in runs:
         for _ in range(cfg.warmup):
             run.step()
+    wall = {}
+    if cfg.wall_steps:
+        for run in runs:   # the hooks' record_function ranges cost next to nothing outside a profiler
+            run.epoch, run.it = 0, iter(())
+        wall = time_interleaved({run.name: run.step for run in runs}, warmup=0, rounds=cfg.wall_steps,
+                                sync=lambda: synchronize(device))
+        for run in runs:
+            ms = wall[run.name]["median"] * 1e3
+            log(f"{run.name:<32} wall {ms:8.2f} ms/step  {run.batch_size / ms * 1e3:>9,.0f} images/s (no profiler)")
+    for run in runs:
         run.epoch, run.it = 0, iter(())   # profiled steps: from the start of epoch 1, in order
     n_steps = cfg.steps or len(runs[0].batches)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -223,7 +294,7 @@ def profile_variants(variants: list[str], cfg: ProfileConfig, data, device: torc
             for run in runs[i % len(runs):] + runs[:i % len(runs)]:
                 run.step()
             synchronize(device)
-    wall = time.perf_counter() - t0
+    wall_s = time.perf_counter() - t0
     for run in runs:
         for h in run.handles:
             h.remove()
@@ -232,9 +303,12 @@ def profile_variants(variants: list[str], cfg: ProfileConfig, data, device: torc
         trace = out / "trace.json.gz"
         prof.export_chrome_trace(str(trace))
     per_step = attribute(prof.events())
-    log(f"profiled {n_steps} steps of each of {', '.join(variants)} in {wall:.1f} s" + (f"; trace {trace}" if trace else ""))
-    return {"steps": n_steps, "wall_s": wall, "trace": str(trace) if trace else None,
-            "variants": [{"ops": run.ops, "layers": run.layers, "per_step": per_step.get(run.ops, [])} for run in runs]}
+    log(f"profiled {n_steps} steps of each of {', '.join(variants)} in {wall_s:.1f} s" + (f"; trace {trace}" if trace else ""))
+    return {"steps": n_steps, "wall_s": wall_s, "trace": str(trace) if trace else None,
+            "variants": [{"variant": run.name, "settings": run.settings, "batch_size": run.batch_size, "layers": run.layers,
+                          "per_step": per_step.get(run.name, []),
+                          "wall_ms_per_step": wall[run.name]["median"] * 1e3 if run.name in wall else None}
+                         for run in runs]}
 
 
 def summarize_parts(result: dict) -> list[dict]:
@@ -248,13 +322,13 @@ def summarize_parts(result: dict) -> list[dict]:
 
     for part in parts:
         fwd, bwd = summarize(series(f"{part}.fwd", 0)), summarize(series(f"{part}.bwd", 0))
-        rows.append({"variant": result["ops"], "layer": part, "fwd_ms_median": fwd["median"], "fwd_ms_p10": fwd["p10"],
+        rows.append({"variant": result["variant"], "layer": part, "fwd_ms_median": fwd["median"], "fwd_ms_p10": fwd["p10"],
                      "fwd_ms_p90": fwd["p90"], "bwd_ms_median": bwd["median"], "bwd_ms_p10": bwd["p10"],
                      "bwd_ms_p90": bwd["p90"], "fwd_device_ms_median": summarize(series(f"{part}.fwd", 1))["median"],
                      "bwd_device_ms_median": summarize(series(f"{part}.bwd", 1))["median"]})
     for part in ("optimizer.zero_grad", "optimizer.step", "accumulate_grad", "other_bwd", "other", "step"):
         s = summarize(series(part, 0))
-        rows.append({"variant": result["ops"], "layer": part, "fwd_ms_median": None, "fwd_ms_p10": None, "fwd_ms_p90": None,
+        rows.append({"variant": result["variant"], "layer": part, "fwd_ms_median": None, "fwd_ms_p10": None, "fwd_ms_p90": None,
                      "bwd_ms_median": None, "bwd_ms_p10": None, "bwd_ms_p90": None, "total_ms_median": s["median"],
                      "total_ms_p10": s["p10"], "total_ms_p90": s["p90"],
                      "total_device_ms_median": summarize(series(part, 1))["median"]})
@@ -263,14 +337,18 @@ def summarize_parts(result: dict) -> list[dict]:
     return rows
 
 
-def format_table(rows: list[dict], variants: list[str]) -> str:
+def format_table(rows: list[dict], variants: list[str], walls: dict | None = None) -> str:
     """Layers down, variants across: fwd / bwd ms per step (medians), and each variant's total
-    against the first variant's."""
+    against the first variant's; then, when measured, each variant's wall time without the profiler
+    (`walls`: {variant: (ms per step, batch size)})."""
     by = {(r["variant"], r["layer"]): r for r in rows}
-    layers = list(dict.fromkeys(r["layer"] for r in rows))
-    head = f"{'part':<20}" + "".join(f"{v + ' fwd':>16}{v + ' bwd':>16}" for v in variants)
+    per_variant = [[r["layer"] for r in rows if r["variant"] == v] for v in variants]
+    layers = list(dict.fromkeys(max(per_variant, key=len) + [r["layer"] for r in rows]))   # BatchNorm rows in place
+    w = max(16, *(len(v) + 5 for v in variants))
+    rw = max(22, *(len(variants[0]) + len(v) + 6 for v in variants))
+    head = f"{'part':<20}" + "".join(f"{v + ' fwd':>{w}}{v + ' bwd':>{w}}" for v in variants)
     if len(variants) > 1:
-        head += "".join(f"{'x ' + variants[0] + ' (' + v + ')':>22}" for v in variants[1:])
+        head += "".join(f"{'x ' + variants[0] + ' (' + v + ')':>{rw}}" for v in variants[1:])
     lines = ["ms per training step, median over the profiled steps, variants interleaved step by step "
              "(CPU time; p10/p90 in profile.json)", head]
     for layer in layers:
@@ -283,13 +361,15 @@ def format_table(rows: list[dict], variants: list[str]) -> str:
                 cells += [f"{r['total_ms_median']:.3f}", ""]
             else:
                 cells += [f"{r['fwd_ms_median']:.3f}", f"{r['bwd_ms_median']:.3f}"]
-        line = f"{layer:<20}" + "".join(f"{c:>16}" for c in cells)
+        line = f"{layer:<20}" + "".join(f"{c:>{w}}" for c in cells)
         base = by.get((variants[0], layer))
         for v in variants[1:]:
             r = by.get((v, layer))
             ok = base and r and base["total_ms_median"]
-            line += f"{(r['total_ms_median'] / base['total_ms_median']) if ok else float('nan'):>22.2f}"
+            line += f"{(r['total_ms_median'] / base['total_ms_median']) if ok else float('nan'):>{rw}.2f}"
         lines.append(line)
+    for v, (ms, batch) in (walls or {}).items():
+        lines.append(f"wall, no profiler: {v} {ms:.2f} ms/step, {batch / ms * 1e3:,.0f} images/s (batch {batch})")
     return "\n".join(lines)
 
 
@@ -306,14 +386,17 @@ def run_profile(cfg: ProfileConfig, command: str = "trainlab profile", log=print
         header = format_header({**cfg.to_dict(), "variants": ",".join(variants), "run_dir": str(run.path)}, env)
         log(header)
         run.write_json("config.json", cfg.to_dict())  # the first write (with --overwrite: the old files go now)
-        result = profile_variants(variants, cfg, data, device, run.path, log)
+        result = profile_variants(cfg, data, device, run.path, log)
         rows = [r for res in result["variants"] for r in summarize_parts(res)]
-        table = format_table(rows, variants)
+        table = format_table(rows, variants, {res["variant"]: (res["wall_ms_per_step"], res["batch_size"])
+                                              for res in result["variants"] if res["wall_ms_per_step"]})
         payload = {"config": cfg.to_dict(), "device": str(device), "torch_threads": torch.get_num_threads(),
                    "variants": variants, "steps": result["steps"], "batch_size": cfg.batch_size, "rows": rows,
                    "trace": result["trace"], "wall_s": result["wall_s"], "interleaved": True,
                    # the raw attribution: per variant, per step, {part: [cpu_us, device_us]}
-                   "per_step": {res["ops"]: res["per_step"] for res in result["variants"]}}
+                   "per_step": {res["variant"]: res["per_step"] for res in result["variants"]},
+                   "settings": {res["variant"]: res["settings"] for res in result["variants"]},
+                   "wall_ms_per_step": {res["variant"]: res["wall_ms_per_step"] for res in result["variants"]}}
         write_results(run.path, "profile", payload, f"# LeNet-5 per-layer profile\n\n```\n{table}\n```",
                       [header, "", table], command, env=env)
     return {**payload, "table": table, "run_dir": str(run.path)}

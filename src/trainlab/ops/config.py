@@ -17,8 +17,6 @@ from trainlab.ops.gelu import APPROXIMATIONS
 from trainlab.ops.ladder import DTYPES, canonical_impls
 
 BENCH_COPIES = 8  # tensors of --sizes elements alive at once in the GELU bench (x, grad, per-impl inputs, outputs)
-OP_HELP = f"only these operators, comma-separated or repeated: {','.join(OPS)} (default: all)"
-IMPL_HELP = "only these rungs (repeatable): aten, python, cpp, triton, cuda (default: all)"
 
 
 def parse_ops(ops: list[str] | None) -> list[str]:
@@ -49,7 +47,7 @@ class CheckConfig(Config):
     """Correctness table of every GELU rung (`trainlab gelu check`, the same as `trainlab ops check --op gelu`)."""
 
     json: bool = opt(False, "print one JSON document instead of the table")
-    impl: list[str] | None = opt(None, IMPL_HELP)
+    impl: list[str] | None = opt(None, "only these rungs (repeatable): aten, python, cpp, triton, cuda (default: all)")
     approximate: list[str] | None = opt(None, "only these approximations (repeatable)", choices=APPROXIMATIONS)
     dtype: list[str] | None = opt(None, "only these dtypes (repeatable)", choices=tuple(DTYPES))
     n: int = opt(4096, "random elements per row besides the edge values", check=at_least(1))
@@ -63,7 +61,7 @@ class CheckConfig(Config):
 class OpsCheckConfig(CheckConfig):
     """Correctness of every rung of every operator against a float64 reference (`trainlab ops check`)."""
 
-    op: list[str] | None = opt(None, OP_HELP)
+    op: list[str] | None = opt(None, f"only these operators, comma-separated or repeated: {','.join(OPS)} (default: all)")
     dtype: list[str] | None = opt(None, "only these dtypes (repeatable; default: float32 and bfloat16, and float64 "
                                         "for gelu)", choices=tuple(DTYPES))
     case: list[str] | None = opt(None, "only these shape cases, e.g. lenet-conv1, batch1 (repeatable; gelu's "

@@ -88,22 +88,16 @@ def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 
 # ---- cpp / cuda: the C++ extension ------------------------------------------------------------
 #
-# The C++ (and, with a GPU, CUDA) GELU extension: JIT build, cached, registered as real operators.
-#
-# `EXTENSION.load()` compiles `csrc/gelu_cpu.cpp` (+ `csrc/gelu_cuda.cpp`, the ATen glue, and
-# `csrc/gelu_cuda_kernels.cu`, the CUDA-only kernels, when torch has CUDA and a GPU is visible) with
-# `torch.utils.cpp_extension.load` the first time it is called on a machine, and reuses the shared
-# library afterwards (ninja rebuilds only when a source or flag changed). The library defines
+# `EXTENSION` (built by ops/build.py) is csrc/gelu_cpu.cpp, plus csrc/gelu_cuda.cpp (ATen glue) and
+# csrc/gelu_cuda_kernels.cu (CUDA-only kernels) on a CUDA machine. It defines, with CPU/CUDA kernels,
 #
 #     trainlab::gelu_fwd(Tensor x, str approximate)                          y = GELU(x)
 #     trainlab::gelu_bwd(Tensor grad, Tensor x, str approximate)             grad * GELU'(x)
 #     trainlab::gelu_bwd2(Tensor grad_grad, Tensor grad, Tensor x, str a)    grad_grad * grad * GELU''(x)
 #
-# with CPU (and CUDA) kernels; this module adds the autograd formulas and the fake (shape-only)
-# implementations, which is what lets `torch.compile(fullgraph=True)` trace through the ops and
-# `torch.library.opcheck` pass. Each op's autograd formula uses the next op, so derivatives of any
-# order are exact: gelu_fwd → gelu_bwd → (gelu_bwd, gelu_bwd2) → torch ops (`gelu_math.bwd2_backward`).
-# (build and cache: ops/build.py)
+# and `_register` adds the autograd formulas and fakes (shape-only), so `torch.compile(fullgraph=True)`
+# traces the ops and `torch.library.opcheck` passes. Each op's autograd formula uses the next op, so
+# every order is exact: gelu_fwd → gelu_bwd → (gelu_bwd, gelu_bwd2) → torch ops (gelu_math.bwd2_backward).
 
 EXTENSION = Extension("gelu", "GELU", ("gelu_cpu.cpp",), ("gelu_cuda.cpp", "gelu_cuda_kernels.cu"),
                       register=lambda with_cuda: _register(with_cuda))

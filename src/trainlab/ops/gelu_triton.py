@@ -124,21 +124,38 @@ def _import_triton():
     return triton
 
 
-def _get_kernel(interpreted: bool):
-    """The kernel object: compiled JITFunction, or interpreter-wrapped. Never `triton.jit`, which
-    follows TRITON_INTERPRET at wrap time and would interpret CUDA tensors too."""
-    key = "interp" if interpreted else "jit"
+def kernel_object(fn, interpreted: bool):
+    """One Triton kernel function (a plain function, for every kernel of trainlab) as a compiled
+    JITFunction or interpreter-wrapped, cached. Never `triton.jit`, which follows TRITON_INTERPRET
+    at wrap time and would interpret CUDA tensors too."""
+    key = (fn, interpreted)
     if key not in _kernels:
         _import_triton()
         if interpreted:
             from triton.runtime.interpreter import InterpretedFunction
 
-            _kernels[key] = InterpretedFunction(_gelu_kernel)
+            _kernels[key] = InterpretedFunction(fn)
         else:
             from triton.runtime.jit import JITFunction
 
-            _kernels[key] = JITFunction(_gelu_kernel)
+            _kernels[key] = JITFunction(fn)
     return _kernels[key]
+
+
+def launch(fn, interpreted: bool, grid, *args, **meta) -> None:
+    kernel = kernel_object(fn, interpreted)
+    if interpreted:
+        import numpy as np
+
+        # NumPy warns on inf*0 and inf/inf: defined NaN results for the NaN/inf inputs the check feeds.
+        with np.errstate(all="ignore"):
+            kernel[grid](*args, **meta)
+    else:
+        kernel[grid](*args, **meta)
+
+
+def _get_kernel(interpreted: bool):
+    return kernel_object(_gelu_kernel, interpreted)
 
 
 def interpreter_enabled() -> bool:
@@ -148,14 +165,15 @@ def interpreter_enabled() -> bool:
 _warned_interpret_on_cuda = False
 
 
-def _mode(x: torch.Tensor, interpret: bool | None) -> bool:
-    """True → interpreted, False → compiled; raises when neither is possible."""
+def run_mode(x: torch.Tensor, interpret: bool | None = None) -> bool:
+    """True → interpreted, False → compiled; HardwareError when neither is possible (for every
+    Triton kernel of trainlab: GELU's and the layers')."""
     global _warned_interpret_on_cuda
     _import_triton()
     if x.device.type == "cuda":
         if (interpret or (interpret is None and interpreter_enabled())) and not _warned_interpret_on_cuda:
             _warned_interpret_on_cuda = True
-            warnings.warn("trainlab: TRITON_INTERPRET is set, but the GELU Triton kernels run compiled on CUDA "
+            warnings.warn("trainlab: TRITON_INTERPRET is set, but trainlab's Triton kernels run compiled on CUDA "
                           "tensors (the interpreter is for CPU tensors only)", RuntimeWarning, stacklevel=3)
         return False
     if x.device.type == "cpu" and (interpret if interpret is not None else interpreter_enabled()):
@@ -168,8 +186,7 @@ def _mode(x: torch.Tensor, interpret: bool | None) -> bool:
 def run_kernel(order: int, x: torch.Tensor, approximate: str, interpret: bool | None = None,
                g: torch.Tensor | None = None, gg: torch.Tensor | None = None) -> torch.Tensor:
     """One launch of `_gelu_kernel` (ORDER 0/1/2); inputs are made contiguous, the output is too."""
-    interpreted = _mode(x, interpret)
-    kernel = _get_kernel(interpreted)
+    interpreted = run_mode(x, interpret)
     xc = x.contiguous()
     gc = g.contiguous() if g is not None else xc     # unused pointers: any tensor of the right dtype
     ggc = gg.contiguous() if gg is not None else xc
@@ -181,14 +198,7 @@ def run_kernel(order: int, x: torch.Tensor, approximate: str, interpret: bool | 
     consts = dict(ORDER=order, TANH=approximate == "tanh", F64=x.dtype == torch.float64, BLOCK=block,
                   RNE_BF16=interpreted and x.dtype == torch.bfloat16)
     grid = (-(-n // block),)
-    if interpreted:
-        import numpy as np
-
-        # NumPy warns on inf*0 and inf/inf, which are the defined NaN results at x = +-inf.
-        with np.errstate(all="ignore"):
-            kernel[grid](xc, gc, ggc, out, n, **consts)
-    else:
-        kernel[grid](xc, gc, ggc, out, n, **consts)
+    launch(_gelu_kernel, interpreted, grid, xc, gc, ggc, out, n, **consts)
     return out
 
 
@@ -249,5 +259,5 @@ class TritonGeluDoubleBackward(torch.autograd.Function):
 
 def gelu_triton(x: torch.Tensor, approximate: str = "none", interpret: bool | None = None) -> torch.Tensor:
     """GELU with the Triton kernels. `interpret=None` follows TRITON_INTERPRET for CPU tensors."""
-    _mode(x, interpret)   # fail before autograd records anything
+    run_mode(x, interpret)   # fail before autograd records anything
     return TritonGeluFunction.apply(x, approximate, interpret)

@@ -33,23 +33,18 @@ from typing import Optional
 
 import torch
 
-from trainlab.errors import HardwareError
-from trainlab.ops.gelu_triton import interpreter_enabled
+from trainlab.ops.gelu_triton import launch, run_mode
 from trainlab.ops.ladder import widen
 from trainlab.ops.layer_args import conv2d_output_hw, pool_index_dtype, pool_output_hw, register
 
 try:  # optional dependency: without it impl="triton" raises a HardwareError naming the fix
     import triton
     import triton.language as tl
-except ImportError as _e:  # pragma: no cover - exercised only where triton is absent
+except ImportError:  # pragma: no cover - exercised only where triton is absent (gelu_triton.run_mode says so)
     triton = tl = None
-    _TRITON_IMPORT_ERROR = str(_e)
-
-_kernels: dict = {}
-
 
 if tl is not None:
-    # Plain functions, wrapped per mode (triton.jit or InterpretedFunction) in _kernel().
+    # Plain functions, wrapped per mode (JITFunction or InterpretedFunction) by gelu_triton.kernel_object.
 
     def _conv2d_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, C, H, W, OC, OH, OW, sxn, sxc, sxh, sxw,
                            KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
@@ -317,43 +312,8 @@ def aot_specs(dtype: str = "fp32") -> dict:
 
 # ---- mode, launch geometry ----------------------------------------------------------------------------
 
-def _interpreted(t: torch.Tensor) -> bool:
-    """True → run in Triton's interpreter, False → compile; HardwareError when neither can run."""
-    if triton is None:
-        raise HardwareError(f"impl='triton': Triton is not installed ({_TRITON_IMPORT_ERROR}); `pip install triton` "
-                            "or use impl='cpp'/'python'")
-    if t.device.type == "cuda":
-        return False
-    if t.device.type == "cpu" and interpreter_enabled():
-        return True
-    raise HardwareError(f"impl='triton': tensors are on {t.device} and no CUDA GPU is in use; Triton kernels need a "
-                        "GPU — set TRITON_INTERPRET=1 to run them in Triton's (slow) CPU interpreter, or use impl='cpp'")
-
-
-def _kernel(name: str, interpreted: bool):
-    key = (name, interpreted)
-    if key not in _kernels:
-        fn = globals()[name]
-        if interpreted:
-            from triton.runtime.interpreter import InterpretedFunction
-
-            _kernels[key] = InterpretedFunction(fn)
-        else:   # never triton.jit: it follows TRITON_INTERPRET at wrap time and would interpret CUDA tensors
-            from triton.runtime.jit import JITFunction
-
-            _kernels[key] = JITFunction(fn)
-    return _kernels[key]
-
-
 def _launch(name: str, interpreted: bool, grid, *args, **meta) -> None:
-    kernel = _kernel(name, interpreted)
-    if interpreted:
-        import numpy as np
-
-        with np.errstate(all="ignore"):   # NaN/inf inputs are legitimate (the check feeds them)
-            kernel[grid](*args, **meta)
-    else:
-        kernel[grid](*args, **meta)
+    launch(globals()[name], interpreted, grid, *args, **meta)
 
 
 def _precision(dtype: torch.dtype) -> dict:
@@ -401,7 +361,7 @@ def _grid_1d(total: int, block: int):
 
 @torch.library.custom_op("trainlab::triton_conv2d_fwd", mutates_args=())
 def conv2d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: list[int]) -> torch.Tensor:
-    interpreted, dtype = _interpreted(x), x.dtype
+    interpreted, dtype = run_mode(x), x.dtype
     x, weight, bias = _kernel_inputs(interpreted, x, weight, bias)
     n, c, h, w = x.shape
     oc, _, kh, kw = weight.shape
@@ -429,7 +389,7 @@ def conv2d_bwd_input(grad: torch.Tensor, weight: torch.Tensor, padding: list[int
 @torch.library.custom_op("trainlab::triton_conv2d_bwd_weight", mutates_args=())
 def conv2d_bwd_weight(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, padding: list[int],
                       bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    interpreted = _interpreted(x)
+    interpreted = run_mode(x)
     grad, x = _kernel_inputs(interpreted, grad, x)
     n, c, h, w = x.shape
     oc, _, kh, kw = weight.shape
@@ -475,7 +435,7 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], bias
 
 @torch.library.custom_op("trainlab::triton_linear_fwd", mutates_args=())
 def linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    interpreted, dtype = _interpreted(x), x.dtype
+    interpreted, dtype = run_mode(x), x.dtype
     x, weight, bias = _kernel_inputs(interpreted, x, weight, bias)
     y = _matmul(x, weight.t(), bias, False, interpreted, split=False)   # W^T by strides: no copy
     return y.to(dtype).contiguous()
@@ -484,7 +444,7 @@ def linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 @torch.library.custom_op("trainlab::triton_linear_bwd", mutates_args=())
 def linear_bwd(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    interpreted, dtype = _interpreted(x), x.dtype
+    interpreted, dtype = run_mode(x), x.dtype
     grad, x, weight = _kernel_inputs(interpreted, grad, x, weight)
     fin = x.shape[1]
     dx = _matmul(grad, weight, None, False, interpreted, split=False)                 # dy W
@@ -496,7 +456,7 @@ def linear_bwd(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 @torch.library.custom_op("trainlab::triton_max_pool2d_fwd", mutates_args=())
 def max_pool2d_fwd(x: torch.Tensor, kernel: list[int], stride: list[int],
                    padding: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    interpreted, dtype = _interpreted(x), x.dtype
+    interpreted, dtype = run_mode(x), x.dtype
     (x,) = _kernel_inputs(interpreted, x)
     n, c, h, w = x.shape
     oh, ow = pool_output_hw(h, w, kernel, stride, padding)
@@ -513,7 +473,7 @@ def max_pool2d_fwd(x: torch.Tensor, kernel: list[int], stride: list[int],
 @torch.library.custom_op("trainlab::triton_max_pool2d_bwd", mutates_args=())
 def max_pool2d_bwd(grad: torch.Tensor, indices: torch.Tensor, input_hw: list[int], kernel: list[int],
                    stride: list[int], padding: list[int]) -> torch.Tensor:
-    interpreted, dtype = _interpreted(grad), grad.dtype
+    interpreted, dtype = run_mode(grad), grad.dtype
     (grad,) = _kernel_inputs(interpreted, grad)
     n, c, oh, ow = grad.shape
     h, w = input_hw
@@ -529,7 +489,7 @@ def max_pool2d_bwd(grad: torch.Tensor, indices: torch.Tensor, input_hw: list[int
 
 @torch.library.custom_op("trainlab::triton_relu_fwd", mutates_args=())
 def relu_fwd(x: torch.Tensor) -> torch.Tensor:
-    interpreted, dtype = _interpreted(x), x.dtype
+    interpreted, dtype = run_mode(x), x.dtype
     (xc,) = _kernel_inputs(interpreted, x.contiguous())
     y = torch.empty_like(xc)
     block = 8192 if interpreted else 1024
@@ -541,7 +501,7 @@ def relu_fwd(x: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("trainlab::triton_relu_bwd", mutates_args=())
 def relu_bwd(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    interpreted, dtype = _interpreted(grad), grad.dtype
+    interpreted, dtype = run_mode(grad), grad.dtype
     gc, yc = _kernel_inputs(interpreted, grad.contiguous(), out.contiguous())
     dx = torch.empty_like(gc)
     block = 8192 if interpreted else 1024
@@ -557,20 +517,20 @@ register("triton_")
 # ---- entry points used by the triton rung (arguments already validated by layer_args) ----------------
 
 def conv2d(x, weight, bias, padding) -> torch.Tensor:
-    _interpreted(x)   # fail before autograd records anything
+    run_mode(x)   # fail before autograd records anything
     return torch.ops.trainlab.triton_conv2d_fwd(x, weight, bias, list(padding))
 
 
 def max_pool2d(x, kernel, stride, padding) -> torch.Tensor:
-    _interpreted(x)
+    run_mode(x)
     return torch.ops.trainlab.triton_max_pool2d_fwd(x, list(kernel), list(stride), list(padding))[0]
 
 
 def linear(x, weight, bias) -> torch.Tensor:
-    _interpreted(x)
+    run_mode(x)
     return torch.ops.trainlab.triton_linear_fwd(x, weight, bias)
 
 
 def relu(x) -> torch.Tensor:
-    _interpreted(x)
+    run_mode(x)
     return torch.ops.trainlab.triton_relu_fwd(x)
