@@ -33,9 +33,8 @@ import torch.nn.functional as F
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.ops import gelu_math
 from trainlab.ops.build import Extension
-from trainlab.ops.ladder import IMPLS, check_impl, widen
+from trainlab.ops.ladder import FLOAT_DTYPES, IMPLS, check_impl, widen
 APPROXIMATIONS = ("none", "tanh")
-SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 def validate_options(impl: str, approximate: str) -> None:
@@ -50,11 +49,11 @@ def validate(x: torch.Tensor, impl: str, approximate: str) -> None:
     validate_options(impl, approximate)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"gelu expects a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in SUPPORTED_DTYPES:
+    if x.dtype not in FLOAT_DTYPES:
         kind = ("complex" if x.dtype.is_complex else "boolean" if x.dtype == torch.bool
                 else "integer" if not x.dtype.is_floating_point else "unsupported floating-point")
         raise TypeError(f"gelu(impl={impl!r}) got a {kind} tensor of dtype {x.dtype}; GELU is defined for "
-                        f"floating-point tensors ({', '.join(str(d) for d in SUPPORTED_DTYPES)}) — cast with x.float()")
+                        f"floating-point tensors ({', '.join(str(d) for d in FLOAT_DTYPES)}) — cast with x.float()")
 
 
 # ---- python: the reference autograd.Function ---------------------------------------------------

@@ -27,7 +27,8 @@ from trainlab.errors import ConfigError
 IMPLS = ("aten", "python", "cpp", "triton", "cuda")
 # Older spellings accepted on the command line (`trainlab gelu check --impl torch`, in earlier docs).
 IMPL_ALIASES = {"torch": "aten"}
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}   # checked in
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)   # what every rung accepts
 REDUCED = (torch.bfloat16, torch.float16)
 
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 
 from trainlab.errors import HardwareError, UserError
-
-FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+from trainlab.ops.ladder import FLOAT_DTYPES
 
 
 class OpInputError(UserError, ValueError):
