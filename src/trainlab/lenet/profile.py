@@ -96,7 +96,7 @@ class ProfileConfig(Config):
 
     @property
     def variants(self) -> list[str]:
-        return list(self.settings())
+        return list(self.ops or ([] if self.variant else ["aten", "own"])) + [parse_variant(v)[0] for v in self.variant or []]
 
     def settings(self) -> dict[str, dict]:
         """{variant name: its settings} (an --ops variant sets ops alone)."""
