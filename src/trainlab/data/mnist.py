@@ -82,6 +82,7 @@ class MNISTArrays:
     test_images: np.ndarray  # uint8 [N_test, 28, 28]
     test_labels: np.ndarray  # uint8 [N_test]
     source: str  # human description, printed in logs and by `trainlab data verify`
+    paths: dict[str, Path] | None = None  # the file each array was read from (IDX sources), for error messages
 
     def split(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
         """(images, labels) of the train or test split."""
@@ -149,36 +150,39 @@ def _find_idx_file(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def resolve_idx_dir(data_dir: str | os.PathLike) -> Path:
-    """The folder holding the IDX files: DIR, DIR/raw or DIR/MNIST/raw (torchvision's layout)."""
+def resolve_idx_dir(data_dir: str | os.PathLike, what: str = "MNIST", torchvision_name: str = "MNIST",
+                    hint: str = "`trainlab data fetch` downloads them") -> Path:
+    """The folder holding the IDX files: DIR, DIR/raw or DIR/<torchvision_name>/raw (torchvision's layout)."""
     root = Path(data_dir).expanduser()
     if not root.exists():
-        raise DataError(f"{root}: --data-dir not found (expected a folder with the MNIST IDX files)")
+        raise DataError(f"{root}: --data-dir not found (expected a folder with the {what} IDX files)")
     if not root.is_dir():
         raise DataError(f"{root}: --data-dir is not a directory")
-    for folder in (root, root / "raw", root / "MNIST" / "raw"):
+    for folder in (root, root / "raw", root / torchvision_name / "raw"):
         if _find_idx_file(folder, IDX_STEMS["train_images"]) or _find_idx_file(folder, IDX_STEMS["test_images"]):
             return folder
     raise DataError(
-        f"{root}: no MNIST IDX files here, in raw/ or in MNIST/raw/ "
-        f"(expected {', '.join(s + '[.gz]' for s in IDX_STEMS.values())}; `trainlab data fetch` downloads them)"
+        f"{root}: no {what} IDX files here, in raw/ or in {torchvision_name}/raw/ "
+        f"(expected {', '.join(s + '[.gz]' for s in IDX_STEMS.values())}; {hint})"
     )
 
 
-def load_idx_dir(data_dir: str | os.PathLike) -> MNISTArrays:
-    """Load and validate the four official IDX files from `data_dir` (see `resolve_idx_dir`)."""
-    folder = resolve_idx_dir(data_dir)
+def load_idx_dir(data_dir: str | os.PathLike, what: str = "MNIST", torchvision_name: str = "MNIST",
+                 hint: str = "`trainlab data fetch` downloads them") -> MNISTArrays:
+    """Load and validate the four official IDX files from `data_dir` (see `resolve_idx_dir`); the
+    arrays' `source` names the folder and `paths` (set on the result) each file read."""
+    folder = resolve_idx_dir(data_dir, what, torchvision_name, hint)
     paths = {}
     for key, stem in IDX_STEMS.items():
         path = _find_idx_file(folder, stem)
         if path is None:
-            raise DataError(f"{folder / stem}: missing (also tried .gz); all four MNIST IDX files are needed")
+            raise DataError(f"{folder / stem}: missing (also tried .gz); all four {what} IDX files are needed")
         paths[key] = path
     arrays = {key: read_idx(path) for key, path in paths.items()}
     for split in ("train", "test"):
         validate_split(arrays[f"{split}_images"], arrays[f"{split}_labels"],
                        str(paths[f"{split}_images"]), str(paths[f"{split}_labels"]))
-    return MNISTArrays(**arrays, source=f"IDX files in {folder}")
+    return MNISTArrays(**arrays, source=f"IDX files in {folder}", paths=paths)
 
 
 # ----------------------------------------------------------------------------- embedded CSV source

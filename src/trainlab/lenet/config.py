@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainlab.data.augment import Distortion
+from trainlab.data.datasets import DATASETS
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, between, non_negative, one_of, opt, positive
 from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.data_parallel import MODES
 from trainlab.lenet.model import POOLS, check_model_options
+from trainlab.lenet.models import MODELS, check_model_choice
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("onecycle", "cosine", "constant")
@@ -37,6 +39,8 @@ class TrainConfig(Config):
     accuracy; they were chosen for time-to-99%, measured in benchmarks/lenet_time_to_99.py."""
 
     # what to train
+    model: str = opt("lenet5", "architecture: linear | mlp | one-conv | lenet5 | lenet5-bn | resnet18 (CIFAR form: "
+                               "3×3 stem, no max-pool); see trainlab.lenet.models", check=one_of(MODELS))
     act: str = opt("relu", "activation: relu, gelu, gelu-python, gelu-cpp, gelu-triton, gelu-cuda, …", check=one_of(ACTIVATIONS))
     pool: str = opt("max", "LeNet pooling: max | avg", check=one_of(POOLS))
     batchnorm: bool = opt(False, "BatchNorm after convs and hidden FCs (the `best` preset)")
@@ -45,7 +49,10 @@ class TrainConfig(Config):
     ops: str = opt("aten", "whose layers: aten (PyTorch's) | own (ours: trainlab.ops conv2d/max_pool2d/linear/relu "
                            "in C++) | own=python|cpp|triton|cuda (one rung of the ladder)", metavar="aten|own[=IMPL]")
     # data
-    data_dir: str | None = opt(None, "directory with the official MNIST IDX files (default: embedded MNIST)")
+    dataset: str = opt("mnist", "mnist | fashion-mnist (Zalando's, same IDX format; from the Debian package "
+                                "dataset-fashion-mnist or --data-dir)", check=one_of(DATASETS))
+    data_dir: str | None = opt(None, "directory with the dataset's IDX files (default: embedded MNIST; Fashion-MNIST: "
+                                     "/usr/share/datasets/fashion-mnist)")
     loader: str = opt("device", "device (whole set resident on the device) | dataloader (torch DataLoader)",
                       check=one_of(LOADERS))
     workers: int = opt(0, "DataLoader worker processes (--loader dataloader)", check=at_least(0))
@@ -108,6 +115,7 @@ class TrainConfig(Config):
 
     def validate(self) -> None:
         super().validate()
+        check_model_choice(self.model, self.batchnorm, self.ops, self.pool)
         check_model_options(self.act, self.pool, self.batchnorm, self.ops)  # the model flags, together
         if self.preset not in PRESETS:
             raise ConfigError(f"--preset {self.preset!r}: expected one of {', '.join(PRESETS)}")

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from trainlab.data.mnist import load_mnist
+from trainlab.data.datasets import load_dataset
 from trainlab.device import set_tf32, synchronize
 from trainlab.distributed.wrappers import unwrap
 from trainlab.distributed.launch import describe_timeout
@@ -33,6 +33,7 @@ from trainlab.lenet.data_parallel import setup_data_parallel
 from trainlab.lenet.ema import EMA
 from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
+from trainlab.lenet.models import flops_per_image
 from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, build_scheduler, scaled_lr, use_channels_last
 from trainlab.lenet.tta import evaluate_tta
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
@@ -73,7 +74,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     device = par.device
     tf32 = set_tf32(cfg.tf32)
     ckpt = load_checkpoint(run.checkpoint) if resume is not None else None
-    data = load_mnist(cfg.data_dir)
+    data = load_dataset(cfg.dataset, cfg.data_dir)
     train_batches = build_train_batches(cfg, data, device, par)
     test_batches = build_test_batches(cfg, data, device, par)
     steps_per_epoch = len(train_batches)
@@ -90,7 +91,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     if ckpt is not None:
         start_epoch, global_step, history, train_seconds = restore_checkpoint(
             ckpt, cfg, model, optimizer, scheduler, run, steps_per_epoch, log, ema=ema)
-    params = count_parameters(model)
+    params, flops = count_parameters(model), flops_per_image(model)
 
     # ---- record what this run is, before it runs -------------------------------------------------
     env = collect_env(device)
@@ -98,7 +99,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
         run.write_json("config.json", cfg.to_dict())
         run.write_json("env.json", env)
     log(format_header({**cfg.to_dict(), "dist_timeout": describe_timeout(cfg.dist_timeout),  # as resolved, with its source
-                       "run_dir": str(run.path), "params": params, "data_source": data.source,
+                       "run_dir": str(run.path), "params": params, "flops_per_image": flops, "data_source": data.source,
                        "resumed_from_epoch": start_epoch if ckpt else None,
                        "rank_batches": par.rank_batches(cfg.batch_size)}, env))
     writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=global_step if ckpt else None)
@@ -175,6 +176,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
                 "train_accuracy": train_accuracy,
                 "test_loss": result["test_loss"],
                 "test_accuracy": result["test_accuracy"],
+                "train_test_gap": train_accuracy - result["test_accuracy"],  # overfitting, in points (running train accuracy)
                 "per_class_accuracy": result["per_class_accuracy"],
                 **({"live_test_accuracy": _live_accuracy(live_model, test_batches, device, precision, par)} if ema else {}),
                 "lr": scheduler.get_last_lr()[0],
@@ -244,6 +246,9 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
         "device_name": env["gpus"][0] if device.type == "cuda" and env["gpus"] else env["cpu"],
         "tf32": tf32,
         "params": params,
+        "flops_per_image": flops,
+        "model": cfg.model,
+        "dataset": cfg.dataset,
         "amp": str(precision).removeprefix("torch.") if precision is not None else "off",
         "channels_last": channels_last,
         "act": cfg.act,
@@ -350,6 +355,8 @@ def _log_epoch(writer, record, losses, accuracies, global_step, result, schedule
 @torch.no_grad()
 def _log_images(writer, model, test_batches, global_step) -> None:
     """First-layer filters and feature maps of a few test digits: the handout's 'visualize intermediate layers'."""
+    if not hasattr(model, "first_layer_maps"):  # --model linear/mlp: no conv layer to show
+        return
     writer.add_image("layers/conv1_filters", image_grid(model.conv1.weight[:, 0]), global_step)
     x, _ = next(iter(test_batches))
     model.eval()

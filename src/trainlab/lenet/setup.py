@@ -9,13 +9,13 @@ import torch
 
 from trainlab.errors import ConfigError
 from trainlab.lenet.config import OPTIMIZERS, SCHEDULES, TrainConfig
-from trainlab.lenet.model import LeNet5
+from trainlab.lenet.models import make_model
 
 
 def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     torch.manual_seed(cfg.seed)  # the initial weights depend on the seed alone
-    model = LeNet5(act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm, ops=cfg.ops,
-                   batchnorm_conv1=cfg.batchnorm_conv1).to(device)
+    model = make_model(cfg.model, act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm, ops=cfg.ops,
+                       batchnorm_conv1=cfg.batchnorm_conv1).to(device)
     if use_channels_last(cfg, device):
         model = model.to(memory_format=torch.channels_last)
     return model
