@@ -25,10 +25,16 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=seeded_generator(seed, epoch, stream=SHUFFLE_STREAM))
 
 
-def shard_bounds(n: int, rank: int, world_size: int, start: int = 0) -> tuple[int, int]:
+def shard_bounds(n: int, rank: int, world_size: int, start: int = 0,
+                 shares: tuple[float, ...] | None = None) -> tuple[int, int]:
     """Rows [lo, hi) of `rank` when n rows starting at `start` are split into `world_size` contiguous
-    shards whose sizes differ by at most one (the first ranks get the smaller ones)."""
-    return start + rank * n // world_size, start + (rank + 1) * n // world_size
+    shards whose sizes differ by at most one (the first ranks get the smaller ones); with `shares`
+    (one positive number per rank, `--shard-weights`), shard sizes proportional to them instead."""
+    if shares is None:
+        return start + rank * n // world_size, start + (rank + 1) * n // world_size
+    total = sum(shares)
+    edge = lambda r: round(n * sum(shares[:r]) / total)  # noqa: E731  (cumulative: the shards tile [0, n))
+    return start + edge(rank), start + edge(rank + 1)
 
 
 def _as_tensor(a) -> torch.Tensor:
@@ -53,7 +59,8 @@ class DeviceLoader:
     """
 
     def __init__(self, images_uint8, labels, batch_size: int, device, shuffle: bool = True, seed: int = 0,
-                 augment: bool | Distortion = False, drop_last: bool = False, rank: int = 0, world_size: int = 1):
+                 augment: bool | Distortion = False, drop_last: bool = False, rank: int = 0, world_size: int = 1,
+                 shares: tuple[float, ...] | None = None):
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -75,6 +82,25 @@ class DeviceLoader:
         self.distortion, self.drop_last = Distortion.of(augment), drop_last
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
+        self.shares: tuple[float, ...] | None = None
+        self.set_shares(shares)
+
+    def set_shares(self, shares: tuple[float, ...] | None) -> None:
+        """Split every global batch across ranks in proportion to `shares` (None: evenly). Every rank
+        must be given the same shares; a rank whose share of a full batch would be empty is refused."""
+        if shares is not None:
+            shares = tuple(float(w) for w in shares)
+            if len(shares) != self.world_size or min(shares) <= 0:
+                raise ConfigError(f"shard weights {list(shares)}: expected {self.world_size} positive numbers, one per rank")
+            empty = [r for r in range(self.world_size) if len(range(*shard_bounds(self.batch_size, r, self.world_size, 0, shares))) == 0]
+            if empty:
+                raise ConfigError(f"--shard-weights {','.join(f'{w:g}' for w in shares)}: rank {empty[0]} would get no image of a "
+                                  f"global batch of {self.batch_size}; raise --batch-size or that rank's weight")
+        self.shares = shares
+
+    def bounds(self, n: int, start: int = 0) -> tuple[int, int]:
+        """This rank's rows of a global batch of n rows starting at `start`."""
+        return shard_bounds(n, self.rank, self.world_size, start, self.shares)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order (and augmentation) the next iteration uses."""
@@ -84,6 +110,10 @@ class DeviceLoader:
         bounds = [(i, min(i + self.batch_size, self.n)) for i in range(0, self.n, self.batch_size)]
         if bounds and (bounds[-1][1] - bounds[-1][0] < (self.batch_size if self.drop_last else self.world_size)):
             bounds.pop()
+        elif bounds and self.shares is not None and any(
+                len(range(*shard_bounds(bounds[-1][1] - bounds[-1][0], r, self.world_size, 0, self.shares))) == 0
+                for r in range(self.world_size)):
+            bounds.pop()  # a weighted split of the short last batch would leave a rank without rows
         return bounds
 
     def __len__(self) -> int:
@@ -95,7 +125,7 @@ class DeviceLoader:
         global batch's mean loss, even when the shards are uneven; 1.0 exactly for even shards."""
         weights = []
         for start, stop in self._global_batch_bounds():
-            lo, hi = shard_bounds(stop - start, self.rank, self.world_size)
+            lo, hi = self.bounds(stop - start)
             weights.append(self.world_size * (hi - lo) / (stop - start))
         return weights
 
@@ -119,7 +149,7 @@ class DeviceLoader:
             theta = theta.to(self.device)
         for start, stop in bounds:
             # This rank's slice of the global batch (the whole batch when world_size == 1).
-            lo, hi = shard_bounds(stop - start, self.rank, self.world_size, start)
+            lo, hi = self.bounds(stop - start, start)
             index = order[lo:hi]
             x, y = self.x.index_select(0, index), self.y.index_select(0, index)
             if theta is not None:

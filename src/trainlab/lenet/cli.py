@@ -25,6 +25,7 @@ from trainlab.lenet.data_parallel import check_launch
 from trainlab.lenet.evaluate import evaluate_checkpoint
 from trainlab.lenet.loop import default_run_dir, train
 from trainlab.lenet.profile import ProfileConfig, run_profile_cmd
+from trainlab.lenet.shard_weights import check_shard_weights
 from trainlab.lenet.sweep import NOT_SWEPT, SweepConfig, run_sweep
 from trainlab.telemetry.rundir import check_run_dir
 
@@ -65,6 +66,7 @@ def run_train(args: argparse.Namespace) -> int:
     cfg.validate()
     # All launch problems (mode, --nproc vs GPUs, batch vs world size) fail here, before any process starts.
     check_launch(cfg.parallel, args.nproc, cfg.device, cfg.batch_size)
+    check_shard_weights(cfg.shard_weights, cfg.parallel, args.nproc, cfg.batch_size)
     if args.resume:
         check_run_dir(args.resume, resume=True, flag="--resume")
     else:

@@ -20,6 +20,7 @@ from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.data_parallel import MODES
 from trainlab.lenet.model import POOLS, check_model_options
 from trainlab.lenet.models import MODELS, check_model_choice
+from trainlab.lenet.shard_weights import parse_shard_weights
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("onecycle", "cosine", "constant")
@@ -91,6 +92,9 @@ class TrainConfig(Config):
     tf32: str = opt("off", "TF32 tensor cores for fp32 matmuls/convolutions on Ampere+ GPUs (recorded in the summary)",
                     choices=("on", "off"))
     parallel: str = opt("none", "none | dp | ddp | allreduce | ring (see `trainlab dp`)", check=one_of(MODES))
+    shard_weights: str | None = opt(None, "split each global batch across ranks in proportion to these weights (one per "
+                                          "rank, e.g. 2,1) or to each rank's throughput measured in the first steps (auto); "
+                                          "losses stay those of the even split (default: even)", metavar="auto|W1,W2,…")
     seed: int = opt(0, "seeds init, shuffling and augmentation; same seed → same curve on CPU", check=at_least(0))
     tta: bool = opt(False, "also report test accuracy under test-time augmentation (mean softmax over fixed "
                            "shifted views), separately from test_accuracy")
@@ -125,6 +129,7 @@ class TrainConfig(Config):
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ConfigError(f"--name {self.name!r}: expected a plain name (it becomes runs/<name>)")
         self.distortion()  # the augmentation flags, together (raises ConfigError naming the flag)
+        parse_shard_weights(self.shard_weights)  # its syntax; the rank count is checked at launch
 
     def distortion(self) -> Distortion:
         """The training augmentation these flags ask for."""

@@ -198,11 +198,12 @@ class DataParallelContext:
     def multi_process(self) -> bool:
         return self.world_size > 1 and self.mode in MULTI_PROCESS_MODES
 
-    def rank_batches(self, global_batch: int) -> str | None:
+    def rank_batches(self, global_batch: int, shares: tuple[float, ...] | None = None) -> str | None:
         """"85, 85, 86": the rows each rank gets of a full global batch (None in a single process)."""
         if not self.multi_process:
             return None
-        return ", ".join(str(hi - lo) for lo, hi in (shard_bounds(global_batch, r, self.world_size) for r in range(self.world_size)))
+        return ", ".join(str(hi - lo) for lo, hi in (shard_bounds(global_batch, r, self.world_size, 0, shares)
+                                                      for r in range(self.world_size)))
 
     def shard_weights(self, batches) -> list[float] | None:
         """Per step, the factor W·n_rank/n_global for this rank's mean loss (None: nothing to weight)."""

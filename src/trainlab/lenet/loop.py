@@ -34,11 +34,12 @@ from trainlab.lenet.ema import EMA
 from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
 from trainlab.lenet.models import flops_per_image
+from trainlab.lenet.shard_weights import setup_shards
 from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, build_scheduler, scaled_lr, use_channels_last
 from trainlab.lenet.tta import evaluate_tta
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.figures import misclassified_figure
-from trainlab.telemetry.gpu import GPUSampler
+from trainlab.telemetry.gpu import GPUSampler, gather_samples, log_gpu_tags, rank_csv_name, sampled_devices
 from trainlab.telemetry.rundir import RunDir
 from trainlab.telemetry.tensorboard import image_grid, make_writer
 
@@ -77,12 +78,14 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     data = load_dataset(cfg.dataset, cfg.data_dir)
     train_batches = build_train_batches(cfg, data, device, par)
     test_batches = build_test_batches(cfg, data, device, par)
-    steps_per_epoch = len(train_batches)
     n_train = len(data.train_images) if cfg.train_subset is None else min(cfg.train_subset, len(data.train_images))
     channels_last = use_channels_last(cfg, device)
     precision = amp_dtype(cfg, device)
 
     model = build_model(cfg, device)
+    # before wrapping: `auto` times the plain model, no collective (lenet/shard_weights.py)
+    sharding = setup_shards(cfg.shard_weights, model, train_batches, par, lambda: autocast(device, precision), log)
+    steps_per_epoch = len(train_batches)  # after the split: a weighted split may drop a short last batch
     lr = scaled_lr(cfg)
     optimizer = build_optimizer(cfg, model, lr)
     scheduler = build_scheduler(cfg, optimizer, lr, steps_per_epoch)
@@ -101,13 +104,13 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     log(format_header({**cfg.to_dict(), "dist_timeout": describe_timeout(cfg.dist_timeout),  # as resolved, with its source
                        "run_dir": str(run.path), "params": params, "flops_per_image": flops, "data_source": data.source,
                        "resumed_from_epoch": start_epoch if ckpt else None,
-                       "rank_batches": par.rank_batches(cfg.batch_size)}, env))
+                       "rank_batches": par.rank_batches(cfg.batch_size, getattr(train_batches, "shares", None))}, env))
     writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=global_step if ckpt else None)
     if writer is not None and ckpt is None:
         _log_graph(writer, model, next(iter(test_batches))[0][:8])
         _log_layout(writer)
-    gpu = (GPUSampler(indices=[device.index if device.index is not None else torch.cuda.current_device()], log=log)
-           if cfg.gpu_telemetry and device.type == "cuda" and par.is_main else None)
+    gpu = (GPUSampler(indices=sampled_devices(par.mode, device), log=log)  # every rank its own GPU(s)
+           if cfg.gpu_telemetry and device.type == "cuda" else None)
     busy = BusySnapshot()   # nvidia-smi while the first epoch trains (env.json's is taken idle)
     if cfg.gpu_telemetry and device.type != "cuda":
         log("gpu telemetry: skipped — training on the CPU")
@@ -152,7 +155,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
                 step_correct.append((logits.detach().argmax(1) == y).sum())  # stays on the device
                 step_sizes.append(len(y))
                 global_step += 1
-                if epochs_run == 0 and gpu is not None and len(step_losses) == 1:
+                if epochs_run == 0 and gpu is not None and par.is_main and len(step_losses) == 1:
                     busy.start()
                 if cfg.progress and global_step % 50 == 0:
                     bar.set_postfix(loss=f"{loss.item():.4f}")  # sync point, once per 50 steps
@@ -211,14 +214,13 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     finally:
         if gpu is not None:
             gpu.stop()
-            gpu.write_csv(run.file("gpu.csv"))
-            if writer is not None:
-                # step = sample index (~10 Hz); the CSV holds the exact times
-                for i, s in enumerate(gpu.samples):
-                    writer.add_scalar("gpu/utilization", s["utilization_pct"], i)
-                    writer.add_scalar("gpu/memory_used_mib", s["memory_used_mib"], i)
+            gpu.write_csv(run.file(rank_csv_name(par.rank)))
 
     # ---- summarize ------------------------------------------------------------------------------
+    if gpu is not None:  # the same on every rank (device type and flag are), so all join the gather
+        per_rank = gather_samples(gpu.samples, par.multi_process)
+        if writer is not None:
+            log_gpu_tags(writer, per_rank)
     par.broadcast_buffers(eval_model)
     final = evaluate(eval_model, test_batches, device, precision, par=par, predictions=True)
     tta = evaluate_tta(eval_model, test_batches, device, precision, par=par) if cfg.tta else None
@@ -256,6 +258,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
         "gpu": gpu.summary() if gpu is not None else None,
         "parallel": par.mode,
         "world_size": par.world_size,
+        "shard_weights": sharding,
         "step_times": par.timer.summary(),
         "run_dir": str(run.path),
     }

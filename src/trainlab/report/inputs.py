@@ -19,6 +19,7 @@ from typing import Any
 
 from trainlab.errors import UserError
 from trainlab.io import read_json
+from trainlab.telemetry.rundir import GPU_RANK_FILE
 
 
 @dataclass
@@ -125,8 +126,13 @@ def load_run(path: Path, summary: dict | None = None) -> TrainingRun:
             isinstance(v, list) and all(isinstance(g, str) for g in v)), "a list of names")}, str(path / "env.json"))
     if (path / "metrics.jsonl").exists():
         run.epochs = _read_jsonl(path / "metrics.jsonl")
+    # gpu.csv: runs before per-rank records; gpu.rank<N>.csv: one per rank, tagged with the rank
     if (path / "gpu.csv").exists():
         run.gpu = _read_gpu_csv(path / "gpu.csv")
+    for f in sorted(path.glob("gpu.rank*.csv"), key=lambda f: (len(f.name), f.name)):
+        if GPU_RANK_FILE.fullmatch(f.name):
+            rank = int(f.name[len("gpu.rank"):-len(".csv")])
+            run.gpu += [{**row, "rank": rank} for row in _read_gpu_csv(f)]
     return run
 
 

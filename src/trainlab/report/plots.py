@@ -112,18 +112,25 @@ def confusion(run, path: Path) -> Path:
 
 
 def gpu_timeline(run, path: Path) -> Path | None:
+    """Every GPU of the run on one time axis: utilization above, memory below, one line per (rank,
+    device), so nn.DataParallel's idle replicas and DDP's even load are visible side by side."""
     if not run.gpu:
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    t = [r["time_s"] for r in run.gpu]
-    ax.plot(t, [r["utilization_pct"] for r in run.gpu], color="#55a868", label="utilization (%)")
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("GPU utilization (%)")
+    lines: dict[tuple, list[dict]] = {}
+    for r in run.gpu:
+        lines.setdefault((r.get("rank"), r.get("gpu")), []).append(r)
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.4, 4.6), sharex=True)
+    for (rank, gpu), rows in sorted(lines.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1] or 0)):
+        label = (f"rank {rank:g} " if rank is not None else "") + (f"cuda:{gpu:g}" if gpu is not None else "GPU")
+        t = [r["time_s"] for r in rows]
+        ax.plot(t, [r["utilization_pct"] for r in rows], label=label, lw=1.2)
+        ax2.plot(t, [r["memory_used_mib"] for r in rows], label=label, lw=1.2)
+    ax.set_ylabel("utilization (%)")
     ax.set_ylim(0, 105)
-    ax2 = ax.twinx()
-    ax2.plot(t, [r["memory_used_mib"] for r in run.gpu], color="#c44e52", label="memory used (MiB)")
     ax2.set_ylabel("memory used (MiB)")
-    ax.set_title(f"{run.name}: GPU utilization and memory (NVML)")
+    ax2.set_xlabel("time since the rank's sampler started (s)")
+    ax.legend(fontsize=7, ncol=min(4, len(lines)), loc="lower right")
+    ax.set_title(f"{run.name}: every GPU (NVML, ~10 Hz)")
     return _save(fig, path)
 
 

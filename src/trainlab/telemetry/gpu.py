@@ -3,6 +3,10 @@
 This replaces the handout's nvidia-smi screenshot with a time series. Without a GPU or without the
 NVML library it does nothing, and says so once.
 
+Every rank samples the GPUs it uses and writes `gpu.rank<N>.csv` (nn.DataParallel: one process drives
+every visible GPU, so rank 0's file holds them all); TensorBoard gets one tag per rank and device
+(`gpu/rank<N>/cuda<i>/utilization`), so DataParallel's idle replicas and DDP's even load show side by side.
+
 Which GPUs: the ones this process uses, found by UUID. NVML numbers every GPU of the machine and
 ignores CUDA_VISIBLE_DEVICES (and may order them differently from CUDA), so NVML index 0 is often
 not the GPU a `CUDA_VISIBLE_DEVICES=1 trainlab train` runs on. CUDA device i's UUID
@@ -140,3 +144,38 @@ class GPUSampler:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def rank_csv_name(rank: int) -> str:
+    """The file of rank `rank`'s samples in a run directory (`report` draws them on one timeline)."""
+    return f"gpu.rank{rank}.csv"
+
+
+def sampled_devices(mode: str, device: torch.device) -> list[int] | None:
+    """The CUDA devices a rank drives: every visible one under nn.DataParallel (None), else its own."""
+    if mode == "dp":
+        return None
+    return [device.index if device.index is not None else torch.cuda.current_device()]
+
+
+def gather_samples(samples: list[dict], multi_process: bool) -> list[list[dict]]:
+    """Every rank's samples in rank order (a collective: every rank calls it, after training)."""
+    import torch.distributed as dist
+
+    if not (multi_process and dist.is_initialized()):
+        return [samples]
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, samples)
+    return everyone
+
+
+def log_gpu_tags(writer, per_rank: list[list[dict]]) -> None:
+    """TensorBoard: per rank and device, utilization and memory against the sample index (~10 Hz;
+    the CSVs hold the exact times)."""
+    for rank, samples in enumerate(per_rank):
+        counts: dict[int, int] = {}
+        for s in samples:
+            gpu = int(s["gpu"])
+            step = counts[gpu] = counts.get(gpu, -1) + 1
+            writer.add_scalar(f"gpu/rank{rank}/cuda{gpu}/utilization", s["utilization_pct"], step)
+            writer.add_scalar(f"gpu/rank{rank}/cuda{gpu}/memory_used_mib", s["memory_used_mib"], step)

@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import shutil
+import re
 import socket
 import sys
 import time
@@ -32,12 +33,14 @@ from trainlab.errors import ConfigError, UserError
 from trainlab.io import atomic_write_json, atomic_write_text, output_problem, read_json, to_json
 
 LOCK_NAME = ".trainlab.lock"
+GPU_RANK_FILE = re.compile(r"gpu\.rank\d+\.csv")  # one NVML record per rank (telemetry.gpu.rank_csv_name)
 # Files a trainlab run writes; a directory holding any of them is a run directory --overwrite may clear.
 RUN_FILES = ("config.json", "env.json", "metrics.jsonl", "summary.json", "checkpoint.pt", "gpu.csv")
 
 
 def _is_run_file(name: str) -> bool:
-    return name in RUN_FILES or name.startswith("events.out.tfevents.") or (name.startswith(".") and name.endswith(".tmp"))
+    return (name in RUN_FILES or name.startswith("events.out.tfevents.") or GPU_RANK_FILE.fullmatch(name) is not None
+            or (name.startswith(".") and name.endswith(".tmp")))
 
 
 def _entries(path: Path) -> list[str]:
