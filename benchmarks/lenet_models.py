@@ -17,6 +17,8 @@ import json
 import statistics
 from pathlib import Path
 
+import torch
+
 from _common import add_output_args, check_output, save
 from trainlab.io import read_json
 from trainlab.lenet.sweep import SweepConfig, run_sweep
@@ -42,8 +44,11 @@ def main() -> None:
     ap.add_argument("--runs-dir", default="runs/lenet_models", help="where the sweep's run directories go")
     ap.add_argument("--name", default="lenet_models", help="result file stem")
     add_output_args(ap)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared machine more threads than "
+                                                            "free cores spin and slow the run down)")
     args = ap.parse_args()
     out = check_output(args.out, args.name, force=args.force)
+    torch.set_num_threads(args.threads)
 
     models = args.models.split(",")
     values = {"model": models, "epochs": [args.epochs], "train_subset": [args.train_subset], "dataset": [args.dataset],
@@ -86,7 +91,7 @@ def main() -> None:
         })
 
     md = [f"Models on {args.dataset}, {args.train_subset} training images, {args.epochs} epochs, {args.seeds} seeds "
-          f"(mean ± sd), device {args.device}. Gap = running train accuracy − test accuracy (points). Loaded box: times are noisy.",
+          f"(mean ± sd), device {args.device}, {args.threads} thread(s). Gap = running train accuracy − test accuracy (points). Loaded box: times are noisy.",
           "", "| model | params | forward MFLOP/image | test acc (%) | train acc (%) | gap (points) | best test epoch | "
           "min test-loss epoch | train time (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
