@@ -108,7 +108,8 @@ class ResNet18(nn.Module):
             blocks += [BasicBlock(cin, cout, stride, act), BasicBlock(cout, cout, 1, act)]
             cin = cout
         self.blocks = nn.Sequential(*blocks)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes))
+        # the last stage's map is 4×4 for the 28×28 input forward() insists on: AvgPool2d(4) is the global pool
+        self.head = nn.Sequential(nn.AvgPool2d(4), nn.Flatten(), nn.Linear(512, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input("resnet18", x)
