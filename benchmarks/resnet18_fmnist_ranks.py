@@ -4,7 +4,7 @@ notes' multi-GPU experiment), with test accuracy, images/s and the speed-up.
     python benchmarks/resnet18_fmnist_ranks.py [--device cpu] [--train-subset 1024] [--epochs 2]
 
 On a GPU machine run it with --device cuda and the full set (--train-subset 0, --epochs 10: the notes
-reach ≈ 0.91-0.93 test accuracy). On a CPU a training image costs ~2.5 GFLOP (3 × the 0.85 GFLOP
+reach ≈ 0.91-0.93 test accuracy). On a CPU a training image costs ~2.7 GFLOP (3 × the 0.91 GFLOP
 forward pass), so the default shrinks the run to a subset and 2 epochs: its accuracy is what that
 subset reaches, not the notes' figure. Each process gets --threads threads (default 1: one core stands for one
 device, and on a shared, loaded machine a process with more threads than free cores loses far more to
