@@ -80,3 +80,13 @@ def test_a_worker_runs_from_its_json_spec_alone(tmp_path):
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved == dataclasses.asdict(cfg)
+
+
+@pytest.mark.parametrize("argv", [["train"], ["sweep"], ["dp", "compare"], ["data", "verify"], ["report"], ["eval"],
+                                  ["profile"], ["ops", "check"], ["gpt", "bench"]])
+def test_help_works_for_every_command(argv, capsys):
+    # argparse %-formats help text: a bare "%" in a field's help ("time-to-99% on") broke `train --help`
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--help"])
+    assert e.value.code == 0
+    assert "usage: trainlab" in capsys.readouterr().out

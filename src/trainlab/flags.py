@@ -128,7 +128,8 @@ def add_flags(parser: argparse.ArgumentParser, cls, exclude=(), defaults: Any = 
         typ, _ = _field_type(cls, f)
         meta = f.metadata
         default = getattr(defaults, f.name) if defaults is not None else f.default
-        help_ = meta["help"] + (f" (default: {default})" if default not in (None, False, dataclasses.MISSING) else "")
+        # argparse %-formats help text: a literal "%" ("time-to-99% on") would break --help
+        help_ = (meta["help"] + (f" (default: {default})" if default not in (None, False, dataclasses.MISSING) else "")).replace("%", "%%")
         kw: dict[str, Any] = {"dest": f.name, "default": None, "help": help_}
         if typ is bool:
             kw["action"] = argparse.BooleanOptionalAction
@@ -161,7 +162,7 @@ def add_list_flags(parser: argparse.ArgumentParser, cls, exclude=()) -> None:
             continue  # a list-valued setting has no unambiguous comma-separated sweep
         meta, name = f.metadata, flag_name(f)
         choices = f" from {{{','.join(map(str, meta['choices']))}}}" if meta.get("choices") else ""
-        help_ = f"{meta['help']} — one or more values{choices}, comma-separated (default: {f.default})"
+        help_ = f"{meta['help']} — one or more values{choices}, comma-separated (default: {f.default})".replace("%", "%%")
         if typ is bool:
             parser.add_argument(name, dest=f.name, nargs="?", const="true", default=None, metavar="true,false", help=help_)
             parser.add_argument("--no-" + name[2:], dest=f.name, action="store_const", const="false", help=argparse.SUPPRESS)
