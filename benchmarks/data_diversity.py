@@ -83,7 +83,7 @@ def main() -> None:
                 loss.backward()
                 opt.step()
                 if step % args.eval_every == 0 or step == 1:
-                    curve.append({"step": step, "test_accuracy": accuracy(model, x_test, y_test), "train_loss": float(loss),
+                    curve.append({"step": step, "test_accuracy": accuracy(model, x_test, y_test), "train_loss": loss.item(),
                                   "distinct_images_seen": len(distinct_seen)})
             seconds = time.perf_counter() - t0
             line = (f"batch {batch:>5}  {name:<8}  " + "  ".join(f"s{c['step']}:{c['test_accuracy']:.1f}" for c in curve)
