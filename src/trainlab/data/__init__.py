@@ -1,4 +1,5 @@
-"""MNIST data: IDX reading/writing, sources and cache, a Dataset, and fast device-resident batches.
+"""MNIST data: IDX reading/writing, sources and cache, a Dataset, and fast device-resident batches;
+Fashion-MNIST (`fashion_mnist`, same arrays) and `datasets.load_dataset` for `--dataset`.
 
     from trainlab.data import load_mnist, DeviceLoader
     arrays = load_mnist()                       # embedded real MNIST (or load_mnist(data_dir=...))

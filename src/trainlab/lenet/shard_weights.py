@@ -7,8 +7,8 @@ The shares change only *where* each image of the global batch is computed: each 
 weighted by W·n_r/n (`DeviceLoader.shard_weights`), so the averaged gradient, and with it every loss,
 equals the single-process run on the same global batches.
 
-`auto` measures each rank's own throughput before training: a few forward+backward passes of the
-plain (unwrapped) model on its share of an even split, no communication (a collective would make
+`auto` measures each rank's own throughput before training: forward+backward passes of the
+plain (unwrapped) model (≥ 5 steps and ≥ 0.5 s, median rate) on its share of an even split, no communication (a collective would make
 every rank wait for the slowest and hide the difference), weights and BatchNorm statistics restored
 afterwards; the rates are all-gathered and become the shares.
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import os
+import statistics
 import time
 
 import torch
@@ -31,7 +32,9 @@ from trainlab.data.loader import shard_bounds
 from trainlab.errors import ConfigError
 
 SLOW_ENV = "TRAINLAB_SLOW_RANKS"
-AUTO_STEPS = 3   # timed steps per rank for `auto`, after one untimed (allocations, oneDNN kernel choice)
+AUTO_STEPS = 5        # `auto` times at least this many steps per rank, after one untimed (allocations, kernel choice)
+AUTO_SECONDS = 0.5    # … and at least this long, so that a millisecond step is timed many times
+AUTO_MAX_STEPS = 200  # … but never more steps than this
 
 
 def parse_shard_weights(spec: str | None) -> tuple[float, ...] | str | None:
@@ -97,15 +100,22 @@ def install_slowdown(model: torch.nn.Module, rank: int) -> float:
     return factor
 
 
-def measure_shares(model: torch.nn.Module, batches, autocast_ctx, steps: int = AUTO_STEPS) -> tuple[list[float], float]:
+def measure_shares(model: torch.nn.Module, batches, autocast_ctx) -> tuple[list[float], float]:
     """(every rank's measured images/s, this rank's): forward+backward of the plain model on this rank's
-    first batches of an even split, weights/buffers/grads restored; the rates all-gathered (rank order)."""
+    batches of an even split, weights/buffers/grads restored; the rates all-gathered (rank order).
+
+    The rate is the median over steps of images/step-time, timed for at least AUTO_STEPS steps and
+    AUTO_SECONDS: a LeNet step takes milliseconds, and on a shared machine one preempted step would
+    otherwise decide the whole split."""
     state = copy.deepcopy(model.state_dict())
     batches.set_shares(None)
     batches.set_epoch(0)
     it = iter(batches)
-    seconds, images = 0.0, 0
-    for i in range(steps + 1):
+    rates: list[float] = []
+    started = time.perf_counter()
+    for i in range(AUTO_MAX_STEPS + 1):
+        if i > AUTO_STEPS and time.perf_counter() - started >= AUTO_SECONDS:
+            break
         try:
             x, y = next(it)
         except StopIteration:
@@ -116,12 +126,13 @@ def measure_shares(model: torch.nn.Module, batches, autocast_ctx, steps: int = A
             loss = F.cross_entropy(model(x).float(), y)
         loss.backward()
         if i:  # the first step is a warm-up
-            seconds += time.perf_counter() - t0
-            images += len(y)
+            rates.append(len(y) / (time.perf_counter() - t0))
+        else:
+            started = time.perf_counter()
     model.load_state_dict(state)
     for p in model.parameters():
         p.grad = None
-    mine = images / seconds
+    mine = statistics.median(rates)
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [mine], mine
     # NCCL gathers CUDA tensors only; gloo takes either
