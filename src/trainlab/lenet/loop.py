@@ -106,26 +106,8 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
                 s.train_seconds += epoch_seconds
                 tel.epoch_trained()
 
-                par.broadcast_buffers(eval_model)
-                result = evaluate(eval_model, s.test_batches, s.device, s.precision, par=par)
-                _stop_if_diverged(losses, result["test_loss"], epoch, cfg, run)
-                record = {
-                    "epoch": epoch + 1,
-                    "global_step": s.global_step,
-                    "train_loss": sum(losses) / len(losses),
-                    "train_accuracy": train_accuracy,
-                    "test_loss": result["test_loss"],
-                    "test_accuracy": result["test_accuracy"],
-                    "per_class_accuracy": result["per_class_accuracy"],
-                    **({"live_test_accuracy": _live_accuracy(live_model, s.test_batches, s.device, s.precision, par)}
-                       if s.ema else {}),
-                    "lr": s.scheduler.get_last_lr()[0],
-                    "epoch_seconds": epoch_seconds,
-                    "train_seconds": s.train_seconds,
-                    "images_per_s": s.n_train / epoch_seconds,
-                    "step_losses": losses,
-                    "step_accuracies": accuracies,
-                }
+                record, result = _epoch_record(cfg, s, par, eval_model, live_model, epoch, epoch_seconds, losses,
+                                               accuracies, train_accuracy, run)
                 s.history.append(record)
                 if time_to_target is None and result["test_accuracy"] >= TARGET_ACCURACY:
                     time_to_target = s.train_seconds
@@ -151,6 +133,38 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
         raise
 
     # ---- summarize ------------------------------------------------------------------------------
+    return _summarize(cfg, s, par, run, tel, env, model, eval_model, tf32=tf32, warmup_seconds=warmup_seconds,
+                      time_to_target=time_to_target, log=log)
+
+
+def _epoch_record(cfg: TrainConfig, s, par, eval_model, live_model, epoch: int, epoch_seconds: float,
+                  losses: list[float], accuracies: list[float], train_accuracy: float, run: RunDir) -> tuple[dict, dict]:
+    """Evaluate after an epoch (stopping a diverged run) → (its metrics.jsonl record, the evaluation)."""
+    par.broadcast_buffers(eval_model)
+    result = evaluate(eval_model, s.test_batches, s.device, s.precision, par=par)
+    _stop_if_diverged(losses, result["test_loss"], epoch, cfg, run)
+    record = {
+        "epoch": epoch + 1,
+        "global_step": s.global_step,
+        "train_loss": sum(losses) / len(losses),
+        "train_accuracy": train_accuracy,
+        "test_loss": result["test_loss"],
+        "test_accuracy": result["test_accuracy"],
+        "per_class_accuracy": result["per_class_accuracy"],
+        **({"live_test_accuracy": _live_accuracy(live_model, s.test_batches, s.device, s.precision, par)} if s.ema else {}),
+        "lr": s.scheduler.get_last_lr()[0],
+        "epoch_seconds": epoch_seconds,
+        "train_seconds": s.train_seconds,
+        "images_per_s": s.n_train / epoch_seconds,
+        "step_losses": losses,
+        "step_accuracies": accuracies,
+    }
+    return record, result
+
+
+def _summarize(cfg: TrainConfig, s, par, run: RunDir, tel, env: dict, model, eval_model, *, tf32, warmup_seconds: float,
+               time_to_target: float | None, log) -> dict:
+    """The final evaluation (TTA too), misclassified digits, the last TensorBoard images, summary.json."""
     par.broadcast_buffers(eval_model)
     final = evaluate(eval_model, s.test_batches, s.device, s.precision, par=par, predictions=True)
     tta = evaluate_tta(eval_model, s.test_batches, s.device, s.precision, par=par) if cfg.tta else None
@@ -193,7 +207,6 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     log(f"done: test accuracy {summary['test_accuracy']:.2f}%{' (EMA weights)' if s.ema else ''}  train time {s.train_seconds:.1f} s  "
         f"time to {TARGET_ACCURACY:g}%: {'%.1f s' % time_to_target if time_to_target is not None else 'not reached'}  run dir: {run.path}")
     return summary
-
 
 @dataclass
 class _Parts:
