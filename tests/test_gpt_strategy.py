@@ -191,7 +191,7 @@ def test_compile_matches_eager_on_gpu():
 def test_fsdp_offload_and_ddp_in_one_process_match_plain():
     """zero3/offload/ddp with --nproc 1 (e.g. CPU offload on one GPU) create a one-rank process
     group themselves and train exactly like plain training."""
-    from trainlab.distributed.launch import destroy_distributed
+    from trainlab.distributed.launch import release_group
 
     toks = torch.randint(0, TINY.vocab_size, (2, 4, 16), generator=torch.Generator().manual_seed(0))
     try:
@@ -205,7 +205,7 @@ def test_fsdp_offload_and_ddp_in_one_process_match_plain():
             assert e.describe()["micro_steps"] == (2 if "accum" in strategy else 1)
         assert torch.distributed.is_initialized() and torch.distributed.get_world_size() == 1
     finally:
-        destroy_distributed()
+        release_group()
     ref_losses, ref_sd = runs.pop("none")
     for name, (losses, sd) in runs.items():
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0, msg=name)

@@ -342,6 +342,7 @@ CASES = [
     Case("dp-nproc-zero", "dp compare --nproc 0", r"--nproc 0: expected an integer >= 1"),
     Case("dp-json-is-dir", "dp compare --json {dir}", r"--json \S+dir': is a directory, expected a file"),
     Case("dp-modes-unknown", "dp compare --modes none,magic", r"--modes: unknown mode 'magic'"),
+    Case("dp-timeout-zero", "dp compare --timeout 0", r"--timeout 0: expected a finite number > 0"),
     # -- our operators: train --ops, trainlab ops, trainlab profile -----------------------------------------------
     Case("train-ops-unknown", f"{NEW} --ops magic", r"--ops 'magic': expected aten, own or own=python\|cpp\|triton\|cuda"),
     Case("train-ops-own-batchnorm", f"{NEW} --ops own --batchnorm", r"--ops own: LeNet-5 from our operators has no BatchNorm"),

@@ -5,7 +5,9 @@ parser it adds sets `func` to the function that runs the command with the parsed
 whose module fails to import is a bug, and it fails loudly: a command must never silently vanish.
 
 `trainlab worker SPEC.json` (hidden) is how every worker process starts: the parent wrote its resolved
-config as JSON (`distributed.launch`), and `WORKERS` names the function that runs it.
+config as JSON (`distributed.launch`), and `WORKERS` names the function that runs it. Every worker (and
+every rank under a torchrun of the user's) ends one way, `distributed.launch.end_worker`: its results
+are written by then; a barrier with the process-group timeout; exit without the destructors.
 
 `main` is the one place errors reach the user (exit codes in `trainlab.errors`): a `UserError` is its
 one line; any other `OSError` (disk full, a permission the checks could not foresee) is one line naming
@@ -23,7 +25,7 @@ import sys
 import traceback
 
 from trainlab.distributed.failure import PeerFailure
-from trainlab.distributed.launch import exit_worker, record_worker_error, under_torchrun
+from trainlab.distributed.launch import end_worker, record_worker_error, under_torchrun
 from trainlab.errors import UserError
 
 # command group → module that defines `add_parser(subparsers)`, in --help order
@@ -51,7 +53,9 @@ def _run_worker(args: argparse.Namespace) -> int:
     if name not in WORKERS:
         raise UserError(f"{args.spec}: not a trainlab worker spec (\"worker\" must be one of {', '.join(WORKERS)})")
     module, func = WORKERS[name].split(":")
-    return getattr(importlib.import_module(module), func)(spec)
+    worker = getattr(importlib.import_module(module), func)
+    args.ends_as_worker = True  # from here on this process ends by the one rule (`main`, `end_worker`)
+    return worker(spec)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,13 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.command_line = shlex.join(["trainlab", *argv])  # recorded next to results
+    code = _run(args)
+    if getattr(args, "ends_as_worker", False) or under_torchrun():
+        end_worker(code)  # a worker or a rank: barrier (on success), then exit without destructors
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         result = args.func(args)
     except UserError as e:
-        code = _fail(f"trainlab: error: {e}", e.exit_code, peer=isinstance(e, PeerFailure))
-        if isinstance(e, PeerFailure) and under_torchrun():
-            exit_worker(code)  # the process group is broken: tearing it down only waits (~2.5 s with gloo)
-        return code
+        return _fail(f"trainlab: error: {e}", e.exit_code, peer=isinstance(e, PeerFailure))
     except KeyboardInterrupt:
         return _fail("trainlab: interrupted", 130)
     except OSError as e:  # the file system or the OS said no, somewhere no check could foresee

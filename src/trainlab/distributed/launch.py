@@ -20,6 +20,12 @@ Joining: `init_distributed` reads torchrun's RANK/WORLD_SIZE/LOCAL_RANK. Every p
 timeout, so a dead or hung rank makes the others fail with an error naming the timeout instead of
 waiting forever in a collective. Generic on purpose: the LeNet data-parallel modes and the GPT
 strategies both use it.
+
+Ending: one rule, `end_worker`, applied where `trainlab worker` dispatches (and to a rank under a
+user's own torchrun, and to the tests' spawned ranks): results written atomically, a barrier with the
+process-group timeout, then `os._exit` without running the process-group destructors, which can block
+for good with gloo. A group with peers is therefore never destroyed (`release_group` only frees a
+group of one) and objects that talk to it are kept until the end (`keep_alive`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import dataclasses
 import logging
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -37,18 +44,20 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.io import atomic_write_json
+from trainlab.io import atomic_write_json, atomic_write_text
 
 DEFAULT_TIMEOUT_S = 120.0  # long enough for a slow first NCCL init, short enough that a hang is noticed
 TIMEOUT_ENV = "TRAINLAB_DIST_TIMEOUT_S"  # process-group timeout; set by `trainlab train --dist-timeout`
 LAUNCHER_ENV = "TRAINLAB_LAUNCHER"       # set for the workers of `launch_workers`: their errors go to the agent
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # the agent's per-rank error file (torch.distributed.elastic)
 SHUTDOWN_GRACE_S = 3  # after one rank fails, the others get SIGTERM and this long before SIGKILL
+_group_timeout_s = DEFAULT_TIMEOUT_S  # the timeout of the group this process joined (init_distributed)
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,8 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None,
         kwargs = {"device_id": dev} if dev.type == "cuda" else {}
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s), **kwargs)
+        global _group_timeout_s
+        _group_timeout_s = timeout_s  # the end barrier waits as long as any collective would
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, timeout_s=timeout_s)
 
 
@@ -112,29 +123,98 @@ def ensure_process_group(info: DistInfo, timeout_s: float = DEFAULT_TIMEOUT_S) -
     dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timedelta(seconds=timeout_s))
 
 
-def destroy_distributed(timeout_s: float = 10.0) -> None:
-    """Tear the process group down, but never wait on it for more than `timeout_s`.
+def release_group() -> None:
+    """Destroy a process group of one rank (created in this process for a strategy that needs one, or
+    by an in-process world-of-one run), so that a later run can create its own.
 
-    With gloo on CPU (torch 2.13) `destroy_process_group` occasionally blocks forever after the last
-    collective even though every rank reached it (seen about once in four 2-rank `gpt bench` runs).
-    The results are written by then, so a stuck teardown must not hold the process: it runs on a
-    daemon thread and is abandoned after the timeout.
-    """
-    if not dist.is_initialized():
-        return
-    import threading
-
-    t = threading.Thread(target=dist.destroy_process_group, name="destroy-process-group", daemon=True)
-    t.start()
-    t.join(timeout_s)
+    A group with peers is never destroyed: with gloo on CPU `destroy_process_group` (and the group's
+    C++ destructor at interpreter exit) can block for good after the last collective, even though every
+    rank reached it. Such a process ends through `end_worker` instead, which never runs them."""
+    if dist.is_initialized() and dist.get_world_size() == 1:
+        dist.destroy_process_group()
 
 
-def exit_worker(code: int) -> None:
-    """End a torchrun worker now: flush, then `os._exit`, skipping interpreter teardown, whose C++
-    destructors of a half-destroyed gloo group can block (see destroy_distributed)."""
+def keep_alive(obj) -> None:
+    """Keep `obj` (a DDP model, an engine) until the process ends, when it belongs to a group with peers.
+
+    Freeing a DDP model runs its reducer's C++ destructor, which can block on a gloo group whose peer
+    has already exited (a 2-rank `gpt bench` under load sat in the return from its benchmark function,
+    py-spy). A rank ends by `end_worker` (os._exit), so such objects are simply never freed."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        _KEPT.append(obj)
+
+
+_KEPT: list = []
+
+
+def end_worker(code: int) -> NoReturn:
+    """The one way a worker process ends (`trainlab worker`, a rank under torchrun, a test's spawned rank).
+
+    The worker has written its results (atomically) before it gets here. Then:
+    1. a successful rank waits at a barrier for its peers, at most the process-group timeout, so no rank
+       leaves while a peer is still in a collective with it; a peer that never arrives (hung) or is gone
+       turns success into exit code 2 with one line (the launcher then stops the others). A failed rank
+       skips the barrier: its peers may be stuck in a collective and would never arrive;
+    2. stdout, stderr and the logging handlers are flushed;
+    3. `os._exit`: no process-group destructor, no interpreter teardown, nothing that can block."""
+    _test_hook_at_end()
+    if code == 0 and dist.is_initialized() and dist.get_world_size() > 1:
+        problem = _end_barrier(_group_timeout_s)
+        if problem is not None:
+            rank, world = dist.get_rank(), dist.get_world_size()
+            line = (f"trainlab: error: rank {rank}/{world}: the results are written, but another rank did not reach "
+                    f"the end of the run: {problem}")
+            code = 2
+            if not record_worker_error(line, code, peer=True):
+                print(line, file=sys.stderr)
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _end_barrier(timeout_s: float) -> str | None:
+    """A barrier of every rank, given at most `timeout_s` (+ a margin): None once all arrived, else why not.
+    It runs on a daemon thread, so a backend that does not honour its timeout cannot hold this rank."""
+    failure: list[BaseException] = []
+
+    def barrier() -> None:
+        try:
+            dist.barrier()
+        except BaseException as e:  # reported as the reason, never raised
+            failure.append(e)
+
+    t = threading.Thread(target=barrier, name="end-barrier", daemon=True)
+    t.start()
+    t.join(timeout_s + 5)
+    text = str(failure[0]).strip() if failure else ""
+    if t.is_alive() or "timed out" in text.lower():
+        return f"it did not arrive within the {timeout_s:g} s process-group timeout (--dist-timeout sets it)"
+    if failure:
+        return f"it is gone ({text.splitlines()[-1].strip()[:160] if text else type(failure[0]).__name__})"
+    return None
+
+
+TEST_END_ENV = "TRAINLAB_TEST_END"        # tests only: "RANK:hang" or "RANK:kill" — that rank stops at its end
+TEST_END_MARK_ENV = "TRAINLAB_TEST_END_MARK"  # tests only: file that receives the time of that event
+
+
+def _test_hook_at_end() -> None:
+    """The tests' way to make one rank hang or die once its work is done (see tests/test_worker_end.py)."""
+    raw = os.environ.get(TEST_END_ENV)
+    if not raw:
+        return
+    rank, _, action = raw.partition(":")
+    if rank != os.environ.get("RANK", "0"):
+        return
+    if os.environ.get(TEST_END_MARK_ENV):
+        atomic_write_text(os.environ[TEST_END_MARK_ENV], f"{time.time()}\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action == "hang":
+        threading.Event().wait()  # a futex wait that never ends, as the hung rank was seen
 
 
 def under_torchrun() -> bool:
@@ -180,6 +260,52 @@ def worker_command(nproc: int, spec_path: str | os.PathLike) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                 "-m", "trainlab", "worker", os.fspath(spec_path)]
     return [sys.executable, "-m", "trainlab", "worker", os.fspath(spec_path)]
+
+
+def run_limited(cmd: list[str], limit_s: float, **popen_kwargs) -> tuple[int | None, float]:
+    """Run `cmd` (a `worker_command`) and stop it after `limit_s` seconds, with every process under it:
+    torchrun's agent and its workers, whatever state they are in. Returns (exit code, or None when
+    stopped at the limit; seconds taken)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, **popen_kwargs)
+    try:
+        code = proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        if proc.poll() is None:  # past the limit, or Ctrl-C / an error here
+            stop_tree(proc)
+    return code, time.monotonic() - t0
+
+
+def stop_tree(proc: subprocess.Popen, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """SIGTERM (and SIGCONT, which a stopped process needs to act on it) to `proc` and every process
+    under it, then SIGKILL to any left after `grace_s`. Process by process: torchrun's agent starts each
+    worker in a session of its own, so no process group holds them all."""
+    pids = [proc.pid, *_descendants(proc.pid)]
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(grace_s)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under `pid` (Linux /proc; elsewhere none are found and only `pid` is stopped)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for children in Path(f"/proc/{parent}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                kids = [int(k) for k in children.read_text().split()]
+                found += kids
+                todo += kids
+    return found
 
 
 def launch_workers(nproc: int, worker: str, **payload) -> int:

@@ -14,7 +14,7 @@ import traceback
 
 import torch
 
-from trainlab.distributed.launch import destroy_distributed, init_distributed
+from trainlab.distributed.launch import end_worker, init_distributed
 
 
 def free_port() -> int:
@@ -36,12 +36,11 @@ def _spawn_entry(rank, fn, world_size, port, result_dir, pg_timeout_s, threads, 
         info = init_distributed(backend="gloo", timeout_s=pg_timeout_s, device="cpu")
         out = fn(info, *args)
         torch.save({"ok": True, "value": out}, path)
+        code = 0
     except BaseException:
         torch.save({"ok": False, "error": traceback.format_exc()}, path)
-        raise
-    finally:
-        # Waiting for peers at the end would hang on a dead rank: destroy without a barrier.
-        destroy_distributed()
+        code = 1
+    end_worker(code)  # as every worker ends: the result is saved; barrier (on success); no destructors
 
 
 def spawn_for_test(fn, world_size: int, *args, timeout_s: float = 120.0, pg_timeout_s: float = 60.0,

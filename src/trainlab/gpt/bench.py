@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from trainlab.device import device_name, peak_memory, peak_tflops, reset_peak_memory, set_tf32, synchronize
-from trainlab.distributed.launch import (describe_timeout, destroy_distributed, exit_worker, init_distributed,
-                                         launch_workers, needs_launch, under_torchrun)
+from trainlab.distributed.launch import (describe_timeout, init_distributed, keep_alive, launch_workers, needs_launch,
+                                         release_group)
 from trainlab.errors import TrainingDiverged
 from trainlab.gpt.config import BenchConfig
 from trainlab.gpt.engine import GPTEngine
@@ -94,11 +94,11 @@ def _with_world_size(cfg: BenchConfig) -> BenchConfig:
     return cfg
 
 
-def run_bench(cfg: BenchConfig, log=print, exit_when_done: bool = False) -> dict | None:
+def run_bench(cfg: BenchConfig, log=print) -> dict | None:
     """Run the benchmark in this process (a torchrun worker or the only process).
 
-    Returns the summary on rank 0 and None on other ranks; writes --json / --out on rank 0.
-    `exit_when_done` (torchrun workers): end the process once the results are written, without returning.
+    Returns the summary on rank 0 and None on other ranks; writes --json / --out on rank 0. A rank with
+    peers leaves its process group as it is: the worker ends by `launch.end_worker` (barrier, os._exit).
     """
     cfg = _with_world_size(cfg)
     model_cfg, spec, seq = cfg.validate()
@@ -106,189 +106,227 @@ def run_bench(cfg: BenchConfig, log=print, exit_when_done: bool = False) -> dict
     info = init_distributed(device=None if cfg.device == "auto" else cfg.device)
     main = info.rank == 0
     say = log if main else (lambda *a, **k: None)
-    device = torch.device(info.device)
-    writer = None
     run, finished = None, False
+    rec = None
     try:
         run = RunDir.claim(cfg.out, overwrite=cfg.overwrite, resumable=False) if main and cfg.out else None
-        config = {k: v for k, v in asdict(cfg).items()}
-        config.update(seq=seq, strategy=spec.text, world_size=info.world_size, dist_timeout=describe_timeout(None))
-        env = collect_env(device)
+        config = {**asdict(cfg), "seq": seq, "strategy": spec.text, "world_size": info.world_size,
+                  "dist_timeout": describe_timeout(None)}
+        env = collect_env(info.device)
         say(format_header(config, env))
-        t0 = time.perf_counter()
-        engine = GPTEngine(model_cfg, spec, info, lr=cfg.lr, seed=cfg.seed, global_batch=cfg.global_batch,
-                           micro_batch=cfg.micro_batch, seq_len=seq, impl=cfg.impl, tp=cfg.tp, pp=cfg.pp,
-                           pp_schedule=cfg.pp_schedule, microbatches=cfg.microbatches,
-                           fused_optimizer=cfg.fused_optimizer)
-        build_s = time.perf_counter() - t0
-        params = count_params(model_cfg)
-        world = info.world_size
-        peak, peak_src = peak_tflops(device)
-        model_fpt = flops_per_token(model_cfg, seq, checkpointing=False)
-        ckpt_fpt = flops_per_token(model_cfg, seq, checkpointing=spec.ckpt == "full")
-        hw_fpt = hardware_flops_per_token(model_cfg, seq, spec.ckpt)
-        tokens_per_step = cfg.global_batch * seq
-        say(f"built {spec.text} on {world} rank(s) of {device_name(device)} in {build_s:.1f} s; params {params:,}; "
-            f"peak {peak if peak else 'n/a'} TFLOPS ({peak_src})")
-
-        if run is not None:
-            run.write_json("config.json", config)
-            run.write_json("env.json", env)
-            run.write_metrics([])
-            writer = make_writer(run.path)
-
-        losses, times = [], []
-        warm_times = []
-        busy = BusySnapshot()   # nvidia-smi during the timed steps (env.json's is taken idle)
-        batches = token_batches(model_cfg.vocab_size, cfg.global_batch, seq, cfg.warmup + cfg.steps, cfg.seed)
-        for i, tokens in enumerate(batches):
-            timed = i >= cfg.warmup
-            if i == cfg.warmup:
-                reset_peak_memory(device)
-            if world > 1:
-                dist.barrier()
-            synchronize(device)
-            t = time.perf_counter()
-            if i == cfg.warmup and main:
-                busy.start()
-            loss = engine.train_step(tokens)
-            synchronize(device)
-            dt = time.perf_counter() - t
-            diverged = not math.isfinite(loss)
-            if world > 1:  # the step is as slow as its slowest rank; a NaN on any rank stops them all
-                dt_t = torch.tensor([dt, float(diverged)], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
-                dist.all_reduce(dt_t, op=dist.ReduceOp.MAX)
-                dt, diverged = float(dt_t[0].item()), bool(dt_t[1].item())
-            if diverged:
-                raise TrainingDiverged(f"gpt bench: the loss became non-finite ({loss} on rank {info.rank}) at step {i + 1} "
-                                       f"(--lr {cfg.lr:g} too high?); the benchmark stopped, no summary was written")
-            losses.append(loss)
-            (times if timed else warm_times).append(dt)
-            tok_s = tokens_per_step / dt
-            tfl = model_fpt * tok_s / world / 1e12
-            u = mfu(tfl, peak)
-            mem = _rank_peak(device)
-            tag = f"step {i + 1 - cfg.warmup}/{cfg.steps}" if timed else f"warmup {i + 1}/{cfg.warmup}"
-            say(f"{tag:>14}  loss {loss:.4f}  {dt * 1e3:9.1f} ms  {tok_s:12,.0f} tok/s  {tfl:8.3f} TFLOPS/dev  "
-                f"MFU {'n/a' if u is None else f'{100 * u:5.1f}%'}  peak {_fmt_bytes(mem['peak_bytes'])}")
-            if run is not None:
-                run.append_metric({"step": i + 1, "timed": timed, "loss": loss, "step_s": dt, "tokens_per_s": tok_s,
-                                   "tflops_per_device": tfl, "mfu": u, "peak_bytes": mem["peak_bytes"]})
-                writer.add_scalar("loss", loss, i + 1)
-                writer.add_scalar("step_ms", dt * 1e3, i + 1)
-                writer.add_scalar("tokens_per_s", tok_s, i + 1)
-                writer.add_scalar("tflops_per_device", tfl, i + 1)
-                if u is not None:
-                    writer.add_scalar("mfu", u, i + 1)
-                if mem["peak_bytes"] is not None:
-                    writer.add_scalar("peak_memory_gib", mem["peak_bytes"] / GiB, i + 1)
-
-        snapshot = busy.finish() if main else None
-        if snapshot is not None:
-            env["nvidia_smi_busy"] = snapshot
-            if run is not None:
-                run.write_json("env.json", env)
-                run.write_text("nvidia-smi-busy.txt", snapshot["text"])
-        rank_mem = _rank_peak(device)
-        if cfg.track_memory:
-            # after timing: the per-op bookkeeping slows the step, and this step is not in `losses`
-            try:
-                rank_mem["peak_tensor_bytes"] = measure_step_peak_bytes(engine, tokens, warm=True)
-            except Exception as e:  # the measurement is an extra; never lose the timed results for it
-                say(f"  --track-memory failed on this strategy: {type(e).__name__}: {e}")
-                rank_mem["peak_tensor_bytes"] = None
-        all_mem = [None] * world
-        if world > 1:
-            dist.all_gather_object(all_mem, rank_mem)
-        else:
-            all_mem = [rank_mem]
+        engine, build_s = _build_engine(cfg, model_cfg, spec, seq, info)
+        rec = StepRecorder(cfg, model_cfg, seq, info, run, say)
+        say(f"built {spec.text} on {info.world_size} rank(s) of {device_name(info.device)} in {build_s:.1f} s; "
+            f"params {rec.params:,}; peak {rec.peak if rec.peak else 'n/a'} TFLOPS ({rec.peak_src})")
+        rec.start(config, env)
+        tokens = _timed_steps(engine, cfg, model_cfg, seq, info, rec)
+        rec.finish_busy(env)
+        all_mem = _peak_memory_per_rank(engine, tokens, cfg, info, say)
         if not main:
-            dist.barrier()  # leave together: tearing down gloo while a peer still works can hang
             finished = True
             return None
-
-        st = summarize(times)
-        med = st["median"]
-        tok_s = tokens_per_step / med
-        tfl_model = model_fpt * tok_s / world / 1e12
-        summary = {
-            "strategy": spec.text,
-            "predicted_peak_bytes": _predicted_peak(cfg, model_cfg, spec, engine, seq, device),
-            "impl": cfg.impl,
-            "model": cfg.model,
-            "world_size": world,
-            "degrees": {"dp": engine.degrees.dp, "tp": engine.degrees.tp, "pp": engine.degrees.pp},
-            "params": params,
-            "global_batch": cfg.global_batch,
-            "micro_batch": cfg.micro_batch,
-            "seq_len": seq,
-            "tokens_per_step": tokens_per_step,
-            "warmup_steps": cfg.warmup,
-            "timed_steps": cfg.steps,
-            "build_seconds": build_s,
-            "warmup_seconds": sum(warm_times),
-            "step_seconds_median": med,
-            "step_seconds": st,
-            "step_seconds_all": times,
-            "tokens_per_s": tok_s,
-            "tokens_per_s_per_device": tok_s / world,
-            # model FLOPs (6N + 12·L·C·T per token), the MFU basis
-            "tflops_per_device": tfl_model,
-            "tflops_per_device_6n_ckpt": ckpt_fpt * tok_s / world / 1e12,   # the issue's "+2N with ckpt"
-            "tflops_per_device_hardware": hw_fpt * tok_s / world / 1e12,    # with the recomputation done
-            # the handout's get_tflops with the handout's get_model_size (tied embedding counted twice) …
-            "params_handout": handout_param_count(model_cfg),
-            "tflops_per_device_handout": handout_tflops(handout_param_count(model_cfg), cfg.global_batch, seq, med) / world,
-            # … and the same 8·N·B·T formula with the distinct parameter count
-            "tflops_per_device_8n": handout_tflops(params, cfg.global_batch, seq, med) / world,
-            "flops_per_token": model_fpt,
-            "peak_tflops": peak,
-            "peak_tflops_source": peak_src,
-            "mfu": mfu(tfl_model, peak),
-            "hfu": mfu(hw_fpt * tok_s / world / 1e12, peak),
-            "peak_memory_bytes": max((m["peak_bytes"] or 0) for m in all_mem),
-            "peak_memory_kind": "allocated" if device.type == "cuda" else "process RSS",
-            "peak_memory_per_rank": all_mem,
-            "peak_tensor_bytes": max((m.get("peak_tensor_bytes") or 0) for m in all_mem) or None,
-            "losses": losses,
-            "device": str(device),
-            "device_name": device_name(device),
-            "tf32": tf32,
-            "config": config,
-            "env": env,
-        }
-        say(f"summary {spec.text} ({world} rank(s), {cfg.impl}): step {format_spread(st, 1e3, ' ms')}  "
-            f"{tok_s:,.0f} tok/s ({tok_s / world:,.0f}/device)  TFLOPS/device: 6N+attn {tfl_model:.3f}, "
-            f"+2N ckpt {summary['tflops_per_device_6n_ckpt']:.3f}, handout 8·N·B·T {summary['tflops_per_device_handout']:.3f} "
-            f"(N = {summary['params_handout']:,}, its get_model_size), 8·N·B·T {summary['tflops_per_device_8n']:.3f} (N = {params:,})  "
-            f"MFU {_pct(summary['mfu'])}")
-        if summary["predicted_peak_bytes"] is not None:
-            say(f"  planner predicted peak {_fmt_bytes(summary['predicted_peak_bytes'])} per device "
-                "(compare with peak allocated on CUDA; on CPU RSS includes the runtime)")
-        for r, m in enumerate(all_mem):
-            say(f"  rank {r}: peak allocated {_fmt_bytes(m.get('peak_allocated_bytes'))}, reserved "
-                f"{_fmt_bytes(m.get('peak_reserved_bytes'))}, RSS {_fmt_bytes(m.get('peak_rss_bytes'))}"
-                + (f", live tensors {_fmt_bytes(m['peak_tensor_bytes'])}" if m.get("peak_tensor_bytes") else ""))
+        summary = _summary(cfg, model_cfg, spec, seq, engine, info, rec, all_mem, build_s, tf32, config, env)
+        _say_summary(summary, all_mem, say)
         if cfg.json:
             atomic_write_json(cfg.json, summary)
         if run is not None:
             run.write_json("summary.json", summary)
-        if world > 1:
-            dist.barrier()
         finished = True
         return summary
     finally:
-        if writer is not None:
-            writer.close()
+        if rec is not None:
+            rec.close()
         if run is not None:
             run.release(failed=not finished)
-        if finished and exit_when_done:
-            # A torchrun worker whose results are written ends here, inside this frame. Returning would
-            # destroy the DDP model and its gloo process group on this thread, and that destructor can
-            # block for good once the peer rank has exited (a hung 2-rank `gpt bench` under load,
-            # py-spy: the worker idle in the return from run_bench, after the summary was printed).
-            exit_worker(0)
-        destroy_distributed()
+        release_group()  # a group of one; a rank with peers ends by launch.end_worker
+
+
+def _build_engine(cfg: BenchConfig, model_cfg, spec, seq: int, info) -> tuple[GPTEngine, float]:
+    t0 = time.perf_counter()
+    engine = GPTEngine(model_cfg, spec, info, lr=cfg.lr, seed=cfg.seed, global_batch=cfg.global_batch,
+                       micro_batch=cfg.micro_batch, seq_len=seq, impl=cfg.impl, tp=cfg.tp, pp=cfg.pp,
+                       pp_schedule=cfg.pp_schedule, microbatches=cfg.microbatches,
+                       fused_optimizer=cfg.fused_optimizer)
+    keep_alive(engine)  # its DDP/FSDP destructors can block on gloo once a peer has gone (launch.keep_alive)
+    return engine, time.perf_counter() - t0
+
+
+class StepRecorder:
+    """Everything a benchmark step reports, kept out of the timed loop: the step line, metrics.jsonl and
+    TensorBoard (rank 0 with --out), the peak-memory reset and the nvidia-smi snapshot of busy steps."""
+
+    def __init__(self, cfg: BenchConfig, model_cfg, seq: int, info, run: RunDir | None, say):
+        self.cfg, self.run, self.say, self.main = cfg, run, say, info.rank == 0
+        self.device, self.world = torch.device(info.device), info.world_size
+        self.params = count_params(model_cfg)
+        self.peak, self.peak_src = peak_tflops(self.device)
+        self.model_fpt = flops_per_token(model_cfg, seq, checkpointing=False)
+        self.tokens_per_step = cfg.global_batch * seq
+        self.losses, self.times, self.warm_times = [], [], []
+        self.busy = BusySnapshot()   # nvidia-smi during the timed steps (env.json's is taken idle)
+        self.writer = None
+
+    def start(self, config: dict, env: dict) -> None:
+        if self.run is not None:
+            self.run.write_json("config.json", config)
+            self.run.write_json("env.json", env)
+            self.run.write_metrics([])
+            self.writer = make_writer(self.run.path)
+
+    def before_step(self, i: int) -> None:
+        if i == self.cfg.warmup:  # the first timed step: peaks and the busy snapshot count from here
+            reset_peak_memory(self.device)
+            if self.main:
+                self.busy.start()
+
+    def after_step(self, i: int, loss: float, dt: float) -> None:
+        cfg, timed = self.cfg, i >= self.cfg.warmup
+        self.losses.append(loss)
+        (self.times if timed else self.warm_times).append(dt)
+        tok_s = self.tokens_per_step / dt
+        tfl = self.model_fpt * tok_s / self.world / 1e12
+        u = mfu(tfl, self.peak)
+        mem = _rank_peak(self.device)
+        tag = f"step {i + 1 - cfg.warmup}/{cfg.steps}" if timed else f"warmup {i + 1}/{cfg.warmup}"
+        self.say(f"{tag:>14}  loss {loss:.4f}  {dt * 1e3:9.1f} ms  {tok_s:12,.0f} tok/s  {tfl:8.3f} TFLOPS/dev  "
+                 f"MFU {'n/a' if u is None else f'{100 * u:5.1f}%'}  peak {_fmt_bytes(mem['peak_bytes'])}")
+        if self.run is not None:
+            self.run.append_metric({"step": i + 1, "timed": timed, "loss": loss, "step_s": dt, "tokens_per_s": tok_s,
+                                    "tflops_per_device": tfl, "mfu": u, "peak_bytes": mem["peak_bytes"]})
+            self._scalars(i + 1, loss=loss, step_ms=dt * 1e3, tokens_per_s=tok_s, tflops_per_device=tfl, mfu=u,
+                          peak_memory_gib=None if mem["peak_bytes"] is None else mem["peak_bytes"] / GiB)
+
+    def _scalars(self, step: int, **values) -> None:
+        for name, value in values.items():
+            if value is not None:
+                self.writer.add_scalar(name, value, step)
+
+    def finish_busy(self, env: dict) -> None:
+        snapshot = self.busy.finish() if self.main else None
+        if snapshot is not None:
+            env["nvidia_smi_busy"] = snapshot
+            if self.run is not None:
+                self.run.write_json("env.json", env)
+                self.run.write_text("nvidia-smi-busy.txt", snapshot["text"])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _timed_steps(engine: GPTEngine, cfg: BenchConfig, model_cfg, seq: int, info, rec: StepRecorder) -> torch.Tensor:
+    """`warmup` + `steps` steps, each timed from a barrier to the returned loss; the slowest rank's time
+    is the step's. Returns the last batch (for --track-memory)."""
+    device, world = torch.device(info.device), info.world_size
+    for i, tokens in enumerate(token_batches(model_cfg.vocab_size, cfg.global_batch, seq, cfg.warmup + cfg.steps, cfg.seed)):
+        rec.before_step(i)
+        if world > 1:
+            dist.barrier()
+        synchronize(device)
+        t = time.perf_counter()
+        loss = engine.train_step(tokens)
+        synchronize(device)
+        dt = time.perf_counter() - t
+        diverged = not math.isfinite(loss)
+        if world > 1:  # the step is as slow as its slowest rank; a NaN on any rank stops them all
+            dt_t = torch.tensor([dt, float(diverged)], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+            dist.all_reduce(dt_t, op=dist.ReduceOp.MAX)
+            dt, diverged = float(dt_t[0].item()), bool(dt_t[1].item())
+        if diverged:
+            raise TrainingDiverged(f"gpt bench: the loss became non-finite ({loss} on rank {info.rank}) at step {i + 1} "
+                                   f"(--lr {cfg.lr:g} too high?); the benchmark stopped, no summary was written")
+        rec.after_step(i, loss, dt)
+    return tokens
+
+
+def _peak_memory_per_rank(engine: GPTEngine, tokens, cfg: BenchConfig, info, say) -> list[dict]:
+    """Every rank's peaks (gathered on all ranks); with --track-memory, live tensor bytes of one more step."""
+    device = torch.device(info.device)
+    rank_mem = _rank_peak(device)
+    if cfg.track_memory:
+        # after timing: the per-op bookkeeping slows the step, and this step is not in the losses
+        try:
+            rank_mem["peak_tensor_bytes"] = measure_step_peak_bytes(engine, tokens, warm=True)
+        except Exception as e:  # the measurement is an extra; never lose the timed results for it
+            say(f"  --track-memory failed on this strategy: {type(e).__name__}: {e}")
+            rank_mem["peak_tensor_bytes"] = None
+    if info.world_size == 1:
+        return [rank_mem]
+    all_mem = [None] * info.world_size
+    dist.all_gather_object(all_mem, rank_mem)
+    return all_mem
+
+
+def _summary(cfg: BenchConfig, model_cfg, spec, seq: int, engine: GPTEngine, info, rec: StepRecorder, all_mem: list[dict],
+             build_s: float, tf32, config: dict, env: dict) -> dict:
+    device, world, params, tokens_per_step = torch.device(info.device), info.world_size, rec.params, rec.tokens_per_step
+    st = summarize(rec.times)
+    med = st["median"]
+    tok_s = tokens_per_step / med
+    tfl_model = rec.model_fpt * tok_s / world / 1e12
+    hw_fpt = hardware_flops_per_token(model_cfg, seq, spec.ckpt)
+    return {
+        "strategy": spec.text,
+        "predicted_peak_bytes": _predicted_peak(cfg, model_cfg, spec, engine, seq, device),
+        "impl": cfg.impl,
+        "model": cfg.model,
+        "world_size": world,
+        "degrees": {"dp": engine.degrees.dp, "tp": engine.degrees.tp, "pp": engine.degrees.pp},
+        "params": params,
+        "global_batch": cfg.global_batch,
+        "micro_batch": cfg.micro_batch,
+        "seq_len": seq,
+        "tokens_per_step": tokens_per_step,
+        "warmup_steps": cfg.warmup,
+        "timed_steps": cfg.steps,
+        "build_seconds": build_s,
+        "warmup_seconds": sum(rec.warm_times),
+        "step_seconds_median": med,
+        "step_seconds": st,
+        "step_seconds_all": rec.times,
+        "tokens_per_s": tok_s,
+        "tokens_per_s_per_device": tok_s / world,
+        # model FLOPs (6N + 12·L·C·T per token), the MFU basis
+        "tflops_per_device": tfl_model,
+        "tflops_per_device_6n_ckpt": flops_per_token(model_cfg, seq, checkpointing=spec.ckpt == "full") * tok_s / world / 1e12,  # the issue's "+2N with ckpt"
+        "tflops_per_device_hardware": hw_fpt * tok_s / world / 1e12,    # with the recomputation done
+        # the handout's get_tflops with the handout's get_model_size (tied embedding counted twice) …
+        "params_handout": handout_param_count(model_cfg),
+        "tflops_per_device_handout": handout_tflops(handout_param_count(model_cfg), cfg.global_batch, seq, med) / world,
+        # … and the same 8·N·B·T formula with the distinct parameter count
+        "tflops_per_device_8n": handout_tflops(params, cfg.global_batch, seq, med) / world,
+        "flops_per_token": rec.model_fpt,
+        "peak_tflops": rec.peak,
+        "peak_tflops_source": rec.peak_src,
+        "mfu": mfu(tfl_model, rec.peak),
+        "hfu": mfu(hw_fpt * tok_s / world / 1e12, rec.peak),
+        "peak_memory_bytes": max((m["peak_bytes"] or 0) for m in all_mem),
+        "peak_memory_kind": "allocated" if device.type == "cuda" else "process RSS",
+        "peak_memory_per_rank": all_mem,
+        "peak_tensor_bytes": max((m.get("peak_tensor_bytes") or 0) for m in all_mem) or None,
+        "losses": rec.losses,
+        "device": str(device),
+        "device_name": device_name(device),
+        "tf32": tf32,
+        "config": config,
+        "env": env,
+    }
+
+
+def _say_summary(summary: dict, all_mem: list[dict], say) -> None:
+    s, world, params = summary, summary["world_size"], summary["params"]
+    say(f"summary {s['strategy']} ({world} rank(s), {s['impl']}): step {format_spread(s['step_seconds'], 1e3, ' ms')}  "
+        f"{s['tokens_per_s']:,.0f} tok/s ({s['tokens_per_s_per_device']:,.0f}/device)  TFLOPS/device: 6N+attn "
+        f"{s['tflops_per_device']:.3f}, +2N ckpt {s['tflops_per_device_6n_ckpt']:.3f}, handout 8·N·B·T "
+        f"{s['tflops_per_device_handout']:.3f} (N = {s['params_handout']:,}, its get_model_size), 8·N·B·T "
+        f"{s['tflops_per_device_8n']:.3f} (N = {params:,})  MFU {_pct(s['mfu'])}")
+    if s["predicted_peak_bytes"] is not None:
+        say(f"  planner predicted peak {_fmt_bytes(s['predicted_peak_bytes'])} per device "
+            "(compare with peak allocated on CUDA; on CPU RSS includes the runtime)")
+    for r, m in enumerate(all_mem):
+        say(f"  rank {r}: peak allocated {_fmt_bytes(m.get('peak_allocated_bytes'))}, reserved "
+            f"{_fmt_bytes(m.get('peak_reserved_bytes'))}, RSS {_fmt_bytes(m.get('peak_rss_bytes'))}"
+            + (f", live tensors {_fmt_bytes(m['peak_tensor_bytes'])}" if m.get("peak_tensor_bytes") else ""))
 
 
 def bench_command(cfg: BenchConfig) -> int:
@@ -304,6 +342,5 @@ def bench_command(cfg: BenchConfig) -> int:
 
 def bench_worker(spec: dict) -> int:
     """`trainlab worker SPEC.json` for "gpt-bench": one process (or torchrun rank) of a benchmark."""
-    run_bench(BenchConfig.from_dict(spec["config"], source="gpt bench spec"), log=lambda *a: print(*a, flush=True),
-              exit_when_done=under_torchrun())
-    return 0
+    run_bench(BenchConfig.from_dict(spec["config"], source="gpt bench spec"), log=lambda *a: print(*a, flush=True))
+    return 0  # the dispatcher ends the process (launch.end_worker)

@@ -2,7 +2,9 @@
 
 Each strategy runs as its own `trainlab gpt bench` process, so an out-of-memory error, a crash or
 a hang is isolated and reported in the table ("OOM", "failed", "timeout", "invalid", "diverged") next to the
-planner's predicted memory, instead of ending the comparison.
+planner's predicted memory, instead of ending the comparison. Each gets `--timeout` seconds, after which
+all its processes are stopped; a summary its rank 0 wrote is kept even if a rank then failed or hung at
+the end (a "note" says so). compare.json/.md/.csv/.log are rewritten after every strategy.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import csv
 import io
 import os
 import subprocess
-import time
+import tempfile
 from dataclasses import replace
 
 import torch
 
-from trainlab.distributed.launch import worker_command, write_spec
+from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError
 from trainlab.gpt.config import BenchConfig, CompareConfig
 from trainlab.gpt.model import get_preset
@@ -120,6 +122,15 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
     log(header)
     lines = header.splitlines()
     rows = []
+
+    def write_tables(rows: list[dict]) -> dict:
+        _check_same_start(rows)
+        result = {"config": cc.bench.to_dict(), "env": env, "rows": rows}
+        write_results(cc.out, "compare", result, header_md(cc) + to_markdown(rows), lines + ["", to_markdown(rows)],
+                      command, env=env)
+        atomic_write_text(os.path.join(cc.out, "compare.csv"), to_csv(rows))
+        return result
+
     for run in runs:
         slug = run.strategy.replace("+", "_")
         json_path = os.path.join(cc.out, f"{slug}.json")
@@ -133,24 +144,24 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
             rows.append(row)
             lines.append(f"{run.strategy:<22} invalid: {e}")
             log(lines[-1])
+            write_tables(rows)
             continue
         if os.path.exists(json_path):
             os.remove(json_path)
         spec = write_spec(os.path.join(cc.out, f"{slug}.spec.json"), "gpt-bench", config=replace(run, json=json_path).to_dict())
         cmd = worker_command(run.nproc, spec)
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cc.timeout_s, env=_child_env(run))
-            rc, text = proc.returncode, proc.stdout + proc.stderr
-            status = _classify(rc, text)
-        except subprocess.TimeoutExpired as e:
-            rc, status = -1, "timeout"
-            text = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")) + \
-                   ((e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
+        with tempfile.TemporaryFile("w+", errors="replace") as output:  # a file: no pipe a stuck rank could hold
+            rc, row["wall_s"] = run_limited(cmd, cc.timeout_s, stdout=output, stderr=subprocess.STDOUT,
+                                            env=_child_env(run))
+            output.seek(0)
+            text = output.read()
+        status = "timeout" if rc is None else _classify(rc, text)
         atomic_write_text(log_path, "$ " + " ".join(cmd) + "\n" + text)
-        row["wall_s"] = time.perf_counter() - t0
-        if status == "ok" and os.path.exists(json_path):
+        if os.path.exists(json_path):  # rank 0 wrote the summary: the run's results are complete
             s = read_json(json_path)
+            if status != "ok":
+                row["note"] = (f"the results were written, then a rank failed or hung at the end: "
+                               f"{'stopped at the %g s limit (--timeout)' % cc.timeout_s if rc is None else f'exit code {rc}'}")
             row.update(status="ok", step_ms_median=s["step_seconds_median"] * 1e3,
                        step_ms_p10=s["step_seconds"]["p10"] * 1e3, step_ms_p90=s["step_seconds"]["p90"] * 1e3,
                        tokens_per_s=s["tokens_per_s"], tokens_per_s_per_device=s["tokens_per_s_per_device"],
@@ -161,18 +172,16 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
                        peak_tensor_bytes=s.get("peak_tensor_bytes"),
                        first_loss=s["losses"][0], last_loss=s["losses"][-1], losses=s["losses"])
         else:
-            row.update(status=status if status != "ok" else "failed", error=_error_line(text))
+            row.update(status=status if status != "ok" else "failed",
+                       error=f"stopped at the {cc.timeout_s:g} s limit (--timeout)" if rc is None else _error_line(text))
         rows.append(row)
         lines.append(_row_line(row))
         log(lines[-1])
+        write_tables(rows)  # after every strategy: what finished is on disk whatever happens next
 
-    _check_same_start(rows)
-    result = {"config": cc.bench.to_dict(), "env": env, "rows": rows}
-    table = to_markdown(rows)
-    write_results(cc.out, "compare", result, header_md(cc) + table, lines + ["", table], command, env=env)
-    atomic_write_text(os.path.join(cc.out, "compare.csv"), to_csv(rows))
+    result = write_tables(rows)
     plot(rows, cc.out)
-    log("\n" + table)
+    log("\n" + to_markdown(rows))
     log(f"wrote {cc.out}/compare.md, compare.csv, compare.json, compare.log, throughput.png, memory.png")
     return {"command": command, **result}
 
@@ -199,13 +208,13 @@ def _row_line(r: dict) -> str:
     return (f"{r['strategy']:<22} {r['step_ms_median']:9.1f} ms  {r['tokens_per_s']:10,.0f} tok/s  "
             f"{r['tflops_per_device']:.3f} TFLOPS/dev  peak {_gib(r['peak_memory_bytes'])} GiB, tensors "
             f"{_gib(r.get('peak_tensor_bytes'))} GiB (predicted {_gib(r['predicted_bytes'])})  "
-            f"loss {r['first_loss']:.4f}→{r['last_loss']:.4f}")
+            f"loss {r['first_loss']:.4f}→{r['last_loss']:.4f}" + (f"  [{r['note']}]" if r.get("note") else ""))
 
 
 COLUMNS = ["strategy", "nproc", "micro_batch", "status", "step_ms_median", "step_ms_p10", "step_ms_p90", "tokens_per_s",
            "tokens_per_s_per_device", "tflops_per_device", "tflops_per_device_handout", "tflops_per_device_8n", "mfu",
            "peak_memory_bytes",
-           "peak_tensor_bytes", "predicted_bytes", "first_loss", "last_loss", "first_loss_diff_vs_none", "error"]
+           "peak_tensor_bytes", "predicted_bytes", "first_loss", "last_loss", "first_loss_diff_vs_none", "error", "note"]
 
 
 def to_csv(rows: list[dict]) -> str:

@@ -1,9 +1,11 @@
 """`trainlab dp compare`: the same LeNet-5 run under each data-parallel mode, and where the time goes.
 
 Every mode trains from the same seed on the same global batches in the same order (the device
-loader shards each global batch across ranks), so only the execution differs. Single-process
-modes run in this process; ddp/allreduce/ring run as `trainlab worker SPEC.json` under torchrun, each rank
-timing its steps, and rank 0 writes its row to the JSON file the spec names, which this process collects.
+loader shards each global batch across ranks), so only the execution differs. Every run is its own
+`trainlab worker SPEC.json` (ddp/allreduce/ring under torchrun), each rank timing its steps; rank 0 writes
+its row to the JSON file the spec names, which this process collects. A run gets `--timeout` seconds;
+one that fails or times out is marked in its row, the others still run, and --json/--md are rewritten
+after every run, so what finished is never lost.
 For the multi-process modes a second table sets the gradient all-reduce against the bandwidth bound:
 a ring all-reduce of S bytes over W ranks must move 2(W−1)/W·S bytes through each rank's link, so with a
 measured link bandwidth B (one ring hop, `ring.measure_link_bandwidth`) no all-reduce can take less than
@@ -16,16 +18,15 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from trainlab.distributed.launch import worker_command, write_spec
+from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError, UserError
-from trainlab.flags import Config, at_least, opt, output_file
+from trainlab.flags import Config, at_least, opt, output_file, positive
 from trainlab.io import atomic_write_json, atomic_write_text, read_json
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launch
@@ -56,6 +57,9 @@ class CompareConfig(Config):
     json: str | None = opt(None, "write the rows (and OUT.loaders.json for the sweep)", metavar="OUT.json",
                            check=output_file)
     md: str | None = opt(None, "write the tables as markdown", metavar="OUT.md", check=output_file)
+    timeout_s: float = opt(1800.0, "seconds each run of a mode may take: past it, its processes are stopped and the "
+                                   "mode is marked 'timeout' (the other modes' rows are kept)", flag="--timeout",
+                           check=positive)
 
     def validate(self) -> None:
         super().validate()
@@ -125,35 +129,42 @@ def bandwidth(grad_bytes: int | None, allreduce_ms: float | None, world_size: in
 def run_worker(spec: dict) -> int:
     """One process (or one torchrun rank) of a comparison: train with step timing, rank 0 writes its row."""
     cfg = TrainConfig.from_dict(spec["config"], source="dp compare spec")
-    threads_before = torch.get_num_threads()
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     prefix = f"[{cfg.parallel}{'' if cfg.loader == 'device' else f' dataloader w={cfg.workers}'}] "
     summary = train(cfg, log=lambda line: print(prefix + line, flush=True) if line.startswith(("epoch", "done")) else None)
-    torch.set_num_threads(threads_before)  # an in-process run must not change the caller's setting
-    if int(os.environ.get("RANK", "0")) == 0:  # the process group is already gone here
+    if int(os.environ.get("RANK", "0")) == 0:
         row = row_from_run(cfg, summary, RunDir(cfg.out).read_metrics())
-        atomic_write_json(spec["result"], {**row, "torch_threads": spec.get("threads") or threads_before})
-    return 0
+        atomic_write_json(spec["result"], {**row, "status": "ok", "torch_threads": torch.get_num_threads()})
+    return 0  # the dispatcher ends the process (launch.end_worker)
 
 
-def _run_one(cfg: TrainConfig, nproc: int, workdir: Path, tag: str, threads: int | None = None) -> dict:
+def _run_one(cfg: TrainConfig, nproc: int, workdir: Path, tag: str, threads: int | None, limit_s: float) -> dict:
+    """One run of one mode in processes of its own (`trainlab worker`, under torchrun for several), stopped
+    after `limit_s`: its row, or a row marking why there is none. A row that rank 0 wrote is kept even if
+    a rank then failed or hung at the end: the run's results were complete."""
     result = workdir / f"{tag}.row.json"
-    spec = {"config": cfg.to_dict(), "threads": threads, "result": str(result)}
-    if cfg.parallel in MULTI_PROCESS_MODES and nproc > 1:
-        cmd = worker_command(nproc, write_spec(workdir / f"{tag}.spec.json", "dp-compare", **spec))
-        print("launching: " + " ".join(cmd), flush=True)
-        code = subprocess.call(cmd)
-        if code != 0 or not result.exists():
-            raise UserError(f"--modes {cfg.parallel}: the {nproc}-process run failed (exit code {code}); see its output above")
-    else:
-        run_worker(spec)
-    return read_json(result)
+    spec = write_spec(workdir / f"{tag}.spec.json", "dp-compare", config=cfg.to_dict(), threads=threads, result=str(result))
+    cmd = worker_command(nproc, spec)
+    print("launching: " + " ".join(cmd), flush=True)
+    code, seconds = run_limited(cmd, limit_s)
+    ended = f"stopped at the {limit_s:g} s limit (--timeout)" if code is None else f"exit code {code}"
+    if result.exists():
+        row = read_json(result)
+        if code != 0:
+            row["note"] = f"the results were written, then a rank failed or hung at the end: {ended}"
+        return row
+    return {**dict.fromkeys(ROW_KEYS), "mode": cfg.parallel, "world_size": nproc, "loader": cfg.loader,
+            "workers": cfg.workers if cfg.loader == "dataloader" else None, "status": "timeout" if code is None else "failed",
+            "error": f"the {nproc}-process run wrote no results: {ended} after {seconds:.0f} s; see its output above"}
 
 
-def compare(cc: CompareConfig, log=print) -> tuple[list[dict], list[dict]]:
+def compare(cc: CompareConfig, log=print, on_rows=None) -> tuple[list[dict], list[dict]]:
     """Run each mode (and the DataLoader sweep) on the same global batches; returns (mode rows, loader rows).
 
+    Every run is its own process (or processes), stopped after `cc.timeout_s`; a mode that fails or times
+    out gets a row with its status, and the others still run. `on_rows(rows, loader_rows)` hears the
+    tables so far after every run (modes not run yet are left out).
     `threads`: torch CPU threads per process for every mode (default: torch's own choice for single-process
     runs, 1 per rank under torchrun). On a shared CPU, more threads than free cores makes OpenMP spin.
     `repeats`: run the whole list that many times, round-robin (so a burst of load from elsewhere hits
@@ -170,7 +181,9 @@ def compare(cc: CompareConfig, log=print) -> tuple[list[dict], list[dict]]:
         if "none" not in modes:
             plan.append(("device", TrainConfig(**base), 1))
         plan += [(f"dl{w}", TrainConfig(**base, loader="dataloader", workers=w), 1) for w in workers]
-    results: dict[str, list[dict]] = {tag: [] for tag, _, _ in plan}
+    runs: dict[str, list[dict]] = {tag: [] for tag, _, _ in plan}
+    sweep_tags = (["none" if "none" in modes else "device"] + [f"dl{w}" for w in workers]) if workers else []
+    tables = lambda: ([_combine(runs[m]) for m in modes if runs[m]], [_combine(runs[t]) for t in sweep_tags if runs[t]])  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="trainlab_dp_compare_") as tmp:
         work = Path(tmp)
         for r in range(repeats):
@@ -178,12 +191,13 @@ def compare(cc: CompareConfig, log=print) -> tuple[list[dict], list[dict]]:
                 multi = cfg.parallel in MULTI_PROCESS_MODES
                 log(f"== {_describe(tag, cfg, n if multi else 1)}" + (f"  (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
                 run_cfg = TrainConfig(**{**cfg.to_dict(), "out": str(work / f"{tag}-{r}")})
-                results[tag].append(_run_one(run_cfg, n if multi else 1, work, f"{tag}-{r}", threads))
-    rows = [_combine(results[m]) for m in modes]
-    loader_rows = []
-    if workers:
-        loader_rows = [_combine(results["none" if "none" in modes else "device"])] + [_combine(results[f"dl{w}"]) for w in workers]
-    return rows, loader_rows
+                row = _run_one(run_cfg, n if multi else 1, work, f"{tag}-{r}", threads, cc.timeout_s)
+                if row["status"] != "ok" or row.get("note"):
+                    log(f"   {row['status']}: {row.get('error') or row.get('note')}")
+                runs[tag].append(row)
+                if on_rows is not None:
+                    on_rows(*tables())
+    return tables()
 
 
 def _describe(tag: str, cfg: TrainConfig, nproc: int) -> str:
@@ -195,8 +209,18 @@ def _describe(tag: str, cfg: TrainConfig, nproc: int) -> str:
 
 
 def _combine(runs: list[dict]) -> dict:
-    """One row from repeated runs of one configuration: medians of the timings, all epoch times kept."""
-    row = dict(runs[0])
+    """One row from repeated runs of one configuration: medians of the timings, all epoch times kept.
+    Runs that failed or timed out are counted; with none that finished, the row is the last failure."""
+    done = [r for r in runs if r["status"] == "ok"]
+    if not done:
+        return {**runs[-1], "repeats": len(runs)}
+    failed = len(runs) - len(done)
+    row = dict(done[0], **({"failed_repeats": failed, "error": next(r["error"] for r in runs if r["status"] != "ok")}
+                           if failed else {}))
+    notes = [r["note"] for r in done if r.get("note")]
+    if notes:
+        row["note"] = notes[0]
+    runs = done
     for key in ("epoch_seconds", "images_per_s", "data_ms", "compute_ms", "comm_ms", "allreduce_ms", "algbw_gbps", "busbw_gbps",
                 "link_gbps", "bound_comm_ms", "busbw_pct_of_link"):
         values = [r[key] for r in runs if r[key] is not None]
@@ -222,10 +246,14 @@ def format_table(rows: list[dict], title: str) -> str:
              "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         loader = r["loader"] if r["loader"] == "device" else f"dataloader ×{r['workers']} workers"
+        if r["status"] != "ok":
+            lines.append(f"| {r['mode']} | {r['world_size']} | – | {loader} | **{r['status']}** | | | | | |")
+            continue
         comm = _ms(r["comm_ms"]) + (" (overlapped)" if r.get("comm_overlapped") else "")
         lines.append(f"| {r['mode']} | {r['world_size']} | {r.get('torch_threads')} | {loader} | {_spread(r)} | {r['images_per_s']:,.0f} | "
                      f"{_ms(r['data_ms'])} | {_ms(r['compute_ms'])} | {comm} | {r['test_accuracy']:.2f} |")
-    return "\n".join(lines)
+    remarks = [f"- {r['mode']} × {r['world_size']}: {r.get('error') or r['note']}" for r in rows if r.get("error") or r.get("note")]
+    return "\n".join(lines + ([""] + remarks if remarks else []))
 
 
 def format_bandwidth(rows: list[dict]) -> str | None:
@@ -272,10 +300,23 @@ def format_report(rows: list[dict], loader_rows: list[dict]) -> str:
 
 
 def run_compare(cc: CompareConfig, log=print) -> str:
-    """`trainlab dp compare`: run, print the tables, write --json (the rows; the sweep beside it) and --md."""
-    rows, loader_rows = compare(cc, log=log)
-    report = format_report(rows, loader_rows)
+    """`trainlab dp compare`: run, print the tables, write --json (the rows; the sweep beside it) and --md.
+
+    The files are rewritten (atomically) after every run, so whatever finished is on disk even if a later
+    mode hangs or the comparison is interrupted; a mode that failed or timed out ends the command with
+    one error line once the others have run."""
+    rows, loader_rows = compare(cc, log=log, on_rows=lambda *tables: _write(cc, *tables))
+    report = _write(cc, rows, loader_rows)
     log(report)
+    failed = [f"{r['mode']} ({r['status']})" for r in rows + loader_rows if r["status"] != "ok"]
+    if failed:
+        kept = f"; the rows that finished are in {cc.json}" if cc.json else ""
+        raise UserError(f"dp compare: {', '.join(failed)} did not finish (see the table above){kept}")
+    return report
+
+
+def _write(cc: CompareConfig, rows: list[dict], loader_rows: list[dict]) -> str:
+    report = format_report(rows, loader_rows)
     if cc.json:
         atomic_write_json(cc.json, rows)  # the contract: a list of rows, one per mode
         if loader_rows:

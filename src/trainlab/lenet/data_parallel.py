@@ -8,9 +8,16 @@
 - `timer`: where each step's time goes (data / compute / communication), when asked for
 - `raise_if_peer_failure(exc)`: turn a failed collective into one clear line
 
-Modes: none (single process), dp (nn.DataParallel), ddp (DistributedDataParallel), allreduce
+Modes: none (single process), dp (nn.DataParallel, below), ddp (DistributedDataParallel), allreduce
 (hand-written bucketed all-reduce, lenet/allreduce.py), ring (ring all-reduce from send/recv,
 overlapped with backward, lenet/ring.py). The loop stays the same for all of them.
+
+`nn.DataParallel` (dp): one process drives every visible GPU. Each step it scatters the batch over the
+GPUs, *replicates the model from GPU 0* (a copy of all weights every forward), runs the replicas in
+Python threads (GIL-bound), gathers the outputs on GPU 0 and reduces gradients there. That per-step
+replication and the single-process Python bottleneck are why it is often slower than one GPU for a
+small model like LeNet-5 — and why PyTorch recommends DDP instead. It is here to be measured, not to
+be used.
 Multi-process modes run one process per device under torchrun (or `spawn_for_test`); the device loader
 splits every global batch across ranks (shards differ by at most one row when the world size does not
 divide the batch), so every mode sees the same global batches. Each rank's loss is weighted by
@@ -31,12 +38,11 @@ import torch.nn as nn
 from trainlab.data.loader import shard_bounds
 from trainlab.device import resolve_device, synchronize
 from trainlab.distributed.failure import raise_if_peer_failure
-from trainlab.distributed.launch import (DEFAULT_TIMEOUT_S, DistInfo, destroy_distributed, dist_timeout_s,
-                                         ensure_process_group, init_distributed)
+from trainlab.distributed.launch import (DEFAULT_TIMEOUT_S, DistInfo, dist_timeout_s, ensure_process_group,
+                                         init_distributed, keep_alive, release_group)
 from trainlab.distributed.wrappers import wrap_ddp
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.lenet.allreduce import HandAllReduce, broadcast_parameters
-from trainlab.lenet.dataparallel import check_data_parallel, wrap_data_parallel
 from trainlab.lenet.ring import RingAllReduce, measure_allreduce_seconds, measure_link_bandwidth
 from trainlab.stats import summarize
 
@@ -172,6 +178,7 @@ class DataParallelContext:
                                                                self.timer.grad_bytes, self.device)
         if self.mode == "ddp":
             ddp = wrap_ddp(model, self.device)  # broadcasts rank 0's weights
+            keep_alive(ddp)  # its destructor can block on gloo once a peer has gone (launch.keep_alive)
             if self.timer.enabled:
                 self.timer.comm_overlapped = True
                 ddp.register_comm_hook(self.timer, _timed_allreduce_hook)
@@ -259,8 +266,8 @@ class DataParallelContext:
     def close(self) -> None:
         if isinstance(self._reducer, RingAllReduce):
             self._reducer.close()
-        if self.owns_group and dist.is_initialized():
-            destroy_distributed()  # bounded: gloo's teardown can block (see launch.destroy_distributed)
+        if self.owns_group:
+            release_group()  # a group of one only: a rank with peers ends by launch.end_worker
             self.owns_group = False
 
 
@@ -278,6 +285,27 @@ def _timed_allreduce_hook(timer: StepTimer, bucket):
         return f.value()
 
     return fut.then(done)
+
+
+def check_data_parallel(device: str, global_batch: int) -> int:
+    """The number of GPUs DataParallel would use; a clear error when it cannot be meaningful."""
+    if device not in ("auto", "cuda") and not str(device).startswith("cuda"):
+        raise ConfigError(f"--parallel dp with --device {device}: nn.DataParallel splits batches over CUDA GPUs; "
+                          "use --device cuda (or --parallel ddp/allreduce on the CPU)")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < 2:
+        raise HardwareError(f"--parallel dp needs at least 2 CUDA GPUs, found {n}: nn.DataParallel on one device "
+                            "is single-device training with extra copies (use --parallel none)")
+    # A batch the GPUs do not divide is fine: scatter gives the last GPU a smaller chunk, and the loss is
+    # computed on the outputs gathered on GPU 0, so uneven chunks weigh every image alike.
+    if global_batch < n:
+        raise ConfigError(f"--batch-size {global_batch} is smaller than the {n} GPUs nn.DataParallel splits it over")
+    return n
+
+
+def wrap_data_parallel(model: nn.Module) -> nn.DataParallel:
+    """Wrap a model that lives on cuda:0 in DataParallel over all visible GPUs (call check_data_parallel first)."""
+    return nn.DataParallel(model, device_ids=list(range(torch.cuda.device_count())), output_device=0)
 
 
 def check_launch(mode: str, nproc: int, device: str, global_batch: int) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import copy
 import math
 import statistics
-import warnings
 import time
+import warnings
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -72,193 +73,136 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
 
 
 def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
-    device = par.device
     tf32 = set_tf32(cfg.tf32)
-    ckpt = load_checkpoint(run.checkpoint) if resume is not None else None
-    data = load_dataset(cfg.dataset, cfg.data_dir)
-    train_batches = build_train_batches(cfg, data, device, par)
-    test_batches = build_test_batches(cfg, data, device, par)
-    n_train = len(data.train_images) if cfg.train_subset is None else min(cfg.train_subset, len(data.train_images))
-    channels_last = use_channels_last(cfg, device)
-    precision = amp_dtype(cfg, device)
-
-    model = build_model(cfg, device)
-    # before wrapping: `auto` times the plain model, no collective (lenet/shard_weights.py)
-    sharding = setup_shards(cfg.shard_weights, model, train_batches, par, lambda: autocast(device, precision), log)
-    steps_per_epoch = len(train_batches)  # after the split: a weighted split may drop a short last batch
-    lr = scaled_lr(cfg)
-    optimizer = build_optimizer(cfg, model, lr)
-    scheduler = build_scheduler(cfg, optimizer, lr, steps_per_epoch)
-    ema = EMA(model, cfg.ema) if cfg.ema else None  # evaluated and checkpointed in place of the live weights
-    start_epoch, global_step, history, train_seconds = 0, 0, [], 0.0
-    if ckpt is not None:
-        start_epoch, global_step, history, train_seconds = restore_checkpoint(
-            ckpt, cfg, model, optimizer, scheduler, run, steps_per_epoch, log, ema=ema)
-    params, flops = count_parameters(model), flops_per_image(model)
+    s = _assemble(cfg, resume, par, run, log)
 
     # ---- record what this run is, before it runs -------------------------------------------------
-    env = collect_env(device)
+    env = collect_env(s.device)
     if par.is_main:
         run.write_json("config.json", cfg.to_dict())
         run.write_json("env.json", env)
     log(format_header({**cfg.to_dict(), "dist_timeout": describe_timeout(cfg.dist_timeout),  # as resolved, with its source
-                       "run_dir": str(run.path), "params": params, "flops_per_image": flops, "data_source": data.source,
-                       "resumed_from_epoch": start_epoch if ckpt else None,
-                       "rank_batches": par.rank_batches(cfg.batch_size, getattr(train_batches, "shares", None))}, env))
-    writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=global_step if ckpt else None)
-    if writer is not None and ckpt is None:
-        _log_graph(writer, model, next(iter(test_batches))[0][:8])
-        _log_layout(writer)
-    gpu = (GPUSampler(indices=sampled_devices(par.mode, device), log=log)  # every rank its own GPU(s)
-           if cfg.gpu_telemetry and device.type == "cuda" else None)
-    busy = BusySnapshot()   # nvidia-smi while the first epoch trains (env.json's is taken idle)
-    if cfg.gpu_telemetry and device.type != "cuda":
-        log("gpu telemetry: skipped — training on the CPU")
+                       "run_dir": str(run.path), "params": s.params, "flops_per_image": s.flops, "data_source": s.data.source,
+                       "resumed_from_epoch": s.start_epoch if s.resumed else None,
+                       "rank_batches": par.rank_batches(cfg.batch_size, getattr(s.train_batches, "shares", None))}, env))
+    tel = Telemetry(cfg, s, par, run, env, log)
 
-    model = par.wrap(model)
+    model = par.wrap(s.model)
     if cfg.compile:
         model = torch.compile(model)
     # Each rank scores its shard of the test set with the plain module: DDP's forward would broadcast
     # buffers, a collective that ranks with different numbers of test batches cannot all join.
     live_model = unwrap(model) if par.multi_process else model
-    eval_model = ema.module if ema is not None else live_model  # what is tested, reported and checkpointed
-    warmup_seconds = _warm_up(model, train_batches, device, precision, channels_last) if (cfg.compile or device.type == "cuda") else 0.0
+    eval_model = s.ema.module if s.ema is not None else live_model  # what is tested, reported and checkpointed
+    warmup_seconds = (_warm_up(model, s.train_batches, s.device, s.precision, s.channels_last)
+                      if (cfg.compile or s.device.type == "cuda") else 0.0)
 
     # ---- train ----------------------------------------------------------------------------------
-    if gpu is not None:
-        gpu.start()
-    time_to_target = next((h["train_seconds"] for h in history if h["test_accuracy"] >= TARGET_ACCURACY), None)
+    time_to_target = next((h["train_seconds"] for h in s.history if h["test_accuracy"] >= TARGET_ACCURACY), None)
     epochs_run = 0
     try:
-        for epoch in range(start_epoch, cfg.epochs):
-            train_batches.set_epoch(epoch)  # the order is a pure function of (seed, epoch): resumable
-            model.train()
-            step_losses, step_correct, step_sizes = [], [], []
-            weights = par.shard_weights(train_batches)  # None unless the world size leaves uneven shards
-            synchronize(device)
-            t0 = time.perf_counter()
-            bar = tqdm(train_batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
-                       disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True)
-            for step, (x, y) in enumerate(par.timer.batches(bar, lambda b: to_device(*b, device, channels_last))):
-                with autocast(device, precision):
-                    logits = model(x)
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
-                optimizer.zero_grad(set_to_none=True)
-                (loss if weights is None else loss * weights[step]).backward()
-                par.after_backward(model)  # hand-written all-reduce; DDP/DP reduce inside backward
-                optimizer.step()
-                scheduler.step()
-                if ema is not None:
-                    ema.update()
-                par.timer.step_done()
-                step_losses.append(loss.detach())
-                step_correct.append((logits.detach().argmax(1) == y).sum())  # stays on the device
-                step_sizes.append(len(y))
-                global_step += 1
-                if epochs_run == 0 and gpu is not None and par.is_main and len(step_losses) == 1:
-                    busy.start()
-                if cfg.progress and global_step % 50 == 0:
-                    bar.set_postfix(loss=f"{loss.item():.4f}")  # sync point, once per 50 steps
-            synchronize(device)
-            epoch_seconds = time.perf_counter() - t0
-            train_seconds += epoch_seconds
-            if epochs_run == 0 and (snapshot := busy.finish()) is not None:
-                env["nvidia_smi_busy"] = snapshot
-                run.write_json("env.json", env)
-                run.write_text("nvidia-smi-busy.txt", snapshot["text"])
-            # one sync for the whole epoch: the global batches' mean losses and accuracies
-            losses, accuracies, train_accuracy = par.step_means(torch.stack(step_losses), torch.stack(step_correct), step_sizes)
+        with tel:
+            for epoch in range(s.start_epoch, cfg.epochs):
+                tel.epoch_starts(first=epochs_run == 0)
+                epoch_seconds, losses, accuracies, train_accuracy = _train_epoch(cfg, s, model, par, epoch)
+                s.train_seconds += epoch_seconds
+                tel.epoch_trained()
 
-            par.broadcast_buffers(eval_model)
-            result = evaluate(eval_model, test_batches, device, precision, par=par)
-            _stop_if_diverged(losses, result["test_loss"], epoch, cfg, run)
-            record = {
-                "epoch": epoch + 1,
-                "global_step": global_step,
-                "train_loss": sum(losses) / len(losses),
-                "train_accuracy": train_accuracy,
-                "test_loss": result["test_loss"],
-                "test_accuracy": result["test_accuracy"],
-                "train_test_gap": train_accuracy - result["test_accuracy"],  # overfitting, in points (running train accuracy)
-                "per_class_accuracy": result["per_class_accuracy"],
-                **({"live_test_accuracy": _live_accuracy(live_model, test_batches, device, precision, par)} if ema else {}),
-                "lr": scheduler.get_last_lr()[0],
-                "epoch_seconds": epoch_seconds,
-                "train_seconds": train_seconds,
-                "images_per_s": n_train / epoch_seconds,
-                "step_losses": losses,
-                "step_accuracies": accuracies,
-            }
-            history.append(record)
-            if time_to_target is None and result["test_accuracy"] >= TARGET_ACCURACY:
-                time_to_target = train_seconds
-            log(f"epoch {epoch + 1:>3}/{cfg.epochs}  train_loss {record['train_loss']:.4f}  test_loss {record['test_loss']:.4f}  "
-                f"train_acc {record['train_accuracy']:6.2f}%  test_acc {record['test_accuracy']:6.2f}%  "
-                f"{record['images_per_s']:>9,.0f} img/s  {epoch_seconds:6.2f} s"
-                + (f"  (live weights {record['live_test_accuracy']:.2f}%)" if ema else ""))
-            if writer is not None:
-                _log_epoch(writer, record, losses, accuracies, global_step, result, scheduler)
-            if par.is_main:
-                run.write_metrics(history)
-                save_checkpoint(run.checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, epoch=epoch + 1,
-                                global_step=global_step, history=history, train_seconds=train_seconds, config=cfg.to_dict(),
-                                ema=ema.state_dict() if ema is not None else None)
-            epochs_run += 1
-            if cfg.stop_after is not None and epochs_run >= cfg.stop_after and epoch + 1 < cfg.epochs:
-                log(f"stopping after {epochs_run} epoch(s) as asked (--stop-after); resume with: trainlab train --resume {run.path}")
-                par.close()
-                return {"interrupted": True, "epochs_done": epoch + 1, "run_dir": str(run.path)}
+                record, result = _epoch_record(cfg, s, par, eval_model, live_model, epoch, epoch_seconds, losses,
+                                               accuracies, train_accuracy, run)
+                s.history.append(record)
+                if time_to_target is None and result["test_accuracy"] >= TARGET_ACCURACY:
+                    time_to_target = s.train_seconds
+                log(f"epoch {epoch + 1:>3}/{cfg.epochs}  train_loss {record['train_loss']:.4f}  test_loss {record['test_loss']:.4f}  "
+                    f"train_acc {record['train_accuracy']:6.2f}%  test_acc {record['test_accuracy']:6.2f}%  "
+                    f"{record['images_per_s']:>9,.0f} img/s  {epoch_seconds:6.2f} s"
+                    + (f"  (live weights {record['live_test_accuracy']:.2f}%)" if s.ema else ""))
+                tel.epoch_done(record, result, s.global_step, s.scheduler)
+                if par.is_main:
+                    run.write_metrics(s.history)
+                    save_checkpoint(run.checkpoint, model=model, optimizer=s.optimizer, scheduler=s.scheduler,
+                                    epoch=epoch + 1, global_step=s.global_step, history=s.history,
+                                    train_seconds=s.train_seconds, config=cfg.to_dict(),
+                                    ema=s.ema.state_dict() if s.ema is not None else None)
+                epochs_run += 1
+                if cfg.stop_after is not None and epochs_run >= cfg.stop_after and epoch + 1 < cfg.epochs:
+                    log(f"stopping after {epochs_run} epoch(s) as asked (--stop-after); resume with: "
+                        f"trainlab train --resume {run.path}")
+                    par.close()
+                    return {"interrupted": True, "epochs_done": epoch + 1, "run_dir": str(run.path)}
     except Exception as e:
         par.raise_if_peer_failure(e)  # a dead or hung peer rank → one clear line, not a gloo/NCCL trace
         raise
-    finally:
-        if gpu is not None:
-            gpu.stop()
-            gpu.write_csv(run.file(rank_csv_name(par.rank)))
 
     # ---- summarize ------------------------------------------------------------------------------
-    if gpu is not None:  # the same on every rank (device type and flag are), so all join the gather
-        per_rank = gather_samples(gpu.samples, par.multi_process)
-        if writer is not None:
-            log_gpu_tags(writer, per_rank)
+    return _summarize(cfg, s, par, run, tel, env, model, eval_model, tf32=tf32, warmup_seconds=warmup_seconds,
+                      time_to_target=time_to_target, log=log)
+
+
+def _epoch_record(cfg: TrainConfig, s, par, eval_model, live_model, epoch: int, epoch_seconds: float,
+                  losses: list[float], accuracies: list[float], train_accuracy: float, run: RunDir) -> tuple[dict, dict]:
+    """Evaluate after an epoch (stopping a diverged run) → (its metrics.jsonl record, the evaluation)."""
     par.broadcast_buffers(eval_model)
-    final = evaluate(eval_model, test_batches, device, precision, par=par, predictions=True)
-    tta = evaluate_tta(eval_model, test_batches, device, precision, par=par) if cfg.tta else None
-    wrong = misclassified.misclassified(final["predictions"], *_test_arrays(data, cfg))
+    result = evaluate(eval_model, s.test_batches, s.device, s.precision, par=par)
+    _stop_if_diverged(losses, result["test_loss"], epoch, cfg, run)
+    record = {
+        "epoch": epoch + 1,
+        "global_step": s.global_step,
+        "train_loss": sum(losses) / len(losses),
+        "train_accuracy": train_accuracy,
+        "test_loss": result["test_loss"],
+        "test_accuracy": result["test_accuracy"],
+        "train_test_gap": train_accuracy - result["test_accuracy"],  # overfitting, in points (running train accuracy)
+        "per_class_accuracy": result["per_class_accuracy"],
+        **({"live_test_accuracy": _live_accuracy(live_model, s.test_batches, s.device, s.precision, par)} if s.ema else {}),
+        "lr": s.scheduler.get_last_lr()[0],
+        "epoch_seconds": epoch_seconds,
+        "train_seconds": s.train_seconds,
+        "images_per_s": s.n_train / epoch_seconds,
+        "step_losses": losses,
+        "step_accuracies": accuracies,
+    }
+    return record, result
+
+
+def _summarize(cfg: TrainConfig, s, par, run: RunDir, tel, env: dict, model, eval_model, *, tf32, warmup_seconds: float,
+               time_to_target: float | None, log) -> dict:
+    """The final evaluation (TTA too), misclassified digits, the last TensorBoard images, summary.json."""
+    par.broadcast_buffers(eval_model)
+    final = evaluate(eval_model, s.test_batches, s.device, s.precision, par=par, predictions=True)
+    tta = evaluate_tta(eval_model, s.test_batches, s.device, s.precision, par=par) if cfg.tta else None
+    wrong = misclassified.misclassified(final["predictions"], *_test_arrays(s.data, cfg))
     if par.is_main:
         misclassified.save(run.file(misclassified.FILE), wrong)
-    if writer is not None:
-        _log_images(writer, unwrap(model), test_batches, global_step)
-        writer.add_figure("test/misclassified", misclassified_figure(wrong, run.path.name), global_step)
-        writer.close()
+    tel.close(unwrap(model), s.test_batches, s.global_step, wrong)
     summary = {
         "test_accuracy": final["test_accuracy"],
-        "train_accuracy": history[-1].get("train_accuracy") if history else None,
+        "train_accuracy": s.history[-1].get("train_accuracy") if s.history else None,
         "test_loss": final["test_loss"],
         "per_class_accuracy": final["per_class_accuracy"],
         "confusion_matrix": final["confusion_matrix"],
         "tta_test_accuracy": tta["test_accuracy"] if tta else None,
         "ema_decay": cfg.ema or None,
         "epochs": cfg.epochs,
-        "train_seconds": train_seconds,
+        "train_seconds": s.train_seconds,
         "warmup_seconds": warmup_seconds,
         "time_to_99_seconds": time_to_target,
-        "images_per_s_median": statistics.median(h["images_per_s"] for h in history) if history else None,
-        "device": str(device),
-        "device_name": env["gpus"][0] if device.type == "cuda" and env["gpus"] else env["cpu"],
+        "images_per_s_median": statistics.median(h["images_per_s"] for h in s.history) if s.history else None,
+        "device": str(s.device),
+        "device_name": env["gpus"][0] if s.device.type == "cuda" and env["gpus"] else env["cpu"],
         "tf32": tf32,
-        "params": params,
-        "flops_per_image": flops,
+        "params": s.params,
+        "flops_per_image": s.flops,
         "model": cfg.model,
         "dataset": cfg.dataset,
-        "amp": str(precision).removeprefix("torch.") if precision is not None else "off",
-        "channels_last": channels_last,
+        "amp": str(s.precision).removeprefix("torch.") if s.precision is not None else "off",
+        "channels_last": s.channels_last,
         "act": cfg.act,
         "seed": cfg.seed,
-        "gpu": gpu.summary() if gpu is not None else None,
+        "gpu": tel.gpu.summary() if tel.gpu is not None else None,
         "parallel": par.mode,
         "world_size": par.world_size,
-        "shard_weights": sharding,
+        "shard_weights": s.sharding,
         "step_times": par.timer.summary(),
         "run_dir": str(run.path),
     }
@@ -267,9 +211,152 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     par.close()
     if tta:
         log(f"test-time augmentation ({tta['views']} views, reported separately): test accuracy {tta['test_accuracy']:.2f}%")
-    log(f"done: test accuracy {summary['test_accuracy']:.2f}%{' (EMA weights)' if ema else ''}  train time {train_seconds:.1f} s  "
+    log(f"done: test accuracy {summary['test_accuracy']:.2f}%{' (EMA weights)' if s.ema else ''}  train time {s.train_seconds:.1f} s  "
         f"time to {TARGET_ACCURACY:g}%: {'%.1f s' % time_to_target if time_to_target is not None else 'not reached'}  run dir: {run.path}")
     return summary
+
+@dataclass
+class _Parts:
+    """What a run is assembled from (`_assemble`), and where it stands: epochs done, steps, seconds."""
+
+    device: torch.device
+    data: object
+    train_batches: object
+    test_batches: object
+    n_train: int
+    channels_last: bool
+    precision: torch.dtype | None
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    ema: EMA | None
+    params: int
+    resumed: bool
+    sharding: dict | None = None  # the --shard-weights split as resolved (lenet/shard_weights.py)
+    flops: int = 0  # forward FLOPs per image (lenet/models.py)
+    start_epoch: int = 0
+    global_step: int = 0
+    history: list = field(default_factory=list)
+    train_seconds: float = 0.0
+
+
+def _assemble(cfg: TrainConfig, resume, par, run: RunDir, log) -> _Parts:
+    """Data, batches, model, optimizer, schedule and EMA; with `resume`, put back where the checkpoint left them."""
+    device = par.device
+    ckpt = load_checkpoint(run.checkpoint) if resume is not None else None
+    data = load_dataset(cfg.dataset, cfg.data_dir)
+    train_batches = build_train_batches(cfg, data, device, par)
+    test_batches = build_test_batches(cfg, data, device, par)
+    n_train = len(data.train_images) if cfg.train_subset is None else min(cfg.train_subset, len(data.train_images))
+    channels_last, precision = use_channels_last(cfg, device), amp_dtype(cfg, device)
+    model = build_model(cfg, device)
+    # before wrapping: `auto` times the plain model, no collective (lenet/shard_weights.py)
+    sharding = setup_shards(cfg.shard_weights, model, train_batches, par, lambda: autocast(device, precision), log)
+    steps_per_epoch = len(train_batches)  # after the split: a weighted split may drop a short last batch
+    lr = scaled_lr(cfg)
+    optimizer = build_optimizer(cfg, model, lr)
+    scheduler = build_scheduler(cfg, optimizer, lr, steps_per_epoch)
+    ema = EMA(model, cfg.ema) if cfg.ema else None  # evaluated and checkpointed in place of the live weights
+    s = _Parts(device, data, train_batches, test_batches, n_train, channels_last, precision,
+               model, optimizer, scheduler, ema, params=0, resumed=ckpt is not None, sharding=sharding)
+    if ckpt is not None:
+        s.start_epoch, s.global_step, s.history, s.train_seconds = restore_checkpoint(
+            ckpt, cfg, model, optimizer, scheduler, run, steps_per_epoch, log, ema=ema)
+    s.params, s.flops = count_parameters(model), flops_per_image(model)
+    return s
+
+
+def _train_epoch(cfg: TrainConfig, s: _Parts, model, par, epoch: int) -> tuple[float, list[float], list[float], float]:
+    """One pass over the training batches → (seconds, per-step global loss, per-step accuracy, epoch accuracy).
+
+    Per-step losses and correct counts stay on the device and come back in one copy at the end."""
+    s.train_batches.set_epoch(epoch)  # the order is a pure function of (seed, epoch): resumable
+    model.train()
+    step_losses, step_correct, step_sizes = [], [], []
+    weights = par.shard_weights(s.train_batches)  # None unless the world size leaves uneven shards
+    synchronize(s.device)
+    t0 = time.perf_counter()
+    bar = tqdm(s.train_batches, total=len(s.train_batches), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
+               disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True)
+    for step, (x, y) in enumerate(par.timer.batches(bar, lambda b: to_device(*b, s.device, s.channels_last))):
+        with autocast(s.device, s.precision):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
+        s.optimizer.zero_grad(set_to_none=True)
+        (loss if weights is None else loss * weights[step]).backward()
+        par.after_backward(model)  # hand-written all-reduce; DDP/DP reduce inside backward
+        s.optimizer.step()
+        s.scheduler.step()
+        if s.ema is not None:
+            s.ema.update()
+        par.timer.step_done()
+        step_losses.append(loss.detach())
+        step_correct.append((logits.detach().argmax(1) == y).sum())  # stays on the device
+        step_sizes.append(len(y))
+        s.global_step += 1
+        if cfg.progress and s.global_step % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.4f}")  # sync point, once per 50 steps
+    synchronize(s.device)
+    seconds = time.perf_counter() - t0
+    # one sync for the whole epoch: the global batches' mean losses and accuracies
+    losses, accuracies, train_accuracy = par.step_means(torch.stack(step_losses), torch.stack(step_correct), step_sizes)
+    return seconds, losses, accuracies, train_accuracy
+
+
+class Telemetry:
+    """What a run reports beside its metrics, kept out of the loop's body: TensorBoard (rank 0), GPU
+    sampling (NVML, every rank its own GPUs) and the nvidia-smi snapshot taken while the first epoch trains.
+    `with tel:` samples the GPU for the duration and writes gpu.rank<N>.csv (and, gathered on rank 0, the TensorBoard curves) at the end."""
+
+    def __init__(self, cfg: TrainConfig, s: _Parts, par, run: RunDir, env: dict, log):
+        self.run, self.env = run, env
+        self.writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=s.global_step if s.resumed else None)
+        if self.writer is not None and not s.resumed:
+            _log_graph(self.writer, s.model, next(iter(s.test_batches))[0][:8])
+            _log_layout(self.writer)
+        device = s.device
+        self.par = par
+        self.gpu = (GPUSampler(indices=sampled_devices(par.mode, device), log=log)  # every rank its own GPU(s)
+                    if cfg.gpu_telemetry and device.type == "cuda" else None)
+        self.busy = BusySnapshot()   # nvidia-smi while the first epoch trains (env.json's is taken idle)
+        if cfg.gpu_telemetry and device.type != "cuda":
+            log("gpu telemetry: skipped — training on the CPU")
+
+    def __enter__(self) -> "Telemetry":
+        if self.gpu is not None:
+            self.gpu.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.gpu is None:
+            return
+        self.gpu.stop()
+        self.gpu.write_csv(self.run.file(rank_csv_name(self.par.rank)))
+        if exc[0] is None:  # the same on every rank (device type and flag are), so all join the gather
+            per_rank = gather_samples(self.gpu.samples, self.par.multi_process)
+            if self.writer is not None:
+                log_gpu_tags(self.writer, per_rank)
+
+    def epoch_starts(self, first: bool) -> None:
+        if first and self.gpu is not None and self.par.is_main:
+            self.busy.start()  # in the background: nvidia-smi answers while the first steps run
+
+    def epoch_trained(self) -> None:
+        snapshot = self.busy.finish()
+        if snapshot is not None:
+            self.env["nvidia_smi_busy"] = snapshot
+            self.run.write_json("env.json", self.env)
+            self.run.write_text("nvidia-smi-busy.txt", snapshot["text"])
+
+    def epoch_done(self, record: dict, result: dict, global_step: int, scheduler) -> None:
+        if self.writer is not None:
+            _log_epoch(self.writer, record, record["step_losses"], record["step_accuracies"], global_step, result, scheduler)
+
+    def close(self, model, test_batches, global_step: int, wrong) -> None:
+        if self.writer is not None:
+            _log_images(self.writer, model, test_batches, global_step)
+            self.writer.add_figure("test/misclassified", misclassified_figure(wrong, self.run.path.name), global_step)
+            self.writer.close()
 
 
 def _silent(*_args, **_kwargs) -> None:

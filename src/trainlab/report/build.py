@@ -223,7 +223,8 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
                                                                  "gbps", "ratio_to_torch", "pct_of_copy_bw"])))
     elif res.kind == "dp_compare":
         blocks.append(Block("table", rows=table_from_rows(rows, ["mode", "world_size", "loader", "workers", "epoch_seconds", "images_per_s",
-                                                                 "data_ms", "compute_ms", "comm_ms", "comm_overlapped", "test_accuracy"])))
+                                                                 "data_ms", "compute_ms", "comm_ms", "comm_overlapped", "test_accuracy",
+                                                                 "status"])))
         if any(r.get("busbw_gbps") is not None for r in rows):
             blocks.append(Block("p", "Gradient all-reduce against the 2(W−1)/W·S/B bound (S gradient bytes, B measured link bandwidth):"))
             blocks.append(Block("table", rows=table_from_rows([r for r in rows if r.get("busbw_gbps") is not None],
