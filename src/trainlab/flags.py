@@ -17,19 +17,86 @@ A field is declared once, with its default and its help:
   command config extends `validate()` with the checks that span several fields. The CLI calls it before
   any data is loaded or worker started, and the worker calls it again on the config it was handed.
 - Worker processes receive the resolved config as JSON (`distributed.launch`), never as a command line.
+
+Every parser is a `Parser`: its help cannot crash on a `%` in a help text (`HelpFormatter` escapes any
+`%` that is not an argparse placeholder) and names each flag's default once, and a mistyped flag gets
+the subcommand's usage, one `trainlab: error:` line and the nearest real flag (`--lr-rate` → `--lr`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
+import re
+import sys
 import types
 import typing
 from typing import Any, Callable
 
 from trainlab.errors import ConfigError
 from trainlab.io import output_problem
+
+_PLACEHOLDER = re.compile(r"%%|%\(\w+\)[a-z]|%")
+_NO_DEFAULT = (None, False, argparse.SUPPRESS)
+
+
+def _has_default(action: argparse.Action) -> bool:
+    return action.default not in _NO_DEFAULT and action.default != [] and action.option_strings != []
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help text is data: a bare `%` is printed as is (argparse would %-format it and crash), and a flag
+    whose default its text does not name gets `(default: X)` once."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        text = _PLACEHOLDER.sub(lambda m: m.group(0) if len(m.group(0)) > 1 else "%%", text)
+        if _has_default(action) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """trainlab's argparse: safe help (`HelpFormatter`), errors as one `trainlab: error:` line after the
+    usage of the subcommand at fault, and a "did you mean" for a flag it does not know."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"trainlab: error: {self.prog.removeprefix('trainlab ')}: {message}\n"
+                  if self.prog != "trainlab" else f"trainlab: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            target = innermost_parser(self, parsed)
+            target.error("; ".join(_unknown_line(target, u) for u in unknown if u.startswith("-"))
+                         or f"unexpected arguments: {' '.join(unknown)}")
+        return parsed
+
+
+def innermost_parser(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser `ns` was parsed by: `trainlab dp compare …` → the `compare` parser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(ns, action.dest, None)
+            if chosen in action.choices:
+                return innermost_parser(action.choices[chosen], ns)
+    return parser
+
+
+def _unknown_line(parser: argparse.ArgumentParser, token: str) -> str:
+    name = token.split("=", 1)[0]
+    flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--") and a.help != argparse.SUPPRESS]
+    near = [f for f in flags if name.startswith(f + "-")] or difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+    return f"unrecognized argument {name}" + (f" (did you mean {near[0]}?)" if near else "") + \
+        f"; `{parser.prog} --help` lists the flags"
+
 
 # A check takes a field's value and returns what is wrong with it (None when nothing is).
 Check = Callable[[Any], "str | None"]

@@ -171,7 +171,7 @@ def needs_launch(nproc: int) -> bool:
 
 def write_spec(path: str | os.PathLike, worker: str, **payload) -> Path:
     """The JSON a worker starts from: which worker (`cli.WORKERS`) and its resolved config."""
-    return atomic_write_json(path, {"worker": worker, **payload})
+    return atomic_write_json(path, {"worker": worker, **payload}, private=True)
 
 
 def worker_command(nproc: int, spec_path: str | os.PathLike) -> list[str]:
@@ -286,7 +286,7 @@ def record_worker_error(line: str, code: int, peer: bool = False) -> bool:
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {"message": line, "timestamp": int(time.time()),   # the agent never reads half of it
-                                 "trainlab": {"line": line, "code": code, "peer": peer}})
+                                 "trainlab": {"line": line, "code": code, "peer": peer}}, private=True)
     except OSError:
         return False
     return True

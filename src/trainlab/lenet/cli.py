@@ -94,6 +94,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        print(f"data: {result['data']}")
         print(f"{args.checkpoint}: test accuracy {result['test_accuracy']:.2f}%  test loss {result['test_loss']:.4f}  "
               f"({result['test_samples']} images, {result['weights']} weights, device {result['device']})")
         print("per-class accuracy: " + "  ".join(f"{c}:{a:.2f}" for c, a in enumerate(result["per_class_accuracy"])))

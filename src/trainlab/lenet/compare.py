@@ -133,7 +133,7 @@ def run_worker(spec: dict) -> int:
     torch.set_num_threads(threads_before)  # an in-process run must not change the caller's setting
     if int(os.environ.get("RANK", "0")) == 0:  # the process group is already gone here
         row = row_from_run(cfg, summary, RunDir(cfg.out).read_metrics())
-        atomic_write_json(spec["result"], {**row, "torch_threads": spec.get("threads") or threads_before})
+        atomic_write_json(spec["result"], {**row, "torch_threads": spec.get("threads") or threads_before}, private=True)
     return 0
 
 

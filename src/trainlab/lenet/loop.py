@@ -18,9 +18,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from trainlab.data.mnist import load_mnist
+from trainlab.data.mnist import describe_source, load_mnist
 from trainlab.device import set_tf32, synchronize
 from trainlab.distributed.wrappers import unwrap
 from trainlab.distributed.launch import describe_timeout
@@ -38,6 +37,7 @@ from trainlab.lenet.tta import evaluate_tta
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.figures import misclassified_figure
 from trainlab.telemetry.gpu import GPUSampler
+from trainlab.io import progress_bar
 from trainlab.telemetry.rundir import RunDir
 from trainlab.telemetry.tensorboard import image_grid, make_writer
 
@@ -98,9 +98,10 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
         run.write_json("config.json", cfg.to_dict())
         run.write_json("env.json", env)
     log(format_header({**cfg.to_dict(), "dist_timeout": describe_timeout(cfg.dist_timeout),  # as resolved, with its source
-                       "run_dir": str(run.path), "params": params, "data_source": data.source,
+                       "run_dir": str(run.path), "params": params,
                        "resumed_from_epoch": start_epoch if ckpt else None,
                        "rank_batches": par.rank_batches(cfg.batch_size)}, env))
+    log(f"data: {describe_source(data)}")  # a run on altered data is never silent
     writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=global_step if ckpt else None)
     if writer is not None and ckpt is None:
         _log_graph(writer, model, next(iter(test_batches))[0][:8])
@@ -133,8 +134,8 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
             weights = par.shard_weights(train_batches)  # None unless the world size leaves uneven shards
             synchronize(device)
             t0 = time.perf_counter()
-            bar = tqdm(train_batches, total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
-                       disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True)
+            bar = progress_bar(train_batches, cfg.progress, total=steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                               leave=False)
             for step, (x, y) in enumerate(par.timer.batches(bar, lambda b: to_device(*b, device, channels_last))):
                 with autocast(device, precision):
                     logits = model(x)
@@ -153,7 +154,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
                 global_step += 1
                 if epochs_run == 0 and gpu is not None and len(step_losses) == 1:
                     busy.start()
-                if cfg.progress and global_step % 50 == 0:
+                if not bar.disable and global_step % 50 == 0:
                     bar.set_postfix(loss=f"{loss.item():.4f}")  # sync point, once per 50 steps
             synchronize(device)
             epoch_seconds = time.perf_counter() - t0
@@ -236,6 +237,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
         "tta_test_accuracy": tta["test_accuracy"] if tta else None,
         "ema_decay": cfg.ema or None,
         "epochs": cfg.epochs,
+        "data": describe_source(data),
         "train_seconds": train_seconds,
         "warmup_seconds": warmup_seconds,
         "time_to_99_seconds": time_to_target,

@@ -51,6 +51,7 @@ from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device, synchronize
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, check_value, one_of, opt
+from trainlab.io import record_written
 from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.batches import build_train_batches, to_device
 from trainlab.lenet.config import TrainConfig
@@ -302,6 +303,7 @@ def profile_variants(cfg: ProfileConfig, data, device: torch.device, out: Path, 
     if cfg.trace:
         trace = out / "trace.json.gz"
         prof.export_chrome_trace(str(trace))
+        record_written(trace)
     per_step = attribute(prof.events())
     log(f"profiled {n_steps} steps of each of {', '.join(variants)} in {wall_s:.1f} s" + (f"; trace {trace}" if trace else ""))
     return {"steps": n_steps, "wall_s": wall_s, "trace": str(trace) if trace else None,

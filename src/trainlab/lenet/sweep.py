@@ -248,7 +248,7 @@ def run_sweep(values: dict[str, list], sc: SweepConfig, command: str = "", log=p
             try:
                 resume = run.resume_from()
                 summary = train(run.config, resume=resume,
-                                log=lambda line: log("   " + line) if line.startswith(("epoch", "done")) else None)
+                                log=lambda line: log("   " + line) if line.startswith(("data", "epoch", "done")) else None)
             except ConfigError:
                 raise
             except Exception as e:  # one diverged or crashed run must not cost the rest of the sweep

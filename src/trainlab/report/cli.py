@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trainlab.flags import check_value, output_dir
+from trainlab.io import refuse_foreign
 from trainlab.report.build import build_report
 
 
 def run_report(args) -> int:
     check_value(args.out, output_dir, "-o/--out")
+    refuse_foreign([Path(args.out) / name for name in ("index.html", "report.md")], "-o/--out")
     result = build_report(args.inputs, args.out, title=args.title)
     for note in result["notes"]:
         print(f"note: {note}")
