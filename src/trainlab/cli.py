@@ -89,7 +89,7 @@ def leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParse
 
 def _writes(parser: argparse.ArgumentParser) -> bool:
     """A command that writes files (an output flag or an `out` argument) takes --force."""
-    return any(o in _OUTPUT_FLAGS for a in parser._actions for o in a.option_strings) or \
+    return any(o in _OUTPUT_FLAGS and a.nargs != 0 for a in parser._actions for o in a.option_strings) or \
         any(a.dest == "out" for a in parser._actions)
 
 

@@ -137,6 +137,28 @@ def at_least(lo: int) -> Check:
     return check
 
 
+def process_count(lo: int) -> Check:
+    """An integer >= lo and at most `device.process_limit()` (ranks or workers this machine can run)."""
+    def check(v: Any) -> str | None:
+        from trainlab.device import PROCESSES_PER_CORE, cpu_cores, process_limit
+
+        problem = at_least(lo)(v)
+        if problem is None and v > process_limit():
+            return (f"expected an integer >= {lo} and <= {process_limit()} ({PROCESSES_PER_CORE} per CPU core; "
+                    f"this machine has {cpu_cores()})")
+        return problem
+    return check
+
+
+# Seeds are 32-bit: numpy's generators and the loaders' per-sample streams take no more.
+SEED_MAX = 2**32 - 1
+
+
+def seed_value(v: Any) -> str | None:
+    ok = isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= SEED_MAX
+    return None if ok else f"expected an integer >= 0 and <= {SEED_MAX} (2^32 - 1)"
+
+
 positive = between(0, lo_open=True)   # a finite number > 0 (rates, seconds)
 non_negative = between(0)             # a finite number >= 0 (weight decay, warm-up)
 

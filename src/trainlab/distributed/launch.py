@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from trainlab.errors import ConfigError, HardwareError
+from trainlab.device import check_process_count
 from trainlab.io import atomic_write_json
 
 DEFAULT_TIMEOUT_S = 120.0  # long enough for a slow first NCCL init, short enough that a hang is noticed
@@ -190,6 +191,7 @@ def launch_workers(nproc: int, worker: str, **payload) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    check_process_count(nproc, "--nproc")  # every launch, before a process starts (GPU counts: the callers)
     with tempfile.TemporaryDirectory(prefix="trainlab_spec_") as tmp:
         spec = write_spec(Path(tmp) / f"{worker}.json", worker, **payload)
         args = ["-u", "-m", "trainlab", "worker", os.fspath(spec)]

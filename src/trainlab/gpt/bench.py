@@ -21,15 +21,17 @@ from dataclasses import asdict, replace
 import torch
 import torch.distributed as dist
 
-from trainlab.device import device_name, peak_memory, peak_tflops, reset_peak_memory, set_tf32, synchronize
+from trainlab.device import (device_name, free_memory, is_out_of_memory, peak_memory, peak_tflops, reset_peak_memory, set_tf32,
+                             synchronize)
 from trainlab.distributed.launch import (describe_timeout, destroy_distributed, exit_worker, init_distributed,
                                          launch_workers, needs_launch, under_torchrun)
-from trainlab.errors import TrainingDiverged
+from trainlab.errors import HardwareError, TrainingDiverged
 from trainlab.gpt.config import BenchConfig
 from trainlab.gpt.engine import GPTEngine
 from trainlab.gpt.flops import flops_per_token, handout_param_count, handout_tflops, hardware_flops_per_token, mfu
 from trainlab.gpt.model import count_params
-from trainlab.gpt.planner import measure_step_peak_bytes, predict_memory
+from trainlab.gpt.planner import (measure_step_peak_bytes, memory_shortfall, out_of_memory_line, predict_memory,
+                                  predicted_bytes)
 from trainlab.io import atomic_write_json
 from trainlab.stats import format_spread, summarize
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
@@ -277,6 +279,11 @@ def run_bench(cfg: BenchConfig, log=print, exit_when_done: bool = False) -> dict
             dist.barrier()
         finished = True
         return summary
+    except (RuntimeError, MemoryError) as e:
+        if not is_out_of_memory(e):
+            raise
+        # one line, not a failed row or "a bug in trainlab": what the planner expected, what was free
+        raise HardwareError(out_of_memory_line(predicted_bytes(cfg), free_memory(device), f"{device}, at run time")) from None
     finally:
         if writer is not None:
             writer.close()
@@ -294,6 +301,9 @@ def run_bench(cfg: BenchConfig, log=print, exit_when_done: bool = False) -> dict
 def bench_command(cfg: BenchConfig) -> int:
     """CLI entry: validate, start --nproc workers under torchrun (the config as JSON), else run here."""
     cfg.validate()  # fail before launching N processes
+    shortfall = memory_shortfall(cfg)  # the planner's estimate against free memory, before building anything
+    if shortfall:
+        raise HardwareError(shortfall)
     if cfg.out:
         check_run_dir(cfg.out, overwrite=cfg.overwrite, resumable=False)
     if needs_launch(cfg.nproc):

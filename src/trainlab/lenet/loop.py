@@ -32,7 +32,7 @@ from trainlab.lenet.data_parallel import setup_data_parallel
 from trainlab.lenet.ema import EMA
 from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
-from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, build_scheduler, scaled_lr, use_channels_last
+from trainlab.lenet.setup import amp_dtype, autocast, build_model, check_model_runs, build_optimizer, build_scheduler, scaled_lr, use_channels_last
 from trainlab.lenet.tta import evaluate_tta
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.figures import misclassified_figure
@@ -61,6 +61,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     cfg.validate()
     par = setup_data_parallel(cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing,
                               timeout_s=cfg.dist_timeout)
+    check_model_runs(cfg, par.device)  # an implementation this device lacks fails before the run directory exists
     path = resume if resume is not None else default_run_dir(cfg)
     if not par.is_main:  # only rank 0 prints, logs to TensorBoard and writes the run directory
         return _train(cfg, resume, _silent, par, RunDir(path))
