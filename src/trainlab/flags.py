@@ -53,7 +53,7 @@ class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         text = _PLACEHOLDER.sub(lambda m: m.group(0) if len(m.group(0)) > 1 else "%%", text)
-        if _has_default(action) and "default" not in text:
+        if _has_default(action) and "default:" not in text:
             text += " (default: %(default)s)"
         return text
 
@@ -217,7 +217,8 @@ def add_flags(parser: argparse.ArgumentParser, cls, exclude=(), defaults: Any = 
         typ, _ = _field_type(cls, f)
         meta = f.metadata
         default = getattr(defaults, f.name) if defaults is not None else f.default
-        help_ = meta["help"] + (f" (default: {default})" if default not in (None, False, dataclasses.MISSING) else "")
+        help_ = meta["help"] + (f" (default: {default})" if default not in (None, False, dataclasses.MISSING)
+                                and "default:" not in meta["help"] else "")  # a text naming its own default keeps it
         kw: dict[str, Any] = {"dest": f.name, "default": None, "help": help_}
         if typ is bool:
             kw["action"] = argparse.BooleanOptionalAction
@@ -250,7 +251,8 @@ def add_list_flags(parser: argparse.ArgumentParser, cls, exclude=()) -> None:
             continue  # a list-valued setting has no unambiguous comma-separated sweep
         meta, name = f.metadata, flag_name(f)
         choices = f" from {{{','.join(map(str, meta['choices']))}}}" if meta.get("choices") else ""
-        help_ = f"{meta['help']} — one or more values{choices}, comma-separated (default: {f.default})"
+        own = "default:" in meta["help"] or f.default is None  # the text names its default, or there is none
+        help_ = f"{meta['help']} — one or more values{choices}, comma-separated" + ("" if own else f" (default: {f.default})")
         if typ is bool:
             parser.add_argument(name, dest=f.name, nargs="?", const="true", default=None, metavar="true,false", help=help_)
             parser.add_argument("--no-" + name[2:], dest=f.name, action="store_const", const="false", help=argparse.SUPPRESS)

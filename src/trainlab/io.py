@@ -234,7 +234,7 @@ def read_json(path: str | os.PathLike) -> Any:
     """Read a JSON file; a missing, unreadable or corrupt file is a one-line `UserError` naming it."""
     path = check_input(path)
     try:
-        return json.loads(path.read_text())
+        return loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"{path}: file not found") from None
     except IsADirectoryError:
@@ -243,6 +243,18 @@ def read_json(path: str | os.PathLike) -> Any:
         raise UserError(f"{path}: permission denied (cannot read it)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
+    except ValueError as e:  # NaN / Infinity (see `loads`)
+        raise UserError(f"{path}: {e}") from None
+
+
+def _no_constant(token: str):
+    raise ValueError(f"holds {token}, which is not JSON (trainlab writes null for 'no value')")
+
+
+def loads(text: str) -> Any:
+    """`json.loads` that refuses NaN/Infinity, as `to_json` refuses to write them: a non-finite value
+    in a hand-edited file is one line naming it, not a NaN travelling into a table or a plot."""
+    return json.loads(text, parse_constant=_no_constant)
 
 
 def output_problem(path: str | os.PathLike, kind: str = "file") -> str | None:

@@ -46,6 +46,7 @@ def _parse_header(head: bytes, total: int, name: str) -> tuple[tuple[int, ...], 
         raise DataError(f"{name}: truncated: dims {list(dims)} need {expected} data bytes, found {found}")
     if found > expected:
         raise DataError(f"{name}: {found - expected} unexpected trailing bytes after dims {list(dims)}")
+    _check_limit(dims, name)
     return dims, header
 
 
@@ -65,11 +66,13 @@ def _parse_dims(head: bytes, total: int, name: str) -> tuple[tuple[int, ...], in
         raise DataError(f"{name}: truncated IDX header ({total} bytes, expected {header})")
     if len(head) < header:
         raise DataError(f"{name}: truncated IDX header ({len(head)} bytes, expected {header})")
-    dims = struct.unpack(f">{ndim}I", head[4:header])
+    return struct.unpack(f">{ndim}I", head[4:header]), header
+
+
+def _check_limit(dims: tuple[int, ...], name: str) -> None:
     if math.prod(dims) > MAX_DATA_BYTES:
         raise DataError(f"{name}: dims {list(dims)} declare {math.prod(dims)} data bytes, more than the "
                         f"{MAX_DATA_BYTES >> 20} MiB an MNIST-like IDX file may hold; refusing to allocate it")
-    return dims, header
 
 
 def _read_gzip(f, name: str) -> np.ndarray:
@@ -82,6 +85,7 @@ def _read_gzip(f, name: str) -> np.ndarray:
     with gzip.GzipFile(fileobj=f) as gz:
         head = gz.read(_MAX_HEADER)
         dims, header = _parse_dims(head, len(head), name)
+        _check_limit(dims, name)
         total = header + math.prod(dims)
         if total > compressed * DEFLATE_MAX_RATIO:
             raise DataError(f"{name}: corrupt or truncated gzip data: dims {list(dims)} declare {total} bytes, more "

@@ -126,8 +126,9 @@ def add_parser(subparsers) -> None:
 
     e = subparsers.add_parser("eval", help="re-evaluate a checkpoint on the test set")
     e.add_argument("checkpoint", help="checkpoint.pt or its run directory")
-    e.add_argument("--device", default="auto")
-    e.add_argument("--data-dir", default=None)
+    e.add_argument("--device", default="auto", help="auto (CUDA if available) | cpu | cuda | cuda:N")
+    e.add_argument("--data-dir", default=None, help="MNIST IDX folder or pack file to test on (default: the checkpoint's "
+                                                    "own --data-dir, else the embedded MNIST)")
     e.add_argument("--json", action="store_true", help="print JSON")
     e.set_defaults(func=run_eval)
 

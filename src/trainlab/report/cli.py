@@ -24,5 +24,5 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("report", help="build an HTML/Markdown report from run directories and result JSONs")
     p.add_argument("inputs", nargs="+", help="run directories (or a folder of runs) and trainlab result .json files")
     p.add_argument("-o", "--out", required=True, help="output directory (index.html, report.md, PNGs)")
-    p.add_argument("--title", default="trainlab report")
+    p.add_argument("--title", default="trainlab report", help="the page's title")
     p.set_defaults(func=run_report)
