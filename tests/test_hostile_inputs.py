@@ -5,7 +5,7 @@ workspace and checks the exit code, the last line of stderr, and that every file
 byte-for-byte unchanged afterwards (and that nothing new appeared, except where a row allows it) —
 so a bad flag cannot cost a finished run, and a failed start leaves no empty run directory behind.
 A new flag gets a row here. The multi-process cases (a killed or hung rank under the launcher) are
-the `dist` tests at the end; `README.md` (Reliability) reports the count.
+the `dist` tests at the end; `docs/reliability.md` reports the count.
 
 Placeholders in a row's argv: {ws} the workspace, {run} a finished LeNet run (copied in), {file} a
 plain file, {dir} a folder with an unrelated file, {idx} an IDX data folder the row's setup damaged,
