@@ -375,7 +375,7 @@ CASES = [
          creates=("new", "new/*"), check=_timeout_in_header),
     # -- train: divergence ----------------------------------------------------------------------------
     Case("lr-diverges", f"{NEW} --lr 1e9", r"training diverged: the training loss became nan at step \d+ of epoch 1 \(--lr 1e\+09",
-         code=3, creates=("new", "new/config.json", "new/env.json"), check=_diverged_lenet),
+         code=3, creates=("new", "new/config.json", "new/env.json", "new/.trainlab-files"), check=_diverged_lenet),
     # -- eval -------------------------------------------------------------------------------------------
     Case("eval-crafted-pickle", "eval {ckpt}", r"crafted.pt: refused: it holds Python objects besides tensors",
          setup=_ckpt(lambda c, ws: {**c, "history": _Evil(ws / "PWNED")}), check=_no_marker),
@@ -426,7 +426,8 @@ CASES = [
          r"--steps 0: expected", check=lambda ws, out: _not_launched(out)),
     Case("gpt-bench-diverges", "gpt bench --model tiny --device cpu --steps 3 --warmup 0 --seq 16 --global-batch 2 "
          "--micro-batch 2 --lr 1e9 --out {ws}/g", r"gpt bench: the loss became non-finite \(nan on rank 0\) at step \d",
-         code=3, creates=("g", "g/config.json", "g/env.json", "g/metrics.jsonl", "g/events.out.tfevents.*"), check=_no_json_nan),
+         code=3, creates=("g", "g/config.json", "g/env.json", "g/metrics.jsonl", "g/events.out.tfevents.*", "g/.trainlab-files"),
+         check=_no_json_nan),
     Case("gpt-plan-gpu-mem-overflow", "gpt plan --gpu-mem 1e400GiB", r"--gpu-mem '1e400GiB': expected a size such as 80GiB"),
     Case("gpt-plan-gpu-mem-nan", "gpt plan --gpu-mem nanGiB", r"--gpu-mem 'nanGiB': expected a size"),
     Case("gpt-plan-gpus-zero", "gpt plan --gpus 0", r"--gpus 0: expected an integer >= 1"),
