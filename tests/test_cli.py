@@ -131,7 +131,7 @@ def test_a_percent_sign_in_help_text_is_printed_not_formatted(capsys):
     (["train", "--lr-rate", "3"], "train: unrecognized argument --lr-rate (did you mean --lr?)"),
     (["dp", "compare", "--nprocs", "2"], "dp compare: unrecognized argument --nprocs (did you mean --nproc?)"),
     (["gpt", "plan", "--gpu-memory", "8GiB"], "gpt plan: unrecognized argument --gpu-memory (did you mean --gpu-mem?)"),
-    (["sweep", "--seed=1,2", "--epoch", "1"], "sweep: unrecognized argument --epoch (did you mean --epochs?)"),
+    (["sweep", "--dry-run", "--seed=1,2", "--epoch-count", "1"], "sweep: unrecognized argument --epoch-count (did you mean --epochs?)"),
 ])
 def test_an_unknown_flag_gets_the_subcommands_usage_and_the_nearest_flag(argv, hint, capsys):
     with pytest.raises(SystemExit) as done:

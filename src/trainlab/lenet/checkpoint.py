@@ -106,7 +106,7 @@ def load_model_state(model: torch.nn.Module, state: dict, path) -> None:
     want = unwrap(model).state_dict()
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise UserError(f"{path}: damaged checkpoint: 'model' must map parameter names to tensors")
-    odd = [f"{k} ({v.layout})" for k, v in state.items() if v.layout != torch.strided]
+    odd = [f"{k} ({v.layout})" for k, v in state.items() if str(v.layout) != "torch.strided"]  # sparse, mkldnn, …
     if odd:  # load_state_dict would fail deep inside copy_ (sparse into dense)
         raise UserError(f"{path}: damaged checkpoint: {', '.join(odd[:3])}: expected dense tensors, as trainlab writes")
     problems = []
