@@ -11,6 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from trainlab.io import set_force
 from trainlab.telemetry.results import write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -32,6 +33,7 @@ def check_output(out: str | Path, *stems: str, force: bool = False) -> Path:
     if existing and not force:
         sys.exit(f"{Path(sys.argv[0]).name}: error: {existing[0]} exists; pass --force to overwrite it, "
                  "or --out DIR to write elsewhere")
+    set_force(force)  # trainlab.io's writers refuse files they did not write (committed results) unless forced
     return out
 
 

@@ -7,7 +7,7 @@ Runs `trainlab train --act ACT --epochs N --out RUNS/ACT --device DEVICE` (RUNS:
 activation (gelu-triton only with a GPU unless --allow-interpreter, which sets TRITON_INTERPRET=1 —
 very slow; gelu-cuda only with a GPU), reads each run's summary.json, and writes
 <--out>/gelu_lenet_accuracy.{json,md,log} (default benchmarks/results; existing files need --force).
-The README's "accuracy per impl" table comes from here.
+The "accuracy per impl" table of docs/results.md comes from here.
 """
 
 from __future__ import annotations

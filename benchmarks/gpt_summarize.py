@@ -59,7 +59,9 @@ def main() -> None:
             continue
         if isinstance(s, dict) and "step_seconds_median" in s:
             rows.append((p.stem, s))
-    from trainlab.io import atomic_write_json, atomic_write_text
+    from trainlab.io import atomic_write_json, atomic_write_text, set_force
+
+    set_force(args.force)  # the writers refuse a summary trainlab did not write unless forced
 
     md = table(rows)
     first = rows[0][1] if rows else {}

@@ -82,11 +82,61 @@ def test_a_worker_runs_from_its_json_spec_alone(tmp_path):
     assert saved == dataclasses.asdict(cfg)
 
 
-@pytest.mark.parametrize("argv", [["train"], ["sweep"], ["dp", "compare"], ["data", "verify"], ["report"], ["eval"],
-                                  ["profile"], ["ops", "check"], ["gpt", "bench"]])
-def test_help_works_for_every_command(argv, capsys):
-    # argparse %-formats help text: a bare "%" in a field's help ("time-to-99% on") broke `train --help`
-    with pytest.raises(SystemExit) as e:
-        cli.main([*argv, "--help"])
-    assert e.value.code == 0
-    assert "usage: trainlab" in capsys.readouterr().out
+# ----------------------------------------------------------------------------- --help for every command
+
+def _commands(parser, path=()):
+    """(argv prefix, parser) for the root and every command and subcommand, the hidden worker aside."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, __import__("argparse")._SubParsersAction):
+            for name, sub in action.choices.items():
+                if name != "worker":
+                    yield from _commands(sub, (*path, name))
+
+
+COMMANDS = list(_commands(cli.build_parser()))
+
+
+@pytest.mark.parametrize("path, parser", COMMANDS, ids=[" ".join(p) or "trainlab" for p, _ in COMMANDS])
+def test_help_works_and_every_flag_says_what_it_does_and_its_default_once(path, parser, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main([*path, "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: trainlab"), out[:500]
+    formatter, problems = parser._get_formatter(), []
+    for action in parser._actions:
+        if action.help == "==SUPPRESS==" or "-h" in action.option_strings or action.choices and action.nargs == "A...":
+            continue  # hidden aliases (--no-x of a sweep flag), -h, the subcommand list (each has its help)
+        name = "/".join(action.option_strings) or action.dest
+        text = formatter._expand_help(action) if action.help else ""
+        if not text.strip():
+            problems.append(f"{name}: no description")
+        if text.count("default:") > 1:
+            problems.append(f"{name}: the default is named twice: {text}")
+        if action.option_strings and action.default not in (None, False, [], "==SUPPRESS==") and "default:" not in text:
+            problems.append(f"{name}: its default {action.default!r} is not shown")
+    assert not problems, f"trainlab {' '.join(path)}: " + "; ".join(problems)
+
+
+def test_a_percent_sign_in_help_text_is_printed_not_formatted(capsys):
+    from trainlab.flags import Parser
+
+    p = Parser(prog="trainlab x")
+    p.add_argument("--rate", default=5, help="50% of the time, %(default)s otherwise; 100%% sure")
+    p.print_help()
+    assert "50% of the time, 5 otherwise; 100% sure" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "--lr-rate", "3"], "train: unrecognized argument --lr-rate (did you mean --lr?)"),
+    (["dp", "compare", "--nprocs", "2"], "dp compare: unrecognized argument --nprocs (did you mean --nproc?)"),
+    (["gpt", "plan", "--gpu-memory", "8GiB"], "gpt plan: unrecognized argument --gpu-memory (did you mean --gpu-mem?)"),
+    (["sweep", "--dry-run", "--seed=1,2", "--epoch-count", "1"], "sweep: unrecognized argument --epoch-count (did you mean --epochs?)"),
+])
+def test_an_unknown_flag_gets_the_subcommands_usage_and_the_nearest_flag(argv, hint, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2
+    assert err[0].startswith(f"usage: trainlab {' '.join(argv[:2 if argv[0] in ('dp', 'gpt') else 1])} ")
+    assert err[-1].startswith(f"trainlab: error: {hint}"), err[-1]

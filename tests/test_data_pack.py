@@ -95,4 +95,4 @@ def test_train_from_a_pack(tmp_path):
     summary = train(TrainConfig(data_dir=str(tmp_path / "m.npz"), epochs=1, batch_size=32, device="cpu", progress=False,
                                 tensorboard=False, out=str(tmp_path / "run")), log=lambda *a: lines.append(" ".join(map(str, a))))
     assert summary["epochs"] == 1 and json.loads((tmp_path / "run" / "summary.json").read_text())["epochs"] == 1
-    assert re.search(rf"data_source += MNIST pack {re.escape(str(tmp_path / 'm.npz'))} ", "\n".join(lines))
+    assert re.search(rf"^data: MNIST pack {re.escape(str(tmp_path / 'm.npz'))} .*; NOT the official MNIST", "\n".join(lines), re.M)

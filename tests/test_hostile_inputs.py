@@ -5,7 +5,7 @@ workspace and checks the exit code, the last line of stderr, and that every file
 byte-for-byte unchanged afterwards (and that nothing new appeared, except where a row allows it) —
 so a bad flag cannot cost a finished run, and a failed start leaves no empty run directory behind.
 A new flag gets a row here. The multi-process cases (a killed or hung rank under the launcher) are
-the `dist` tests at the end; `README.md` (Reliability) reports the count.
+the `dist` tests at the end; `docs/reliability.md` reports the count.
 
 Placeholders in a row's argv: {ws} the workspace, {run} a finished LeNet run (copied in), {file} a
 plain file, {dir} a folder with an unrelated file, {idx} an IDX data folder the row's setup damaged,
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pytest
 import torch
 
@@ -177,6 +178,120 @@ def _hold_lock(ws: Path) -> None:
 
 _held: list[RunDir] = []
 
+
+# -- round 2: ownership, silent wrong results, limits, one-line errors, failing early ---------------------
+
+def _beside_run(ws: Path) -> None:
+    (ws / "run" / "notes.txt").write_text("the user's notes\n")
+    (ws / "run" / "src").mkdir()
+    (ws / "run" / "src" / "model.py").write_text("the user's code\n")
+
+
+def _users_file(rel: str) -> Callable[[Path], None]:
+    def setup(ws: Path) -> None:
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text("the user's file, not trainlab's\n")
+    return setup
+
+
+def _real_mnist():
+    from trainlab.data.mnist import load_mnist
+    return load_mnist()
+
+
+def _shifted_pack(ws: Path) -> None:
+    """A pack whose labels are all shifted by one, with checksums recomputed: internally consistent."""
+    from trainlab.data.pack import write_pack
+    arrays = _real_mnist().as_dict()
+    for key in ("train_labels", "test_labels"):
+        arrays[key] = ((arrays[key].astype(np.int64) + 1) % 10).astype(np.uint8)
+    write_pack(ws / "shifted.npz", arrays, source="someone's edit")
+
+
+def _altered_idx(ws: Path) -> None:
+    from data_fixtures import write_idx_dir
+    from trainlab.data.mnist import MNISTArrays
+    a = _real_mnist()
+    labels = a.test_labels.copy()
+    labels[:100] = (labels[:100] + 1) % 10
+    write_idx_dir(ws / "idx", MNISTArrays(a.train_images, a.train_labels, a.test_images, labels, source="edited"))
+
+
+def _says_not_official(which: str) -> Callable[[Path, str], None]:
+    def check(ws: Path, out: str) -> None:
+        line = next((ln for ln in out.splitlines() if ln.startswith("data: ")), "")
+        assert re.search(rf"fingerprint [0-9a-f]{{12}}; NOT the official MNIST: {which}", line), out[-2000:]
+    return check
+
+
+def _both_labels_listed(ws: Path, out: str) -> None:
+    assert "lr=0.0010000001" in out and re.search(r"^  lr=0\.001$", out, re.M), out
+
+
+def _other_settings_sweep(ws: Path) -> None:
+    (ws / "sw").mkdir()
+    shutil.copytree(ws / "run", ws / "sw" / "run")  # a one-configuration sweep's run folder is OUT/run
+
+
+def _gzip_idx(declared: tuple[int, ...], payload: int) -> Callable[[Path], None]:
+    """train-images as a gzip file whose header declares `declared` but holds `payload` zero bytes."""
+    import gzip
+
+    def damage(folder: Path) -> None:
+        (folder / IDX_STEMS["train_images"]).unlink()
+        header = struct.pack(">HBB", 0, 8, len(declared)) + struct.pack(f">{len(declared)}I", *declared)
+        (folder / (IDX_STEMS["train_images"] + ".gz")).write_bytes(gzip.compress(header + bytes(payload)))
+    return _idx(damage)
+
+
+def _npz(ws: Path, name: str, members: dict[str, bytes]) -> None:
+    import zipfile
+    with zipfile.ZipFile(ws / name, "w", zipfile.ZIP_DEFLATED) as zf:
+        for member, data in members.items():
+            zf.writestr(member, data)
+
+
+def _npy(array, shape=None) -> bytes:
+    import io as _io
+    buf = _io.BytesIO()
+    header = {"descr": array.dtype.str, "fortran_order": False, "shape": shape or array.shape}
+    np.lib.format.write_array_header_1_0(buf, header)
+    return buf.getvalue() + np.ascontiguousarray(array).tobytes()
+
+
+def _pack_declaring_huge_array(ws: Path) -> None:
+    small = np.zeros((2, 28, 28), np.uint8)
+    _npz(ws, "huge.npz", {"manifest.npy": _npy(np.array('{"format": 1}')),
+                          "train_images.npy": _npy(small, shape=(10**7, 28, 28))})
+
+
+def _pack_with_list_manifest(ws: Path) -> None:
+    from trainlab.data.pack import KEYS
+    arrays = {k: np.zeros((2, 28, 28) if "images" in k else (2,), np.uint8) for k in KEYS}
+    np.savez_compressed(ws / "listy.npz", manifest=np.array(json.dumps([1, 2])), **arrays)
+
+
+def _fifo(rel: str) -> Callable[[Path], None]:
+    def setup(ws: Path) -> None:
+        target = ws / rel
+        if target.exists():
+            target.unlink()
+        os.mkfifo(target)
+    return setup
+
+
+def _help_lists(flag: str) -> Callable[[Path, str], None]:
+    def check(ws: Path, out: str) -> None:
+        assert re.search(rf"^\s+{flag}\b", out, re.M), out[:2000]
+    return check
+
+
+def _raw(rel: str, text: str) -> Callable[[Path], None]:
+    return lambda ws: (ws / rel).write_text(text)
+
+
+NO_GPU = not torch.cuda.is_available()
+
 RUN_ARGS = "--epochs 1 --train-subset 256 --test-subset 100 --batch-size 64 --device cpu --no-progress --no-tensorboard"
 NEW = f"train {RUN_ARGS} --out {{ws}}/new"
 
@@ -278,7 +393,7 @@ CASES = [
          creates=("new", "new/*"), check=_timeout_in_header),
     # -- train: divergence ----------------------------------------------------------------------------
     Case("lr-diverges", f"{NEW} --lr 1e9", r"training diverged: the training loss became nan at step \d+ of epoch 1 \(--lr 1e\+09",
-         code=3, creates=("new", "new/config.json", "new/env.json"), check=_diverged_lenet),
+         code=3, creates=("new", "new/config.json", "new/env.json", "new/.trainlab-files"), check=_diverged_lenet),
     # -- eval -------------------------------------------------------------------------------------------
     Case("eval-crafted-pickle", "eval {ckpt}", r"crafted.pt: refused: it holds Python objects besides tensors",
          setup=_ckpt(lambda c, ws: {**c, "history": _Evil(ws / "PWNED")}), check=_no_marker),
@@ -329,7 +444,8 @@ CASES = [
          r"--steps 0: expected", check=lambda ws, out: _not_launched(out)),
     Case("gpt-bench-diverges", "gpt bench --model tiny --device cpu --steps 3 --warmup 0 --seq 16 --global-batch 2 "
          "--micro-batch 2 --lr 1e9 --out {ws}/g", r"gpt bench: the loss became non-finite \(nan on rank 0\) at step \d",
-         code=3, creates=("g", "g/config.json", "g/env.json", "g/metrics.jsonl", "g/events.out.tfevents.*"), check=_no_json_nan),
+         code=3, creates=("g", "g/config.json", "g/env.json", "g/metrics.jsonl", "g/events.out.tfevents.*", "g/.trainlab-files"),
+         check=_no_json_nan),
     Case("gpt-plan-gpu-mem-overflow", "gpt plan --gpu-mem 1e400GiB", r"--gpu-mem '1e400GiB': expected a size such as 80GiB"),
     Case("gpt-plan-gpu-mem-nan", "gpt plan --gpu-mem nanGiB", r"--gpu-mem 'nanGiB': expected a size"),
     Case("gpt-plan-gpus-zero", "gpt plan --gpus 0", r"--gpus 0: expected an integer >= 1"),
@@ -388,6 +504,82 @@ CASES = [
     Case("report-folder-skips-bad-renders-gpt", "report {ws}/runs -o {ws}/rep", r"^report: \S+index.html \(1 runs, 1 result files",
          code=0, setup=_runs_folder, creates=("rep", "rep/*"), check=_report_renders_good_and_gpt),
     Case("report-nowhere", "report {ws}/nowhere -o {ws}/rep", r"nowhere: no such file or directory"),
+
+    # == round 2 =================================================================================================
+    # -- 1: trainlab deletes or replaces only what it wrote ----------------------------------------------------
+    Case("overwrite-keeps-user-files-beside-a-run", f"train {RUN_ARGS} --out {{run}} --overwrite",
+         r"holds files trainlab did not write \(notes.txt, src\); refusing to replace the run", setup=_beside_run),
+    Case("report-keeps-users-index", "report {run} -o {ws}/site",
+         r"-o/--out: \S+site/index.html already exists and trainlab did not write it; pass --force",
+         setup=_users_file("site/index.html")),
+    Case("data-pack-keeps-existing-file", "data pack {ws}/existing.npz",
+         r"data pack OUT '\S+existing.npz': already exists and trainlab did not write it; pass --force",
+         setup=_users_file("existing.npz")),
+    Case("data-convert-keeps-users-idx", "data convert --out {ws}/conv",
+         r"--out: \S+conv/t10k-labels-idx1-ubyte already exists and trainlab did not write it",
+         setup=_users_file("conv/t10k-labels-idx1-ubyte")),
+    Case("gpt-bench-json-keeps-users-file", "gpt bench --model tiny --device cpu --json {file}",
+         r"--json \S+file': already exists and trainlab did not write it; pass --force"),
+    Case("dp-compare-md-keeps-users-file", "dp compare --md {file}", r"--md \S+file': already exists and trainlab did not write"),
+    Case("gpt-compare-keeps-users-files", "gpt compare --model tiny --device cpu --out {ws}/cmp",
+         r"--out: \S+cmp/compare.md already exists and trainlab did not write it", setup=_users_file("cmp/compare.md")),
+    Case("json-onto-a-device", "gpt bench --model tiny --device cpu --json /dev/null",
+         r"--json '/dev/null': is a character device, expected a regular file"),
+    # -- 3: no silent wrong result ------------------------------------------------------------------------------
+    Case("pack-with-shifted-labels-is-named", f"{NEW} --data-dir {{ws}}/shifted.npz", r"^done: test accuracy", code=0,
+         setup=_shifted_pack, creates=("new", "new/*"), check=_says_not_official("train_labels, test_labels differ")),
+    Case("eval-on-altered-idx-is-named", "eval {run} --data-dir {ws}/idx", r"^per-class accuracy", code=0,
+         setup=_altered_idx, check=_says_not_official("test_labels differs")),
+    Case("sweep-labels-that-round-alike", "sweep --lr 0.0010000001,0.001 --dry-run --out {ws}/sw", r"^  lr=0.001$",
+         code=0, check=_both_labels_listed),
+    Case("sweep-folder-holds-other-settings", "sweep --lr 0.002 --epochs 1 --train-subset 256 --test-subset 100 "
+         "--batch-size 64 --device cpu --no-tensorboard --out {ws}/sw",
+         r"sw/run: holds a finished run of other settings \(lr 0.005, this sweep wants 0.002\)", setup=_other_settings_sweep),
+    Case("gpt-bench-oom-before-building", "gpt bench --model gpt2-1.6b --device cpu --micro-batch 64 --global-batch 64 "
+         "--seq 1024", r"out of memory: needs ≈\d+\.\d GiB, has \d+\.\d GiB free \(cpu, planner estimate\); see `trainlab gpt plan`"),
+    # -- 4: limits before allocating or launching ----------------------------------------------------------------
+    Case("idx-gzip-declares-more-than-it-holds", f"{NEW} --data-dir {{idx}}",
+         r"train-images-idx3-ubyte.gz: corrupt or truncated gzip data: dims \[100000, 28, 28\] declare 78400016 bytes, "
+         r"more than a \d+-byte gzip file can hold", setup=_gzip_idx((100000, 28, 28), 1000)),
+    Case("idx-gzip-declares-gigabytes", f"{NEW} --data-dir {{idx}}",
+         r"dims \[4000000, 28, 28\] declare 3136000000 data bytes, more than the 256 MiB an MNIST-like IDX file may hold",
+         setup=_gzip_idx((4000000, 28, 28), 10)),
+    Case("pack-declares-a-huge-array", f"{NEW} --data-dir {{ws}}/huge.npz",
+         r"huge.npz: train_images.npy declares shape \[10000000, 28, 28\] \(7840000000 bytes\)", setup=_pack_declaring_huge_array),
+    Case("workers-beyond-the-machine", f"{NEW} --loader dataloader --workers 1000000",
+         r"--workers 1000000: expected an integer >= 0 and <= \d+ \(4 per CPU core; this machine has \d+\)"),
+    Case("nproc-beyond-the-machine", f"{NEW} --parallel ddp --nproc 1000", r"--nproc 1000: this machine has \d+ CPU core",
+         check=lambda ws, out: _not_launched(out)),
+    Case("idx-file-is-a-fifo", f"{NEW} --data-dir {{idx}}",
+         r"train-labels-idx1-ubyte: is a FIFO \(named pipe\), expected a regular file; refusing to read it",
+         setup=_idx(lambda folder: _fifo("idx/" + IDX_STEMS["train_labels"])(folder.parent))),
+    Case("checkpoint-is-a-fifo", "eval {ws}/pipe.pt", r"pipe.pt: is a FIFO \(named pipe\)", setup=_fifo("pipe.pt")),
+    Case("resume-config-is-a-fifo", "train --resume {run}", r"config.json: is a FIFO", setup=_fifo("run/config.json")),
+    # -- 5: one line, never a traceback ----------------------------------------------------------------------------
+    Case("train-help", "train --help", r"\S", code=0, check=_help_lists("--preset")),
+    Case("sweep-help", "sweep --help", r"\S", code=0, check=_help_lists("--preset")),
+    Case("pack-manifest-is-a-list", f"{NEW} --data-dir {{ws}}/listy.npz", r"listy.npz: the pack's manifest is a JSON list",
+         setup=_pack_with_list_manifest),
+    Case("eval-sparse-weights", "eval {ckpt}", r"crafted.pt: damaged checkpoint: features.0.weight \(torch.sparse_coo\)",
+         setup=_ckpt(lambda c, ws: {**c, "model": {**c["model"], "features.0.weight": c["model"]["features.0.weight"].to_sparse()}})),
+    Case("seed-huge", f"{NEW} --seed 100000000000000000000000",
+         r"--seed 100000000000000000000000: expected an integer >= 0 and <= 4294967295"),
+    Case("gpt-seed-huge", "gpt bench --model tiny --device cpu --seed 99999999999", r"--seed 99999999999: expected an integer"),
+    Case("report-summary-nan", "report {run} -o {ws}/rep", r"summary.json: holds NaN, which is not JSON",
+         setup=_raw("run/summary.json", '{"test_accuracy": NaN}')),
+    Case("report-metrics-infinity", "report {run} -o {ws}/rep", r"metrics.jsonl:1: holds Infinity, which is not JSON",
+         setup=_raw("run/metrics.jsonl", '{"epoch": 1, "train_loss": Infinity}\n')),
+    Case("report-confusion-mistyped", "report {run} -o {ws}/rep", r"'confusion_matrix' must be a square list of lists",
+         setup=_edit_json("run/summary.json", _set("confusion_matrix", "diagonal"))),
+    Case("resume-config-nan", "train --resume {run} --epochs 2", r"config.json: holds NaN, which is not JSON",
+         setup=_raw("run/config.json", '{"lr": NaN}')),
+    # -- 6: fail early, leave nothing behind, name the flag -------------------------------------------------------------
+    *([Case("act-cuda-on-a-cpu", f"{NEW} --act gelu-cuda",
+            r"--act gelu-cuda: cannot run on cpu: no CUDA GPU is available .*; choose another --act"),
+       Case("ops-cuda-on-a-cpu", f"{NEW} --ops own=cuda", r"--ops own=cuda: cannot run on cpu: no CUDA GPU is available")]
+      if NO_GPU else []),
+    Case("unknown-flag-did-you-mean", f"{NEW} --lr-rate 3", r"train: unrecognized argument --lr-rate \(did you mean --lr\?\)"),
+    Case("unknown-nested-flag", "gpt bench --stratgy ddp", r"gpt bench: unrecognized argument --stratgy \(did you mean --strategy\?\)"),
 ]
 
 
@@ -408,7 +600,8 @@ def snapshot(root: Path) -> dict[str, str]:
     for p in sorted(root.rglob("*")):
         rel = str(p.relative_to(root))
         st = p.lstat()
-        out[rel] = f"dir {st.st_mode:o}" if p.is_dir() else f"{_digest(p)} {st.st_mode:o}"
+        kind = "dir" if p.is_dir() else _digest(p) if p.is_file() else "special"  # never open a FIFO a row made
+        out[rel] = f"{kind} {st.st_mode:o}"
     return out
 
 

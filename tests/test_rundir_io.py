@@ -13,7 +13,8 @@ import pytest
 
 from trainlab.errors import ConfigError, UserError
 from trainlab.flags import Config, at_least, between, one_of, opt, output_dir
-from trainlab.io import atomic_write_json, atomic_write_text, output_problem, to_json
+from trainlab.io import (FORCE_ENV, MANIFEST, atomic_write_json, atomic_write_text, output_problem, owned_files, read_json,
+                         refuse_foreign, set_force, to_json)
 from trainlab.telemetry.rundir import LOCK_NAME, RunDir, check_run_dir
 
 
@@ -60,7 +61,7 @@ def test_reuse_needs_resume_or_overwrite_and_overwrite_clears_at_first_write(tmp
     run = RunDir.claim(path, overwrite=True)
     assert (path / "summary.json").exists()  # nothing deleted until this run writes
     run.write_json("config.json", {"new": True})
-    assert sorted(p.name for p in path.iterdir()) == [LOCK_NAME, "config.json"]
+    assert sorted(p.name for p in path.iterdir()) == [MANIFEST, LOCK_NAME, "config.json"]
     run.release()
     assert json.loads((path / "config.json").read_text()) == {"new": True}
 
@@ -71,6 +72,57 @@ def test_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(ConfigError, match=r"not a trainlab run directory \(it holds thesis.tex\)"):
         RunDir.claim(tmp_path / "docs", overwrite=True)
     assert (tmp_path / "docs" / "thesis.tex").read_text() == "years of work"
+
+
+def test_overwrite_deletes_only_what_trainlab_wrote_and_refuses_a_run_with_user_files(tmp_path):
+    path = tmp_path / "run"
+    with RunDir.claim(path) as run:
+        run.write_json("config.json", {"old": True})
+    (path / "notes.txt").write_text("mine")
+    (path / "src").mkdir()
+    (path / "src" / "model.py").write_text("mine too")
+    with pytest.raises(ConfigError, match=r"holds files trainlab did not write \(notes.txt, src\)"):
+        RunDir.claim(path, overwrite=True)
+    assert (path / "notes.txt").read_text() == "mine" and (path / "src" / "model.py").exists()
+    # a run written before manifests existed: its own file names are what --overwrite may delete
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "config.json").write_text("{}")
+    (legacy / "events.out.tfevents.1.host").write_text("")
+    with RunDir.claim(legacy, overwrite=True) as run:
+        run.write_json("summary.json", {})
+    assert sorted(p.name for p in legacy.iterdir()) == [MANIFEST, "summary.json"]
+    assert owned_files(legacy) == {"summary.json"}
+
+
+def test_writers_refuse_a_file_trainlab_did_not_write_unless_forced(tmp_path, monkeypatch):
+    monkeypatch.delenv(FORCE_ENV, raising=False)
+    mine = tmp_path / "index.html"
+    mine.write_text("the user's page")
+    with pytest.raises(UserError, match="index.html: already exists and trainlab did not write it"):
+        atomic_write_text(mine, "report")
+    with pytest.raises(ConfigError, match=r"-o: \S+index.html already exists and trainlab did not write it; pass --force"):
+        refuse_foreign([mine], "-o")
+    assert mine.read_text() == "the user's page"
+    atomic_write_text(tmp_path / "report.md", "one")   # trainlab's own file: rewritten freely
+    atomic_write_text(tmp_path / "report.md", "two")
+    assert (tmp_path / "report.md").read_text() == "two"
+    set_force(True)
+    try:
+        atomic_write_text(mine, "report")
+    finally:
+        set_force(False)
+    assert mine.read_text() == "report" and "index.html" in owned_files(tmp_path)
+
+
+def test_special_files_are_refused_not_read(tmp_path):
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match=r"pipe.json: is a FIFO \(named pipe\), expected a regular file"):
+        read_json(fifo)  # opening it would block until a writer came
+    with pytest.raises(UserError, match="is a character device"):
+        atomic_write_text("/dev/null", "x")  # os.replace would swap /dev/null for a plain file
+    assert output_problem("/dev/null") == "is a character device, expected a regular file"
 
 
 def test_a_failed_start_removes_only_what_it_created(tmp_path):

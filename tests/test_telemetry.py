@@ -96,8 +96,10 @@ def test_sampler_without_nvml_says_so_once(monkeypatch):
 def test_env_and_header():
     env = collect_env("cpu")
     assert env["torch"] == torch.__version__ and env["cpu_count"] >= 1
-    header = format_header({"epochs": 3, "act": "relu"}, env)
+    header = format_header({"epochs": 3, "act": "relu"}, env, terminal=True)
     assert "torch " + torch.__version__ in header and "epochs = 3" in header.replace("  ", " ")
+    in_a_log = format_header({"epochs": 3, "act": "relu"}, env, terminal=False)  # stdout is a file: one line
+    assert in_a_log.splitlines()[-1] == "config: epochs=3  act=relu" and in_a_log.startswith("== trainlab")
 
 
 def test_image_grid_layout_and_range():

@@ -22,6 +22,7 @@ import argparse
 import ast
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -382,3 +383,40 @@ def test_the_handout_numbers_quoted_in_the_walkthrough():
     for n in (handout, ours, handout - ours, 6 * ours, attention_flops_per_token(cfg, 1024), flops_per_token(cfg, 1024),
               hardware_flops_per_token(cfg, 1024, "full"), 8 * handout):
         assert f"{int(n):,}" in text, f"{int(n):,} not in the walkthrough"
+
+
+# ---------------------------------------------------------------------------------- quoted output (docs/excerpts.py)
+
+def _excerpts_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("doc_excerpts", ROOT / "docs" / "excerpts.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+EXCERPTS = _excerpts_module()
+QUOTED = [ex for doc in EXCERPTS.doc_paths() for ex in EXCERPTS.excerpts(doc)]
+
+
+def test_the_walkthrough_quotes_the_plan_table_from_the_tool():
+    assert any(ex.kind == "output" and ex.source.startswith("trainlab gpt plan") and ex.doc == DOC for ex in QUOTED)
+
+
+@pytest.mark.parametrize("ex", QUOTED, ids=lambda ex: f"{ex.doc.name}: {ex.source}"[:80])
+def test_every_quoted_output_is_what_its_command_prints(ex):
+    assert EXCERPTS.problem(ex) is None, EXCERPTS.problem(ex)
+
+
+def test_the_excerpt_checker_fails_on_a_drifted_quote(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("epoch 1  loss 0.5  12.3 s\ndone: 99.1 %\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- output: trainlab gpt plan --model tiny --gpus 1 --micro-batch 1 -->\n```\nmodel tiny  stale table\n```\n"
+                   f"<!-- output-log: {log.name} -->\n```\nepoch 1  loss 0.5  9.9 s\ndone: 99.2 %\n```\n")
+    plan, quoted_log = EXCERPTS.excerpts(doc)
+    assert "the output of `trainlab gpt plan" in EXCERPTS.problem(plan)
+    assert EXCERPTS.problem(quoted_log, root=tmp_path) == f"doc.md: not in {log.name}: 'done: 99.2 %'"  # timings aside
+    EXCERPTS.regenerate(doc)
+    assert EXCERPTS.problem(EXCERPTS.excerpts(doc)[0]) is None and "stale" not in doc.read_text()

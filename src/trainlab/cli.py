@@ -27,6 +27,8 @@ import traceback
 from trainlab.distributed.failure import PeerFailure
 from trainlab.distributed.launch import end_worker, record_worker_error, under_torchrun
 from trainlab.errors import UserError
+from trainlab.flags import Parser
+from trainlab.io import set_force
 
 # command group → module that defines `add_parser(subparsers)`, in --help order
 COMMAND_MODULES = (
@@ -59,7 +61,7 @@ def _run_worker(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="trainlab",
         description="Train neural networks fast and measure what each acceleration technique buys.",
         epilog="`trainlab COMMAND --help` lists a command's flags.")
@@ -71,7 +73,28 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("spec", help="JSON spec written by the launching process")
     w.set_defaults(func=_run_worker)
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "worker"]
+    for command in leaf_parsers(parser):
+        if _writes(command):
+            command.add_argument("--force", action="store_true",
+                                 help="replace existing files that trainlab did not write (it refuses otherwise)")
     return parser
+
+
+_OUTPUT_FLAGS = ("--out", "-o", "--json", "--dir")
+
+
+def leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every command parser that has no subcommands (`train`, `dp compare`, `data pack`, …)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [parser]
+    return [leaf for a in subs for p in dict.fromkeys(a.choices.values()) for leaf in leaf_parsers(p)]
+
+
+def _writes(parser: argparse.ArgumentParser) -> bool:
+    """A command that writes files (an output flag or an `out` argument) takes --force."""
+    return any(o in _OUTPUT_FLAGS and a.nargs != 0 for a in parser._actions for o in a.option_strings) or \
+        any(a.dest == "out" for a in parser._actions)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.command_line = shlex.join(["trainlab", *argv])  # recorded next to results
+    set_force(bool(getattr(args, "force", False)))
     code = _run(args)
     if getattr(args, "ends_as_worker", False) or under_torchrun():
         end_worker(code)  # a worker or a rank: barrier (on success), then exit without destructors

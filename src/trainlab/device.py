@@ -33,6 +33,53 @@ PEAK_BF16_TFLOPS = {
 }
 
 
+# Processes (ranks, DataLoader workers) per CPU core that a flag may ask for: past this each one only
+# waits for a core and costs its memory (a rank or worker holds a copy of the model or the data).
+PROCESSES_PER_CORE = 4
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which a container or taskset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def process_limit() -> int:
+    return PROCESSES_PER_CORE * cpu_cores()
+
+
+def check_process_count(n: int, flag: str) -> None:
+    """`--nproc N` CPU ranks or `--workers N` against this machine, before anything is started."""
+    if n > process_limit():
+        raise HardwareError(f"{flag} {n}: this machine has {cpu_cores()} CPU core(s); expected at most "
+                            f"{process_limit()} processes ({PROCESSES_PER_CORE} per core)")
+
+
+# How an allocation failure reads, on the GPU and the CPU (torch's and the C++ runtime's messages).
+OOM_MARKERS = ("out of memory", "OutOfMemoryError", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED",
+               "std::bad_alloc", "Cannot allocate memory")
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    return isinstance(e, MemoryError) or any(m in str(e) for m in OOM_MARKERS)
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes a new allocation can get on `device` now: the GPU's free memory, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def resolve_device(name: str | None = "auto") -> torch.device:
     """`auto` → CUDA if available, else CPU. An explicit `cuda` without a GPU is a clear error."""
     if name in (None, "", "auto"):

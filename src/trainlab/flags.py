@@ -17,19 +17,86 @@ A field is declared once, with its default and its help:
   command config extends `validate()` with the checks that span several fields. The CLI calls it before
   any data is loaded or worker started, and the worker calls it again on the config it was handed.
 - Worker processes receive the resolved config as JSON (`distributed.launch`), never as a command line.
+
+Every parser is a `Parser`: its help cannot crash on a `%` in a help text (`HelpFormatter` escapes any
+`%` that is not an argparse placeholder) and names each flag's default once, and a mistyped flag gets
+the subcommand's usage, one `trainlab: error:` line and the nearest real flag (`--lr-rate` → `--lr`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
+import re
+import sys
 import types
 import typing
 from typing import Any, Callable
 
 from trainlab.errors import ConfigError
 from trainlab.io import output_problem
+
+_PLACEHOLDER = re.compile(r"%%|%\(\w+\)[a-z]|%")
+_NO_DEFAULT = (None, False, argparse.SUPPRESS)
+
+
+def _has_default(action: argparse.Action) -> bool:
+    return action.default not in _NO_DEFAULT and action.default != [] and action.option_strings != []
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help text is data: a bare `%` is printed as is (argparse would %-format it and crash), and a flag
+    whose default its text does not name gets `(default: X)` once."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        text = _PLACEHOLDER.sub(lambda m: m.group(0) if len(m.group(0)) > 1 else "%%", text)
+        if _has_default(action) and "default:" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """trainlab's argparse: safe help (`HelpFormatter`), errors as one `trainlab: error:` line after the
+    usage of the subcommand at fault, and a "did you mean" for a flag it does not know."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"trainlab: error: {self.prog.removeprefix('trainlab ')}: {message}\n"
+                  if self.prog != "trainlab" else f"trainlab: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            target = innermost_parser(self, parsed)
+            target.error("; ".join(_unknown_line(target, u) for u in unknown if u.startswith("-"))
+                         or f"unexpected arguments: {' '.join(unknown)}")
+        return parsed
+
+
+def innermost_parser(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser `ns` was parsed by: `trainlab dp compare …` → the `compare` parser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = getattr(ns, action.dest, None)
+            if chosen in action.choices:
+                return innermost_parser(action.choices[chosen], ns)
+    return parser
+
+
+def _unknown_line(parser: argparse.ArgumentParser, token: str) -> str:
+    name = token.split("=", 1)[0]
+    flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--") and a.help != argparse.SUPPRESS]
+    near = [f for f in flags if name.startswith(f + "-")] or difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+    return f"unrecognized argument {name}" + (f" (did you mean {near[0]}?)" if near else "") + \
+        f"; `{parser.prog} --help` lists the flags"
+
 
 # A check takes a field's value and returns what is wrong with it (None when nothing is).
 Check = Callable[[Any], "str | None"]
@@ -68,6 +135,28 @@ def at_least(lo: int) -> Check:
     def check(v: Any) -> str | None:
         return None if isinstance(v, int) and not isinstance(v, bool) and v >= lo else f"expected an integer >= {lo}"
     return check
+
+
+def process_count(lo: int) -> Check:
+    """An integer >= lo and at most `device.process_limit()` (ranks or workers this machine can run)."""
+    def check(v: Any) -> str | None:
+        from trainlab.device import PROCESSES_PER_CORE, cpu_cores, process_limit
+
+        problem = at_least(lo)(v)
+        if problem is None and v > process_limit():
+            return (f"expected an integer >= {lo} and <= {process_limit()} ({PROCESSES_PER_CORE} per CPU core; "
+                    f"this machine has {cpu_cores()})")
+        return problem
+    return check
+
+
+# Seeds are 32-bit: numpy's generators and the loaders' per-sample streams take no more.
+SEED_MAX = 2**32 - 1
+
+
+def seed_value(v: Any) -> str | None:
+    ok = isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= SEED_MAX
+    return None if ok else f"expected an integer >= 0 and <= {SEED_MAX} (2^32 - 1)"
 
 
 positive = between(0, lo_open=True)   # a finite number > 0 (rates, seconds)
@@ -128,8 +217,8 @@ def add_flags(parser: argparse.ArgumentParser, cls, exclude=(), defaults: Any = 
         typ, _ = _field_type(cls, f)
         meta = f.metadata
         default = getattr(defaults, f.name) if defaults is not None else f.default
-        # argparse %-formats help text: a literal "%" ("time-to-99% on") would break --help
-        help_ = (meta["help"] + (f" (default: {default})" if default not in (None, False, dataclasses.MISSING) else "")).replace("%", "%%")
+        help_ = meta["help"] + (f" (default: {default})" if default not in (None, False, dataclasses.MISSING)
+                                and "default:" not in meta["help"] else "")  # a text naming its own default keeps it
         kw: dict[str, Any] = {"dest": f.name, "default": None, "help": help_}
         if typ is bool:
             kw["action"] = argparse.BooleanOptionalAction
@@ -162,7 +251,8 @@ def add_list_flags(parser: argparse.ArgumentParser, cls, exclude=()) -> None:
             continue  # a list-valued setting has no unambiguous comma-separated sweep
         meta, name = f.metadata, flag_name(f)
         choices = f" from {{{','.join(map(str, meta['choices']))}}}" if meta.get("choices") else ""
-        help_ = f"{meta['help']} — one or more values{choices}, comma-separated (default: {f.default})".replace("%", "%%")
+        own = "default:" in meta["help"] or f.default is None  # the text names its default, or there is none
+        help_ = f"{meta['help']} — one or more values{choices}, comma-separated" + ("" if own else f" (default: {f.default})")
         if typ is bool:
             parser.add_argument(name, dest=f.name, nargs="?", const="true", default=None, metavar="true,false", help=help_)
             parser.add_argument("--no-" + name[2:], dest=f.name, action="store_const", const="false", help=argparse.SUPPRESS)

@@ -8,7 +8,18 @@ JSON has no NaN or infinity: `to_json` refuses them (naming where the value sits
 writing the `NaN` token that strict readers reject. A producer that means "no value" writes None.
 
 `output_problem` says what is wrong with an output path (a file where a directory is wanted, a
-directory under a file, no write permission) so a command can refuse it before it starts working.
+directory under a file, no write permission, a FIFO or device) so a command can refuse it before it
+starts working; `input_problem` does the same for a file about to be read (a FIFO would block the read
+forever, a device would never end it).
+
+Ownership: trainlab replaces or deletes only files it wrote itself. Every folder it writes into keeps
+`.trainlab-files`, the names of the files trainlab wrote there (appended, one per line: concurrent
+writers cannot lose each other's lines). The atomic writers refuse to replace an existing file that is
+not listed (`foreign`), unless the user passed `--force` (`set_force`, inherited by launched workers
+through $TRAINLAB_FORCE), or the folder was claimed by a run (`vet_folder`: `RunDir.claim` made its own
+checks), or the caller writes its private files (a cache, a launcher's spec). `refuse_foreign` is the
+same check made up front, before a command works, for the files it is going to write; `owned_files`
+tells `--overwrite` which files it may delete.
 """
 
 from __future__ import annotations
@@ -16,11 +27,116 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from trainlab.errors import UserError
+from trainlab.errors import ConfigError, UserError
+
+MANIFEST = ".trainlab-files"   # in each folder trainlab writes into: the names of the files it wrote there
+FORCE_ENV = "TRAINLAB_FORCE"
+_vetted: set[Path] = set()     # folders whose writes a claim has already vetted (run directories)
+
+
+def set_force(on: bool) -> None:
+    """`--force`: replace existing files trainlab did not write. Launched workers inherit it (environment)."""
+    if on:
+        os.environ[FORCE_ENV] = "1"
+    else:
+        os.environ.pop(FORCE_ENV, None)
+
+
+def _forced() -> bool:
+    return os.environ.get(FORCE_ENV) == "1"
+
+
+def vet_folder(path: str | os.PathLike, on: bool = True) -> None:
+    """Writes into `path` skip the ownership check while `on` (a claimed run directory)."""
+    key = Path(path).resolve()
+    _vetted.add(key) if on else _vetted.discard(key)
+
+
+def owned_files(folder: str | os.PathLike) -> set[str]:
+    """Names of the files trainlab wrote in `folder` (its `.trainlab-files`)."""
+    try:
+        text = (Path(folder) / MANIFEST).read_text()
+    except (OSError, UnicodeDecodeError):
+        return set()
+    return {line for line in text.splitlines() if line}
+
+
+def record_written(path: str | os.PathLike) -> None:
+    """Add `path` to its folder's `.trainlab-files` (O_APPEND: one short write, never interleaved)."""
+    path = Path(path)
+    if "\n" in path.name or path.name in owned_files(path.parent):
+        return
+    fd = os.open(path.parent / MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666 & ~current_umask())
+    try:
+        os.write(fd, (path.name + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def foreign(path: str | os.PathLike) -> bool:
+    """Whether `path` exists and trainlab did not write it."""
+    path = Path(path)
+    return (path.exists() or path.is_symlink()) and path.name not in owned_files(path.parent)
+
+
+def refuse_foreign(paths, flag: str) -> None:
+    """Before a command works: one line if it would replace a file trainlab did not write (no --force)."""
+    if _forced():
+        return
+    for p in map(Path, paths):
+        if foreign(p) and Path(p).parent.resolve() not in _vetted:
+            raise ConfigError(f"{flag}: {p} already exists and trainlab did not write it; "
+                              "pass --force to replace it, or choose another output")
+
+
+def _check_replace(path: Path) -> None:
+    if foreign(path) and not _forced() and path.parent.resolve() not in _vetted:
+        raise UserError(f"{path}: already exists and trainlab did not write it; refusing to replace it "
+                        "(pass --force to replace it, or choose another output)")
+
+
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path: str | os.PathLike) -> str | None:
+    """'a FIFO (named pipe)', 'a character device', … for a special file at `path`; None otherwise."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return next((name for test, name in _SPECIAL if test(mode)), None)
+
+
+def input_problem(path: str | os.PathLike) -> str | None:
+    """What stops trainlab from reading `path` as a data file: a special file (a FIFO blocks the read
+    forever, /dev/zero never ends). Missing files are left to the reader's own message."""
+    kind = special_kind(path)
+    return f"is {kind}, expected a regular file; refusing to read it" if kind else None
+
+
+def check_input(path: str | os.PathLike) -> Path:
+    """`input_problem` as a one-line `UserError` naming the path; returns the path. Every reader calls it."""
+    problem = input_problem(path)
+    if problem:
+        raise UserError(f"{path}: {problem}")
+    return Path(path)
+
+
+def progress_bar(iterable=None, enabled: bool = True, **kwargs):
+    """A tqdm bar on stderr, only when stderr is a terminal: a log file gets the per-epoch lines, not
+    thousands of carriage-return updates. `.disable` tells the caller whether it shows."""
+    import sys
+
+    from tqdm import tqdm
+
+    kwargs.setdefault("mininterval", 0.5)
+    return tqdm(iterable, disable=not (enabled and sys.stderr.isatty()), dynamic_ncols=True, **kwargs)
 
 
 def current_umask() -> int:
@@ -37,8 +153,14 @@ def current_umask() -> int:
     return mask
 
 
-def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) -> Path:
+def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str, private: bool = False) -> Path:
+    """`private`: the caller writes its own files (a cache, a spec) and skips the ownership check."""
     path = Path(path)
+    kind = special_kind(path)
+    if kind:  # os.replace would swap a FIFO or /dev/null itself for a plain file
+        raise UserError(f"{path}: is {kind}, expected a regular file; refusing to replace it")
+    if not private:
+        _check_replace(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -48,6 +170,7 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) ->
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        record_written(path)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -57,12 +180,12 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str) ->
     return path
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    return _atomic(path, lambda f: f.write(text), "w")
+def atomic_write_text(path: str | os.PathLike, text: str, private: bool = False) -> Path:
+    return _atomic(path, lambda f: f.write(text), "w", private)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    return _atomic(path, lambda f: f.write(data), "wb")
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, private: bool = False) -> Path:
+    return _atomic(path, lambda f: f.write(data), "wb", private)
 
 
 def to_json(obj: Any, indent: int | None = None) -> str:
@@ -88,14 +211,14 @@ def _nonfinite_path(obj: Any, path: str = "$") -> tuple[str, float] | None:
     return None
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, to_json(obj, indent=2) + "\n")
+def atomic_write_json(path: str | os.PathLike, obj: Any, private: bool = False) -> Path:
+    return atomic_write_text(path, to_json(obj, indent=2) + "\n", private)
 
 
-def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
+def atomic_torch_save(path: str | os.PathLike, obj: Any, private: bool = False) -> Path:
     import torch
 
-    return _atomic(path, lambda f: torch.save(obj, f), "wb")
+    return _atomic(path, lambda f: torch.save(obj, f), "wb", private)
 
 
 def _json_default(o: Any) -> Any:
@@ -109,9 +232,9 @@ def _json_default(o: Any) -> Any:
 
 def read_json(path: str | os.PathLike) -> Any:
     """Read a JSON file; a missing, unreadable or corrupt file is a one-line `UserError` naming it."""
-    path = Path(path)
+    path = check_input(path)
     try:
-        return json.loads(path.read_text())
+        return loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"{path}: file not found") from None
     except IsADirectoryError:
@@ -120,19 +243,37 @@ def read_json(path: str | os.PathLike) -> Any:
         raise UserError(f"{path}: permission denied (cannot read it)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
+    except ValueError as e:  # NaN / Infinity (see `loads`)
+        raise UserError(f"{path}: {e}") from None
+
+
+def _no_constant(token: str):
+    raise ValueError(f"holds {token}, which is not JSON (trainlab writes null for 'no value')")
+
+
+def loads(text: str) -> Any:
+    """`json.loads` that refuses NaN/Infinity, as `to_json` refuses to write them: a non-finite value
+    in a hand-edited file is one line naming it, not a NaN travelling into a table or a plot."""
+    return json.loads(text, parse_constant=_no_constant)
 
 
 def output_problem(path: str | os.PathLike, kind: str = "file") -> str | None:
     """What stops trainlab from writing `path` (a "file" or a "dir" it would create), or None.
 
     Checked before a command starts, so a bad --out/--json/-o costs nothing: a directory where a file
-    is wanted (or the reverse), a parent that is a file, or a folder this user cannot write into."""
+    is wanted (or the reverse), a parent that is a file, a folder this user cannot write into, a special
+    file, or (a file) one that exists and trainlab did not write (see `refuse_foreign`)."""
     path = Path(path).expanduser()
+    special = special_kind(path)
+    if special:
+        return f"is {special}, expected a {'directory' if kind == 'dir' else 'regular file'}"
     if path.exists():
         if kind == "dir" and not path.is_dir():
             return "is a file, expected a directory"
         if kind == "file" and path.is_dir():
             return "is a directory, expected a file"
+        if kind == "file" and foreign(path) and not _forced() and path.parent.resolve() not in _vetted:
+            return "already exists and trainlab did not write it; pass --force to replace it"
         target = path if kind == "dir" else path.parent
         if not os.access(target, os.W_OK | os.X_OK) or (kind == "file" and not os.access(path, os.W_OK)):
             return "is not writable (permission denied)"

@@ -10,7 +10,8 @@ from trainlab.data import fetch, mnist
 from trainlab.data.idx import write_idx
 from trainlab.data.pack import PACK_NAME, write_pack
 from trainlab.errors import DataError
-from trainlab.flags import check_value, output_dir
+from trainlab.flags import check_value, output_dir, output_file
+from trainlab.io import refuse_foreign
 
 
 def add_parser(subparsers) -> None:
@@ -112,6 +113,7 @@ def run_pack(args) -> int:
         out = out / PACK_NAME
     elif out.suffix != ".npz":
         raise DataError(f"{out}: the pack is a NumPy archive; name it *.npz or give a directory")
+    check_value(str(out), output_file, "data pack OUT")  # before loading anything
     arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
     path = write_pack(out, arrays.as_dict(), arrays.source)
     print(f"wrote {path} ({_size(path)}; {len(arrays.train_labels)} train / {len(arrays.test_labels)} test images, "
@@ -122,8 +124,9 @@ def run_pack(args) -> int:
 
 def run_convert(args) -> int:
     check_value(args.out, output_dir, "--out")  # before loading anything
-    arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
     out = Path(args.out)
+    refuse_foreign([out / (stem + (".gz" if args.gz else "")) for stem in mnist.IDX_STEMS.values()], "--out")
+    arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
     for key, stem in mnist.IDX_STEMS.items():
         try:
             path = write_idx(out / (stem + (".gz" if args.gz else "")), getattr(arrays, key))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from trainlab.data.fashion_mnist import load_fashion_mnist
-from trainlab.data.mnist import MNISTArrays, load_mnist
+from trainlab.data.mnist import MNISTArrays, describe_source, load_mnist
 from trainlab.errors import ConfigError
 
 DATASETS = ("mnist", "fashion-mnist")
@@ -24,3 +24,9 @@ def load_dataset(name: str = "mnist", data_dir: str | os.PathLike | None = None)
     if name == "fashion-mnist":
         return load_fashion_mnist(data_dir)
     raise ConfigError(f"--dataset {name!r}: expected one of {', '.join(DATASETS)}")
+
+
+def describe_dataset(name: str, arrays: MNISTArrays) -> str:
+    """The data line every run prints: MNIST's says whether it is the official set byte for byte
+    (`mnist.describe_source`); Fashion-MNIST refuses to load unless its md5s match, so its source says so."""
+    return describe_source(arrays) if name == "mnist" else arrays.source

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from trainlab.errors import DataError
-from trainlab.io import atomic_write_bytes
+from trainlab.io import atomic_write_bytes, progress_bar
 
 # Tried in order; the S3 mirror is the one torchvision uses, yann.lecun.com is often throttled.
 MIRRORS = (
@@ -64,20 +64,12 @@ def _download(url: str, timeout: float) -> bytes:
     with urllib.request.urlopen(request, timeout=timeout) as response:
         total = int(response.headers.get("Content-Length") or 0)
         chunks, done = [], 0
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total or None, unit="B", unit_scale=True, desc=url.rsplit("/", 1)[-1],
-                       file=sys.stderr, leave=False)
-        except ImportError:  # tqdm is a dependency, but a download should not fail for a progress bar
-            bar = None
+        bar = progress_bar(total=total or None, unit="B", unit_scale=True, desc=url.rsplit("/", 1)[-1], leave=False)
         for chunk in iter(lambda: response.read(_CHUNK), b""):
             chunks.append(chunk)
             done += len(chunk)
-            if bar is not None:
-                bar.update(len(chunk))
-        if bar is not None:
-            bar.close()
+            bar.update(len(chunk))
+        bar.close()
     return b"".join(chunks)
 
 

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +83,8 @@ class MNISTArrays:
     test_labels: np.ndarray  # uint8 [N_test]
     source: str  # human description, printed in logs and by `trainlab data verify`
     paths: dict[str, Path] | None = None  # the file each array was read from (IDX sources), for error messages
+    # sha256 per array when a loader already verified them (the cache's or a pack's manifest); else computed once
+    digests: dict[str, str] | None = field(default=None, repr=False)
 
     def split(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
         """(images, labels) of the train or test split."""
@@ -271,7 +273,8 @@ def _read_cache(folder: Path, stamp: dict) -> MNISTArrays | None:
         print(f"trainlab: warning: the MNIST cache in {folder} failed verification ({problem}); "
               "rebuilding it from the embedded CSV", file=sys.stderr)
         return None
-    return MNISTArrays(**arrays, source="")
+    # _verify_cache matched the arrays with the manifest's digests (images: by their unchanged size and mtime)
+    return MNISTArrays(**arrays, source="", digests=dict(info["sha256"]))
 
 
 def _file_stamps(folder: Path) -> dict[str, list[int]]:
@@ -295,7 +298,7 @@ def _verify_cache(folder: Path, info: dict, arrays: dict[str, np.ndarray]) -> st
             hashed = hashed or key.endswith("images")
     if hashed:  # touched but intact (or built by an older trainlab): record the stamps, next load is fast
         try:
-            atomic_write_json(folder / "manifest.json", {**info, "files": current})
+            atomic_write_json(folder / "manifest.json", {**info, "files": current}, private=True)
         except OSError:
             pass
     return None
@@ -319,10 +322,10 @@ def load_embedded(cache_dir: str | os.PathLike | None = None) -> MNISTArrays:
     arrays = MNISTArrays(train_images, train_labels, test_images, test_labels, source=description)
     try:
         for key, stem in IDX_STEMS.items():
-            write_idx(folder / stem, getattr(arrays, key))  # raw, not .gz: reading raw is ~10× faster
+            write_idx(folder / stem, getattr(arrays, key), private=True)  # raw, not .gz: reading raw is ~10× faster
         # The manifest goes last: a cache without it (a crash mid-conversion) is never trusted.
         atomic_write_json(folder / "manifest.json", {"stamp": stamp, "sha256": fingerprint(arrays),
-                                                     "files": _file_stamps(folder)})
+                                                     "files": _file_stamps(folder)}, private=True)
     except OSError as e:
         print(f"trainlab: warning: could not write the MNIST cache ({e}); using the data uncached",
               file=sys.stderr)
@@ -341,7 +344,8 @@ def load_pack(path: str | os.PathLike) -> MNISTArrays:
     arrays, manifest = read_pack(path)
     for split in ("train", "test"):
         validate_split(arrays[f"{split}_images"], arrays[f"{split}_labels"], f"{path}:{split}_images", f"{path}:{split}_labels")
-    return MNISTArrays(**arrays, source=f"MNIST pack {path} (packed from {manifest.get('source')})")
+    return MNISTArrays(**arrays, source=f"MNIST pack {path} (packed from {manifest.get('source')})",
+                       digests=dict(manifest["sha256"]))  # read_pack checked every array against them
 
 
 def _embedded_installed() -> bool:
@@ -376,8 +380,27 @@ def load_mnist(data_dir: str | os.PathLike | None = None,
 
 
 def fingerprint(arrays: MNISTArrays) -> dict[str, str]:
-    """sha256 of each array's uint8 bytes (C order), keyed like `ARRAY_SHA256`."""
-    return {key: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest() for key, a in arrays.as_dict().items()}
+    """sha256 of each array's uint8 bytes (C order), keyed like `ARRAY_SHA256` (computed once per load)."""
+    if arrays.digests is None:
+        arrays.digests = {key: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+                          for key, a in arrays.as_dict().items()}
+    return dict(arrays.digests)
+
+
+def describe_source(arrays: MNISTArrays) -> str:
+    """The line every run and `eval` prints: where the data came from, its fingerprint (sha256 of the four
+    arrays' digests, 12 hex digits), and whether it is the official MNIST byte for byte. A pack's own
+    checksums only prove it was not damaged: edited labels with recomputed checksums show up here."""
+    digests = fingerprint(arrays)
+    combined = hashlib.sha256("".join(digests[k] for k in IDX_STEMS).encode()).hexdigest()[:12]
+    differ = [k for k in IDX_STEMS if digests[k] != ARRAY_SHA256[k]]
+    verdict = ("the official MNIST" if not differ else
+               f"NOT the official MNIST: {', '.join(differ)} differ{'s' if len(differ) == 1 else ''} from it")
+    return f"{arrays.source}; fingerprint {combined}; {verdict}"
+
+
+def is_official(arrays: MNISTArrays) -> bool:
+    return fingerprint(arrays) == ARRAY_SHA256
 
 
 # ----------------------------------------------------------------------------- verification

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from trainlab.errors import ConfigError, HardwareError
+from trainlab.device import check_process_count
 from trainlab.io import atomic_write_json, atomic_write_text
 
 DEFAULT_TIMEOUT_S = 120.0  # long enough for a slow first NCCL init, short enough that a hang is noticed
@@ -251,7 +252,7 @@ def needs_launch(nproc: int) -> bool:
 
 def write_spec(path: str | os.PathLike, worker: str, **payload) -> Path:
     """The JSON a worker starts from: which worker (`cli.WORKERS`) and its resolved config."""
-    return atomic_write_json(path, {"worker": worker, **payload})
+    return atomic_write_json(path, {"worker": worker, **payload}, private=True)
 
 
 def worker_command(nproc: int, spec_path: str | os.PathLike) -> list[str]:
@@ -316,6 +317,7 @@ def launch_workers(nproc: int, worker: str, **payload) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    check_process_count(nproc, "--nproc")  # every launch, before a process starts (GPU counts: the callers)
     with tempfile.TemporaryDirectory(prefix="trainlab_spec_") as tmp:
         spec = write_spec(Path(tmp) / f"{worker}.json", worker, **payload)
         args = ["-u", "-m", "trainlab", "worker", os.fspath(spec)]
@@ -412,7 +414,7 @@ def record_worker_error(line: str, code: int, peer: bool = False) -> bool:
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, {"message": line, "timestamp": int(time.time()),   # the agent never reads half of it
-                                 "trainlab": {"line": line, "code": code, "peer": peer}})
+                                 "trainlab": {"line": line, "code": code, "peer": peer}}, private=True)
     except OSError:
         return False
     return True

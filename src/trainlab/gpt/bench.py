@@ -21,15 +21,16 @@ from dataclasses import asdict, replace
 import torch
 import torch.distributed as dist
 
-from trainlab.device import device_name, peak_memory, peak_tflops, reset_peak_memory, set_tf32, synchronize
+from trainlab.device import device_name, free_memory, is_out_of_memory, peak_memory, peak_tflops, reset_peak_memory, set_tf32, synchronize
 from trainlab.distributed.launch import (describe_timeout, init_distributed, keep_alive, launch_workers, needs_launch,
                                          release_group)
-from trainlab.errors import TrainingDiverged
+from trainlab.errors import HardwareError, TrainingDiverged
 from trainlab.gpt.config import BenchConfig
 from trainlab.gpt.engine import GPTEngine
 from trainlab.gpt.flops import flops_per_token, handout_param_count, handout_tflops, hardware_flops_per_token, mfu
 from trainlab.gpt.model import count_params
-from trainlab.gpt.planner import measure_step_peak_bytes, predict_memory
+from trainlab.gpt.planner import (measure_step_peak_bytes, memory_shortfall, out_of_memory_line, predict_memory,
+                                  predicted_bytes)
 from trainlab.io import atomic_write_json
 from trainlab.stats import format_spread, summarize
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
@@ -133,6 +134,11 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
             run.write_json("summary.json", summary)
         finished = True
         return summary
+    except (RuntimeError, MemoryError) as e:
+        if not is_out_of_memory(e):
+            raise
+        # one line, not a failed row or "a bug in trainlab": what the planner expected, what was free
+        raise HardwareError(out_of_memory_line(predicted_bytes(cfg), free_memory(info.device), f"{info.device}, at run time")) from None
     finally:
         if rec is not None:
             rec.close()
@@ -332,6 +338,9 @@ def _say_summary(summary: dict, all_mem: list[dict], say) -> None:
 def bench_command(cfg: BenchConfig) -> int:
     """CLI entry: validate, start --nproc workers under torchrun (the config as JSON), else run here."""
     cfg.validate()  # fail before launching N processes
+    shortfall = memory_shortfall(cfg)  # the planner's estimate against free memory, before building anything
+    if shortfall:
+        raise HardwareError(shortfall)
     if cfg.out:
         check_run_dir(cfg.out, overwrite=cfg.overwrite, resumable=False)
     if needs_launch(cfg.nproc):

@@ -18,19 +18,18 @@ from dataclasses import replace
 
 import torch
 
+from trainlab.device import OOM_MARKERS
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError
 from trainlab.gpt.config import BenchConfig, CompareConfig
 from trainlab.gpt.model import get_preset
-from trainlab.gpt.planner import predict_memory
+from trainlab.gpt.planner import memory_shortfall, predicted_bytes
 from trainlab.gpt.strategy import parse_strategy
-from trainlab.io import atomic_write_text, read_json
+from trainlab.io import atomic_write_text, read_json, record_written, refuse_foreign
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
 GiB = 1024**3
-OOM_MARKERS = ("out of memory", "OutOfMemoryError", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED",
-               "std::bad_alloc", "Cannot allocate memory")
 
 
 def default_matrix(nproc: int) -> list[str]:
@@ -86,21 +85,6 @@ def _strategy_run(bench: BenchConfig, strategy: str) -> BenchConfig:
                    track_memory=bench.track_memory or on_cpu)
 
 
-def predicted_bytes(run: BenchConfig) -> int | None:
-    cfg = get_preset(run.model)
-    spec = parse_strategy(run.strategy)
-    if run.impl != "ours":
-        return None
-    per_rank = run.global_batch // max(1, run.nproc // (run.tp * run.pp) if spec.data_parallel else 1)
-    try:
-        return predict_memory(cfg, spec, run.nproc, run.micro_batch, run.seq, tp=run.tp, pp=run.pp,
-                              microbatches=run.microbatches or (per_rank // run.micro_batch if spec.pp else None),
-                              pp_schedule=run.pp_schedule, accumulation_steps=per_rank // run.micro_batch,
-                              optimizer="fused" if run.fused_optimizer else ("foreach" if run.device.startswith("cuda") else "forloop"))["total_bytes"]
-    except ConfigError:
-        return None
-
-
 def _child_env(run: BenchConfig) -> dict:
     """On CPU every process gets one thread — a "device" is one core, as torchrun's workers get
     (OMP_NUM_THREADS=1). Two threads per process on a busy 2-core box measured 30× slower steps
@@ -116,6 +100,11 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
     get_preset(cc.bench.model)  # an unknown preset is one error, not one per strategy
     strategies = cc.strategy_list or default_matrix(cc.bench.nproc)
     runs = [_strategy_run(cc.bench, s) for s in strategies]  # ConfigError for unknown names, up front
+    slugs = [r.strategy.replace("+", "_") for r in runs]
+    refuse_foreign([os.path.join(cc.out, name) for name in
+                    [f"{s}{ext}" for s in slugs for ext in (".json", ".log", ".spec.json")]
+                    + [f"compare.{ext}" for ext in ("json", "md", "log", "csv")] + ["throughput.png", "memory.png"]],
+                   "--out")  # it removes and rewrites these: never a file trainlab did not write
     os.makedirs(cc.out, exist_ok=True)
     env = collect_env(cc.bench.device)
     header = format_header({"strategies": ",".join(strategies), **cc.bench.to_dict()}, env)
@@ -146,7 +135,14 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
             log(lines[-1])
             write_tables(rows)
             continue
-        if os.path.exists(json_path):
+        shortfall = memory_shortfall(run)  # the planner's estimate against free memory, before building anything
+        if shortfall:
+            row.update(status="OOM", error=shortfall)
+            rows.append(row)
+            lines.append(_row_line(row))
+            log(lines[-1])
+            continue
+        if os.path.exists(json_path):  # this command's own result from an earlier run (checked up front)
             os.remove(json_path)
         spec = write_spec(os.path.join(cc.out, f"{slug}.spec.json"), "gpt-bench", config=replace(run, json=json_path).to_dict())
         cmd = worker_command(run.nproc, spec)
@@ -281,6 +277,7 @@ def plot(rows: list[dict], out: str) -> None:
     ax.set_title("throughput per strategy (same tokens)")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "throughput.png"), dpi=120)
+    record_written(os.path.join(out, "throughput.png"))
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows)), 4))
@@ -297,4 +294,5 @@ def plot(rows: list[dict], out: str) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(out, "memory.png"), dpi=120)
+    record_written(os.path.join(out, "memory.png"))
     plt.close(fig)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from trainlab.device import TF32_MODES
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, one_of, opt, output_dir, output_file, positive
+from trainlab.flags import Config, at_least, one_of, opt, output_dir, output_file, positive, seed_value
 from trainlab.gpt.model import PRESETS, get_preset
 from trainlab.gpt.planner import parse_bytes
 from trainlab.gpt.strategy import parse_strategy, validate_strategy
@@ -37,7 +37,7 @@ class BenchConfig(Config):
     pp_schedule: str = opt("1f1b", "1f1b | gpipe", check=one_of(("1f1b", "gpipe")))
     microbatches: int | None = opt(None, "pipeline micro-batches (default: per-rank batch / micro-batch)", check=at_least(1))
     lr: float = opt(5e-4, "learning rate (the handout's)", check=positive)
-    seed: int = opt(0, "seed of the weights and the tokens", check=at_least(0))
+    seed: int = opt(0, "seed of the weights and the tokens", check=seed_value)
     fused_optimizer: bool = opt(False, "AdamW(fused=True) (GPU)")
     tf32: str = opt("off", "TF32 tensor cores for fp32 matmuls on Ampere+ GPUs (recorded in the summary)",
                     choices=TF32_MODES)

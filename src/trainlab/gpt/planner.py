@@ -489,3 +489,53 @@ def measure_step_peak_bytes(engine, tokens, warm: bool = False) -> int:
     with _live_bytes_mode()(tensors) as tracker:
         engine.train_step(tokens)
     return tracker.peak
+
+
+# ----------------------------------------------------------------------------- before a run builds anything
+
+def predicted_bytes(run) -> int | None:
+    """The planner's per-device peak for a `gpt bench` config (`BenchConfig`), or None where it has no
+    model of the run (the HF implementation, an invalid combination)."""
+    from trainlab.gpt.model import get_preset
+
+    if run.impl != "ours":
+        return None
+    cfg = get_preset(run.model)
+    spec = parse_strategy(run.strategy)
+    per_rank = run.global_batch // max(1, run.nproc // (run.tp * run.pp) if spec.data_parallel else 1)
+    try:
+        return predict_memory(cfg, spec, run.nproc, run.micro_batch, run.seq, tp=run.tp, pp=run.pp,
+                              microbatches=run.microbatches or (per_rank // run.micro_batch if spec.pp else None),
+                              pp_schedule=run.pp_schedule, accumulation_steps=max(1, per_rank // run.micro_batch),
+                              optimizer="fused" if run.fused_optimizer else ("foreach" if run.device.startswith("cuda") else "forloop"))["total_bytes"]
+    except ConfigError:
+        return None
+
+
+def out_of_memory_line(need: int | None, free: int | None, where: str) -> str:
+    """The one line for a run that does not fit: "out of memory: needs ≈X, has Y; see `trainlab gpt plan`"."""
+    needs = f"needs ≈{need / 2**30:.1f} GiB" if need is not None else "needs more"
+    has = f"has {free / 2**30:.1f} GiB free" if free is not None else "has less"
+    return f"out of memory: {needs}, {has} ({where}); see `trainlab gpt plan`"
+
+
+def memory_shortfall(run) -> str | None:
+    """`out_of_memory_line` when the planner's estimate for `run` exceeds the free memory of its device(s),
+    checked before anything is built or launched; None when it fits or cannot be predicted. CPU ranks
+    share the host's memory; each GPU rank has its own device."""
+    import torch
+
+    from trainlab.device import free_memory, resolve_device
+
+    need = predicted_bytes(run)
+    dev = resolve_device(run.device)
+    if need is None:
+        return None
+    ranks = run.nproc if dev.type == "cpu" else 1
+    devices = [dev] if dev.type == "cpu" else [torch.device("cuda", i) for i in range(min(run.nproc, torch.cuda.device_count()))] or [dev]
+    for d in devices:
+        free = free_memory(d)
+        if free is not None and need * ranks > free:
+            where = f"{ranks} CPU ranks × {need / 2**30:.1f} GiB in host memory" if ranks > 1 else f"{d}, planner estimate"
+            return out_of_memory_line(need * ranks, free, where)
+    return None

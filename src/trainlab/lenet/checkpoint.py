@@ -22,7 +22,7 @@ import torch
 
 from trainlab.distributed.wrappers import unwrap
 from trainlab.errors import ConfigError, UserError
-from trainlab.io import atomic_torch_save
+from trainlab.io import atomic_torch_save, check_input
 from trainlab.lenet.config import TrainConfig
 
 FORMAT = "trainlab.lenet.v1"
@@ -35,7 +35,7 @@ _HISTORY_NUMBERS = ("epoch", "test_accuracy", "train_seconds", "images_per_s")  
 def save_checkpoint(path: Path, *, model, optimizer, scheduler, epoch: int, global_step: int,
                     history: list[dict], train_seconds: float, config: dict, ema: dict | None = None) -> None:
     """`ema` (an `EMA.state_dict()`, with --ema) is stored beside the live weights so a resume is exact."""
-    atomic_torch_save(path, {
+    atomic_torch_save(path, {  # into a claimed run directory (RunDir vetted it)
         "format": FORMAT,
         "model": unwrap(model).state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -57,6 +57,7 @@ def load_checkpoint(path: str | Path) -> dict:
         hint = " (the run stopped before its first epoch ended; start it again with --overwrite)" \
             if (path.parent / "config.json").exists() else ""
         raise UserError(f"{path}: checkpoint not found{hint}")
+    check_input(path)  # a FIFO would block torch.load forever
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a torch file, or refused by the weights-only unpickler
@@ -105,6 +106,9 @@ def load_model_state(model: torch.nn.Module, state: dict, path) -> None:
     want = unwrap(model).state_dict()
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise UserError(f"{path}: damaged checkpoint: 'model' must map parameter names to tensors")
+    odd = [f"{k} ({v.layout})" for k, v in state.items() if str(v.layout) != "torch.strided"]  # sparse, mkldnn, …
+    if odd:  # load_state_dict would fail deep inside copy_ (sparse into dense)
+        raise UserError(f"{path}: damaged checkpoint: {', '.join(odd[:3])}: expected dense tensors, as trainlab writes")
     problems = []
     bn_ckpt, bn_model = (any(k.endswith("running_mean") for k in d) for d in (state, want))
     if bn_ckpt != bn_model:

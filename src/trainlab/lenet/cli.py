@@ -96,6 +96,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        print(f"data: {result['data']}")
         print(f"{args.checkpoint}: test accuracy {result['test_accuracy']:.2f}%  test loss {result['test_loss']:.4f}  "
               f"({result['test_samples']} images, {result['weights']} weights, device {result['device']})")
         print("per-class accuracy: " + "  ".join(f"{c}:{a:.2f}" for c, a in enumerate(result["per_class_accuracy"])))
@@ -127,8 +128,9 @@ def add_parser(subparsers) -> None:
 
     e = subparsers.add_parser("eval", help="re-evaluate a checkpoint on the test set")
     e.add_argument("checkpoint", help="checkpoint.pt or its run directory")
-    e.add_argument("--device", default="auto")
-    e.add_argument("--data-dir", default=None)
+    e.add_argument("--device", default="auto", help="auto (CUDA if available) | cpu | cuda | cuda:N")
+    e.add_argument("--data-dir", default=None, help="MNIST IDX folder or pack file to test on (default: the checkpoint's "
+                                                    "own --data-dir, else the embedded MNIST)")
     e.add_argument("--json", action="store_true", help="print JSON")
     e.set_defaults(func=run_eval)
 

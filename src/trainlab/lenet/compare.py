@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
+from trainlab.device import check_process_count
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError, UserError
-from trainlab.flags import Config, at_least, opt, output_file, positive
+from trainlab.flags import Config, at_least, opt, output_file, positive, seed_value
 from trainlab.io import atomic_write_json, atomic_write_text, read_json
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launch
@@ -50,7 +51,7 @@ class CompareConfig(Config):
     train_subset: int | None = opt(None, "train on the first N images", check=at_least(1))
     test_subset: int | None = opt(None, "evaluate on the first N test images", check=at_least(1))
     workers: str = opt("0,1,2,4", "DataLoader num_workers sweep ('' to skip)")
-    seed: int = opt(0, "seed of every mode", check=at_least(0))
+    seed: int = opt(0, "seed of every mode", check=seed_value)
     repeats: int = opt(1, "run everything R times round-robin; report medians", check=at_least(1))
     threads: int | None = opt(None, "torch CPU threads per process for every mode "
                                     "(default: torch's choice single-process, 1 per rank)", check=at_least(1))
@@ -89,6 +90,8 @@ def parse_workers(text: str) -> list[int]:
         raise ConfigError(f"--workers {text!r}: expected a comma-separated list of integers such as 0,1,2,4") from None
     if any(w < 0 for w in workers):
         raise ConfigError(f"--workers {text!r}: worker counts must be >= 0")
+    for w in workers:
+        check_process_count(w, "--workers")
     return workers
 
 
@@ -135,7 +138,7 @@ def run_worker(spec: dict) -> int:
     summary = train(cfg, log=lambda line: print(prefix + line, flush=True) if line.startswith(("epoch", "done")) else None)
     if int(os.environ.get("RANK", "0")) == 0:
         row = row_from_run(cfg, summary, RunDir(cfg.out).read_metrics())
-        atomic_write_json(spec["result"], {**row, "status": "ok", "torch_threads": torch.get_num_threads()})
+        atomic_write_json(spec["result"], {**row, "status": "ok", "torch_threads": torch.get_num_threads()}, private=True)
     return 0  # the dispatcher ends the process (launch.end_worker)
 
 

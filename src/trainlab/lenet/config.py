@@ -15,7 +15,7 @@ from typing import Any
 from trainlab.data.augment import Distortion
 from trainlab.data.datasets import DATASETS
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, between, non_negative, one_of, opt, positive
+from trainlab.flags import Config, at_least, between, non_negative, one_of, opt, positive, process_count, seed_value
 from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.data_parallel import MODES
 from trainlab.lenet.model import POOLS, check_model_options
@@ -56,7 +56,7 @@ class TrainConfig(Config):
                                      "/usr/share/datasets/fashion-mnist)")
     loader: str = opt("device", "device (whole set resident on the device) | dataloader (torch DataLoader)",
                       check=one_of(LOADERS))
-    workers: int = opt(0, "DataLoader worker processes (--loader dataloader)", check=at_least(0))
+    workers: int = opt(0, "DataLoader worker processes (--loader dataloader)", check=process_count(0))
     augment: bool = opt(False, "random affine augmentation on the device (ranges: --augment-degrees/-translate/-scale)")
     augment_degrees: float = opt(15.0, "affine augmentation: rotation range ± degrees", check=between(0, 180))
     augment_translate: float = opt(0.1, "affine augmentation: shift range ± this fraction of the width/height",
@@ -95,7 +95,7 @@ class TrainConfig(Config):
     shard_weights: str | None = opt(None, "split each global batch across ranks in proportion to these weights (one per "
                                           "rank, e.g. 2,1) or to each rank's throughput measured in the first steps (auto); "
                                           "losses stay those of the even split (default: even)", metavar="auto|W1,W2,…")
-    seed: int = opt(0, "seeds init, shuffling and augmentation; same seed → same curve on CPU", check=at_least(0))
+    seed: int = opt(0, "seeds init, shuffling and augmentation; same seed → same curve on CPU", check=seed_value)
     tta: bool = opt(False, "also report test accuracy under test-time augmentation (mean softmax over fixed "
                            "shifted views), separately from test_accuracy")
     eval_batch_size: int = opt(2000, "test-set batch size (no gradients, so large is fine)", check=at_least(1))

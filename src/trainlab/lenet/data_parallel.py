@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from trainlab.data.loader import shard_bounds
-from trainlab.device import resolve_device, synchronize
+from trainlab.device import check_process_count, resolve_device, synchronize
 from trainlab.distributed.failure import raise_if_peer_failure
 from trainlab.distributed.launch import (DEFAULT_TIMEOUT_S, DistInfo, dist_timeout_s, ensure_process_group,
                                          init_distributed, keep_alive, release_group)
@@ -321,6 +321,8 @@ def check_launch(mode: str, nproc: int, device: str, global_batch: int) -> None:
         check_data_parallel(device, global_batch)
         return
     dev = resolve_device(device)
+    if dev.type == "cpu":
+        check_process_count(nproc, "--nproc")
     if dev.type == "cuda" and nproc > torch.cuda.device_count():
         raise HardwareError(f"--nproc {nproc}: only {torch.cuda.device_count()} CUDA device(s) visible "
                             "(one process per GPU; use --device cpu for more processes than GPUs)")

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from trainlab.data.datasets import load_dataset
+from trainlab.data.datasets import describe_dataset, load_dataset
 from trainlab.device import set_tf32, synchronize
 from trainlab.distributed.wrappers import unwrap
 from trainlab.distributed.launch import describe_timeout
@@ -36,11 +35,12 @@ from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
 from trainlab.lenet.models import flops_per_image
 from trainlab.lenet.shard_weights import setup_shards
-from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, build_scheduler, scaled_lr, use_channels_last
+from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, check_model_runs, build_scheduler, scaled_lr, use_channels_last
 from trainlab.lenet.tta import evaluate_tta
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.figures import misclassified_figure
 from trainlab.telemetry.gpu import GPUSampler, gather_samples, log_gpu_tags, rank_csv_name, sampled_devices
+from trainlab.io import progress_bar
 from trainlab.telemetry.rundir import RunDir
 from trainlab.telemetry.tensorboard import image_grid, make_writer
 
@@ -64,6 +64,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     cfg.validate()
     par = setup_data_parallel(cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing,
                               timeout_s=cfg.dist_timeout)
+    check_model_runs(cfg, par.device)  # an implementation this device lacks fails before the run directory exists
     path = resume if resume is not None else default_run_dir(cfg)
     if not par.is_main:  # only rank 0 prints, logs to TensorBoard and writes the run directory
         return _train(cfg, resume, _silent, par, RunDir(path))
@@ -82,9 +83,10 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
         run.write_json("config.json", cfg.to_dict())
         run.write_json("env.json", env)
     log(format_header({**cfg.to_dict(), "dist_timeout": describe_timeout(cfg.dist_timeout),  # as resolved, with its source
-                       "run_dir": str(run.path), "params": s.params, "flops_per_image": s.flops, "data_source": s.data.source,
+                       "run_dir": str(run.path), "params": s.params, "flops_per_image": s.flops,
                        "resumed_from_epoch": s.start_epoch if s.resumed else None,
                        "rank_batches": par.rank_batches(cfg.batch_size, getattr(s.train_batches, "shares", None))}, env))
+    log(f"data: {describe_dataset(cfg.dataset, s.data)}")  # a run on altered data is never silent
     tel = Telemetry(cfg, s, par, run, env, log)
 
     model = par.wrap(s.model)
@@ -184,6 +186,7 @@ def _summarize(cfg: TrainConfig, s, par, run: RunDir, tel, env: dict, model, eva
         "tta_test_accuracy": tta["test_accuracy"] if tta else None,
         "ema_decay": cfg.ema or None,
         "epochs": cfg.epochs,
+        "data": describe_dataset(cfg.dataset, s.data),
         "train_seconds": s.train_seconds,
         "warmup_seconds": warmup_seconds,
         "time_to_99_seconds": time_to_target,
@@ -276,8 +279,8 @@ def _train_epoch(cfg: TrainConfig, s: _Parts, model, par, epoch: int) -> tuple[f
     weights = par.shard_weights(s.train_batches)  # None unless the world size leaves uneven shards
     synchronize(s.device)
     t0 = time.perf_counter()
-    bar = tqdm(s.train_batches, total=len(s.train_batches), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
-               disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True)
+    bar = progress_bar(s.train_batches, cfg.progress, total=len(s.train_batches), desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                       leave=False)
     for step, (x, y) in enumerate(par.timer.batches(bar, lambda b: to_device(*b, s.device, s.channels_last))):
         with autocast(s.device, s.precision):
             logits = model(x)
@@ -294,7 +297,7 @@ def _train_epoch(cfg: TrainConfig, s: _Parts, model, par, epoch: int) -> tuple[f
         step_correct.append((logits.detach().argmax(1) == y).sum())  # stays on the device
         step_sizes.append(len(y))
         s.global_step += 1
-        if cfg.progress and s.global_step % 50 == 0:
+        if not bar.disable and s.global_step % 50 == 0:
             bar.set_postfix(loss=f"{loss.item():.4f}")  # sync point, once per 50 steps
     synchronize(s.device)
     seconds = time.perf_counter() - t0

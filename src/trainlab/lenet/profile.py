@@ -50,7 +50,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device, synchronize
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, check_value, one_of, opt
+from trainlab.flags import Config, at_least, check_value, one_of, opt, seed_value
+from trainlab.io import record_written
 from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.batches import build_train_batches, to_device
 from trainlab.lenet.config import TrainConfig
@@ -88,7 +89,7 @@ class ProfileConfig(Config):
     device: str = opt("auto", "auto | cpu | cuda")
     threads: int | None = opt(None, "torch CPU threads (default: torch's choice)", check=at_least(1))
     seed: int = opt(0, "seeds the initial weights and the batch order (the same for every variant)",
-                    check=at_least(0))
+                    check=seed_value)
     trace: bool = opt(True, "write the Chrome trace (trace.json.gz, every variant's steps)")
     out: str | None = opt(None, "run directory (default runs/profile-<timestamp>); new or empty unless --overwrite")
     overwrite: bool = opt(False, "replace what --out holds (its files go when this run starts writing)")
@@ -302,6 +303,7 @@ def profile_variants(cfg: ProfileConfig, data, device: torch.device, out: Path, 
     if cfg.trace:
         trace = out / "trace.json.gz"
         prof.export_chrome_trace(str(trace))
+        record_written(trace)
     per_step = attribute(prof.events())
     log(f"profiled {n_steps} steps of each of {', '.join(variants)} in {wall_s:.1f} s" + (f"; trace {trace}" if trace else ""))
     return {"steps": n_steps, "wall_s": wall_s, "trace": str(trace) if trace else None,

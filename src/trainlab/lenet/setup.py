@@ -6,10 +6,12 @@ those checks, so a value that reaches these functions is one of the listed choic
 from __future__ import annotations
 
 import math
+import re
 from contextlib import nullcontext
 
 import torch
 
+from trainlab.errors import HardwareError, UserError
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.models import make_model
 
@@ -21,6 +23,22 @@ def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     if use_channels_last(cfg, device):
         model = model.to(memory_format=torch.channels_last)
     return model
+
+
+def check_model_runs(cfg: TrainConfig, device: torch.device) -> None:
+    """Build the model on `device` and run one tiny forward pass: an implementation this device cannot run
+    (`--act gelu-cuda` on a CPU, `--ops own=triton` without Triton) fails here, naming the flag, before
+    a run directory is created or data is loaded, instead of after the first batch."""
+    flag = f"--ops {cfg.ops}" if cfg.ops != "aten" else f"--act {cfg.act}"
+    try:
+        model = build_model(cfg, device)
+        with torch.no_grad():
+            model.eval()(torch.zeros(2, 1, 28, 28, device=device))
+    except UserError as e:
+        # the operator's message names its Python argument (impl='cuda'); keep its reason, name the flag
+        reason = re.sub(r"^.*?impl='?\w+'?: ", "", str(e)).split("; ")[0]
+        raise HardwareError(f"{flag}: cannot run on {device}: {reason}; choose another {flag.split()[0]} "
+                            f"(`trainlab train --help` lists them)") from None
 
 
 def scaled_lr(cfg: TrainConfig, world_size: int = 1) -> float:

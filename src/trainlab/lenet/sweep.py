@@ -71,7 +71,17 @@ class Run:
 
     @property
     def done(self) -> bool:
-        return (self.dir / "summary.json").exists()
+        """Finished, by this configuration: a folder holding another configuration's run is refused."""
+        if not (self.dir / "summary.json").exists():
+            return False
+        saved = TrainConfig.from_dict(read_json(self.dir / "config.json"), source=str(self.dir / "config.json"))
+        differ = self.config.result_differences(saved)
+        if differ:
+            raise ConfigError(f"{self.dir}: holds a finished run of other settings ("
+                              + ", ".join(f"{k} {getattr(saved, k)!r}, this sweep wants {getattr(self.config, k)!r}"
+                                          for k in differ[:3])
+                              + "); give the sweep another --out")
+        return True
 
     def resume_from(self) -> str | None:
         """An interrupted run continues from its last checkpoint; a run dir left by a start that never
@@ -83,9 +93,22 @@ class Run:
         return None
 
 
-def _show(v: Any) -> str:
-    text = f"{v:g}" if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)
+def _show(v: Any, exact: bool = False) -> str:
+    """A value as a folder-name part: short (`:g`), or `exact` (repr: every float digit) when short
+    labels of one flag collide (0.0010000001 and 0.001 are both 0.001 in `:g`)."""
+    text = (repr(v) if exact else f"{v:g}") if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)
     return "".join(c if c.isalnum() or c in ".-+" else "_" for c in text)
+
+
+def _labels(values: list) -> dict:
+    """value → its folder label, distinct for distinct values (or a ConfigError naming the clash)."""
+    for exact in (False, True):
+        labels = {v: _show(v, exact) for v in values}
+        if len(set(labels.values())) == len(labels):
+            return labels
+    clash = [v for v in values if list(labels.values()).count(labels[v]) > 1]
+    raise ConfigError(f"values {', '.join(map(repr, clash))} would share the run folder label {labels[clash[0]]!r}; "
+                      "give distinct values")
 
 
 def plan(values: dict[str, list], sc: SweepConfig) -> tuple[list[Run], dict[str, list], list[str], Path]:
@@ -101,10 +124,11 @@ def plan(values: dict[str, list], sc: SweepConfig) -> tuple[list[Run], dict[str,
     order = [f for f in TrainConfig.__dataclass_fields__ if f in values and f != "seed"] + (["seed"] if "seed" in values else [])
     swept = [k for k in order if len(values[k]) > 1]
     root = Path(sc.out) if sc.out else Path("runs") / f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    labels = {k: _labels(values[k]) for k in swept}
     runs = []
     for combo in itertools.product(*(values[k] for k in order)):
         point = dict(zip(order, combo))
-        name = "_".join(f"{k}={_show(point[k])}" for k in swept) or "run"
+        name = "_".join(f"{k}={labels[k][point[k]]}" for k in swept) or "run"
         explicit = {**point, "out": str(root / name), "name": name}
         explicit.setdefault("progress", False)  # many runs: one line per epoch, no bars
         cfg = apply_preset(TrainConfig(**explicit), explicit.get("preset", "default"), explicit=set(explicit))
@@ -248,7 +272,7 @@ def run_sweep(values: dict[str, list], sc: SweepConfig, command: str = "", log=p
             try:
                 resume = run.resume_from()
                 summary = train(run.config, resume=resume,
-                                log=lambda line: log("   " + line) if line.startswith(("epoch", "done")) else None)
+                                log=lambda line: log("   " + line) if line.startswith(("data", "epoch", "done")) else None)
             except ConfigError:
                 raise
             except Exception as e:  # one diverged or crashed run must not cost the rest of the sweep
@@ -257,7 +281,8 @@ def run_sweep(values: dict[str, list], sc: SweepConfig, command: str = "", log=p
                 continue
             if not summary:
                 failed.append(run.name)
-    log(f"sweep done: {len(runs) - len(failed)} of {len(runs)} runs finished in {root}"
+    finished = sum(r.done for r in runs)  # counted from the run folders, not assumed
+    log(f"sweep done: {finished} of {len(runs)} runs finished in {root}"
         + (f"; failed: {', '.join(failed)}" if failed else "") + f"\nreport: trainlab report {root} -o {root}/report")
-    return len(failed)
+    return len(runs) - finished
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainlab.errors import UserError
-from trainlab.io import read_json
+from trainlab.io import check_input, loads, read_json
 from trainlab.telemetry.rundir import GPU_RANK_FILE
 
 
@@ -54,7 +55,7 @@ class ResultFile:
 
 
 def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _numbers(v) -> bool:
@@ -95,9 +96,11 @@ def _read_jsonl(path: Path) -> list[dict]:
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             try:
-                record = json.loads(line)
+                record = loads(line)
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            except ValueError as e:  # NaN / Infinity
+                raise UserError(f"{path}:{i}: {e}") from None
             records.append(_check(record, METRIC_TYPES, f"{path}:{i}", required=METRIC_REQUIRED))
     return records
 
@@ -197,5 +200,6 @@ def load_inputs(paths: list[str]) -> tuple[list[TrainingRun], list[ResultFile], 
             else:
                 results.append(ResultFile(p, kind, data))
         else:
+            check_input(p)  # a FIFO or device: refused by name, never opened
             raise UserError(f"{p}: no such file or directory")
     return runs, results, notes

@@ -94,15 +94,20 @@ def collect_env(device: torch.device | str | None = None) -> dict:
     return info
 
 
-def format_header(config: dict, env: dict) -> str:
-    """The block every log starts with: resolved config, versions and hardware."""
+def format_header(config: dict, env: dict, terminal: bool | None = None) -> str:
+    """The block every log starts with: versions, hardware and the resolved config. The config is a
+    table on a terminal; in a log file (stdout not a terminal) it is one line, `config: k=v …`, so the
+    log holds one line per epoch after a short header (the run directory's config.json has it all)."""
+    terminal = sys.stdout.isatty() if terminal is None else terminal
     lines = ["== trainlab " + str(env.get("trainlab")) + " ==",
              f"python {env['python']}  torch {env['torch']}  cuda {env['torch_cuda']}  triton {env['triton']}",
              f"cpu: {env['cpu']} ({env['cpu_count']} cores, {env['torch_threads']} torch threads)",
              "gpus: " + (", ".join(env["gpus"]) if env["gpus"] else "none"),
-             f"device: {env['device']}",
-             "config:"]
+             f"device: {env['device']}"]
+    if not terminal:
+        return "\n".join(lines + ["config: " + "  ".join(f"{k}={v}" for k, v in config.items())])
     width = max((len(k) for k in config), default=0)
+    lines.append("config:")
     for k, v in config.items():
         lines.append(f"  {k:<{width}} = {v}")
     return "\n".join(lines)

@@ -9,7 +9,9 @@ process dies, even by `kill -9`, so a crashed run never blocks its own `--resume
 gets one line naming the holder's pid. A directory that already holds files is reused only to continue
 its run (`resume=True`) or when the user asked to replace it (`overwrite=True`): then the old run's
 files go at the first write, so a start that fails before writing anything (a bad data dir, a missing
-GPU) leaves the old run intact. A start that fails before writing anything also removes the
+GPU) leaves the old run intact. `--overwrite` deletes only the files trainlab wrote there (the folder's
+manifest, `trainlab.io.owned_files`; a run written before manifests existed: the run's own file names)
+and refuses a folder that holds anything else: a user's notes beside an old config.json are never lost. A start that fails before writing anything also removes the
 directories it created: no empty run directory is left behind.
 
 `RunDir(path)` without a claim is a read-only view (a finished run, a non-main rank).
@@ -30,17 +32,22 @@ from pathlib import Path
 from typing import Any
 
 from trainlab.errors import ConfigError, UserError
-from trainlab.io import atomic_write_json, atomic_write_text, output_problem, read_json, to_json
+from trainlab.io import (MANIFEST, atomic_write_json, atomic_write_text, output_problem, owned_files, read_json,
+                         record_written, to_json, vet_folder)
 
 LOCK_NAME = ".trainlab.lock"
 GPU_RANK_FILE = re.compile(r"gpu\.rank\d+\.csv")  # one NVML record per rank (telemetry.gpu.rank_csv_name)
-# Files a trainlab run writes; a directory holding any of them is a run directory --overwrite may clear.
-RUN_FILES = ("config.json", "env.json", "metrics.jsonl", "summary.json", "checkpoint.pt", "gpu.csv")
+# Files a trainlab run writes: in a run directory written before manifests existed, these are its own.
+RUN_FILES = ("config.json", "env.json", "metrics.jsonl", "summary.json", "checkpoint.pt", "gpu.csv",
+             "nvidia-smi-busy.txt", "misclassified.npz")
 
 
-def _is_run_file(name: str) -> bool:
-    return (name in RUN_FILES or name.startswith("events.out.tfevents.") or GPU_RANK_FILE.fullmatch(name) is not None
-            or (name.startswith(".") and name.endswith(".tmp")))
+def _owned(path: Path) -> set[str]:
+    """The entries of run directory `path` that trainlab wrote (so --overwrite may delete them)."""
+    if (path / MANIFEST).exists():
+        return owned_files(path) | {MANIFEST}
+    return {n for n in _entries(path) if n in RUN_FILES or n.startswith("events.out.tfevents.")
+            or GPU_RANK_FILE.fullmatch(n) is not None}
 
 
 def _entries(path: Path) -> list[str]:
@@ -61,15 +68,21 @@ def _refusal(path: Path, resume: bool, overwrite: bool, flag: str, resumable: bo
         return f"{flag} {path}: {problem}"
     if resume:
         return None if path.is_dir() else f"--resume {path}: no such run directory"
-    names = _entries(path)
+    names = [n for n in _entries(path) if n != MANIFEST]
     if not names:
         return None
     if not overwrite:
         resume_hint = f"--resume {path} to continue it, " if resumable else ""
         return (f"{path}: already holds a run ({_listing(names)}); pass {resume_hint}--overwrite to replace it, "
                 f"or choose another {flag}")
-    if not any(_is_run_file(n) for n in names):
+    owned = _owned(path)
+    if not owned - {MANIFEST}:
         return f"{path}: not a trainlab run directory (it holds {_listing(names)}); refusing to replace it (--overwrite)"
+    # a temporary file of a crashed atomic write is the run's own (see trainlab.io._atomic)
+    foreign = [n for n in names if n not in owned and not (n.startswith(".") and n.endswith(".tmp"))]
+    if foreign:
+        return (f"{path}: holds files trainlab did not write ({_listing(foreign)}); refusing to replace the run "
+                "(--overwrite deletes only trainlab's own files): move them away or choose another " + flag)
     return None
 
 
@@ -122,6 +135,7 @@ class RunDir:
         self._lock_fd: int | None = None
         self._created: list[Path] = []   # directories this run created, deepest first
         self._clear_pending = False
+        self._appended: set[str] = set()  # files `append_metric` already recorded in the manifest
 
     @classmethod
     def claim(cls, path: str | Path, *, resume: bool = False, overwrite: bool = False, flag: str = "--out",
@@ -143,6 +157,7 @@ class RunDir:
             raise UserError(f"{path}: in use by another trainlab run ({_holder(path / LOCK_NAME)}); "
                             f"wait for it to finish or choose another {flag}")
         run._lock_fd = fd
+        vet_folder(path)  # its files are this run's to write (checked above)
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                  "started": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -160,6 +175,7 @@ class RunDir:
             pass
         os.close(self._lock_fd)
         self._lock_fd = None
+        vet_folder(self.path, on=False)
         if failed:
             for d in self._created:
                 try:
@@ -178,9 +194,11 @@ class RunDir:
         if not self._clear_pending:
             return
         self._clear_pending = False
-        for name in _entries(self.path):
+        owned = _owned(self.path)
+        for name in _entries(self.path):  # claim refused any other entry; one appearing since stays
             p = self.path / name
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            if name in owned or (name.startswith(".") and name.endswith(".tmp")):
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -211,6 +229,9 @@ class RunDir:
         line = to_json(record) + "\n"
         with open(self.path / "metrics.jsonl", "a") as f:
             f.write(line)
+        if "metrics.jsonl" not in self._appended:
+            record_written(self.path / "metrics.jsonl")
+            self._appended.add("metrics.jsonl")
 
     def read_metrics(self) -> list[dict]:
         p = self.path / "metrics.jsonl"

@@ -9,13 +9,20 @@ from pathlib import Path
 
 import torch
 
+from trainlab.io import record_written
+
 
 def make_writer(run_dir: Path, enabled: bool = True, purge_step: int | None = None):
+    """A SummaryWriter into `run_dir`; its events file goes into the folder's manifest (it names the file itself)."""
     if not enabled:
         return None
     from torch.utils.tensorboard import SummaryWriter
 
-    return SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
+    before = set(Path(run_dir).glob("events.out.tfevents.*"))
+    writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)  # creates its events file now
+    for new in set(Path(run_dir).glob("events.out.tfevents.*")) - before:
+        record_written(new)
+    return writer
 
 
 def image_grid(images: torch.Tensor, ncol: int | None = None, pad: int = 1) -> torch.Tensor:
