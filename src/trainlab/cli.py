@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "trainlab.ops.cli",        # ops, and its alias gelu
     "trainlab.gpt.cli",        # gpt
     "trainlab.report.cli",     # report
+    "trainlab.lab.cli",        # lab
 )
 
 # spec["worker"] → "module:function" taking the spec dict and returning an exit code

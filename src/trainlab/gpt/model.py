@@ -217,11 +217,15 @@ def _canonical_param_names(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...]]]:
     return names
 
 
-def initial_value(cfg: GPTConfig, name: str, seed: int) -> torch.Tensor:
-    """The initial fp32 value of parameter `name` (our FQN) for `seed`, on the CPU.
+def initial_value(cfg: GPTConfig, name: str, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The initial fp32 value of parameter `name` (our FQN) for `seed`, drawn on `device`.
 
     Each parameter draws from its own generator seeded by (seed, name), so a pipeline stage that
     holds only some blocks, a tensor-parallel shard and the full model all see the same numbers.
+    The draw happens on the device the model lives on: the CPU's single-threaded normal fill takes
+    ~60 s for 1.6B parameters, a GPU's well under a second (issue 18). Same device type, same numbers;
+    a CUDA stream of the same seed differs from the CPU's (different generators), so every model that
+    is compared (strategies, ours and HF) is initialised on the one device it runs on.
     """
     shapes = dict(_canonical_param_names(cfg))
     if name == "lm_head.weight":  # tied to the input embedding
@@ -231,22 +235,23 @@ def initial_value(cfg: GPTConfig, name: str, seed: int) -> torch.Tensor:
     shape = shapes[name]
     leaf = name.rsplit(".", 1)[-1]
     if ".ln_" in name or name.startswith("ln_f."):
-        return torch.ones(shape) if leaf == "weight" else torch.zeros(shape)
+        return torch.ones(shape, device=device) if leaf == "weight" else torch.zeros(shape, device=device)
     if leaf == "bias":
-        return torch.zeros(shape)
+        return torch.zeros(shape, device=device)
     std = 0.02
     if name.endswith("attn.o_proj.weight") or name.endswith("mlp.proj.weight"):
         std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2's scaled init of residual projections
-    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
-    return torch.empty(shape).normal_(0.0, std, generator=gen)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+    return torch.empty(shape, device=device).normal_(0.0, std, generator=gen)
 
 
 @torch.no_grad()
 def init_gpt_weights(model: nn.Module, seed: int) -> nn.Module:
     """GPT-2 init, identical for every strategy with the same seed (see `initial_value`).
 
-    Must be called on a materialized (non-meta), not yet sharded model; the values are drawn on
-    the CPU and copied to each parameter's device and dtype.
+    Must be called on a materialized (non-meta), not yet sharded model; each value is drawn on its
+    parameter's device (see `initial_value`) and cast to its dtype.
     """
     gpt = _find_gpt(model)
     prefix = next(n for n, m in model.named_modules() if m is gpt)
@@ -254,19 +259,25 @@ def init_gpt_weights(model: nn.Module, seed: int) -> nn.Module:
     for name, param in model.named_parameters():
         local = name[len(prefix):] if name.startswith(prefix) else name
         local = local.replace("._orig_mod", "").replace("_orig_mod.", "")
-        param.copy_(initial_value(gpt.config, local, seed).to(param.dtype))
+        param.copy_(initial_value(gpt.config, local, seed, param.device).to(param.dtype))
     return model
 
 
 def build_gpt(cfg: GPTConfig, seed: int = 0, device: torch.device | str = "cpu") -> GPT:
-    """A GPT with the deterministic init for `seed` (meta device: structure only, no init)."""
+    """A GPT with the deterministic init for `seed`, built on `device` (meta: structure only, no init).
+
+    The module is created on the meta device (no memory, no default init), its storage allocated on
+    `device` uninitialised, then filled once by `init_gpt_weights` there: the 1.6B model never passes
+    through the CPU and is never initialised twice (nn.Linear's own kaiming fill is skipped)."""
     device = torch.device(device)
+    with torch.device("meta"):
+        model = GPT(cfg)
     if device.type == "meta":
-        with torch.device("meta"):
-            return GPT(cfg)
-    model = GPT(cfg)
+        return model
+    model = model.to_empty(device=device)
+    model.lm_head.weight = model.wte.weight  # to_empty gives each parameter its own storage: tie again
     init_gpt_weights(model, seed)
-    return model.to(device)
+    return model
 
 
 # ----------------------------------------------------------------------------------------------
@@ -397,11 +408,11 @@ def hf_config(cfg: GPTConfig, dropout: float = 0.0):
 
 
 def build_hf_model(cfg: GPTConfig, gradient_checkpointing: bool = False, *, seed: int | None = None,
-                   dropout: float = 0.0):
+                   dropout: float = 0.0, device: torch.device | str = "cpu"):
     """HF `GPT2LMHeadModel` — the handout's baseline (`--impl hf`).
 
-    With `seed`, its weights are our deterministic init for that seed (converted), so `--impl hf`
-    and `--impl ours` start from identical weights. The handout's GPT2Config keeps HF's default
+    With `seed`, its weights are our deterministic init for that seed (converted), drawn on `device`
+    as ours are, so `--impl hf` and `--impl ours` start from identical weights. The handout's GPT2Config keeps HF's default
     dropout 0.1; we default to 0 so both implementations compute the same function (pass
     `dropout=0.1` for the literal handout model).
     """
@@ -409,9 +420,24 @@ def build_hf_model(cfg: GPTConfig, gradient_checkpointing: bool = False, *, seed
         from transformers import GPT2LMHeadModel
     except ImportError:  # pragma: no cover - transformers is a dependency of the GPT commands
         raise ConfigError("--impl hf needs the 'transformers' package (pip install transformers)") from None
-    model = GPT2LMHeadModel(hf_config(cfg, dropout))
+    device = torch.device(device)
+    model = None
     if seed is not None:
-        ours = {name: initial_value(cfg, name, seed) for name, _ in _canonical_param_names(cfg)}
+        # Meta first, then uninitialised storage on the device, filled once with our init below: HF's
+        # own init (another single-threaded CPU fill of every weight) never runs. A transformers whose
+        # GPT-2 keeps buffers (older ones: the causal mask) is built on the device the ordinary way,
+        # since to_empty would leave those buffers uninitialised.
+        with torch.device("meta"):
+            model = GPT2LMHeadModel(hf_config(cfg, dropout))
+        if any(True for _ in model.buffers()):
+            model = None
+        else:
+            model = model.to_empty(device=device)
+    if model is None:
+        with torch.device(device):
+            model = GPT2LMHeadModel(hf_config(cfg, dropout))
+    if seed is not None:
+        ours = {name: initial_value(cfg, name, seed, device) for name, _ in _canonical_param_names(cfg)}
         missing, unexpected = model.load_state_dict(gpt_state_dict_to_hf(ours), strict=False)
         missing = [k for k in missing if not k.endswith(("attn.bias", "attn.masked_bias"))]
         if missing or unexpected:

@@ -11,10 +11,9 @@ Sections are functions returning blocks, so a new input kind adds a section with
 
 from __future__ import annotations
 
-import html
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainlab.io import atomic_write_text
@@ -26,11 +25,33 @@ from trainlab.report.inputs import ResultFile, TrainingRun, load_inputs
 
 @dataclass
 class Block:
-    kind: str            # h1 | h2 | h3 | p | table | img | pre | note | details
+    kind: str            # h1..h4 | p | table | img | pre | note | status | details | toc
     text: str = ""
     rows: list[list[str]] | None = None   # table: first row is the header
     src: str = ""        # img: path relative to the report directory
     body: str = ""       # details: preformatted text shown when the block is opened
+    segments: list[tuple[str, str, str]] = field(default_factory=list)  # p: (text|code|link, text, anchor)
+    anchor: str = ""     # headings: the id a link or the table of contents points at
+    links: list[tuple[str, str]] = field(default_factory=list)  # toc: (text, anchor)
+
+
+def para(*parts) -> Block:
+    """A paragraph of plain text, `code(...)` and `link(...)` pieces: every piece is data, escaped by
+    the template; no piece is ever markup."""
+    return Block("p", segments=[p if isinstance(p, tuple) else ("text", str(p), "") for p in parts])
+
+
+def code(text) -> tuple[str, str, str]:
+    return ("code", str(text), "")
+
+
+def link(text, anchor: str) -> tuple[str, str, str]:
+    return ("link", str(text), anchor)
+
+
+def plain(block: Block) -> str:
+    """A paragraph's text without markup (Markdown rendering, tests)."""
+    return "".join(f"`{t}`" if k == "code" else t for k, t, _ in block.segments)
 
 
 # Above this many runs the summary shows groups (mean ± sd) instead of one row per run.
@@ -82,11 +103,13 @@ def summary_section(runs: list[TrainingRun], results: list[ResultFile], out: Pat
             png = plots.gpu_timeline(with_gpu, out / "summary_gpu_timeline.png")
             blocks.append(Block("img", f"GPU utilization and memory during {with_gpu.name} (NVML, ~10 Hz)", src=png.name))
         if len(groups) > 1:
-            blocks.append(Block("p", f"{len(runs)} runs in {len(groups)} groups by {', '.join(keys)}: "
-                                     "see <a href='#comparison'>Comparison</a>."))
+            blocks.append(para(f"{len(runs)} runs in {len(groups)} groups by {', '.join(keys)}: see ",
+                               link("Comparison", "comparison"), "."))
     if results:
-        blocks.append(Block("p", "Result files: " + ", ".join(f"<code>{html.escape(r.path.name)}</code> ({r.kind.replace('_', ' ')})"
-                                                              for r in results) + "."))
+        pieces: list = ["Result files: "]
+        for i, r in enumerate(results):
+            pieces += [", " if i else "", code(r.path.name), f" ({r.kind.replace('_', ' ')})"]
+        blocks.append(para(*pieces, "."))
     return blocks
 
 
@@ -114,12 +137,21 @@ def comparison_section(runs: list[TrainingRun], out: Path) -> list[Block]:
     if len(runs) < 2:
         return []
     keys, groups = group_runs(runs)
-    blocks = [Block("h2", "Comparison"), Block("p", "<a id='comparison'></a>" + (
-        f"Runs grouped by {', '.join(f'<code>{html.escape(k)}</code>' for k in keys)}; statistics over the seeds of each group "
-        "(sd: sample standard deviation)." if keys else "All runs share one configuration; statistics over their seeds."))]
+    blocks = [Block("h2", "Comparison", anchor="comparison")]
+    if keys:
+        pieces: list = ["Runs grouped by "]
+        for i, k in enumerate(keys):
+            pieces += [", " if i else "", code(k)]
+        blocks.append(para(*pieces, "; statistics over the seeds of each group (sd: sample standard deviation)."))
+    else:
+        blocks.append(para("All runs share one configuration; statistics over their seeds."))
     blocks.append(Block("table", rows=_group_rows(groups)))
     for key in keys:
         series = series_for(key, keys, groups)
+        # A plot only for a real sweep axis: some line must hold two values of this key with the other
+        # flags fixed. Mixed runs differing in many flags at once make lines of one point each (n = 1).
+        if not any(len(points) >= 2 for points in series.values()):
+            continue
         png = plots.sweep_lines(key, series, out / f"compare_{_slug(key)}.png")
         blocks.append(Block("img", f"Test accuracy against {key} (mean ± sd over seeds)", src=png.name))
     return blocks
@@ -131,7 +163,7 @@ def _slug(text: str) -> str:
 
 def run_section(run: TrainingRun, out: Path, index: int) -> list[Block]:
     s, cfg, env = run.summary, run.config, run.env
-    blocks = [Block("h2", f"Training run: {run.name}"), Block("p", f"Run directory: <code>{html.escape(str(run.path))}</code>")]
+    blocks = [Block("h2", f"Training run: {run.name}"), para("Run directory: ", code(run.path))]
     facts = [
         ("test accuracy", fmt.pct(s.get("test_accuracy"))),
         ("train accuracy (last epoch, running)", fmt.pct(s.get("train_accuracy"))),
@@ -151,12 +183,12 @@ def run_section(run: TrainingRun, out: Path, index: int) -> list[Block]:
     if cfg:
         shown = {k: v for k, v in cfg.items() if v is not None and k not in ("progress", "tensorboard", "out", "name")}
         blocks.append(Block("h3", "Configuration"))
-        blocks.append(Block("p", ", ".join(f"{k}={html.escape(fmt.number(v))}" for k, v in shown.items())))
+        blocks.append(para(", ".join(f"{k}={fmt.number(v)}" for k, v in shown.items())))
     if env:
         blocks.append(Block("h3", "Environment"))
         gpus = ", ".join(env.get("gpus") or []) or "none"
-        blocks.append(Block("p", html.escape(f"python {env.get('python')}, torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), "
-                                             f"CPU {env.get('cpu')} × {env.get('cpu_count')}, GPUs: {gpus}, {env.get('time_utc')}")))
+        blocks.append(para(f"python {env.get('python')}, torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), "
+                           f"CPU {env.get('cpu')} × {env.get('cpu_count')}, GPUs: {gpus}, {env.get('time_utc')}"))
         if env.get("nvidia_smi"):
             blocks.append(Block("pre", env["nvidia_smi"]))
     prefix = f"run{index}_"
@@ -191,7 +223,7 @@ def table_from_rows(rows: list[dict], preferred: list[str]) -> list[list[str]]:
     """The preferred columns that the rows have, in that order, one table row per input row, each
     value formatted by what its key says it is."""
     keys = [k for k in preferred if any(k in r for r in rows)]
-    return [keys] + [[fmt.value(k, r.get(k)) for k in keys] for r in rows]
+    return [[fmt.header(k) for k in keys]] + [[fmt.value(k, r.get(k)) for k in keys] for r in rows]
 
 
 def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
@@ -207,17 +239,24 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
         "ops_check": "Layer operators vs ATen (trainlab ops check)",
         "ops_bench": "Layer operators, time per LeNet-5 layer (trainlab ops bench)",
     }[res.kind]
-    blocks = [Block("h2", title), Block("p", f"Source: <code>{html.escape(str(res.path))}</code>")]
+    if res.kind == "dp_compare" and res.path.name.endswith(".loaders.json"):
+        title = "DataLoader workers study (trainlab dp compare --workers)"
+    blocks = [Block("h2", title), para("Source: ", code(res.path))]
     if res.kind == "gelu_check":
         # A row that could not run here (no GPU, no Triton) is "skipped", never "ok" (older files: ok + skipped)
         rows = [{**r, "status": "skipped: " + str(r.get("reason")) if r.get("skipped")
                  else r.get("status") or ("ok" if r.get("ok") else "FAIL")} for r in rows]
         failed = [r for r in rows if r["status"] == "FAIL"]
         skipped = [r for r in rows if r["status"].startswith("skipped")]
-        blocks.append(Block("p", f"{len(rows)} rows: {len(rows) - len(failed) - len(skipped)} ok, {len(failed)} failing, "
-                                 f"{len(skipped)} skipped (could not run on the machine that made the file)."))
+        blocks.append(para(f"{len(rows)} rows: {len(rows) - len(failed) - len(skipped)} ok, {len(failed)} failing, "
+                           f"{len(skipped)} skipped (could not run on the machine that made the file)."))
         blocks.append(Block("table", rows=table_from_rows(rows, ["impl", "approximate", "dtype", "fwd_max_abs_err", "grad_max_abs_err",
-                                                                 "gradcheck", "gradgradcheck", "status"])))
+                                                                 "recipe_loss_diff", "recipe_grad_mse", "gradcheck",
+                                                                 "gradgradcheck", "status"])))
+        if any("recipe_loss_diff" in r for r in rows):
+            blocks.append(para("|Δloss| and gradient MSE: the handout's check — the same LeNet-5 batch through F.gelu and "
+                               "through this implementation, the difference of the losses and the mean squared difference "
+                               "of the gradients."))
     elif res.kind == "gelu_bench":
         blocks.append(Block("table", rows=table_from_rows(rows, ["size", "impl", "pass", "dtype", "approximate", "median_s", "p10_s", "p90_s",
                                                                  "gbps", "ratio_to_torch", "pct_of_copy_bw"])))
@@ -226,7 +265,7 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
                                                                  "data_ms", "compute_ms", "comm_ms", "comm_overlapped", "test_accuracy",
                                                                  "status"])))
         if any(r.get("busbw_gbps") is not None for r in rows):
-            blocks.append(Block("p", "Gradient all-reduce against the 2(W−1)/W·S/B bound (S gradient bytes, B measured link bandwidth):"))
+            blocks.append(para("Gradient all-reduce against the 2(W−1)/W·S/B bound (S gradient bytes, B measured link bandwidth):"))
             blocks.append(Block("table", rows=table_from_rows([r for r in rows if r.get("busbw_gbps") is not None],
                                                               ["mode", "world_size", "grad_bytes", "bytes_sent_per_step", "allreduce_ms",
                                                                "bound_comm_ms", "algbw_gbps", "busbw_gbps", "link_gbps", "busbw_pct_of_link"])))
@@ -235,24 +274,24 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
         blocks.append(Block("img", "Throughput by mode", src=png.name))
     elif res.kind == "gpt_bench":
         d = res.data
-        blocks.append(Block("table", rows=[["metric", "value"]] + [[k, fmt.value(k, d[k])] for k in
+        blocks.append(Block("table", rows=[["metric", "value"]] + [[fmt.header(k), fmt.value(k, d[k])] for k in
                                              ("strategy", "world_size", "params", "step_seconds_median", "tokens_per_s", "tflops_per_device",
                                               "mfu", "peak_memory_bytes") if k in d]))
         if d.get("losses"):
-            blocks.append(Block("p", "losses: " + ", ".join(fmt.number(x) for x in d["losses"])))
+            blocks.append(para("losses: " + ", ".join(fmt.number(x) for x in d["losses"])))
     elif res.kind == "gpt_plan":
         d = res.data
-        blocks.append(Block("p", f"model params: {fmt.count(d.get('params'))}"))
+        blocks.append(para(f"model params: {fmt.count(d.get('params'))}"))
         blocks.append(Block("table", rows=table_from_rows(rows, ["strategy", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
                                                                  "total_bytes", "fits", "max_micro_batch"])))
     elif res.kind == "lenet_profile":   # ms per training step, medians; rows = variant x part
-        blocks.append(Block("p", f"{res.data.get('steps')} profiled steps per variant (interleaved), batch "
-                                 f"{res.data.get('batch_size')}, device {res.data.get('device')}; trace: {res.data.get('trace')}"))
+        blocks.append(para(f"{res.data.get('steps')} profiled steps per variant (interleaved), batch "
+                           f"{res.data.get('batch_size')}, device {res.data.get('device')}; trace: {res.data.get('trace')}"))
         blocks.append(Block("table", rows=table_from_rows(rows, ["variant", "layer", "fwd_ms_median", "bwd_ms_median", "total_ms_median",
                                                                  "fwd_ms_p10", "fwd_ms_p90", "bwd_ms_p10", "bwd_ms_p90"])))
     elif res.kind == "ops_check":
         failed = [r for r in rows if r.get("ok") is False]
-        blocks.append(Block("p", f"{len(rows)} rows, {len(failed)} failing."))
+        blocks.append(para(f"{len(rows)} rows, {len(failed)} failing."))
         blocks.append(Block("table", rows=table_from_rows(rows, ["op", "case", "impl", "dtype", "fwd_max_abs_err", "grad_max_abs_err",
                                                                  "worst_ratio_to_tol", "ok"])))
     elif res.kind == "ops_bench":
@@ -278,50 +317,43 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
 # ------------------------------------------------------------------------------------ rendering
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:.6em 0;font-size:.9em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
-th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;margin:.5em 0}
-.note{color:#8a6d3b;background:#fcf8e3;padding:.3em .6em}pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:.8em}
-figure{margin:0}figcaption{font-size:.85em;color:#555}"""
+.scroll{max-width:100%;overflow-x:auto}table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
+td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}
+td:first-child,th:first-child{text-align:left}img{max-width:100%;height:auto;display:block;margin:.5em 0}
+.note{color:#8a6d3b;background:#fcf8e3;padding:.3em .6em}.status{color:#555;font-style:italic}
+pre{background:#f6f6f6;padding:.6em;font-size:.8em;margin:0}code{overflow-wrap:anywhere}
+figure{margin:0}figcaption{font-size:.85em;color:#555}ul.toc{columns:2}"""
+
+
+def _template():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("trainlab.report", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    return env.get_template("page.html.j2")
 
 
 def to_html(blocks: list[Block], title: str) -> str:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>"]
-    for b in blocks:
-        if b.kind in ("h1", "h2", "h3"):
-            parts.append(f"<{b.kind}>{html.escape(b.text)}</{b.kind}>")
-        elif b.kind == "p":
-            parts.append(f"<p>{b.text}</p>")  # trusted: built above with escaped inputs
-        elif b.kind == "note":
-            parts.append(f"<p class='note'>{html.escape(b.text)}</p>")
-        elif b.kind == "pre":
-            parts.append(f"<pre>{html.escape(b.text)}</pre>")
-        elif b.kind == "img":
-            parts.append(f"<figure><img src='{html.escape(b.src)}' alt='{html.escape(b.text)}'><figcaption>{html.escape(b.text)}</figcaption></figure>")
-        elif b.kind == "details":
-            parts.append(f"<details><summary>{html.escape(b.text)}</summary><pre>{html.escape(b.body)}</pre></details>")
-        elif b.kind == "table":
-            head, *body = b.rows
-            parts.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>")
-            parts += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body]
-            parts.append("</table>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    """The page, through an autoescaping Jinja2 template: every value arriving in a block (a config
+    value, a device name, a path, a loss) is text, whatever it contains."""
+    return _template().render(blocks=blocks, title=title, css=CSS)
 
 
 def to_markdown(blocks: list[Block]) -> str:
-    import re
-
     lines = []
     for b in blocks:
-        if b.kind in ("h1", "h2", "h3"):
+        if b.kind in ("h1", "h2", "h3", "h4"):
             lines += ["#" * int(b.kind[1]) + " " + b.text, ""]
-        elif b.kind in ("p", "note"):
-            text = re.sub(r"</?a[^>]*>", "", re.sub(r"</?code>", "`", b.text))
-            lines += [html.unescape(text) if b.kind == "p" else f"> {b.text}", ""]
+        elif b.kind == "p":
+            lines += [plain(b), ""]
+        elif b.kind in ("note", "status"):
+            lines += [f"> {b.text}", ""]
         elif b.kind == "pre":
             lines += ["```", b.text.rstrip(), "```", ""]
         elif b.kind == "img":
             lines += [f"![{b.text}]({b.src})", ""]
+        elif b.kind == "toc":
+            lines += [f"- {text}" for text, _ in b.links] + [""]
         elif b.kind == "details":
             lines += [f"<details><summary>{b.text}</summary>", "", "```", b.body.rstrip(), "```", "</details>", ""]
         elif b.kind == "table":
@@ -344,7 +376,7 @@ def build_report(inputs: list[str], out_dir: str | Path, title: str = "trainlab 
         blocks += summary_section(runs, results, out)
     if runs:
         logdirs = " ".join(sorted({str(r.path.parent) for r in runs}))
-        blocks.append(Block("p", f"Open the same runs in TensorBoard: <code>tensorboard --logdir {html.escape(logdirs)}</code>"))
+        blocks.append(para("Open the same runs in TensorBoard: ", code(f"tensorboard --logdir {logdirs}")))
     blocks += comparison_section(runs, out)
     for i, run in enumerate(runs):
         blocks += run_section(run, out, i)

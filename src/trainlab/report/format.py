@@ -8,6 +8,7 @@ returns "–" for a missing value. The raw values stay in the run directory (and
 from __future__ import annotations
 
 import math
+import re
 
 MISSING = "–"
 
@@ -99,14 +100,56 @@ def value(key: str, v) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return number(v)
     k = key.lower()
-    if k.endswith("bytes"):
-        return nbytes(v)
+    if k == "mfu":  # a fraction in the files; a percentage everywhere people read it (as the CLI prints it)
+        return pct(100.0 * v, 1)
+    if "bytes" in k:
+        return nbytes(v) + ("/step" if "per_step" in k else "")
     if "accuracy" in k or k.endswith(("_pct", "pct_of_link", "pct_of_copy_bw")) or k == "mfu_pct":
         return pct(v)
-    if "per_s" in k:  # before the durations: "images_per_s" also ends with "_s"
+    if re.search(r"per_s(_|$)", k):  # before the durations: "images_per_s" also ends with "_s"
         return rate(v, "tokens/s" if "tokens" in k else "img/s" if "image" in k else "/s")
     if k.endswith("_ms") or "_ms_" in k:
         return millis(v)
-    if k.endswith(("_s", "seconds")) or "_seconds_" in k:
+    if k.endswith("seconds") or "_seconds_" in k:  # whole durations stay in seconds: 0.379 s, 25.5 s
+        return f"{v:.3g} s" if abs(v) < 1000 else f"{v:,.0f} s"
+    if k.endswith("_s"):
         return seconds(v)
     return number(v)
+
+
+# Column headers for people: the result files' keys, named and with their unit.
+HEADERS = {
+    "impl": "implementation", "approximate": "approximation", "dtype": "dtype", "op": "operator", "case": "case",
+    "fwd_max_abs_err": "forward max |error|", "grad_max_abs_err": "gradient max |error|",
+    "recipe_loss_diff": "|Δloss|", "recipe_grad_mse": "gradient MSE", "gradcheck": "gradcheck", "gradgradcheck": "gradgradcheck",
+    "status": "status", "size": "elements", "pass": "pass", "median_s": "median time", "p10_s": "p10", "p90_s": "p90",
+    "gbps": "GB/s", "ratio_to_torch": "time / F.gelu", "pct_of_copy_bw": "% of copy bandwidth",
+    "mode": "mode", "world_size": "ranks", "loader": "loader", "workers": "DataLoader workers",
+    "epoch_seconds": "epoch time", "images_per_s": "throughput", "data_ms": "data (ms/step)",
+    "compute_ms": "compute (ms/step)", "comm_ms": "communication (ms/step)", "comm_overlapped": "communication overlapped",
+    "test_accuracy": "test accuracy", "grad_bytes": "gradient size", "bytes_sent_per_step": "sent per step",
+    "allreduce_ms": "all-reduce (ms)", "bound_comm_ms": "bound (ms)", "algbw_gbps": "algorithm bandwidth (GB/s)",
+    "busbw_gbps": "bus bandwidth (GB/s)", "link_gbps": "link (GB/s)", "busbw_pct_of_link": "bus bandwidth / link",
+    "strategy": "strategy", "nproc": "ranks", "step_ms_median": "step time (median)", "tokens_per_s": "throughput",
+    "tflops_per_device": "TFLOP/s per device", "mfu": "MFU", "peak_tensor_bytes": "peak tensors",
+    "peak_memory_bytes": "peak memory", "predicted_bytes": "planner prediction", "first_loss_diff_vs_none": "first loss − none",
+    "params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state",
+    "activations_bytes": "activations", "total_bytes": "total", "fits": "fits", "max_micro_batch": "largest micro-batch",
+    "variant": "variant", "layer": "layer", "fwd_ms_median": "forward (ms)", "bwd_ms_median": "backward (ms)",
+    "total_ms_median": "total (ms)", "fwd_ms_p10": "forward p10", "fwd_ms_p90": "forward p90", "bwd_ms_p10": "backward p10",
+    "bwd_ms_p90": "backward p90", "worst_ratio_to_tol": "worst error / tolerance", "ok": "ok", "batch": "batch",
+    "fwd_median_s": "forward time", "fwd_ratio_to_aten": "forward / ATen", "bwd_median_s": "backward time",
+    "bwd_ratio_to_aten": "backward / ATen", "params": "parameters", "step_seconds_median": "step time (median)",
+    "speedup": "speed-up",
+}
+
+
+def header(key: str) -> str:
+    """A column header for `key`: its name for people, never the raw JSON key."""
+    if key in HEADERS:
+        return HEADERS[key]
+    words = key.replace("_", " ")
+    for raw, unit in ((" ms", " (ms)"), (" s", " (s)"), (" pct", " (%)"), (" gbps", " (GB/s)"), (" bytes", "")):
+        if words.endswith(raw):
+            return words[: -len(raw)] + unit
+    return words

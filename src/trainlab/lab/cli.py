@@ -1,0 +1,118 @@
+"""`trainlab lab --out DIR [--budget 25m] [--parts lenet,gelu,ops,dp,gpt] [--device …] [--plan]`.
+
+The whole lab in one command: every deliverable of the handout as a step (see `trainlab.lab.steps`),
+sized to the hardware found, within a time budget, resumable (run the same command again), with its
+report and one archive written after every step (`trainlab.lab.run`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from trainlab.errors import ConfigError
+from trainlab.flags import check_value, output_dir
+from trainlab.lab.steps import PARTS, SIZES, Hardware
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|m|min|s)?\s*$")
+
+
+def parse_budget(text: str) -> float:
+    """'25m', '9m', '90s', '1.5h', '600' (seconds) → seconds."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ConfigError(f"--budget {text!r}: expected a duration such as 25m, 90s or 1h")
+    value = float(m.group(1)) * {"h": 3600, "m": 60, "min": 60, "s": 1, None: 1}[m.group(2)]
+    if not 0 < value <= 7 * 24 * 3600:
+        raise ConfigError(f"--budget {text!r}: expected more than 0 and at most a week")
+    return value
+
+
+def parse_parts(text: str) -> list[str]:
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        raise ConfigError(f"--parts {text!r}: expected a comma-separated subset of {','.join(PARTS)}")
+    return parts
+
+
+def detect_hardware(device: str, device_name: str | None, gpus: int | None, peak_tflops: float | None,
+                    gpu_mem: str | None, plan_only: bool) -> Hardware:
+    """The machine, or — with --device-name, for --plan — the GPU machine being planned for."""
+    import torch
+
+    from trainlab.device import peak_tflops_for_name
+    from trainlab.gpt.planner import parse_bytes
+
+    cpus = os.cpu_count() or 1
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: expected auto, cpu or cuda")
+    if device_name is not None:
+        if not plan_only and not torch.cuda.is_available():
+            raise ConfigError("--device-name: only with --plan on a machine without a GPU (it plans for that GPU)")
+        peak = peak_tflops if peak_tflops is not None else peak_tflops_for_name(device_name)[0]
+        mem = parse_bytes(gpu_mem) if gpu_mem else 80 * 2**30
+        return Hardware("cuda", gpus or 1, device_name, peak, mem, 90, cpus)
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA GPU on this machine (use --device cpu, or --plan with --device-name)")
+    if not use_cuda:
+        return Hardware("cpu", 0, "cpu", peak_tflops, None, None, cpus)
+    n = torch.cuda.device_count()
+    if gpus is not None and gpus > n:
+        raise ConfigError(f"--gpus {gpus}: this machine has {n} GPU(s)")
+    name = torch.cuda.get_device_name(0)
+    major, minor = torch.cuda.get_device_capability(0)
+    peak = peak_tflops if peak_tflops is not None else peak_tflops_for_name(name)[0]
+    mem = parse_bytes(gpu_mem) if gpu_mem else torch.cuda.get_device_properties(0).total_memory
+    return Hardware("cuda", gpus or n, name, peak, mem, 10 * major + minor, cpus)
+
+
+def run_lab_command(args) -> int:
+    from pathlib import Path
+
+    from trainlab.lab.run import format_plan, load_state, plan, run_lab
+    from trainlab.lab.steps import lab_steps
+
+    check_value(args.out, output_dir, "--out")
+    budget = parse_budget(args.budget)
+    parts = parse_parts(args.parts)
+    if args.gpus is not None and args.gpus < 1:
+        raise ConfigError(f"--gpus {args.gpus}: expected at least 1")
+    if args.peak_tflops is not None and not 0 < args.peak_tflops < 1e6:
+        raise ConfigError(f"--peak-tflops {args.peak_tflops}: expected a positive number of TFLOP/s")
+    if args.mnist is not None and not Path(args.mnist).is_file():
+        raise ConfigError(f"--mnist {args.mnist}: no such file (make one with `trainlab data pack`)")
+    hw = detect_hardware(args.device, args.device_name, args.gpus, args.peak_tflops, args.gpu_mem, args.plan)
+    size = args.size or ("full" if hw.kind == "cuda" else "small")
+    root = Path(args.out)
+    if args.plan:
+        state = load_state(root) if (root / "results.json").exists() else {"steps": {}}
+        print(format_plan(plan(lab_steps(hw, size), state, budget, parts), hw, size, budget))
+        return 0
+    state = run_lab(root, hw, size, budget, parts, args.command_line, mnist_pack=args.mnist)
+    bad = [n for n, s in state["steps"].items() if s.get("status") in ("failed", "timed out")]
+    return 1 if bad else 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "lab", help="the whole lab, budgeted and resumable, with its report",
+        description="Run the lab's deliverables (LeNet-5, GELU, own operators, data parallel, GPT-2) as steps "
+                    "sized to this machine, within a time budget. Run the same command again to resume: finished "
+                    "steps are kept, a killed step runs again. After every step: DIR/results.json, "
+                    "DIR/report/index.html, DIR/lab.tar.gz.")
+    p.add_argument("--out", required=True, help="lab folder (results.json, steps/, report/, lab.tar.gz, cache/)")
+    p.add_argument("--budget", default="25m", help="time for this call, e.g. 25m, 9m, 90s (default: 25m)")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
+    p.add_argument("--size", choices=SIZES, default=None,
+                   help="tiny (seconds per step, for CI) | small (CPU) | full (GPU) (default: by the hardware found)")
+    p.add_argument("--plan", action="store_true", help="print the steps, their estimates and what fits; run nothing")
+    p.add_argument("--device-name", default=None,
+                   help="with --plan: plan for this CUDA device (e.g. 'NVIDIA H100 80GB HBM3') from any machine")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all found; with --device-name: 1)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per device (default: data sheet by name)")
+    p.add_argument("--gpu-mem", default=None, help="memory per device for the GPT plan, e.g. 80GiB (default: the device's)")
+    p.add_argument("--mnist", default=None, help="an MNIST pack (`trainlab data pack`) for a machine without network")
+    p.set_defaults(func=run_lab_command)

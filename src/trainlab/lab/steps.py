@@ -1,0 +1,193 @@
+"""The lab's deliverables as steps, in priority order, sized to the hardware found.
+
+Each step is one existing command (`trainlab …` or a script of `benchmarks/`) run as a subprocess, so
+a hung step can be killed without killing the lab, and a step measures exactly what a student gets by
+typing the same line. A step carries its time estimate for this hardware and size, and its hard limit.
+
+Sizes (recorded in results.json with each step):
+- `tiny`:  seconds per step, for CI and for trying the command (numbers mean nothing);
+- `small`: a CPU: the real commands at sizes a laptop finishes in half an hour, 2 gloo ranks;
+- `full`:  one or more GPUs: the handout's sizes (GPT-2 1.6B, full MNIST, large GELU tensors),
+  the parallel steps across every GPU found.
+
+Estimates are seconds measured on the machines named in `benchmarks/lab_cpu.md` and
+`benchmarks/gpu_lease.md` (GPU figures are the lease plan's until a lease measures them): a budget is
+only as good as them, so recalibrate them from a run's results.json ("seconds" against "estimate_s").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PARTS = ("lenet", "gelu", "ops", "dp", "gpt")
+SIZES = ("tiny", "small", "full")
+
+# The handout's GPT-2 (hidden 1600, 48 layers, 32 heads, seq 1024) on a GPU; the tiny preset elsewhere.
+GPT_GPU_MODEL = "gpt2-1.6b"
+GPT_CPU_MODEL = "tiny"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the lab runs on. `name`/`peak_tflops` may be given by hand (`--device-name`, `--peak-tflops`)
+    to plan a GPU run from a machine without one."""
+
+    kind: str                   # cpu | cuda
+    gpus: int = 0
+    name: str = "cpu"
+    peak_tflops: float | None = None   # dense bf16, per device
+    memory_bytes: int | None = None    # per device
+    sm: int | None = None              # compute capability × 10
+    cpus: int = 1
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.kind == "cuda" else "cpu"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    part: str
+    title: str
+    estimate_s: float           # expected seconds on this hardware at this size
+    argv: tuple[str, ...]       # "{out}" stands for the step's own output directory
+    stdout_file: str | None = None   # also keep stdout alone in {out}/<this> (a command's --json output)
+    sizes: dict = field(default_factory=dict)  # what was chosen for this hardware (recorded)
+    cannot_run: str | None = None    # why this step cannot run here at all (recorded as "not run: …")
+
+    @property
+    def limit_s(self) -> float:
+        """The hard limit: a step that takes three times its estimate is broken, not slow."""
+        return max(60.0, 3.0 * self.estimate_s)
+
+
+def repo_root() -> Path:
+    """The checkout trainlab runs from (src/trainlab/lab/steps.py → the repository)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def benchmarks_dir() -> Path:
+    return repo_root() / "benchmarks"
+
+
+def _tl(*args: str) -> tuple[str, ...]:
+    return (sys.executable, "-m", "trainlab", *args)
+
+
+def _bench(script: str, *args: str) -> tuple[str, ...]:
+    return (sys.executable, str(benchmarks_dir() / script), *args)
+
+
+def _pick(size: str, tiny, small, full):
+    return {"tiny": tiny, "small": small, "full": full}[size]
+
+
+def lab_steps(hw: Hardware, size: str) -> list[Step]:
+    """Every step of the lab for `hw` at `size`, in priority order (the order they run in)."""
+    dev = hw.device
+    ranks = max(2, hw.gpus) if hw.kind == "cpu" else max(1, hw.gpus)
+    steps: list[Step] = []
+
+    def add(name, part, title, est, argv, **kw):
+        steps.append(Step(name, part, title, float(est), tuple(argv), **kw))
+
+    # ---------------------------------------------------------------- LeNet-5
+    lenet_sub = _pick(size, ["--epochs", "1", "--train-subset", "2048", "--test-subset", "1024"], [], [])
+    add("lenet_train", "lenet", "LeNet-5, default recipe: curves, accuracy, telemetry",
+        _pick(size, 40, 150, 40), _tl("train", "--device", dev, "--no-progress", *lenet_sub, "--out", "{out}/run"),
+        sizes={"epochs": "1 (2,048 images)" if size == "tiny" else "default (5)"})
+    add("lenet_time_to_99", "lenet", "Time to 99 % test accuracy: fast recipe vs the seed-style loop",
+        _pick(size, 0, 120, 60),
+        _bench("lenet_time_to_99.py", "--device", dev, "--loops", "fast,seed-style",
+               "--seeds", "0" if hw.kind == "cpu" else "0,1,2", "--out", "{out}"),
+        sizes={"seeds": 1 if hw.kind == "cpu" else 3},
+        cannot_run="trains to 99 % on full MNIST: no tiny size" if size == "tiny" else None)
+    # ---------------------------------------------------------------- GELU
+    gelu_impls = _pick(size, ["--impl", "torch", "--impl", "python", "--dtype", "float32", "--n", "256"], [], [])
+    add("gelu_check", "gelu", "GELU: Python / C++ / GPU implementations against a float64 reference",
+        _pick(size, 20, 90, 40), _tl("gelu", "check", "--json", *gelu_impls), stdout_file="gelu_check.json")
+    bench = _pick(size, ["--sizes", "1K", "--impl", "python", "--budget", "0.01"], ["--quick"], ["--budget", "0.2"])
+    add("gelu_bench", "gelu", "GELU speed: forward and backward against F.gelu",
+        _pick(size, 25, 60, 90), _tl("gelu", "bench", "--device", dev, *bench, "--out", "{out}"),
+        sizes={"tensor sizes": _pick(size, "1K", "1K, 64K, 1M", "default (up to 64M elements)")})
+    gelu_act = _pick(size, "gelu-python", "gelu-cpp", "gelu-cuda")
+    gelu_train = _pick(size, ["--epochs", "1", "--train-subset", "1024", "--test-subset", "512"], ["--epochs", "2"], [])
+    add("gelu_train", "gelu", f"LeNet-5 trained with our GELU ({gelu_act})",
+        _pick(size, 35, 90, 40),
+        _tl("train", "--device", dev, "--act", gelu_act, "--no-progress", *gelu_train, "--out", "{out}/run"),
+        sizes={"act": gelu_act, "epochs": _pick(size, 1, 2, 5)})
+    # ---------------------------------------------------------------- own operators
+    ops_impls = _pick(size, ["--op", "max_pool2d", "--impl", "aten", "--impl", "python", "--dtype", "float32", "--case", "batch1"],
+                      ["--impl", "aten", "--impl", "python", "--impl", "cpp"],
+                      ["--impl", "aten", "--impl", "cuda", "--impl", "triton", "--batch", "64"])
+    add("ops_check", "ops", "Own conv2d / max-pool / linear / ReLU against ATen",
+        _pick(size, 25, 90, 60), _tl("ops", "check", *ops_impls, "--no-gelu", "--out", "{out}"))
+    ops_bench = _pick(size, ["--impl", "python", "--layer", "pool1", "--quick"], ["--quick"], [])
+    add("ops_bench", "ops", "Own operators: time per LeNet-5 layer against ATen",
+        _pick(size, 30, 90, 60), _tl("ops", "bench", "--device", dev, *ops_bench, "--out", "{out}"))
+    own = _pick(size, "own=python", "own=cpp", "own=cuda")
+    ops_train = _pick(size, ["--epochs", "1", "--train-subset", "512", "--test-subset", "256"], ["--epochs", "1"], [])
+    add("ops_train", "ops", f"LeNet-5 trained on our operators ({own})",
+        _pick(size, 50, 150, 60), _tl("train", "--device", dev, "--ops", own, "--no-progress", *ops_train, "--out", "{out}/run"),
+        sizes={"ops": own, "epochs": _pick(size, 1, 1, 5)})
+    # ---------------------------------------------------------------- data parallel
+    modes = _pick(size, "none,ddp", "none,ddp,allreduce,ring", "none,dp,ddp,allreduce,ring" if hw.gpus > 1 else "none,ddp")
+    dp_sub = _pick(size, ["--train-subset", "512", "--test-subset", "256", "--workers", "0,1"],
+                   ["--train-subset", "8192", "--test-subset", "2048", "--workers", "0,1,2", "--threads", "1"], [])
+    add("dp_compare", "dp", "Data parallel: single process, DataParallel, DDP, hand-written and ring all-reduce, "
+        "and the DataLoader-workers study",
+        _pick(size, 65, 180, 120), _tl("dp", "compare", "--device", dev, "--modes", modes, "--nproc", str(ranks), "--epochs", "1",
+                                      *dp_sub, "--json", "{out}/dp_compare.json", "--md", "{out}/dp_compare.md"),
+        sizes={"ranks": ranks, "modes": modes, "backend": "gloo" if hw.kind == "cpu" else "nccl"})
+    compile_args = _pick(size, ["--steps", "3", "--variants", "eager"], ["--steps", "30", "--threads", "2"], ["--steps", "200"])
+    add("dp_compile", "dp", "Eager vs torch.compile vs CUDA graphs, and the asynchronous-timing demo",
+        _pick(size, 40, 150, 120), _bench("dp_compile.py", "--device", dev, *compile_args, "--out", "{out}"),
+        sizes={"steps": compile_args[1]})
+    # ---------------------------------------------------------------- GPT-2
+    gpu = hw.kind == "cuda"
+    model = GPT_GPU_MODEL if gpu else GPT_CPU_MODEL
+    mem = str(hw.memory_bytes) if hw.memory_bytes else "80GiB"
+    sm = str(hw.sm or 90)
+    add("gpt_plan", "gpt", "GPT-2 1.6B memory plan for this device (every strategy)",
+        _pick(size, 20, 20, 10), _tl("gpt", "plan", "--model", GPT_GPU_MODEL, "--gpus", str(max(1, hw.gpus)), "--gpu-mem", mem,
+                                   "--micro-batch", "8", "--optimizer", "fused", "--sm", sm, "--json"),
+        stdout_file="plan.json", sizes={"model": GPT_GPU_MODEL, "gpus": max(1, hw.gpus), "memory": mem})
+    common = ["--model", model, "--device", dev] + (["--global-batch", "16"] if gpu else ["--global-batch", "8", "--seq", "64"])
+    steps_w = ["--steps", "8", "--warmup", "3"] if gpu else ["--steps", _pick(size, "2", "5", "5"), "--warmup", "1"]
+    best = ["--strategy", "amp+compile+accum", "--micro-batch", "8", "--fused-optimizer"] if gpu else \
+        ["--strategy", "none", "--micro-batch", "4"]
+    add("gpt_best", "gpt", "GPT-2: our fastest single-device configuration",
+        _pick(size, 30, 40, 150), _tl("gpt", "bench", *common, *best, *steps_w, "--json", "{out}/bench.json"),
+        sizes={"model": model, "strategy": best[1], "micro_batch": best[3]})
+    base_steps = ["--steps", "4", "--warmup", "1"] if gpu else ["--steps", _pick(size, "2", "5", "5"), "--warmup", "1"]
+    # fp32 without TF32, checkpointing: the handout's setting. Its limit is generous: fp32 on the GPU is
+    # ~6x slower per step than bf16, and the old suite's 150 s cut it off (issue 18).
+    add("gpt_baseline", "gpt", "GPT-2: the handout's baseline (HF GPT2LMHeadModel, fp32, checkpointing)",
+        _pick(size, 35, 60, 120), _tl("gpt", "bench", *common, "--impl", "hf", "--strategy", "ckpt", "--tf32", "off",
+                                      "--micro-batch", "8" if gpu else "4", *base_steps, "--json", "{out}/bench.json"),
+        sizes={"model": model, "impl": "hf", "strategy": "ckpt", "tf32": "off"})
+    strategies = ("none,amp,ckpt,amp+ckpt" if gpu and hw.gpus <= 1 else
+                  "ddp,zero2,zero3,tp,pp,zero3+amp+ckpt" if gpu else
+                  _pick(size, "none,ddp", "none,amp,ckpt,ddp,zero3,tp,pp", ""))
+    nproc = str(hw.gpus if gpu and hw.gpus > 1 else 1 if gpu else 2)
+    add("gpt_strategies", "gpt", "GPT-2: parallel and memory strategies side by side",
+        _pick(size, 60, 240, 300), _tl("gpt", "compare", "--strategies", strategies, *common, "--nproc", nproc,
+                                       "--micro-batch", "8" if gpu else "4", *(["--steps", "3", "--warmup", "1"] if gpu else steps_w),
+                                       "--timeout", "240", "--out", "{out}"),
+        sizes={"model": model, "strategies": strategies, "ranks": int(nproc)})
+    # Last: one build of the model, one row written as each strategy finishes (issue 18).
+    add("gpt_planner_error", "gpt", "GPT-2: the planner's predicted peak memory against the measured one",
+        _pick(size, 30, 60, 150),
+        _bench("gpt_planner_error.py", "--model", model, "--device", dev, "--strategies",
+               "amp+ckpt,amp,none" if gpu else "none,ckpt", "--micro-batches", "2", *(["--fused"] if gpu else []),
+               "--name", "gpt_planner_error", "--out", "{out}"),
+        sizes={"model": model})
+    return steps
+

@@ -1,0 +1,206 @@
+"""The lab's report, organised by the handout's deliverables (DIR/report/index.html and report.md).
+
+Front page: where and how the lab ran, the table of steps (estimate against measured time), then one
+section per deliverable — LeNet-5 ≥ 98 % with its curves and GPU utilization; GELU in Python, C++ and
+on the GPU with the handout's check; the bonus GPT-2 speed, memory and TFLOPS with the speed-up over
+the handout's baseline; our own operators; data parallel with the DataLoader-workers study. Each section
+shows what its steps measured, or says "not run (why)". Step outputs are read with the same readers
+and rendered with the same sections as `trainlab report`, so a table looks the same in both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainlab.errors import UserError
+from trainlab.io import atomic_write_text, read_json
+from trainlab.report import format as fmt
+from trainlab.report.build import Block, code, para, result_section, run_section, table_from_rows, to_html, to_markdown
+from trainlab.report.inputs import ResultFile, TrainingRun, classify, load_run
+
+SECTIONS = (  # part → (heading, what the handout asks for)
+    ("lenet", "1. LeNet-5 on MNIST", "Train LeNet-5 to at least 98 % test accuracy; show the loss and accuracy curves "
+                                     "and the GPU utilization."),
+    ("gelu", "2. GELU in Python, C++ and on the GPU", "Implement GELU three ways and check each against PyTorch: "
+                                                       "forward error, |Δloss| and gradient MSE on the handout's recipe."),
+    ("gpt", "3. Bonus: GPT-2 speed, memory and TFLOPS", "Train GPT-2 faster than the handout's baseline (HF GPT2LMHeadModel, "
+                                                       "fp32, checkpointing): tokens/s, TFLOPS, MFU, peak memory, speed-up."),
+    ("ops", "4. Our own operators", "conv2d, max-pool, linear and ReLU written by us, checked against ATen, timed, "
+                                    "and used to train LeNet-5."),
+    ("dp", "5. Data parallel", "DataParallel, DDP, a hand-written and a ring all-reduce on the same batches, the "
+                               "DataLoader-workers study, torch.compile / CUDA graphs and asynchronous timing."),
+)
+TARGET_ACCURACY = 98.0  # the handout's bar for LeNet-5
+
+
+def _demote(blocks: list[Block], by: int = 1) -> list[Block]:
+    """Sections of `trainlab report` one level down, inside a deliverable's section."""
+    for b in blocks:
+        if b.kind in ("h2", "h3"):
+            b.kind = f"h{int(b.kind[1]) + by}"
+    return blocks
+
+
+def _status_line(name: str, rec: dict | None) -> str | None:
+    """None when the step ran and finished ok; else the one line that says why there is nothing."""
+    if rec is None:
+        return f"{name}: not run (not reached yet: run the same `trainlab lab` command again, or include its part in --parts)"
+    status = rec.get("status")
+    if status == "ok":
+        return None
+    if status == "not run":
+        return f"{name}: not run: {rec.get('reason')}"
+    if status in ("failed", "timed out"):
+        return (f"{name}: {status}" + (f" (exit {rec.get('rc')})" if status == "failed" else f" at {fmt.seconds(rec.get('limit_used_s'))}")
+                + f" — its log: {rec.get('log')}")
+    if status in ("running", "killed", "stopped"):
+        return f"{name}: not finished ({status}{': ' + rec['reason'] if rec.get('reason') else ''}); the next call runs it again"
+    return f"{name}: {status}"
+
+
+def _results_in(folder: Path) -> tuple[list[TrainingRun], list[ResultFile], list[tuple[Path, dict]]]:
+    """The training runs, the known result files and the other result tables (benchmark scripts'
+    {rows: [...]}) a step wrote."""
+    runs, known, other = [], [], []
+    if not folder.is_dir():
+        return runs, known, other
+    for p in sorted(folder.rglob("summary.json")):
+        try:
+            s = read_json(p)
+            if isinstance(s, dict) and "test_accuracy" in s:
+                runs.append(load_run(p.parent, s))
+        except UserError:
+            continue  # a damaged run costs its own section only
+    for p in sorted(folder.rglob("*.json")):
+        if p.name in ("summary.json", "config.json", "env.json") or any(r.path in p.parents for r in runs):
+            continue
+        try:
+            data = read_json(p)
+        except UserError:
+            continue
+        kind = classify(data)
+        if kind is not None:
+            known.append(ResultFile(p, kind, data))
+        elif isinstance(data, dict) and isinstance(data.get("rows"), list) or isinstance(data, list):
+            other.append((p, data))
+    return runs, known, other
+
+
+def _scalar_table(rows: list[dict], preferred: list[str] | None = None) -> list[list[str]]:
+    """A table of the rows' scalar columns (nested dicts and lists stay in the raw file)."""
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k, v in r.items() if k not in keys and (v is None or isinstance(v, (str, int, float, bool)))]
+    if preferred:
+        keys = [k for k in preferred if k in keys] or keys
+    return table_from_rows(rows, keys)
+
+
+def _lenet_headline(run: TrainingRun, hw_kind: str) -> list[Block]:
+    s = run.summary
+    acc = s.get("test_accuracy")
+    met = "met" if isinstance(acc, (int, float)) and acc >= TARGET_ACCURACY else "missed"
+    blocks = [para(f"Test accuracy {fmt.pct(acc)} after {fmt.count(s.get('epochs'))} epochs in {fmt.seconds(s.get('train_seconds'))} "
+                   f"— the handout's {TARGET_ACCURACY:.0f} % bar: {met}.")]
+    if not run.gpu:
+        blocks.append(Block("note", "GPU utilization: not measured (ran on the CPU, or NVML was not available); a GPU run "
+                                    "records gpu.csv and the figure appears here."))
+    return blocks
+
+
+def _gpt_speedup(base: dict | None, best: dict | None) -> list[Block]:
+    """Ours against the handout's baseline: one table with the speed-up column."""
+    rows = [(label, d) for label, d in (("handout's baseline (HF, fp32, checkpointing)", base), ("ours, fastest", best)) if d]
+    if not rows:
+        return []
+    ref = base.get("tokens_per_s") if base else None
+    table = [["run", "strategy", "throughput", "TFLOP/s per device", "MFU", "peak memory", "speed-up"]]
+    for label, d in rows:
+        tps = d.get("tokens_per_s")
+        speedup = f"{tps / ref:.2f}×" if ref and tps else fmt.MISSING
+        table.append([label, str(d.get("strategy", fmt.MISSING)), fmt.value("tokens_per_s", tps),
+                      fmt.number(d.get("tflops_per_device")), fmt.value("mfu", d.get("mfu")),
+                      fmt.value("peak_memory_bytes", d.get("peak_memory_bytes")), speedup])
+    return [Block("table", rows=table)]
+
+
+def _step_blocks(root: Path, out: Path, name: str, rec: dict | None, index: int) -> list[Block]:
+    blocks = [Block("h3", (rec or {}).get("title") or name)]
+    line = _status_line(name, rec)
+    if line:
+        return blocks + [Block("status", line)]
+    blocks.append(para(f"Measured in {fmt.seconds(rec.get('seconds'))} (estimate {fmt.seconds(rec.get('estimate_s'))}); command: ",
+                       code(rec.get("command", ""))))
+    runs, known, other = _results_in(root / "steps" / name)
+    for i, run in enumerate(runs):
+        if name == "lenet_train":
+            blocks += _lenet_headline(run, "")
+        blocks += _demote(run_section(run, out, index * 10 + i), by=2)
+    for i, res in enumerate(known):
+        blocks += _demote(result_section(res, out, index * 10 + i), by=2)
+    for path, data in other:
+        rows = data["rows"] if isinstance(data, dict) else data
+        rows = [r for r in rows if isinstance(r, dict)]
+        if rows:
+            blocks.append(para("From ", code(path.relative_to(root)), ":"))
+            blocks.append(Block("table", rows=_scalar_table(rows)))
+    if not (runs or known or other):
+        log = root / "steps" / name / "log.txt"
+        tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+        blocks.append(Block("pre", "\n".join(tail)))
+    return blocks
+
+
+def _bench(root: Path, name: str, state: dict) -> dict | None:
+    if (state["steps"].get(name) or {}).get("status") != "ok":
+        return None
+    f = root / "steps" / name / "bench.json"
+    try:
+        d = read_json(f)
+    except UserError:
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def lab_blocks(root: Path, state: dict, out: Path) -> list[Block]:
+    from trainlab.lab.steps import Hardware, lab_steps
+
+    hw = Hardware(**state["hardware"])
+    steps = lab_steps(hw, state["size"])
+    recs = state["steps"]
+    blocks = [Block("h1", f"trainlab lab — {hw.name}")]
+    ran = [r for r in recs.values() if r.get("status") == "ok"]
+    blocks.append(para(f"Hardware: {hw.name} ({hw.kind}, {hw.gpus} GPU(s), {hw.cpus} CPU cores); size {state['size']}; "
+                       f"{len(ran)} of {len(steps)} steps ok over {len(state.get('calls', []))} call(s)."))
+    blocks.append(Block("toc", links=[(title, part) for part, title, _ in SECTIONS] + [("Steps: estimate against measured", "steps")]))
+    for index, (part, title, asks) in enumerate(SECTIONS):
+        blocks.append(Block("h2", title, anchor=part))
+        blocks.append(Block("p", segments=[("text", "The handout: " + asks, "")]))
+        if part == "gpt":
+            blocks += _gpt_speedup(_bench(root, "gpt_baseline", state), _bench(root, "gpt_best", state))
+        for i, step in enumerate(s for s in steps if s.part == part):
+            blocks += _step_blocks(root, out, step.name, recs.get(step.name), index * 100 + i)
+    blocks.append(Block("h2", "Steps: estimate against measured", anchor="steps"))
+    table = [["step", "part", "status", "estimate", "measured", "measured / estimate", "limit", "sizes"]]
+    for s in steps:
+        r = recs.get(s.name) or {}
+        sec = r.get("seconds")
+        table.append([s.name, s.part, r.get("status", "not reached") + (f": {r['reason']}" if r.get("reason") else ""),
+                      fmt.seconds(s.estimate_s), fmt.seconds(sec), f"{sec / s.estimate_s:.2f}" if sec and s.estimate_s else fmt.MISSING,
+                      fmt.seconds(s.limit_s), ", ".join(f"{k} {v}" for k, v in s.sizes.items())])
+    blocks.append(Block("table", rows=table))
+    for c in state.get("calls", []):
+        blocks.append(para(f"{c.get('started_utc')}: budget {fmt.seconds(c.get('budget_s'))}, used {fmt.seconds(c.get('used_s'))}: ",
+                           code(c.get("command", ""))))
+    return blocks
+
+
+def build_lab_report(root: Path, state: dict) -> Path:
+    """DIR/report/index.html and report.md from DIR/results.json and the steps' outputs."""
+    out = Path(root) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    blocks = lab_blocks(Path(root), state, out)
+    atomic_write_text(out / "index.html", to_html(blocks, blocks[0].text))
+    atomic_write_text(out / "report.md", to_markdown(blocks))
+    return out / "index.html"
+
