@@ -2,7 +2,9 @@
 
 CPU: the peak of live tensor bytes, tracked at every ATen op (exact, no allocator rounding).
 CUDA: torch.cuda.max_memory_allocated over the second step (the first creates optimizer states).
-Single-process strategies only (the engine runs in this process). The planner is told the device
+Single-process strategies only (the engine runs in this process), all on ONE build of the model
+(`GPTEngine(model=...)`): a 1.6B build costs more than a step. Results are written after every
+row, so a killed run keeps what it measured; `trainlab lab` runs it last. The planner is told the device
 (type, compute capability, cuDNN) so it models the SDPA kernel PyTorch runs there; `--attention math`
 forces SDPA's math path (torch.nn.attention.sdpa_kernel) in the measurement and the prediction: on
 CPU this validates the s×s-scores term that fp32 with head width 50 needs on a GPU.
@@ -28,23 +30,23 @@ from _common import add_output_args, check_output, save  # noqa: E402
 from trainlab.gpt.attention_backend import AttentionChoice  # noqa: E402
 from trainlab.gpt.bench import device_attention_kwargs  # noqa: E402
 from trainlab.gpt.planner import measure_step_peak_bytes, predict_memory  # noqa: E402
-from trainlab.gpt.model import get_preset  # noqa: E402
+from trainlab.gpt.model import build_gpt, get_preset  # noqa: E402
 from trainlab.gpt.engine import GPTEngine  # noqa: E402
 from trainlab.distributed.launch import DistInfo  # noqa: E402
 
 MiB = 1024**2
 
 
-def measure(cfg, strategy, b, seq, device, fused, attention):
+def measure(model, cfg, strategy, b, seq, device, fused, attention):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if attention == "math":
         with sdpa_kernel([SDPBackend.MATH]):
-            return measure(cfg, strategy, b, seq, device, fused, "auto")
+            return measure(model, cfg, strategy, b, seq, device, fused, "auto")
     torch.manual_seed(0)
     tokens = torch.randint(cfg.vocab_size, (b, seq))
     eng = GPTEngine(cfg, strategy, DistInfo(device=device), global_batch=b, micro_batch=b, seq_len=seq,
-                    fused_optimizer=fused)
+                    fused_optimizer=fused, model=model)
     try:
         if device.type == "cuda":
             eng.train_step(tokens)
@@ -56,6 +58,7 @@ def measure(cfg, strategy, b, seq, device, fused, attention):
         return measure_step_peak_bytes(eng, tokens), None
     finally:
         del eng
+        model.zero_grad(set_to_none=True)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -82,6 +85,7 @@ def main() -> None:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
     optimizer = "fused" if args.fused else ("foreach" if device.type == "cuda" else "forloop")
+    model = build_gpt(cfg, seed=0, device=device)  # once, on the device, for every strategy
     rows, log = [], []
     head = f"{'strategy':<20}{'micro':>6}{'predicted MiB':>15}{'measured MiB':>14}{'error':>8}  phases (MiB)"
     print(head)
@@ -92,7 +96,7 @@ def main() -> None:
             pred = predict_memory(cfg, strategy, 1, b, seq, optimizer=optimizer, attention=forced,
                                   **device_attention_kwargs(device))
             try:
-                measured, reserved = measure(cfg, strategy, b, seq, device, args.fused, args.attention)
+                measured, reserved = measure(model, cfg, strategy, b, seq, device, args.fused, args.attention)
                 err = pred["total_bytes"] / measured - 1
             except torch.OutOfMemoryError:
                 measured, reserved, err = None, None, None
@@ -106,10 +110,19 @@ def main() -> None:
                     f"{'-' if err is None else f'{100 * err:+.1f}%':>8}  {phases}  [{pred['attention']['label']}]")
             print(line, flush=True)
             log.append(line)
+            write(args, rows, log, seq, device, optimizer, final=False)  # as it goes: a kill loses one row
+    write(args, rows, log, seq, device, optimizer, final=True)
+
+
+def write(args, rows, log, seq, device, optimizer, final: bool) -> None:
     errs = [abs(r["relative_error"]) for r in rows if r["relative_error"] is not None]
-    summary = f"max |error| {100 * max(errs):.1f}%, mean |error| {100 * sum(errs) / len(errs):.1f}% over {len(errs)} runs"
-    print(summary)
-    log.append(summary)
+    summary = (f"max |error| {100 * max(errs):.1f}%, mean |error| {100 * sum(errs) / len(errs):.1f}% over {len(errs)} runs"
+               if errs else "no measurement yet")
+    if not final:
+        summary += " (so far: the run is still going)"
+    else:
+        print(summary)
+        log = log + [summary]
     kind = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak live tensor bytes (TorchDispatchMode)"
     md = [f"Model {args.model}, seq {seq}, device {device}, AdamW {optimizer}, attention {args.attention}. "
           f"Measured: {kind}, second step.", "",

@@ -46,7 +46,8 @@ class GPTEngine:
     def __init__(self, model_cfg, spec: StrategySpec | str, dist_info: DistInfo, *, lr: float = 5e-4, seed: int = 0,
                  global_batch: int, micro_batch: int, seq_len: int, impl: str = "ours", tp: int = 1, pp: int = 1,
                  pp_schedule: str = "1f1b", microbatches: int | None = None, fused_optimizer: bool = False,
-                 weight_decay: float = 0.0, nvme_path: str | None = None, optimizer: str = "adamw"):
+                 weight_decay: float = 0.0, nvme_path: str | None = None, optimizer: str = "adamw",
+                 model: nn.Module | None = None):
         self.spec = parse_strategy(spec) if isinstance(spec, str) else spec
         self.dist = dist_info
         self.device = torch.device(dist_info.device)
@@ -71,7 +72,7 @@ class GPTEngine:
         self._pipe = None
         self._ds_engine = None
 
-        model = self._build_full_model(seed)
+        model = self._build_full_model(seed) if model is None else self._adopt(model)
         if self.spec.data_parallel == "nvme":
             self._setup_nvme(model, lr, weight_decay, nvme_path)
             return
@@ -100,6 +101,17 @@ class GPTEngine:
         model = build_gpt(self.model_cfg, seed, device)
         set_activation_checkpointing(model, self.spec.ckpt)
         return model
+
+    def _adopt(self, model: nn.Module) -> nn.Module:
+        """A model built once for several engines in turn (a benchmark measuring strategies on one 1.6B
+        build): only single-process, uncompiled strategies of our implementation, whose set-up changes
+        nothing in the module but its checkpointing flag."""
+        if self.impl != "ours" or self.spec.distributed or self.spec.compile:
+            raise ConfigError(f"strategy {self.spec.text}: a prebuilt model serves only single-process, uncompiled "
+                              "strategies of --impl ours")
+        model.zero_grad(set_to_none=True)  # the previous engine's gradients are not this strategy's memory
+        set_activation_checkpointing(model, self.spec.ckpt)
+        return model.to(self.device)
 
     def _setup_model_parallel(self, model: nn.Module, pp_schedule: str, microbatches: int | None) -> nn.Module:
         deg = self.degrees
