@@ -505,8 +505,7 @@ CASES = [
          code=0, setup=_runs_folder, creates=("rep", "rep/*"), check=_report_renders_good_and_gpt),
     Case("report-nowhere", "report {ws}/nowhere -o {ws}/rep", r"nowhere: no such file or directory"),
 
-    # == round 2 =================================================================================================
-    # -- 1: trainlab deletes or replaces only what it wrote ----------------------------------------------------
+    # == round 2 ==========================================================================================    # -- 1: trainlab deletes or replaces only what it wrote ----------------------------------------------------
     Case("overwrite-keeps-user-files-beside-a-run", f"train {RUN_ARGS} --out {{run}} --overwrite",
          r"holds files trainlab did not write \(notes.txt, src\); refusing to replace the run", setup=_beside_run),
     Case("report-keeps-users-index", "report {run} -o {ws}/site",
@@ -580,6 +579,23 @@ CASES = [
       if NO_GPU else []),
     Case("unknown-flag-did-you-mean", f"{NEW} --lr-rate 3", r"train: unrecognized argument --lr-rate \(did you mean --lr\?\)"),
     Case("unknown-nested-flag", "gpt bench --stratgy ddp", r"gpt bench: unrecognized argument --stratgy \(did you mean --strategy\?\)"),
+=======
+    # -- lab -------------------------------------------------------------------------------------------------------
+    Case("lab-plan-writes-nothing", "lab --out {ws}/lab --plan --size tiny --budget 1m", r"^estimated: .* of 60\.0 s$", code=0),
+    Case("lab-budget-not-a-duration", "lab --out {ws}/lab --budget soon", r"--budget 'soon': expected a duration such as 25m"),
+    Case("lab-budget-zero", "lab --out {ws}/lab --budget 0m", r"--budget '0m': expected more than 0"),
+    Case("lab-parts-unknown", "lab --out {ws}/lab --parts lenet,resnet", r"--parts 'lenet,resnet': expected a comma-separated subset"),
+    Case("lab-out-is-file", "lab --out {file} --plan", r"--out \S+file': is a file, expected a directory"),
+    Case("lab-device-unknown", "lab --out {ws}/lab --device tpu", r"--device 'tpu': expected auto, cpu or cuda"),
+    Case("lab-device-name-runs-nothing", "lab --out {ws}/lab --device-name H100", r"--device-name: only with --plan",
+         env={"CUDA_VISIBLE_DEVICES": ""}),
+    Case("lab-gpus-zero", "lab --out {ws}/lab --gpus 0 --plan", r"--gpus 0: expected at least 1"),
+    Case("lab-peak-negative", "lab --out {ws}/lab --peak-tflops -5 --plan", r"--peak-tflops -5.0: expected a positive number"),
+    Case("lab-mnist-missing", "lab --out {ws}/lab --mnist {ws}/nope.npz", r"--mnist \S+nope.npz: no such file"),
+    Case("lab-results-not-a-lab", "lab --out {dir} --plan", r"results.json: not a trainlab lab results file",
+         setup=lambda ws: (ws / "dir" / "results.json").write_text("[1, 2]")),
+    Case("lab-results-corrupt", "lab --out {dir} --plan", r"results.json: not valid JSON",
+         setup=lambda ws: (ws / "dir" / "results.json").write_text("{not json")),
 ]
 
 
@@ -677,7 +693,7 @@ def test_hostile_input(case: Case, finished_run: Path, tmp_path: Path, capsys, m
 
 def test_the_table_covers_every_command_group():
     groups = {c.argv.split()[0] for c in CASES}
-    assert {"train", "eval", "data", "gelu", "gpt", "dp", "report"} <= groups
+    assert {"train", "eval", "data", "gelu", "gpt", "dp", "report", "lab"} <= groups
     assert len({c.id for c in CASES}) == len(CASES)
 
 

@@ -255,10 +255,11 @@ def write_spec(path: str | os.PathLike, worker: str, **payload) -> Path:
     return atomic_write_json(path, {"worker": worker, **payload}, private=True)
 
 
-def worker_command(nproc: int, spec_path: str | os.PathLike) -> list[str]:
-    """`trainlab worker SPEC` in this Python: directly for one process, under torchrun for several."""
+def worker_command(nproc: int, spec_path: str | os.PathLike, environ=None) -> list[str]:
+    """`trainlab worker SPEC` in this Python: directly for one process, under torchrun for several
+    (on every node of a multi-node SLURM job, with the rendezvous `slurm_rendezvous` reads)."""
     if nproc > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        return [sys.executable, "-m", "torch.distributed.run", *torchrun_args(nproc, environ),
                 "-m", "trainlab", "worker", os.fspath(spec_path)]
     return [sys.executable, "-m", "trainlab", "worker", os.fspath(spec_path)]
 
@@ -309,6 +310,72 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+# ------------------------------------------------------------------------------ SLURM
+
+RDZV_PORT = 29500  # the rendezvous port on the job's first node (MASTER_PORT overrides it)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the nodes of one job meet: torchrun's c10d rendezvous on the job's first node."""
+
+    nnodes: int
+    endpoint: str   # host:port
+    run_id: str
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: 'gpu[07-09,12],cpu1' → 'gpu07' (what `scontrol show
+    hostnames | head -1` prints, without needing scontrol)."""
+    import re
+
+    m = re.match(r"([^,\[\]]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        raise ConfigError(f"SLURM_JOB_NODELIST {nodelist!r}: no host in it")
+    prefix, ranges = m.group(1), m.group(2)
+    return prefix if ranges is None else prefix + ranges.split(",")[0].split("-")[0]
+
+
+def slurm_rendezvous(environ=None) -> Rendezvous | None:
+    """The rendezvous of a SLURM job on several nodes (one trainlab launcher per node: `srun
+    --ntasks-per-node=1`), from SLURM_JOB_ID, SLURM_JOB_NUM_NODES (or SLURM_NNODES) and
+    SLURM_JOB_NODELIST; None outside SLURM or on one node (then the rendezvous is this machine)."""
+    env = os.environ if environ is None else environ
+    if "SLURM_JOB_ID" not in env:
+        return None
+    raw = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    try:
+        nnodes = int(raw)
+    except ValueError:
+        raise ConfigError(f"SLURM_JOB_NUM_NODES {raw!r}: expected a whole number of nodes") from None
+    if nnodes <= 1:
+        return None
+    if not env.get("SLURM_JOB_NODELIST"):
+        raise ConfigError("SLURM_JOB_NODELIST is not set: cannot find the job's first node for the rendezvous")
+    port = env.get("MASTER_PORT") or str(RDZV_PORT)
+    return Rendezvous(nnodes, f"{first_host(env['SLURM_JOB_NODELIST'])}:{port}", f"slurm-{env['SLURM_JOB_ID']}")
+
+
+def torchrun_args(nproc: int, environ=None) -> list[str]:
+    """torchrun's arguments for `nproc` processes on this node: `--standalone` on one machine; the
+    job's nodes, its first node's rendezvous and its job id inside a multi-node SLURM job."""
+    rdzv = slurm_rendezvous(environ)
+    if rdzv is None:
+        return ["--standalone", f"--nproc-per-node={nproc}"]
+    return [f"--nnodes={rdzv.nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id={rdzv.run_id}"]
+
+
+def launch_config_kwargs(nproc: int, environ=None) -> dict:
+    """The elastic agent's LaunchConfig (the same rendezvous as `torchrun_args`)."""
+    rdzv = slurm_rendezvous(environ)
+    if rdzv is None:
+        return {"min_nodes": 1, "max_nodes": 1, "nproc_per_node": nproc, "run_id": f"trainlab-{uuid.uuid4()}",
+                "rdzv_backend": "c10d", "rdzv_endpoint": "localhost:0"}
+    return {"min_nodes": rdzv.nnodes, "max_nodes": rdzv.nnodes, "nproc_per_node": nproc, "run_id": rdzv.run_id,
+            "rdzv_backend": "c10d", "rdzv_endpoint": rdzv.endpoint}
+
+
 def launch_workers(nproc: int, worker: str, **payload) -> int:
     """Run `worker` in `nproc` processes under torch's elastic agent; returns the exit code.
 
@@ -325,9 +392,7 @@ def launch_workers(nproc: int, worker: str, **payload) -> int:
               flush=True)
         grace = {"shutdown_timeout": SHUTDOWN_GRACE_S} if "shutdown_timeout" in {
             f.name for f in dataclasses.fields(LaunchConfig)} else {}
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"trainlab-{uuid.uuid4()}",
-                              rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                              monitor_interval=0.1, **grace)
+        config = LaunchConfig(**launch_config_kwargs(nproc), max_restarts=0, monitor_interval=0.1, **grace)
         env = {LAUNCHER_ENV: "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(SHUTDOWN_GRACE_S)}
         if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = "1"  # as torchrun does: N processes must not each spin N cores' threads

@@ -263,7 +263,8 @@ def write_archive(root: Path) -> Path:
 # ------------------------------------------------------------------------------ the call
 
 def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[str], command: str,
-            mnist_pack: str | None = None, log=print) -> dict:
+            mnist_pack: str | None = None, log=None) -> dict:
+    log = log or (lambda line: print(line, flush=True))  # flushed: a user watches it through a pipe or a log file
     root.mkdir(parents=True, exist_ok=True)
     state = load_state(root)
     if state.get("size") not in (None, size) or state.get("hardware", {}).get("kind") not in (None, hw.kind):

@@ -316,7 +316,7 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
 
 # ------------------------------------------------------------------------------------ rendering
 
-CSS = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222}
+CSS = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222;overflow-wrap:break-word}
 .scroll{max-width:100%;overflow-x:auto}table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
 td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}img{max-width:100%;height:auto;display:block;margin:.5em 0}

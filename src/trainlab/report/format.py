@@ -17,11 +17,26 @@ def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
+def _numeric(fn):
+    """A value that is not a number (a hand-edited or damaged file) is shown as the text it is, not
+    formatted as a quantity and never a crash: the page shows what the file holds."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(v, *args, **kwargs):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return str(v)
+        return fn(v, *args, **kwargs)
+    return wrapper
+
+
+@_numeric
 def pct(v, digits: int = 2) -> str:
     """An accuracy or a share in percent: 99.33 %."""
     return MISSING if _missing(v) else f"{v:.{digits}f} %"
 
 
+@_numeric
 def pct_sd(mean, sd, digits: int = 2) -> str:
     """Mean ± standard deviation in percent: 99.19 ± 0.12 %."""
     if _missing(mean):
@@ -29,6 +44,7 @@ def pct_sd(mean, sd, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {sd:.{digits}f} %" if not _missing(sd) else pct(mean, digits)
 
 
+@_numeric
 def seconds(v) -> str:
     """A duration: 412 ms, 2.35 s, 25.5 s, 312 s, 1 h 02 min."""
     if _missing(v):
@@ -47,6 +63,7 @@ def seconds(v) -> str:
     return f"{h} h {rest // 60:02d} min"
 
 
+@_numeric
 def millis(v) -> str:
     """A per-step time in milliseconds: 0.142 ms, 25.5 ms, 312 ms."""
     if _missing(v):
@@ -54,6 +71,7 @@ def millis(v) -> str:
     return f"{v:.3g} ms" if v < 100 else f"{v:,.0f} ms"
 
 
+@_numeric
 def rate(v, unit: str = "img/s") -> str:
     """A throughput with thousands separators: 12,822 img/s (three significant digits below 100)."""
     if _missing(v):
@@ -79,10 +97,12 @@ def number(v) -> str:
     return str(v)
 
 
+@_numeric
 def count(v) -> str:
     return MISSING if _missing(v) else f"{int(v):,}"
 
 
+@_numeric
 def nbytes(v) -> str:
     """Bytes in binary units: 241 KiB, 1.5 MiB, 59.7 GiB."""
     if _missing(v):

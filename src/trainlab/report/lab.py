@@ -184,10 +184,10 @@ def lab_blocks(root: Path, state: dict, out: Path) -> list[Block]:
     table = [["step", "part", "status", "estimate", "measured", "measured / estimate", "limit", "sizes"]]
     for s in steps:
         r = recs.get(s.name) or {}
-        sec = r.get("seconds")
+        sec, est = r.get("seconds"), r.get("estimate_s", s.estimate_s)  # the estimate the step ran under
         table.append([s.name, s.part, r.get("status", "not reached") + (f": {r['reason']}" if r.get("reason") else ""),
-                      fmt.seconds(s.estimate_s), fmt.seconds(sec), f"{sec / s.estimate_s:.2f}" if sec and s.estimate_s else fmt.MISSING,
-                      fmt.seconds(s.limit_s), ", ".join(f"{k} {v}" for k, v in s.sizes.items())])
+                      fmt.seconds(est), fmt.seconds(sec), f"{sec / est:.2f}" if sec and est else fmt.MISSING,
+                      fmt.seconds(r.get("limit_s", s.limit_s)), ", ".join(f"{k} {v}" for k, v in s.sizes.items())])
     blocks.append(Block("table", rows=table))
     for c in state.get("calls", []):
         blocks.append(para(f"{c.get('started_utc')}: budget {fmt.seconds(c.get('budget_s'))}, used {fmt.seconds(c.get('used_s'))}: ",

@@ -15,11 +15,23 @@ from trainlab.telemetry.figures import misclassified_figure  # noqa: E402
 MISCLASSIFIED_FILE = "misclassified.npz"  # written by the trainer (lenet/misclassified.py)
 
 
+def _figure(width: float, height: float):
+    """A figure whose layout engine keeps titles, labels and legends inside it (constrained layout:
+    no clipped titles, no legend spilling over the axes)."""
+    return plt.subplots(figsize=(width, height), layout="constrained")
+
+
+def _title(ax, text: str, width: int = 60) -> None:
+    """A title wrapped to the figure's width instead of running off its edges."""
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(text, width)) or text, fontsize=10)
+
+
 def _save(fig, path: Path) -> Path:
     import io
 
     buf = io.BytesIO()
-    fig.tight_layout()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
@@ -35,7 +47,7 @@ def loss_curves(run, path: Path) -> Path | None:
             losses.append(loss)
     if not run.epochs:
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = _figure(6.4, 3.6)
     if losses:
         ax.plot(steps, losses, lw=0.6, alpha=0.5, label="train loss (per step)")
     ax.plot([r["global_step"] for r in run.epochs], [r["train_loss"] for r in run.epochs], "o-", label="train loss (epoch mean)")
@@ -43,8 +55,8 @@ def loss_curves(run, path: Path) -> Path | None:
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy")
-    ax.set_title(f"{run.name}: loss")
-    ax.legend()
+    _title(ax, f"{run.name}: loss")
+    ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -53,7 +65,7 @@ def accuracy_curve(run, path: Path) -> Path | None:
     """Test accuracy per epoch next to the running training accuracy (per epoch, and per step faintly)."""
     if not run.epochs:
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = _figure(6.4, 3.6)
     steps_per_epoch = [len(r.get("step_accuracies") or []) for r in run.epochs]
     if all(steps_per_epoch):
         x, y = [], []
@@ -73,21 +85,21 @@ def accuracy_curve(run, path: Path) -> Path | None:
     ax.set_ylim(max(0.0, min(min(top) - 1.0, 97.0)), 100.2)
     ax.set_xlabel("epoch")
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"{run.name}: accuracy")
-    ax.legend(fontsize=8, loc="lower right")
+    _title(ax, f"{run.name}: accuracy")
+    ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
 
 def per_class_bars(run, path: Path) -> Path:
     acc = run.summary["per_class_accuracy"]
-    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    fig, ax = _figure(6.4, 3.2)
     ax.bar(range(len(acc)), acc, color="#4c72b0")
     ax.set_xticks(range(len(acc)))
     ax.set_ylim(min(acc) - 1.0, 100.0)
     ax.set_xlabel("digit")
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"{run.name}: per-class test accuracy")
+    _title(ax, f"{run.name}: per-class test accuracy")
     return _save(fig, path)
 
 
@@ -95,7 +107,7 @@ def confusion(run, path: Path) -> Path:
     import numpy as np
 
     cm = np.array(run.summary["confusion_matrix"])
-    fig, ax = plt.subplots(figsize=(5.0, 4.4))
+    fig, ax = _figure(5.0, 4.4)
     off = cm.copy()
     np.fill_diagonal(off, 0)  # the diagonal dwarfs the errors; colour the errors
     im = ax.imshow(off, cmap="Reds")
@@ -106,7 +118,7 @@ def confusion(run, path: Path) -> Path:
     ax.set_ylabel("true")
     ax.set_xticks(range(10))
     ax.set_yticks(range(10))
-    ax.set_title(f"{run.name}: confusion matrix (errors coloured)")
+    _title(ax, f"{run.name}: confusion matrix (errors coloured)")
     fig.colorbar(im, ax=ax, fraction=0.046)
     return _save(fig, path)
 
@@ -119,7 +131,7 @@ def gpu_timeline(run, path: Path) -> Path | None:
     lines: dict[tuple, list[dict]] = {}
     for r in run.gpu:
         lines.setdefault((r.get("rank"), r.get("gpu")), []).append(r)
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.4, 4.6), sharex=True)
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.4, 4.6), sharex=True, layout="constrained")
     for (rank, gpu), rows in sorted(lines.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1] or 0)):
         label = (f"rank {rank:g} " if rank is not None else "") + (f"cuda:{gpu:g}" if gpu is not None else "GPU")
         t = [r["time_s"] for r in rows]
@@ -130,17 +142,17 @@ def gpu_timeline(run, path: Path) -> Path | None:
     ax2.set_ylabel("memory used (MiB)")
     ax2.set_xlabel("time since the rank's sampler started (s)")
     ax.legend(fontsize=7, ncol=min(4, len(lines)), loc="lower right")
-    ax.set_title(f"{run.name}: every GPU (NVML, ~10 Hz)")
+    _title(ax, f"{run.name}: every GPU (NVML, ~10 Hz)")
     return _save(fig, path)
 
 
 def bars(labels: list[str], values: list[float], path: Path, title: str, ylabel: str, errors: list[float] | None = None) -> Path:
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(labels) + 2), 3.6))
+    fig, ax = _figure(min(9.0, max(5.0, 0.7 * len(labels) + 2)), 3.6)
     ax.bar(range(len(values)), values, yerr=errors, capsize=3, color="#4c72b0")
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    _title(ax, title)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -170,7 +182,7 @@ def sweep_lines(key: str, series: dict[str, list], path: Path, metric: str = "te
         values += [v for v, *_ in points if v not in values]
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     log = numeric and len(values) > 2 and min(values) > 0 and max(values) / min(values) >= 20
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = _figure(6.4, 3.6)
     for k, (label, points) in enumerate(series.items()):
         # categories (optimizer names) have no order to draw a line along: markers, nudged apart
         nudge = 0.0 if numeric else 0.06 * (k - (len(series) - 1) / 2)
@@ -185,7 +197,8 @@ def sweep_lines(key: str, series: dict[str, list], path: Path, metric: str = "te
         ax.set_xscale("log")
     ax.set_xlabel(key)
     ax.set_ylabel(metric)
-    ax.set_title(f"{metric} against {key} (mean ± sd over seeds)")
+    _title(ax, f"{metric} against {key} (mean ± sd over seeds)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    # below the axes, in the figure: many series never cover the points
+    fig.legend(loc="outside lower center", fontsize=7, ncols=min(3, max(1, len(series))))
     return _save(fig, path)

@@ -1,0 +1,214 @@
+"""`trainlab lab`: the plan, the budget's hard wall, resuming after SIGKILL, the archive, and the whole
+lab on tiny sizes end to end — killed mid-step, resumed, finished, every part in the report.
+
+The runner tests use stand-in steps (short Python one-liners) so they take seconds; the end-to-end test
+runs the real steps at `--size tiny` in a subprocess, as CI does (it replaced the GPU shell suites'
+CPU dry runs: the same commands now run through the lab on every CI run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from browser import overflow
+from trainlab.cli import main
+from trainlab.data.mnist import default_cache_dir
+from trainlab.lab import run as lab_run
+from trainlab.lab import steps as lab_steps_mod
+from trainlab.lab.steps import PARTS, Hardware, Step, lab_steps
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU = Hardware("cpu", 0, "cpu", cpus=2)
+
+
+def _py(code: str) -> tuple[str, ...]:
+    return (sys.executable, "-c", code)
+
+
+def fake_steps(monkeypatch, steps: list[Step]) -> None:
+    monkeypatch.setattr(lab_run, "lab_steps", lambda hw, size: steps)
+    monkeypatch.setattr(lab_steps_mod, "lab_steps", lambda hw, size: steps)
+
+
+WRITE = "import json, sys, pathlib; p = pathlib.Path(sys.argv[1]); p.mkdir(parents=True); (p / 'r.json').write_text(json.dumps({'rows': [{'x': 1}]}))"
+
+
+def test_every_part_has_steps_on_every_hardware_and_size():
+    gpu = Hardware("cuda", 1, "NVIDIA H100 80GB HBM3", 989.0, 80 * 2**30, 90, 16)
+    many = Hardware("cuda", 4, "NVIDIA H100 80GB HBM3", 989.0, 80 * 2**30, 90, 64)
+    for hw, size in ((CPU, "tiny"), (CPU, "small"), (gpu, "full"), (many, "full")):
+        steps = lab_steps(hw, size)
+        assert {s.part for s in steps} == set(PARTS)
+        assert [s.name for s in steps][-1] == "gpt_planner_error"  # one 1.6B build, run last (issue 18)
+        assert all(s.limit_s >= s.estimate_s for s in steps)
+    dp = {s.name: s for s in lab_steps(many, "full")}["dp_compare"]
+    assert "dp" in dp.argv[dp.argv.index("--modes") + 1].split(",") and dp.argv[dp.argv.index("--nproc") + 1] == "4"
+    cpu_dp = {s.name: s for s in lab_steps(CPU, "small")}["dp_compare"]
+    assert cpu_dp.sizes["ranks"] == 2 and cpu_dp.sizes["backend"] == "gloo"
+    gpt = {s.name: s for s in lab_steps(gpu, "full")}
+    assert "gpt2-1.6b" in gpt["gpt_baseline"].argv and "hf" in gpt["gpt_baseline"].argv
+    assert gpt["gpt_baseline"].limit_s >= 300  # the handout's fp32 baseline: the old suite's 150 s cut it off
+
+
+def test_plan_for_an_h100_from_a_cpu_fits_the_gpu_lease(capsys, tmp_path):
+    """The GPU lease (benchmarks/gpu_lease.md): three calls of 9 minutes, each resuming the last, hold
+    every step. Between the planned calls the test records the planned steps as done, as the calls would."""
+    root = tmp_path / "lab"
+    planned: list[str] = []
+    for parts in ("gpt", "lenet,gelu,gpt", "ops,dp"):
+        assert main(["lab", "--out", str(root), "--plan", "--budget", "9m", "--parts", parts,
+                     "--device-name", "NVIDIA H100 80GB HBM3"]) == 0
+        out = capsys.readouterr().out
+        assert "NVIDIA H100 80GB HBM3 (cuda, 1 GPU(s), peak 989 TFLOP/s), size full, budget 540 s" in out
+        now = [line.split()[0] for line in out.splitlines() if "runs (from" in line]
+        assert now, out
+        planned += now
+        if not root.exists():
+            assert parts == "gpt"  # --plan writes nothing: the test plays the finished call
+            root.mkdir()
+        done = {n: {"status": "ok", "seconds": 1.0} for n in planned}
+        (root / "results.json").write_text(json.dumps({"version": 1, "steps": done, "calls": []}))
+    assert sorted(planned) == sorted(s.name for s in lab_steps(Hardware("cuda", 1, "x"), "full"))
+    assert planned.index("gpt_plan") == 0  # the scarce part first
+
+
+def test_budget_is_a_hard_wall_and_a_step_that_does_not_fit_says_so(monkeypatch, tmp_path):
+    fake_steps(monkeypatch, [
+        Step("quick", "lenet", "quick", 1.0, _py(WRITE) + ("{out}/res",)),
+        Step("hangs", "gelu", "hangs", 1.0, _py("import time; time.sleep(600)")),
+        Step("big", "ops", "big", 10_000.0, _py("pass")),
+        Step("never", "dp", "never", 1.0, _py("pass"), cannot_run="needs a GPU"),
+    ])
+    t0 = time.monotonic()
+    state = lab_run.run_lab(tmp_path / "lab", CPU, "tiny", 4.0, list(PARTS), "test", log=lambda _: None)
+    assert time.monotonic() - t0 < 30  # the hung step was stopped at the budget, not at its own limit
+    steps = state["steps"]
+    assert steps["quick"]["status"] == "ok" and (tmp_path / "lab" / "steps" / "quick" / "res" / "r.json").exists()
+    assert steps["hangs"]["status"] == "stopped" and "budget ran out" in steps["hangs"]["reason"]
+    assert steps["big"] == {**steps["big"], "status": "not run"} and steps["big"]["reason"].startswith("budget (needs ≈10000 s")
+    assert steps["never"]["reason"] == "needs a GPU"
+    page = (tmp_path / "lab" / "report" / "index.html").read_text()
+    assert "not run: budget (needs ≈10000 s" in page and "not run: needs a GPU" in page
+
+
+def test_sigkill_loses_nothing_finished_and_the_next_call_reruns_the_killed_step(monkeypatch, tmp_path):
+    """A stand-in lab in a subprocess, SIGKILLed while its second step runs."""
+    root = tmp_path / "lab"
+    marker = tmp_path / "second-started"
+    script = f"""
+import sys
+from trainlab.lab import run, steps
+from trainlab.lab.steps import Hardware, Step
+fake = [Step("first", "lenet", "first", 1.0, (sys.executable, "-c", {WRITE!r}, "{{out}}/res")),
+        Step("second", "gelu", "second", 1.0, (sys.executable, "-c",
+             "import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(600)"))]
+run.lab_steps = steps.lab_steps = lambda hw, size: fake
+run.run_lab(__import__("pathlib").Path({str(root)!r}), Hardware("cpu", 0, "cpu"), "tiny", 300.0, ["lenet", "gelu"], "t")
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.exists(), "the second step never started"
+    state = json.loads((root / "results.json").read_text())
+    pgid = state["steps"]["second"]["pgid"]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    state = json.loads((root / "results.json").read_text())
+    assert state["steps"]["first"]["status"] == "ok" and (root / "steps" / "first" / "res" / "r.json").exists()
+    assert state["steps"]["second"]["status"] == "running"
+    assert (root / "report" / "index.html").exists() and (root / "lab.tar.gz").exists()
+    # the killed lab's step dies with it (parent-death signal), so it cannot compete with its rerun
+    for _ in range(50):
+        try:
+            os.killpg(pgid, 0)
+            time.sleep(0.1)
+        except ProcessLookupError:
+            break
+    else:
+        pytest.fail("the killed lab's step is still running")
+    marker.unlink()
+    fake_steps(monkeypatch, [Step("first", "lenet", "first", 1.0, _py("raise SystemExit(3)")),
+                             Step("second", "gelu", "second", 1.0, _py(WRITE) + ("{out}/res",))])
+    state = lab_run.run_lab(root, Hardware("cpu", 0, "cpu"), "tiny", 60.0, ["lenet", "gelu"], "t2", log=lambda _: None)
+    assert state["steps"]["first"]["status"] == "ok"  # kept: not run again (its stand-in now would fail)
+    assert state["steps"]["second"]["status"] == "ok" and not list((root / "steps").glob(".*partial"))
+    assert len(state["calls"]) == 2
+
+
+def test_archive_holds_results_and_report_and_stays_under_its_cap(monkeypatch, tmp_path):
+    monkeypatch.setattr(lab_run, "ARCHIVE_MAX_BYTES", 3 * 2**20)
+    root = tmp_path / "lab"
+    (root / "steps" / "big").mkdir(parents=True)
+    (root / "steps" / "big" / "noise.bin").write_bytes(os.urandom(4 * 2**20))  # incompressible, over the cap
+    (root / "steps" / "big" / "log.txt").write_text("small\n")
+    (root / "cache").mkdir()
+    (root / "cache" / "ext.so").write_bytes(b"x" * 1000)
+    (root / "results.json").write_text("{}")
+    (root / "report").mkdir()
+    (root / "report" / "index.html").write_text("<html></html>")
+    path = lab_run.write_archive(root)
+    assert path.stat().st_size <= 3 * 2**20
+    with tarfile.open(path) as tar:
+        names = tar.getnames()
+        left_out = tar.extractfile("lab/ARCHIVE_LEFT_OUT.txt").read().decode()
+    assert {"lab/results.json", "lab/report/index.html", "lab/steps/big/log.txt"} <= set(names)
+    assert "lab/steps/big/noise.bin" not in names and "steps/big/noise.bin" in left_out
+    assert not any("cache" in n for n in names)  # extension builds stay out
+
+
+@pytest.mark.slow
+def test_tiny_lab_end_to_end_killed_mid_step_resumed_and_reported(tmp_path):
+    """What CI runs: `trainlab lab --budget 4m` on tiny sizes, SIGKILLed mid-step, resumed, finished."""
+    out = tmp_path / "lab"
+    cmd = [sys.executable, "-m", "trainlab", "lab", "--out", str(out), "--size", "tiny", "--budget", "4m"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TRAINLAB_CACHE": str(default_cache_dir().parent)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:  # kill it while the second real step runs
+            try:
+                steps = json.loads((out / "results.json").read_text())["steps"]
+            except (OSError, ValueError, KeyError):
+                steps = {}
+            if steps.get("gelu_check", {}).get("status") == "running":
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the lab did not reach its second step in 240 s")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    first = json.loads((out / "results.json").read_text())
+    assert first["steps"]["lenet_train"]["status"] == "ok" and first["steps"]["gelu_check"]["status"] == "running"
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert time.monotonic() - t0 < 240 + 60  # the budget holds (plus start-up and the last report)
+    state = json.loads((out / "results.json").read_text())
+    assert "kept (ok" in done.stdout and "lenet_train" in done.stdout
+    statuses = {name: s["status"] for name, s in state["steps"].items()}
+    assert statuses["gelu_check"] == "ok"  # the killed step ran again
+    assert set(statuses.values()) <= {"ok", "not run"}, statuses
+    for s in state["steps"].values():
+        assert s["status"] == "ok" or s["reason"].startswith(("budget (needs ≈", "trains to 99 %")), s
+    page = (out / "report" / "index.html").read_text()
+    for heading in ("1. LeNet-5 on MNIST", "2. GELU in Python, C++ and on the GPU", "3. Bonus: GPT-2 speed, memory and TFLOPS",
+                    "4. Our own operators", "5. Data parallel"):
+        assert heading in page
+    for step in lab_steps(CPU, "tiny"):  # every step: its measurement, or the line that says why not
+        assert step.title in page
+        assert statuses[step.name] == "ok" or f"{step.name}: not run: " in page
+    with tarfile.open(out / "lab.tar.gz") as tar:
+        assert "lab/results.json" in tar.getnames()
+    assert (out / "lab.tar.gz").stat().st_size <= 16 * 2**20
+    result = overflow(out / "report" / "index.html", width=900)
+    assert not result["bad"], result
