@@ -278,6 +278,9 @@ def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[st
     prepare_cache(root, mnist_pack)
     env = step_env(root, hw)
     steps = lab_steps(hw, size)
+    # every step of the lab here, in order: the report shows the ones not reached yet too
+    state["plan"] = [{"name": s.name, "part": s.part, "title": s.title, "estimate_s": s.estimate_s, "limit_s": s.limit_s,
+                      "sizes": s.sizes} for s in steps]
     for step in steps:  # steps a killed call left running: end their processes, run them again
         rec = state["steps"].get(step.name)
         if rec and rec.get("status") == "running":

@@ -103,7 +103,7 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     # take ~12 min of a 30-min lab)
     lenet_sub = _pick(size, ["--epochs", "1", "--train-subset", "2048", "--test-subset", "1024"], ["--epochs", "2"], [])
     add("lenet_train", "lenet", "LeNet-5, default recipe: curves, accuracy, telemetry",
-        _pick(size, 40, 240, 40), _tl("train", "--device", dev, "--no-progress", *lenet_sub, "--out", "{out}/run"),
+        _pick(size, 40, 240, 40), _tl("train", "--device", dev, "--no-progress", *lenet_sub, "--out", "{out}/lenet-default"),
         sizes={"epochs": _pick(size, "1 (2,048 images)", "2", "default (5)")})
     add("lenet_time_to_99", "lenet", "Time to 99 % test accuracy: fast recipe vs the seed-style loop",
         _pick(size, 0, 240, 120),
@@ -123,7 +123,7 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     gelu_train = _pick(size, ["--epochs", "1", "--train-subset", "1024", "--test-subset", "512"], ["--epochs", "1"], [])
     add("gelu_train", "gelu", f"LeNet-5 trained with our GELU ({gelu_act})",
         _pick(size, 35, 150, 50),
-        _tl("train", "--device", dev, "--act", gelu_act, "--no-progress", *gelu_train, "--out", "{out}/run"),
+        _tl("train", "--device", dev, "--act", gelu_act, "--no-progress", *gelu_train, "--out", "{out}/lenet-" + gelu_act),
         sizes={"act": gelu_act, "epochs": _pick(size, 1, 1, 5)})
     # ---------------------------------------------------------------- own operators
     ops_impls = _pick(size, ["--op", "max_pool2d", "--impl", "aten", "--impl", "python", "--dtype", "float32", "--case", "batch1"],
@@ -138,7 +138,7 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     ops_train = _pick(size, ["--epochs", "1", "--train-subset", "512", "--test-subset", "256"],
                       ["--epochs", "1", "--train-subset", "16384"], [])
     add("ops_train", "ops", f"LeNet-5 trained on our operators ({own})",
-        _pick(size, 50, 150, 60), _tl("train", "--device", dev, "--ops", own, "--no-progress", *ops_train, "--out", "{out}/run"),
+        _pick(size, 50, 150, 60), _tl("train", "--device", dev, "--ops", own, "--no-progress", *ops_train, "--out", "{out}/lenet-ops-" + own.replace("=", "-")),
         sizes={"ops": own, "epochs": _pick(size, "1 (512 images)", "1 (16,384 images)", 5)})
     # ---------------------------------------------------------------- data parallel
     modes = _pick(size, "none,ddp", "none,ddp,allreduce,ring", "none,dp,ddp,allreduce,ring" if hw.gpus > 1 else "none,ddp")

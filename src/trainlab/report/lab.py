@@ -96,16 +96,13 @@ def _scalar_table(rows: list[dict], preferred: list[str] | None = None) -> list[
     return table_from_rows(rows, keys)
 
 
-def _lenet_headline(run: TrainingRun, hw_kind: str) -> list[Block]:
+def _lenet_headline(run: TrainingRun) -> list[Block]:
     s = run.summary
     acc = s.get("test_accuracy")
     met = "met" if isinstance(acc, (int, float)) and acc >= TARGET_ACCURACY else "missed"
-    blocks = [para(f"Test accuracy {fmt.pct(acc)} after {fmt.count(s.get('epochs'))} epochs in {fmt.seconds(s.get('train_seconds'))} "
-                   f"— the handout's {TARGET_ACCURACY:.0f} % bar: {met}.")]
-    if not run.gpu:
-        blocks.append(Block("note", "GPU utilization: not measured (ran on the CPU, or NVML was not available); a GPU run "
-                                    "records gpu.csv and the figure appears here."))
-    return blocks
+    gpu = "its GPU utilization figure is below" if run.gpu else "GPU utilization: not measured (no GPU record: a CPU run)"
+    return [para(f"Test accuracy {fmt.pct(acc)} after {fmt.count(s.get('epochs'))} epochs in {fmt.seconds(s.get('train_seconds'))} "
+                 f"— the handout's {TARGET_ACCURACY:.0f} % bar: {met}; {gpu}.")]
 
 
 def _gpt_speedup(base: dict | None, best: dict | None) -> list[Block]:
@@ -124,8 +121,8 @@ def _gpt_speedup(base: dict | None, best: dict | None) -> list[Block]:
     return [Block("table", rows=table)]
 
 
-def _step_blocks(root: Path, out: Path, name: str, rec: dict | None, index: int) -> list[Block]:
-    blocks = [Block("h3", (rec or {}).get("title") or name)]
+def _step_blocks(root: Path, out: Path, name: str, title: str, rec: dict | None, index: int) -> list[Block]:
+    blocks = [Block("h3", (rec or {}).get("title") or title)]
     line = _status_line(name, rec)
     if line:
         return blocks + [Block("status", line)]
@@ -134,7 +131,7 @@ def _step_blocks(root: Path, out: Path, name: str, rec: dict | None, index: int)
     runs, known, other = _results_in(root / "steps" / name)
     for i, run in enumerate(runs):
         if name == "lenet_train":
-            blocks += _lenet_headline(run, "")
+            blocks += _lenet_headline(run)
         blocks += _demote(run_section(run, out, index * 10 + i), by=2)
     for i, res in enumerate(known):
         blocks += _demote(result_section(res, out, index * 10 + i), by=2)
@@ -163,31 +160,33 @@ def _bench(root: Path, name: str, state: dict) -> dict | None:
 
 
 def lab_blocks(root: Path, state: dict, out: Path) -> list[Block]:
-    from trainlab.lab.steps import Hardware, lab_steps
-
-    hw = Hardware(**state["hardware"])
-    steps = lab_steps(hw, state["size"])
+    """The page's blocks from results.json: its `plan` (every step of the lab for this hardware, in order,
+    as the runner recorded it) and its per-step records."""
+    hw = state.get("hardware") or {}
     recs = state["steps"]
-    blocks = [Block("h1", f"trainlab lab — {hw.name}")]
+    plan = state.get("plan") or [{"name": n, "part": r.get("part"), "title": r.get("title", n),
+                                  "estimate_s": r.get("estimate_s"), "limit_s": r.get("limit_s"), "sizes": r.get("sizes") or {}}
+                                 for n, r in recs.items()]
+    blocks = [Block("h1", f"trainlab lab — {hw.get('name', 'unknown device')}")]
     ran = [r for r in recs.values() if r.get("status") == "ok"]
-    blocks.append(para(f"Hardware: {hw.name} ({hw.kind}, {hw.gpus} GPU(s), {hw.cpus} CPU cores); size {state['size']}; "
-                       f"{len(ran)} of {len(steps)} steps ok over {len(state.get('calls', []))} call(s)."))
+    blocks.append(para(f"Hardware: {hw.get('name')} ({hw.get('kind')}, {hw.get('gpus')} GPU(s), {hw.get('cpus')} CPU cores); "
+                       f"size {state.get('size')}; {len(ran)} of {len(plan)} steps ok over {len(state.get('calls', []))} call(s)."))
     blocks.append(Block("toc", links=[(title, part) for part, title, _ in SECTIONS] + [("Steps: estimate against measured", "steps")]))
     for index, (part, title, asks) in enumerate(SECTIONS):
         blocks.append(Block("h2", title, anchor=part))
-        blocks.append(Block("p", segments=[("text", "The handout: " + asks, "")]))
+        blocks.append(para("The handout: " + asks))
         if part == "gpt":
             blocks += _gpt_speedup(_bench(root, "gpt_baseline", state), _bench(root, "gpt_best", state))
-        for i, step in enumerate(s for s in steps if s.part == part):
-            blocks += _step_blocks(root, out, step.name, recs.get(step.name), index * 100 + i)
+        for i, step in enumerate(s for s in plan if s["part"] == part):
+            blocks += _step_blocks(root, out, step["name"], step["title"], recs.get(step["name"]), index * 100 + i)
     blocks.append(Block("h2", "Steps: estimate against measured", anchor="steps"))
     table = [["step", "part", "status", "estimate", "measured", "measured / estimate", "limit", "sizes"]]
-    for s in steps:
-        r = recs.get(s.name) or {}
-        sec, est = r.get("seconds"), r.get("estimate_s", s.estimate_s)  # the estimate the step ran under
-        table.append([s.name, s.part, r.get("status", "not reached") + (f": {r['reason']}" if r.get("reason") else ""),
+    for s in plan:
+        r = recs.get(s["name"]) or {}
+        sec, est = r.get("seconds"), r.get("estimate_s", s["estimate_s"])  # the estimate the step ran under
+        table.append([s["name"], str(s["part"]), r.get("status", "not reached") + (f": {r['reason']}" if r.get("reason") else ""),
                       fmt.seconds(est), fmt.seconds(sec), f"{sec / est:.2f}" if sec and est else fmt.MISSING,
-                      fmt.seconds(r.get("limit_s", s.limit_s)), ", ".join(f"{k} {v}" for k, v in s.sizes.items())])
+                      fmt.seconds(r.get("limit_s", s["limit_s"])), ", ".join(f"{k} {v}" for k, v in s["sizes"].items())])
     blocks.append(Block("table", rows=table))
     for c in state.get("calls", []):
         blocks.append(para(f"{c.get('started_utc')}: budget {fmt.seconds(c.get('budget_s'))}, used {fmt.seconds(c.get('used_s'))}: ",
