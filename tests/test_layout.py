@@ -7,6 +7,7 @@ Layers, bottom to top (a module may import its own layer's modules and anything 
   3  ops
   4  lenet, gpt         (neither imports the other)
   5  report, cli       (report reads result files only: it imports no workload)
+  6  lab               (runs the workloads' commands as steps, then the report)
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "trainlab"
 
 LAYER = {"errors": 0, "stats": 0, "io": 1, "device": 1, "flags": 1, "__init__": 0, "__main__": 5,
-         "data": 2, "telemetry": 2, "distributed": 2, "ops": 3, "lenet": 4, "gpt": 4, "report": 5, "cli": 5}
+         "data": 2, "telemetry": 2, "distributed": 2, "ops": 3, "lenet": 4, "gpt": 4, "report": 5, "cli": 5,
+         "lab": 6}
 
 
 def _unit(module: str) -> str:
@@ -58,6 +60,6 @@ def test_no_import_runs_back_up(path):
 def test_every_workload_folder_is_a_command_group():
     from trainlab.cli import COMMAND_MODULES
 
-    assert {m.split(".")[1] for m in COMMAND_MODULES} == {"lenet", "data", "ops", "gpt", "report"}
-    for folder in ("lenet", "gpt", "ops", "data", "report"):
+    assert {m.split(".")[1] for m in COMMAND_MODULES} == {"lenet", "data", "ops", "gpt", "report", "lab"}
+    for folder in ("lenet", "gpt", "ops", "data", "report", "lab"):
         assert (SRC / folder / "cli.py").exists()

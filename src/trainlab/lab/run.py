@@ -298,14 +298,14 @@ def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[st
         if step.cannot_run:
             state["steps"][step.name] = step_record(root, step, status="not run", reason=step.cannot_run)
             log(f"lab: {step.name}: not run: {step.cannot_run}")
-            write_outputs(root, state)
+            save_state(root, state)  # the report follows with the next step that runs, or at the end
             continue
         left = budget_s - (_now() - start)
         if step.estimate_s > left:
             reason = f"budget (needs ≈{step.estimate_s:.0f} s, {max(0, left):.0f} s left)"
             state["steps"][step.name] = step_record(root, step, status="not run", reason=reason)
             log(f"lab: {step.name}: not run: {reason}")
-            write_outputs(root, state)
+            save_state(root, state)
             continue
         limit = min(step.limit_s, left)
         log(f"lab: {step.name}: running (estimate {step.estimate_s:.0f} s, limit {limit:.0f} s) — {step.title}")

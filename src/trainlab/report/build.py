@@ -157,11 +157,26 @@ def comparison_section(runs: list[TrainingRun], out: Path) -> list[Block]:
     return blocks
 
 
+def _figure(path: Path, source: Path | None, draw) -> Path | None:
+    """`draw(path)`, unless a `source` is given and `path` is newer than it: `trainlab lab` rebuilds
+    its report after every step into its own folder, where a figure's name always stands for the same
+    step output, and a finished output does not change (drawing every figure again took ~25 s per step
+    on a loaded 2-core box). A one-off `trainlab report` passes no source: it always draws."""
+    if source is None:
+        return draw(path)
+    try:
+        if path.stat().st_mtime >= source.stat().st_mtime:
+            return path
+    except OSError:
+        pass  # not drawn yet, or no source to compare with: draw
+    return draw(path)
+
+
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
-def run_section(run: TrainingRun, out: Path, index: int) -> list[Block]:
+def run_section(run: TrainingRun, out: Path, index: int, reuse_figures: bool = False) -> list[Block]:
     s, cfg, env = run.summary, run.config, run.env
     blocks = [Block("h2", f"Training run: {run.name}"), para("Run directory: ", code(run.path))]
     facts = [
@@ -192,9 +207,10 @@ def run_section(run: TrainingRun, out: Path, index: int) -> list[Block]:
         if env.get("nvidia_smi"):
             blocks.append(Block("pre", env["nvidia_smi"]))
     prefix = f"run{index}_"
+    source = run.path / "summary.json" if reuse_figures else None
     for title, fn in (("Loss", plots.loss_curves), ("Accuracy: train (running) and test", plots.accuracy_curve),
                       ("GPU", plots.gpu_timeline)):
-        png = fn(run, out / f"{prefix}{fn.__name__}.png")
+        png = _figure(out / f"{prefix}{fn.__name__}.png", source, lambda path, fn=fn: fn(run, path))
         if png is not None:
             blocks.append(Block("img", title, src=png.name))
         elif title == "GPU":
@@ -202,10 +218,12 @@ def run_section(run: TrainingRun, out: Path, index: int) -> list[Block]:
         else:
             blocks.append(Block("note", f"No metrics.jsonl: {title.split(':')[0].lower()} curve omitted."))
     if "per_class_accuracy" in s:
-        blocks.append(Block("img", "Per-class accuracy", src=plots.per_class_bars(run, out / f"{prefix}per_class.png").name))
+        png = _figure(out / f"{prefix}per_class.png", source, lambda path: plots.per_class_bars(run, path))
+        blocks.append(Block("img", "Per-class accuracy", src=png.name))
     if "confusion_matrix" in s:
-        blocks.append(Block("img", "Confusion matrix", src=plots.confusion(run, out / f"{prefix}confusion.png").name))
-    png = plots.misclassified_grid(run, out / f"{prefix}misclassified.png")
+        png = _figure(out / f"{prefix}confusion.png", source, lambda path: plots.confusion(run, path))
+        blocks.append(Block("img", "Confusion matrix", src=png.name))
+    png = _figure(out / f"{prefix}misclassified.png", source, lambda path: plots.misclassified_grid(run, path))
     if png is not None:
         blocks.append(Block("img", "Misclassified test images (true→predicted)", src=png.name))
     if run.epochs:
@@ -226,7 +244,7 @@ def table_from_rows(rows: list[dict], preferred: list[str]) -> list[list[str]]:
     return [[fmt.header(k) for k in keys]] + [[fmt.value(k, r.get(k)) for k in keys] for r in rows]
 
 
-def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
+def result_section(res: ResultFile, out: Path, index: int, reuse_figures: bool = False) -> list[Block]:
     rows = res.rows
     title = {
         "gelu_check": "GELU correctness (trainlab gelu check)",
@@ -270,7 +288,8 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
                                                               ["mode", "world_size", "grad_bytes", "bytes_sent_per_step", "allreduce_ms",
                                                                "bound_comm_ms", "algbw_gbps", "busbw_gbps", "link_gbps", "busbw_pct_of_link"])))
         labels = [f"{r.get('mode')}×{r.get('world_size')}" + (f" w{r['workers']}" if r.get("workers") is not None else "") for r in rows]
-        png = plots.bars(labels, [float(r.get("images_per_s") or 0) for r in rows], out / f"result{index}_dp.png", "Throughput by mode", "images/s")
+        png = _figure(out / f"result{index}_dp.png", res.path if reuse_figures else None, lambda path: plots.bars(
+            labels, [float(r.get("images_per_s") or 0) for r in rows], path, "Throughput by mode", "images/s"))
         blocks.append(Block("img", "Throughput by mode", src=png.name))
     elif res.kind == "gpt_bench":
         d = res.data
@@ -298,18 +317,26 @@ def result_section(res: ResultFile, out: Path, index: int) -> list[Block]:
         blocks.append(Block("table", rows=table_from_rows(rows, ["batch", "layer", "impl", "fwd_median_s", "fwd_ratio_to_aten",
                                                                  "bwd_median_s", "bwd_ratio_to_aten"])))
     elif res.kind == "gpt_compare":
+        # speed-up: throughput over the first strategy's (`none` when the matrix has it), as the handout's table wants
+        ref_row = next((r for r in rows if r.get("strategy") == "none"), rows[0] if rows else {})
+        ref = ref_row.get("tokens_per_s")
+        rows = [{**r, "speedup": f"{r['tokens_per_s'] / ref:.2f}× vs {ref_row.get('strategy')}"
+                 if isinstance(ref, (int, float)) and ref > 0 and isinstance(r.get("tokens_per_s"), (int, float)) else None}
+                for r in rows]
         blocks.append(Block("table", rows=table_from_rows(rows, ["strategy", "nproc", "status", "step_ms_median", "tokens_per_s",
-                                                                 "tflops_per_device", "mfu", "peak_tensor_bytes", "predicted_bytes",
-                                                                 "first_loss_diff_vs_none"])))
+                                                                 "speedup", "tflops_per_device", "mfu", "peak_tensor_bytes",
+                                                                 "predicted_bytes", "first_loss_diff_vs_none"])))
         ok = [r for r in rows if r.get("tokens_per_s")]
         if ok:
-            png = plots.bars([r["strategy"] for r in ok], [r["tokens_per_s"] for r in ok], out / f"result{index}_gpt_tps.png", "GPT throughput per strategy", "tokens/s")
+            png = _figure(out / f"result{index}_gpt_tps.png", res.path if reuse_figures else None, lambda path: plots.bars(
+                [r["strategy"] for r in ok], [r["tokens_per_s"] for r in ok], path, "GPT throughput per strategy", "tokens/s"))
             blocks.append(Block("img", "Throughput per strategy", src=png.name))
             key = "peak_tensor_bytes" if any(r.get("peak_tensor_bytes") for r in ok) else "peak_memory_bytes"
             mem = [r for r in ok if r.get(key)]
             if mem:
-                png = plots.bars([r["strategy"] for r in mem], [r[key] / 2**20 for r in mem], out / f"result{index}_gpt_mem.png",
-                                 f"Peak memory per strategy ({key.replace('_', ' ')})", "MiB")
+                png = _figure(out / f"result{index}_gpt_mem.png", res.path if reuse_figures else None, lambda path: plots.bars(
+                    [r["strategy"] for r in mem], [r[key] / 2**20 for r in mem], path,
+                    f"Peak memory per strategy ({key.replace('_', ' ')})", "MiB"))
                 blocks.append(Block("img", "Peak memory per strategy", src=png.name))
     return blocks
 

@@ -132,9 +132,9 @@ def _step_blocks(root: Path, out: Path, name: str, title: str, rec: dict | None,
     for i, run in enumerate(runs):
         if name == "lenet_train":
             blocks += _lenet_headline(run)
-        blocks += _demote(run_section(run, out, index * 10 + i), by=2)
+        blocks += _demote(run_section(run, out, index * 10 + i, reuse_figures=True), by=2)
     for i, res in enumerate(known):
-        blocks += _demote(result_section(res, out, index * 10 + i), by=2)
+        blocks += _demote(result_section(res, out, index * 10 + i, reuse_figures=True), by=2)
     for path, data in other:
         rows = data["rows"] if isinstance(data, dict) else data
         rows = [r for r in rows if isinstance(r, dict)]
