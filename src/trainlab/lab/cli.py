@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 from trainlab.errors import ConfigError
 from trainlab.flags import check_value, output_dir
@@ -71,7 +72,7 @@ def detect_hardware(device: str, device_name: str | None, gpus: int | None, peak
 def run_lab_command(args) -> int:
     from pathlib import Path
 
-    from trainlab.lab.run import format_plan, load_state, plan, run_lab
+    from trainlab.lab.run import format_plan, load_state, plan, process_age_s, run_lab
     from trainlab.lab.steps import lab_steps
 
     check_value(args.out, output_dir, "--out")
@@ -90,7 +91,8 @@ def run_lab_command(args) -> int:
         state = load_state(root) if (root / "results.json").exists() else {"steps": {}}
         print(format_plan(plan(lab_steps(hw, size), state, budget, parts), hw, size, budget))
         return 0
-    state = run_lab(root, hw, size, budget, parts, args.command_line, mnist_pack=args.mnist)
+    state = run_lab(root, hw, size, budget, parts, args.command_line, mnist_pack=args.mnist,
+                    started_at=time.time() - process_age_s())
     bad = [n for n, s in state["steps"].items() if s.get("status") in ("failed", "timed out")]
     return 1 if bad else 0
 

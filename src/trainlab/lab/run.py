@@ -46,6 +46,18 @@ def _now() -> float:
     return time.time()
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: /proc), so the budget also covers the start-up
+    (importing torch takes seconds on a loaded machine); 0 where it cannot be read."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def step_dir(root: Path, name: str) -> Path:
     return root / "steps" / name
 
@@ -263,7 +275,9 @@ def write_archive(root: Path) -> Path:
 # ------------------------------------------------------------------------------ the call
 
 def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[str], command: str,
-            mnist_pack: str | None = None, log=None) -> dict:
+            mnist_pack: str | None = None, log=None, started_at: float | None = None) -> dict:
+    """One call of the lab: its budget counts from `started_at` (the CLI passes its process's start, so
+    start-up counts too), or from now."""
     log = log or (lambda line: print(line, flush=True))  # flushed: a user watches it through a pipe or a log file
     root.mkdir(parents=True, exist_ok=True)
     state = load_state(root)
@@ -271,7 +285,7 @@ def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[st
         raise UserError(f"--out {root}: holds a lab run at size {state.get('size')} on "
                         f"{state.get('hardware', {}).get('kind')}; this call is size {size} on {hw.kind}: give a new --out DIR")
     state.update(size=size, hardware=hw.to_dict(), parts_known=list(PARTS))
-    start = _now()
+    start = _now() if started_at is None else started_at
     call = {"command": command, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)), "budget_s": budget_s,
             "parts": parts}
     state["calls"].append(call)
@@ -287,7 +301,11 @@ def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[st
             _end_leftover(rec, str(_partial_dir(root, step.name)))
             rec["status"] = "killed"
             rec["note"] = "the call running it was killed; runs again"
+    t0 = _now()
     write_outputs(root, state)
+    # what writing the outputs costs, kept free at the end of the budget: the last step's results must be
+    # written inside it too
+    reserve = 2.0 * (_now() - t0)
     for step in steps:
         if step.part not in parts:
             continue
@@ -300,7 +318,7 @@ def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[st
             log(f"lab: {step.name}: not run: {step.cannot_run}")
             save_state(root, state)  # the report follows with the next step that runs, or at the end
             continue
-        left = budget_s - (_now() - start)
+        left = budget_s - (_now() - start) - reserve
         if step.estimate_s > left:
             reason = f"budget (needs ≈{step.estimate_s:.0f} s, {max(0, left):.0f} s left)"
             state["steps"][step.name] = step_record(root, step, status="not run", reason=reason)
@@ -322,7 +340,9 @@ def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[st
         log(f"lab: {step.name}: {rec['status']} in {rec['seconds']:.0f} s" + (f" (exit {rec['rc']})" if rec["status"] == "failed" else "")
             + (f" — see {root / rec['log']}" if rec["status"] != "ok" else ""))
         call["used_s"] = round(_now() - start, 1)
+        t0 = _now()
         write_outputs(root, state)
+        reserve = max(reserve, 2.0 * (_now() - t0))
     call["used_s"] = round(_now() - start, 1)
     write_outputs(root, state)
     done = sum(1 for s in state["steps"].values() if s.get("status") == "ok")
