@@ -159,6 +159,31 @@ def _bench(root: Path, name: str, state: dict) -> dict | None:
     return d if isinstance(d, dict) else None
 
 
+def _headline(root: Path, part: str, state: dict) -> str:
+    """The one number of a deliverable, where its step ran."""
+    if part == "lenet":
+        runs, _, _ = _results_in(root / "steps" / "lenet_train") if (state["steps"].get("lenet_train") or {}).get("status") == "ok" else ([], 0, 0)
+        if runs:
+            acc = runs[0].summary.get("test_accuracy")
+            met = "met" if isinstance(acc, (int, float)) and acc >= TARGET_ACCURACY else "missed"
+            return f"test accuracy {fmt.pct(acc)} ({TARGET_ACCURACY:.0f} % bar {met})"
+    if part == "gpt":
+        base, best = _bench(root, "gpt_baseline", state), _bench(root, "gpt_best", state)
+        if base and best and base.get("tokens_per_s") and best.get("tokens_per_s"):
+            return f"ours {best['tokens_per_s'] / base['tokens_per_s']:.2f}× the handout's baseline ({best.get('strategy')})"
+    return ""
+
+
+def _at_a_glance(root: Path, state: dict, plan: list[dict]) -> list[list[str]]:
+    rows = [["deliverable", "steps ok", "not run or failed", "headline"]]
+    for part, title, _ in SECTIONS:
+        names = [p["name"] for p in plan if p["part"] == part]
+        ok = [n for n in names if (state["steps"].get(n) or {}).get("status") == "ok"]
+        rest = [f"{n} ({(state['steps'].get(n) or {}).get('status', 'not reached')})" for n in names if n not in ok]
+        rows.append([title, f"{len(ok)} of {len(names)}", ", ".join(rest) or "–", _headline(root, part, state) or "–"])
+    return rows
+
+
 def lab_blocks(root: Path, state: dict, out: Path) -> list[Block]:
     """The page's blocks from results.json: its `plan` (every step of the lab for this hardware, in order,
     as the runner recorded it) and its per-step records."""
@@ -172,6 +197,7 @@ def lab_blocks(root: Path, state: dict, out: Path) -> list[Block]:
     blocks.append(para(f"Hardware: {hw.get('name')} ({hw.get('kind')}, {hw.get('gpus')} GPU(s), {hw.get('cpus')} CPU cores); "
                        f"size {state.get('size')}; {len(ran)} of {len(plan)} steps ok over {len(state.get('calls', []))} call(s)."))
     blocks.append(Block("toc", links=[(title, part) for part, title, _ in SECTIONS] + [("Steps: estimate against measured", "steps")]))
+    blocks.append(Block("table", rows=_at_a_glance(root, state, plan)))
     for index, (part, title, asks) in enumerate(SECTIONS):
         blocks.append(Block("h2", title, anchor=part))
         blocks.append(para("The handout: " + asks))
