@@ -114,7 +114,7 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
         sizes={"seeds": 1 if hw.kind == "cpu" else 3},
         cannot_run="trains to 99 % on full MNIST: no tiny size" if size == "tiny" else None)
     # ---------------------------------------------------------------- GELU
-    gelu_impls = _pick(size, ["--impl", "torch", "--impl", "python", "--dtype", "float32", "--n", "256"], [], [])
+    gelu_impls = _pick(size, ["--impl", "aten", "--impl", "python", "--dtype", "float32", "--n", "256"], [], [])
     add("gelu_check", "gelu", "GELU: Python / C++ / GPU implementations against a float64 reference",
         _pick(size, 20, 120, 100), _tl("gelu", "check", "--json", *gelu_impls), stdout_file="gelu_check.json")
     bench = _pick(size, ["--sizes", "1K", "--impl", "python", "--budget", "0.01"], ["--quick"], ["--budget", "0.2"])
@@ -128,7 +128,8 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
         _tl("train", "--device", dev, "--act", gelu_act, "--no-progress", *gelu_train, "--out", "{out}/lenet-" + gelu_act),
         sizes={"act": gelu_act, "epochs": _pick(size, 1, 1, 5)})
     # ---------------------------------------------------------------- own operators
-    ops_impls = _pick(size, ["--op", "max_pool2d", "--impl", "aten", "--impl", "python", "--dtype", "float32", "--case", "batch1"],
+    ops_impls = _pick(size, ["--op", "max_pool2d", "--impl", "aten", "--impl", "python", "--dtype", "float32",
+                       "--case", "batch1-overlap"],
                       ["--impl", "aten", "--impl", "python", "--impl", "cpp"],
                       ["--impl", "aten", "--impl", "cuda", "--impl", "triton", "--batch", "64"])
     add("ops_check", "ops", "Own conv2d / max-pool / linear / ReLU against ATen",
