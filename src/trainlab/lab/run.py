@@ -111,7 +111,7 @@ def format_plan(rows: list[dict], hw: Hardware, size: str, budget_s: float) -> s
     from trainlab.report.format import seconds
 
     total = sum(r["estimate_s"] for r in rows if r["plan"].startswith("runs"))
-    lines = [f"trainlab lab plan: {hw.name} ({hw.kind}, {hw.gpus} GPU(s), peak "
+    lines = [f"lab plan: {hw.name} ({hw.kind}, {hw.gpus} GPU(s), peak "
              f"{f'{hw.peak_tflops:g} TFLOP/s' if hw.peak_tflops else 'unknown'}), size {size}, budget {seconds(budget_s)}",
              f"{'step':<20} {'part':<6} {'estimate':>9} {'limit':>8}  plan"]
     lines += [f"{r['step']:<20} {r['part']:<6} {seconds(r['estimate_s']):>9} {seconds(r['limit_s']):>8}  {r['plan']}" for r in rows]

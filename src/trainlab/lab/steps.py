@@ -105,7 +105,7 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     # take ~12 min of a 30-min lab)
     lenet_sub = _pick(size, ["--epochs", "1", "--train-subset", "2048", "--test-subset", "1024"], ["--epochs", "2"], [])
     add("lenet_train", "lenet", "LeNet-5, default recipe: curves, accuracy, telemetry",
-        _pick(size, 40, 450, 40), _tl("train", "--device", dev, "--no-progress", *lenet_sub, "--out", "{out}/lenet-default"),
+        _pick(size, 25, 450, 40), _tl("train", "--device", dev, "--no-progress", *lenet_sub, "--out", "{out}/lenet-default"),
         sizes={"epochs": _pick(size, "1 (2,048 images)", "2", "default (5)")})
     add("lenet_time_to_99", "lenet", "Time to 99 % test accuracy: fast recipe vs the seed-style loop",
         _pick(size, 0, 750, 120),
@@ -119,12 +119,12 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
         _pick(size, 20, 120, 100), _tl("gelu", "check", "--json", *gelu_impls), stdout_file="gelu_check.json")
     bench = _pick(size, ["--sizes", "1K", "--impl", "python", "--budget", "0.01"], ["--quick"], ["--budget", "0.2"])
     add("gelu_bench", "gelu", "GELU speed: forward and backward against F.gelu",
-        _pick(size, 25, 30, 90), _tl("gelu", "bench", "--device", dev, *bench, "--out", "{out}"),
+        _pick(size, 15, 30, 90), _tl("gelu", "bench", "--device", dev, *bench, "--out", "{out}"),
         sizes={"tensor sizes": _pick(size, "1K", "1K, 64K, 1M", "default (up to 64M elements)")})
     gelu_act = _pick(size, "gelu-python", "gelu-cpp", "gelu-cuda")
     gelu_train = _pick(size, ["--epochs", "1", "--train-subset", "1024", "--test-subset", "512"], ["--epochs", "1"], [])
     add("gelu_train", "gelu", f"LeNet-5 trained with our GELU ({gelu_act})",
-        _pick(size, 35, 290, 50),
+        _pick(size, 25, 290, 50),
         _tl("train", "--device", dev, "--act", gelu_act, "--no-progress", *gelu_train, "--out", "{out}/lenet-" + gelu_act),
         sizes={"act": gelu_act, "epochs": _pick(size, 1, 1, 5)})
     # ---------------------------------------------------------------- own operators
@@ -136,12 +136,12 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
         _pick(size, 25, 125, 120), _tl("ops", "check", *ops_impls, "--no-gelu", "--out", "{out}"))
     ops_bench = _pick(size, ["--impl", "python", "--layer", "pool1", "--quick"], ["--quick"], [])
     add("ops_bench", "ops", "Own operators: time per LeNet-5 layer against ATen",
-        _pick(size, 30, 95, 60), _tl("ops", "bench", "--device", dev, *ops_bench, "--out", "{out}"))
+        _pick(size, 20, 95, 60), _tl("ops", "bench", "--device", dev, *ops_bench, "--out", "{out}"))
     own = _pick(size, "own=python", "own=cpp", "own=cuda")
     ops_train = _pick(size, ["--epochs", "1", "--train-subset", "512", "--test-subset", "256"],
                       ["--epochs", "1", "--train-subset", "16384"], [])
     add("ops_train", "ops", f"LeNet-5 trained on our operators ({own})",
-        _pick(size, 50, 320, 60), _tl("train", "--device", dev, "--ops", own, "--no-progress", *ops_train, "--out", "{out}/lenet-ops-" + own.replace("=", "-")),
+        _pick(size, 35, 320, 60), _tl("train", "--device", dev, "--ops", own, "--no-progress", *ops_train, "--out", "{out}/lenet-ops-" + own.replace("=", "-")),
         sizes={"ops": own, "epochs": _pick(size, "1 (512 images)", "1 (16,384 images)", 5)})
     # ---------------------------------------------------------------- data parallel
     modes = _pick(size, "none,ddp", "none,ddp,allreduce,ring", "none,dp,ddp,allreduce,ring" if hw.gpus > 1 else "none,ddp")
@@ -154,7 +154,7 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
         sizes={"ranks": ranks, "modes": modes, "backend": "gloo" if hw.kind == "cpu" else "nccl"})
     compile_args = _pick(size, ["--steps", "3", "--variants", "eager"], ["--steps", "30", "--threads", "2"], ["--steps", "200"])
     add("dp_compile", "dp", "Eager vs torch.compile vs CUDA graphs, and the asynchronous-timing demo",
-        _pick(size, 40, 180, 120), _bench("dp_compile.py", "--device", dev, *compile_args, "--out", "{out}"),
+        _pick(size, 25, 180, 120), _bench("dp_compile.py", "--device", dev, *compile_args, "--out", "{out}"),
         sizes={"steps": compile_args[1]})
     # ---------------------------------------------------------------- GPT-2
     gpu = hw.kind == "cuda"
@@ -162,7 +162,7 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     mem = str(hw.memory_bytes) if hw.memory_bytes else "80GiB"
     sm = str(hw.sm or 90)
     add("gpt_plan", "gpt", "GPT-2 1.6B memory plan for this device (every strategy)",
-        _pick(size, 20, 15, 10), _tl("gpt", "plan", "--model", GPT_GPU_MODEL, "--gpus", str(max(1, hw.gpus)), "--gpu-mem", mem,
+        _pick(size, 15, 15, 10), _tl("gpt", "plan", "--model", GPT_GPU_MODEL, "--gpus", str(max(1, hw.gpus)), "--gpu-mem", mem,
                                    "--micro-batch", "8", "--optimizer", "fused", "--sm", sm, "--json"),
         stdout_file="plan.json", sizes={"model": GPT_GPU_MODEL, "gpus": max(1, hw.gpus), "memory": mem})
     common = ["--model", model, "--device", dev] + (["--global-batch", "16"] if gpu else ["--global-batch", "8", "--seq", "64"])
@@ -170,7 +170,7 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     best = ["--strategy", "amp+compile+accum", "--micro-batch", "8", "--fused-optimizer"] if gpu else \
         ["--strategy", "none", "--micro-batch", "4"]
     add("gpt_best", "gpt", "GPT-2: our fastest single-device configuration",
-        _pick(size, 30, 40, 150), _tl("gpt", "bench", *common, *best, *steps_w, "--json", "{out}/bench.json"),
+        _pick(size, 20, 40, 150), _tl("gpt", "bench", *common, *best, *steps_w, "--json", "{out}/bench.json"),
         sizes={"model": model, "strategy": best[1], "micro_batch": best[3]})
     base_steps = ["--steps", "4", "--warmup", "1"] if gpu else ["--steps", _pick(size, "2", "5", "5"), "--warmup", "1"]
     # fp32 without TF32, checkpointing: the handout's setting. Its limit is generous: fp32 on the GPU is
