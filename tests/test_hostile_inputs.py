@@ -505,7 +505,8 @@ CASES = [
          code=0, setup=_runs_folder, creates=("rep", "rep/*"), check=_report_renders_good_and_gpt),
     Case("report-nowhere", "report {ws}/nowhere -o {ws}/rep", r"nowhere: no such file or directory"),
 
-    # == round 2 ==========================================================================================    # -- 1: trainlab deletes or replaces only what it wrote ----------------------------------------------------
+    # == round 2 =================================================================================================
+    # -- 1: trainlab deletes or replaces only what it wrote ----------------------------------------------------
     Case("overwrite-keeps-user-files-beside-a-run", f"train {RUN_ARGS} --out {{run}} --overwrite",
          r"holds files trainlab did not write \(notes.txt, src\); refusing to replace the run", setup=_beside_run),
     Case("report-keeps-users-index", "report {run} -o {ws}/site",
@@ -579,7 +580,6 @@ CASES = [
       if NO_GPU else []),
     Case("unknown-flag-did-you-mean", f"{NEW} --lr-rate 3", r"train: unrecognized argument --lr-rate \(did you mean --lr\?\)"),
     Case("unknown-nested-flag", "gpt bench --stratgy ddp", r"gpt bench: unrecognized argument --stratgy \(did you mean --strategy\?\)"),
-=======
     # -- lab -------------------------------------------------------------------------------------------------------
     Case("lab-plan-writes-nothing", "lab --out {ws}/lab --plan --size tiny --budget 1m", r"^estimated: .* of 60\.0 s$", code=0),
     Case("lab-budget-not-a-duration", "lab --out {ws}/lab --budget soon", r"--budget 'soon': expected a duration such as 25m"),
