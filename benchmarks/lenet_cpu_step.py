@@ -10,9 +10,16 @@ A variant is a '+'-joined list of settings, e.g. `bn+bf16+cl+compile@1`:
     bn        LeNet-5 with BatchNorm (best)         compile  torch.compile the model (inductor, C++ on CPU)
     bn234     BatchNorm after conv2, fc1, fc2 only (--no-batchnorm-conv1; the fast preset)
     fused     AdamW(fused=True)                     foreach  AdamW(foreach=True) (the default is chosen by torch)
+    actpool   the classic order ReLU → max-pool (LeNet5 pools first since issue 23: the same numbers, cheaper)
     bsN       batch size N (default --batch-size)   @T       T threads (default: torch's default)
 
     python benchmarks/lenet_cpu_step.py --variants fp32,cl,bf16,bf16+cl,bn+bf16+cl [--rounds 20] [--steps 5] [--out DIR] [--name NAME] [--force]
+
+`--roofline` adds a roofline table: the matmul FLOPs of one training image (convolutions and linear
+layers, forward and backward, counted from the layer shapes), the rate each variant achieves, and
+that rate as a fraction of the CPU's bf16 and fp32 matmul peak, measured by a square matmul at each
+thread count taking its turns in the same rounds. `--clock cpu` times by process CPU time instead of
+wall time: on a shared machine that leaves out the time spent waiting for a core (1-thread variants only).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from _common import add_output_args, check_output, save
 from trainlab.lenet.model import LeNet5
 from trainlab.stats import time_interleaved
 
-SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach"}
+SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach", "actpool"}
 
 
 def parse_variant(spec: str, batch_size: int) -> dict:
@@ -48,6 +55,10 @@ class Variant:
         self.v = v
         torch.manual_seed(0)
         self.model = LeNet5(batchnorm=bool(v.get("bn") or v.get("bn234")), batchnorm_conv1=not v.get("bn234"))
+        if v.get("actpool"):  # swap each (max-pool, ReLU) pair back
+            f = list(self.model.features)
+            f[2:4], f[6:8] = f[3:1:-1], f[7:5:-1]
+            self.model.features = torch.nn.Sequential(*f)
         self.x = torch.randn(v["batch_size"], 1, 28, 28)
         self.y = torch.randint(0, 10, (v["batch_size"],))
         if v.get("cl"):
@@ -74,6 +85,61 @@ class Variant:
         self.optimizer.step()
 
 
+def training_flops_per_image(model: torch.nn.Module) -> int:
+    """Matmul FLOPs (2 per multiply-add) of one image's forward and backward pass through the convolutions
+    and linear layers. Backward costs twice the forward (input and weight gradients) except for the first
+    layer, whose input needs no gradient. BatchNorm, ReLU, pooling and the loss are not matmuls: left out."""
+    macs: list[int] = []
+
+    def hook(module, _inputs, out):
+        per_output = module.weight[0].numel()  # in_channels/groups × kernel area, or in_features
+        macs.append(out[0].numel() * per_output)
+
+    layers = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    handles = [m.register_forward_hook(hook) for m in layers]
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(1, 1, 28, 28))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train()
+    return 2 * (3 * sum(macs) - macs[0])
+
+
+class MatmulPeak:
+    """A square bf16 or fp32 matmul, timed in turns with the variants: the CPU's attainable matmul rate."""
+
+    def __init__(self, dtype: torch.dtype, threads: int | None, n: int = 1024):
+        self.n, self.threads = n, threads
+        self.spec = f"matmul-{str(dtype).removeprefix('torch.')}" + (f"@{threads}" if threads else "")
+        self.a, self.b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        self.step()
+
+    def step(self) -> None:
+        with _threads(self.threads):
+            self.a @ self.b
+
+
+def roofline(variants: list, stats: dict, peaks: dict) -> tuple[str, list[dict]]:
+    rows, md = [], ["| variant | threads | matmul MFLOP per training image | ms/step median | achieved GFLOP/s | "
+                    "bf16 matmul peak GFLOP/s (share) | fp32 matmul peak GFLOP/s (share) |",
+                    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for var in variants:
+        threads = var.v["threads"] or torch.get_num_threads()
+        flops = training_flops_per_image(var.model)
+        ms = stats[var.v["spec"]]["median"] * 1e3
+        achieved = flops * var.v["batch_size"] / ms / 1e6
+        bf16, fp32 = (2 * peaks[(dtype, threads)].n ** 3 / stats[peaks[(dtype, threads)].spec]["median"] / 1e9
+                      for dtype in (torch.bfloat16, torch.float32))
+        rows.append({"variant": var.v["spec"], "threads": threads, "flops_per_image": flops, "median_ms": ms,
+                     "achieved_gflops": achieved, "bf16_peak_gflops": bf16, "fp32_peak_gflops": fp32,
+                     "share_of_bf16_peak": achieved / bf16, "share_of_fp32_peak": achieved / fp32})
+        md.append(f"| {var.v['spec']} | {threads} | {flops / 1e6:.2f} | {ms:.2f} | {achieved:.1f} | "
+                  f"{bf16:.0f} ({100 * achieved / bf16:.0f} %) | {fp32:.0f} ({100 * achieved / fp32:.0f} %) |")
+    return "\n".join(md), rows
+
+
 class _threads:
     def __init__(self, n):
         self.n = n
@@ -93,12 +159,17 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=20, help="progress lines")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per variant between progress lines")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall: elapsed time; cpu: process CPU time (a loaded shared box; 1-thread variants only)")
+    ap.add_argument("--roofline", action="store_true", help="also time bf16/fp32 matmul peaks and report the roofline table")
     ap.add_argument("--name", default="lenet_cpu_step", help="result file stem: <out>/<name>.{json,md,log}")
     add_output_args(ap)
     args = ap.parse_args()
     check_output(args.out, args.name, force=args.force)
     specs = [parse_variant(s, args.batch_size) for s in args.variants.split(",")]
-    lines = [f"torch threads by default: {torch.get_num_threads()}"]
+    if args.clock == "cpu" and any(v["threads"] != 1 for v in specs):
+        ap.error("--clock cpu: every variant needs @1 (the CPU time of several threads is not a step's time)")
+    lines = [f"torch threads by default: {torch.get_num_threads()}; clock: {args.clock}"]
     print(lines[0])
     variants = []
     for v in specs:
@@ -112,8 +183,12 @@ def main() -> None:
             print(line, flush=True)
             lines.append(line)
 
-    stats = time_interleaved({var.v["spec"]: var.step for var in variants}, warmup=0, rounds=args.rounds * args.steps,
-                             on_round=progress)
+    # one bf16 and one fp32 matmul per thread count in use, taking turns with the variants
+    peaks = {(dtype, v["threads"] or torch.get_num_threads()): MatmulPeak(dtype, v["threads"])
+             for v in specs for dtype in (torch.bfloat16, torch.float32)} if args.roofline else {}
+    stats = time_interleaved({**{var.v["spec"]: var.step for var in variants}, **{p.spec: p.step for p in peaks.values()}},
+                             warmup=0, rounds=args.rounds * args.steps, on_round=progress,
+                             clock=time.process_time if args.clock == "cpu" else time.perf_counter)
     rows = []
     base = None
     for var in variants:
@@ -129,8 +204,13 @@ def main() -> None:
     md += [f"| {r['variant']} | {r['batch_size']} | {r['threads']} | {r['median_ms']:.2f} [{r['p10_ms']:.2f}, {r['p90_ms']:.2f}] | "
            f"{r['images_per_s']:,.0f} | {r['speedup']:.2f} | {r['warmup_s']:.1f} |" for r in rows]
     text = "\n".join(md)
+    result = rows
+    if peaks:
+        roof_md, roof_rows = roofline(variants, stats, peaks)
+        text += "\n\nRoofline (matmul FLOPs only; the peaks are square 1024³ matmuls timed in the same rounds):\n\n" + roof_md
+        result = {"steps": rows, "roofline": roof_rows}
     print(text)
-    save(args.name, rows, text, lines, out=args.out)
+    save(args.name, result, text, lines, out=args.out)
 
 
 if __name__ == "__main__":

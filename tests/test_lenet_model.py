@@ -43,3 +43,40 @@ def test_activation_registry():
 def test_unknown_pool():
     with pytest.raises(ConfigError, match="--pool"):
         LeNet5(pool="median")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_pooling_before_relu_is_exactly_relu_then_pool_with_gradients(dtype, batchnorm):
+    # LeNet5 pools before ReLU (cheaper); the classic order, written out with the same modules, must give
+    # bit-identical logits and parameter gradients, including windows whose values are all ≤ 0 or tied.
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = LeNet5(batchnorm=batchnorm).to(dtype)
+    assert model.pool_first and [type(m).__name__ for m in model.features[2:4]] == ["MaxPool2d", "ReLU"]
+    conv1, bn1, _, _, conv2, bn2, _, _ = model.features
+    fc1, bn3, _, fc2, bn4, _, fc3 = model.classifier[1:]
+
+    def classic(x):
+        x = F.max_pool2d(F.relu(bn1(conv1(x))), 2)
+        x = F.max_pool2d(F.relu(bn2(conv2(x))), 2).flatten(1)
+        return fc3(F.relu(bn4(fc2(F.relu(bn3(fc1(x)))))))
+
+    x = torch.randn(16, 1, 28, 28, dtype=dtype)
+    x[:, :, :8] = x[:, :, :8].round()  # ties inside pooling windows
+    grads = []
+    for forward in (model, classic):
+        model.zero_grad()
+        out = forward(x)
+        out.float().square().sum().backward()
+        grads.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert torch.equal(grads[0][0], grads[1][0])
+    for a, b in zip(grads[0][1], grads[1][1]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("act, pool", [("gelu", "max"), ("relu", "avg")])
+def test_activation_stays_before_pooling_where_they_do_not_commute(act, pool):
+    model = LeNet5(act=act, pool=pool)
+    assert not model.pool_first and isinstance(model.features[3], (torch.nn.MaxPool2d, torch.nn.AvgPool2d))

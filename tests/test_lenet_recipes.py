@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -198,3 +199,93 @@ def test_bad_recipe_flags_are_one_line_errors(tmp_path, capsys, argv, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("trainlab: error:") and needle in err[0]
     assert not (tmp_path / "x").exists()  # refused before the run directory or the data
+
+
+# ----------------------------------------------------------------------------- one-epoch recipe: schedule, validation split
+
+def test_linear_schedule_warms_up_then_decays_to_zero():
+    from trainlab.lenet.setup import build_scheduler
+
+    cfg = TrainConfig(schedule="linear", warmup_epochs=0.2, epochs=1, lr=1.0)
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_scheduler(cfg, opt, 1.0, steps_per_epoch=10)
+    lrs = []
+    for _ in range(10):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    # 2 warm-up steps (0.2 × 10) up to the peak, then (10 − s) / 8 down to 0 after the last step
+    assert lrs == pytest.approx([0.5, 1.0, 1.0, 7 / 8, 6 / 8, 5 / 8, 4 / 8, 3 / 8, 2 / 8, 1 / 8])
+    assert opt.param_groups[0]["lr"] == 0.0
+
+
+def test_holdout_trains_on_the_rest_and_scores_the_held_out_training_images(tmp_path):
+    data = load_mnist()
+    split = data.holdout(1000)
+    assert len(split.train_labels) == 59_000 and len(split.test_labels) == 1000
+    assert np_equal(split.train_images, data.train_images[:59_000]) and np_equal(split.test_images, data.train_images[59_000:])
+    assert np_equal(split.test_labels, data.train_labels[59_000:])
+    summary = train(TrainConfig(**dict(SMALL, test_subset=None, holdout=300, out=str(tmp_path / "h"))), log=quiet)
+    # scored on the 300 held-out training images (the confusion matrix counts them), not on test images
+    assert sum(map(sum, summary["confusion_matrix"])) == 300
+    wrong = np.load(tmp_path / "h" / "misclassified.npz")
+    held_out = data.holdout(300)
+    assert int(wrong["tested"]) == 300 and len(wrong["index"]) > 0
+    assert np_equal(wrong["image"], held_out.test_images[wrong["index"]])
+    assert np_equal(wrong["label"], held_out.test_labels[wrong["index"]].astype(np.int64))
+
+
+def np_equal(a, b) -> bool:
+    return bool((a == b).all()) and a.shape == b.shape
+
+
+@pytest.mark.parametrize("n", [60_000, 70_000])
+def test_holdout_of_the_whole_training_set_is_a_one_line_error(tmp_path, capsys, n):
+    assert main(["train", "--holdout", str(n), "--out", str(tmp_path / "x"), "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--holdout {n}: expected fewer than the 60000 training images" in err[0]
+
+
+# ----------------------------------------------------------------------------- batch-size warm-up
+
+def test_batch_warmup_serves_small_batches_first_and_every_image_once_per_epoch():
+    from trainlab.data.loader import DeviceLoader
+
+    n = 1000
+    index = torch.arange(n)  # as the labels: each batch says which images it holds
+    images = torch.zeros(n, 28, 28, dtype=torch.uint8)
+    loader = DeviceLoader(images, index, 256, "cpu", seed=3, warmup_batch_size=64, warmup_images=300)
+    plain = DeviceLoader(images, index, 256, "cpu", seed=3)
+    assert loader.total_steps(2) == 8 + 4 and loader.total_steps(1) == 8
+    for epoch, sizes in ((0, [64] * 5 + [256, 256, 168]), (1, [256, 256, 256, 232])):
+        loader.set_epoch(epoch)
+        plain.set_epoch(epoch)
+        batches = [y for _, y in loader]
+        assert [len(y) for y in batches] == sizes and len(loader) == len(sizes)
+        # each image exactly once, in the epoch's shuffled order: the same order as without the warm-up
+        assert torch.equal(torch.cat(batches), torch.cat([y for _, y in plain]))
+        assert sorted(torch.cat(batches).tolist()) == list(range(n))
+
+
+def test_batch_warmup_over_the_whole_epoch_is_exactly_the_small_batch_run(tmp_path):
+    kw = dict(SMALL, train_subset=640, schedule="linear", warmup_epochs=0.2, label_smoothing=0.1, batchnorm=True)
+    small = train(TrainConfig(**dict(kw, batch_size=64), out=str(tmp_path / "small")), log=quiet)
+    warm = train(TrainConfig(**dict(kw, batch_size=256, warmup_batch_size=64, batch_warmup_epochs=1.0),
+                             out=str(tmp_path / "warm")), log=quiet)
+    a, b = (json.loads((tmp_path / d / "metrics.jsonl").read_text().splitlines()[0]) for d in ("small", "warm"))
+    assert len(a["step_losses"]) == 10 and a["step_losses"] == b["step_losses"]
+    assert small["test_accuracy"] == warm["test_accuracy"] and small["test_loss"] == warm["test_loss"]
+
+
+def test_batch_warmup_schedule_spans_all_steps_and_resume_continues_it(tmp_path):
+    # 640 images, a quarter in batches of 32 (5 steps), the rest in batches of 128 (4 steps) in epoch 0;
+    # then 5 steps of 128 per epoch. The linear schedule reaches 0 exactly at the last step.
+    kw = dict(SMALL, epochs=2, train_subset=640, batch_size=128, warmup_batch_size=32, batch_warmup_epochs=0.25,
+              schedule="linear", warmup_epochs=0.2)
+    full = train(TrainConfig(**kw, out=str(tmp_path / "full")), log=quiet)
+    records = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["global_step"] for r in records] == [9, 14] and [len(r["step_losses"]) for r in records] == [9, 5]
+    assert records[-1]["lr"] == 0.0
+    train(TrainConfig(**kw, stop_after=1, out=str(tmp_path / "part")), log=quiet)
+    resumed = train(TrainConfig(**kw, out=str(tmp_path / "part")), resume=tmp_path / "part", log=quiet)
+    assert resumed["test_accuracy"] == full["test_accuracy"] and resumed["test_loss"] == full["test_loss"]

@@ -33,13 +33,16 @@ def format_spread(s: dict, scale: float = 1.0, unit: str = "") -> str:
 
 def time_interleaved(fns: dict[str, Callable | Sequence[Callable]], warmup: int = 3, min_runs: int = 5,
                      max_runs: int = 200, budget_s: float = 0.5, sync: Callable[[], None] = lambda: None,
-                     rounds: int | None = None, on_round: Callable[[int], None] | None = None) -> dict:
+                     rounds: int | None = None, on_round: Callable[[int], None] | None = None,
+                     clock: Callable[[], float] = time.perf_counter) -> dict:
     """Wall time of each entry of `fns`, taken round-robin (run 1 of every entry, then run 2, …) so that
     a change in machine load hits all alike: on a shared machine that matters more than the number
     of runs. An entry is a callable, or a sequence of phases run back to back and timed apiece (a
     forward, then its backward). `sync` brackets every timed phase (a device synchronize). Runs go on
     for `rounds`, else until `min_runs` and `budget_s` per entry are spent (at most `max_runs`); warm-up
-    runs are excluded. Returns {name: summarize(samples)}, a list of them for a sequence of phases."""
+    runs are excluded. `clock` may be time.process_time: CPU time leaves out the waits for a core on a
+    shared machine (single-threaded work only). Returns {name: summarize(samples)}, a list of them for a
+    sequence of phases."""
     phases = {k: (list(v) if isinstance(v, (list, tuple)) else [v]) for k, v in fns.items()}
     samples: dict[str, list[list[float]]] = {k: [[] for _ in p] for k, p in phases.items()}
     for steps in phases.values():
@@ -53,10 +56,10 @@ def time_interleaved(fns: dict[str, Callable | Sequence[Callable]], warmup: int 
         for name, steps in phases.items():
             for i, step in enumerate(steps):
                 sync()
-                t0 = time.perf_counter()
+                t0 = clock()
                 step()
                 sync()
-                samples[name][i].append(time.perf_counter() - t0)
+                samples[name][i].append(clock() - t0)
         runs += 1
         if on_round:
             on_round(runs)

@@ -60,9 +60,13 @@ class DeviceLoader:
 
     def __init__(self, images_uint8, labels, batch_size: int, device, shuffle: bool = True, seed: int = 0,
                  augment: bool | Distortion = False, drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                 shares: tuple[float, ...] | None = None):
+                 shares: tuple[float, ...] | None = None, warmup_batch_size: int | None = None,
+                 warmup_images: int = 0):
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
+        if warmup_batch_size is not None and not world_size <= warmup_batch_size:
+            raise ConfigError(f"--warmup-batch-size {warmup_batch_size} is smaller than the world size {world_size}: "
+                              "every rank needs at least one row of each global batch")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is not valid for world size {world_size}")
         if batch_size < world_size:
@@ -81,6 +85,7 @@ class DeviceLoader:
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.distortion, self.drop_last = Distortion.of(augment), drop_last
         self.rank, self.world_size = rank, world_size
+        self.warmup_batch_size, self.warmup_images = warmup_batch_size, warmup_images if warmup_batch_size else 0
         self.epoch = 0
         self.shares: tuple[float, ...] | None = None
         self.set_shares(shares)
@@ -106,8 +111,15 @@ class DeviceLoader:
         """Select the epoch whose order (and augmentation) the next iteration uses."""
         self.epoch = epoch
 
-    def _global_batch_bounds(self) -> list[tuple[int, int]]:
-        bounds = [(i, min(i + self.batch_size, self.n)) for i in range(0, self.n, self.batch_size)]
+    def _global_batch_bounds(self, epoch: int | None = None) -> list[tuple[int, int]]:
+        # Batch-size warm-up: the first `warmup_images` of epoch 0 (rounded up to whole batches) go in
+        # batches of `warmup_batch_size`, the rest of the run in batches of `batch_size`.
+        start, bounds = 0, []
+        if (self.epoch if epoch is None else epoch) == 0:
+            while start < min(self.warmup_images, self.n):
+                bounds.append((start, min(start + self.warmup_batch_size, self.n)))
+                start = bounds[-1][1]
+        bounds += [(i, min(i + self.batch_size, self.n)) for i in range(start, self.n, self.batch_size)]
         if bounds and (bounds[-1][1] - bounds[-1][0] < (self.batch_size if self.drop_last else self.world_size)):
             bounds.pop()
         elif bounds and self.shares is not None and any(
@@ -117,7 +129,12 @@ class DeviceLoader:
         return bounds
 
     def __len__(self) -> int:
+        """Steps in the current epoch (set_epoch): epoch 0 has more of them under a batch-size warm-up."""
         return len(self._global_batch_bounds())
+
+    def total_steps(self, epochs: int) -> int:
+        """Steps in epochs 0 … epochs−1."""
+        return len(self._global_batch_bounds(0)) + (epochs - 1) * len(self._global_batch_bounds(1)) if epochs else 0
 
     def shard_weights(self) -> list[float]:
         """Per step: W·(this rank's rows)/(global rows). Scaling the rank's mean loss by it makes the

@@ -34,7 +34,7 @@ from trainlab.data.augment import (AUGMENT_STREAM, ELASTIC_STREAM, Distortion, a
                                    identity_matrices, seeded_generator)
 from trainlab.data.idx import read_idx, write_idx
 from trainlab.data.pack import PACK_NAME, read_pack
-from trainlab.errors import DataError
+from trainlab.errors import ConfigError, DataError
 from trainlab.io import atomic_write_json
 
 MEAN, STD = 0.1307, 0.3081  # mean/std of the MNIST training pixels scaled to [0, 1]
@@ -92,6 +92,16 @@ class MNISTArrays:
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return {name: getattr(self, name) for name in IDX_STEMS}
+
+    def holdout(self, n: int) -> "MNISTArrays":
+        """A validation split: the first N_train − n training images to train on and the last n as the
+        evaluation set, in place of the test set (which is then not looked at)."""
+        keep = len(self.train_labels) - n
+        if not 0 < keep:
+            raise ConfigError(f"--holdout {n}: expected fewer than the {len(self.train_labels)} training images")
+        return MNISTArrays(self.train_images[:keep], self.train_labels[:keep], self.train_images[keep:],
+                           self.train_labels[keep:], source=f"{self.source}; last {n} training images held out "
+                                                              "for validation (evaluated in place of the test set)")
 
 
 # ----------------------------------------------------------------------------- normalization

@@ -27,7 +27,8 @@ def build_train_batches(cfg: TrainConfig, data, device: torch.device, par: DataP
     images, labels = _subset(data.train_images, data.train_labels, cfg.train_subset)
     if cfg.loader == "device":
         return DeviceLoader(images, labels, cfg.batch_size, device, shuffle=True, seed=cfg.seed, augment=cfg.distortion(),
-                            rank=par.rank, world_size=par.world_size)
+                            rank=par.rank, world_size=par.world_size, warmup_batch_size=cfg.warmup_batch_size,
+                            warmup_images=int(cfg.batch_warmup_epochs * len(labels)))
     if cfg.loader == "dataloader":
         if par.world_size > 1:
             raise ConfigError(f"--loader dataloader is single-process; with --parallel {par.mode} over {par.world_size} "

@@ -23,7 +23,7 @@ from trainlab.lenet.models import MODELS, check_model_choice
 from trainlab.lenet.shard_weights import parse_shard_weights
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
-SCHEDULES = ("onecycle", "cosine", "constant")
+SCHEDULES = ("onecycle", "cosine", "constant", "linear")
 LOADERS = ("device", "dataloader")
 
 # Fields a resumed run may change: they do not change its result, or (epochs) change it as documented
@@ -70,15 +70,24 @@ class TrainConfig(Config):
                                check=positive)
     train_subset: int | None = opt(None, "train on the first N images (tests, quick looks)", check=at_least(1))
     test_subset: int | None = opt(None, "evaluate on the first N test images", check=at_least(1))
+    holdout: int | None = opt(None, "validation: train on all but the last N training images and evaluate on those N "
+                                    "instead of the test set (to choose a recipe without looking at the test set)",
+                              check=at_least(1))
     # optimization
     epochs: int = opt(5, "passes over the training set", check=at_least(1))
     batch_size: int = opt(256, "global batch size (split across ranks when data-parallel)", check=at_least(1))
+    warmup_batch_size: int | None = opt(None, "batch-size warm-up: the first --batch-warmup-epochs of data go in "
+                                              "global batches of this size, then --batch-size (device loader)",
+                                        check=at_least(1))
+    batch_warmup_epochs: float = opt(0.25, "with --warmup-batch-size: how much of the first epoch goes in the "
+                                           "small batches (0–1]", check=between(0, 1, lo_open=True))
     optimizer: str = opt("adamw", "adamw | adam | sgd", check=one_of(OPTIMIZERS))
     lr: float = opt(5e-3, "peak learning rate (OneCycle max / constant value)", check=positive)
     weight_decay: float = opt(1e-4, "weight decay (decoupled for AdamW, L2 for SGD/Adam)", check=non_negative)
     momentum: float = opt(0.9, "SGD momentum (Nesterov)", cli=False, check=between(0, 1, hi_open=True))
-    schedule: str = opt("onecycle", "onecycle | cosine | constant", check=one_of(SCHEDULES))
-    warmup_epochs: float = opt(0.0, "linear warm-up for cosine/constant (OneCycle has its own)", check=non_negative)
+    schedule: str = opt("onecycle", "onecycle | cosine | constant | linear (linear warm-up, then linear decay to 0)",
+                        check=one_of(SCHEDULES))
+    warmup_epochs: float = opt(0.0, "linear warm-up for cosine/constant/linear (OneCycle has its own)", check=non_negative)
     label_smoothing: float = opt(0.0, "cross-entropy label smoothing", check=between(0, 1, hi_open=True))
     ema: float = opt(0.0, "keep an exponential moving average of the weights with this decay (e.g. 0.999) and "
                           "evaluate/checkpoint it; 0 = off", check=between(0, 1, hi_open=True))
@@ -126,6 +135,9 @@ class TrainConfig(Config):
         if self.schedule == "onecycle" and self.warmup_epochs:
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs:g}: OneCycle has its own warm-up; "
                               "use --schedule cosine or constant")
+        if self.warmup_batch_size is not None and self.loader != "device":
+            raise ConfigError(f"--warmup-batch-size {self.warmup_batch_size}: the batch-size warm-up needs "
+                              f"--loader device, not {self.loader}")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ConfigError(f"--name {self.name!r}: expected a plain name (it becomes runs/<name>)")
         self.distortion()  # the augmentation flags, together (raises ConfigError naming the flag)

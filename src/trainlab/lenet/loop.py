@@ -248,6 +248,8 @@ def _assemble(cfg: TrainConfig, resume, par, run: RunDir, log) -> _Parts:
     device = par.device
     ckpt = load_checkpoint(run.checkpoint) if resume is not None else None
     data = load_dataset(cfg.dataset, cfg.data_dir)
+    if cfg.holdout is not None:
+        data = data.holdout(cfg.holdout)
     train_batches = build_train_batches(cfg, data, device, par)
     test_batches = build_test_batches(cfg, data, device, par)
     n_train = len(data.train_images) if cfg.train_subset is None else min(cfg.train_subset, len(data.train_images))
@@ -258,7 +260,8 @@ def _assemble(cfg: TrainConfig, resume, par, run: RunDir, log) -> _Parts:
     steps_per_epoch = len(train_batches)  # after the split: a weighted split may drop a short last batch
     lr = scaled_lr(cfg)
     optimizer = build_optimizer(cfg, model, lr)
-    scheduler = build_scheduler(cfg, optimizer, lr, steps_per_epoch)
+    total_steps = train_batches.total_steps(cfg.epochs) if cfg.warmup_batch_size else None  # device loader (validate)
+    scheduler = build_scheduler(cfg, optimizer, lr, steps_per_epoch, total_steps)
     ema = EMA(model, cfg.ema) if cfg.ema else None  # evaluated and checkpointed in place of the live weights
     s = _Parts(device, data, train_batches, test_batches, n_train, channels_last, precision,
                model, optimizer, scheduler, ema, params=0, resumed=ckpt is not None, sharding=sharding)

@@ -71,10 +71,15 @@ class LeNet5(nn.Module):
         norm1d = (lambda c: nn.BatchNorm1d(c)) if batchnorm else (lambda c: nn.Identity())
         bn1 = batchnorm and batchnorm_conv1
         # Conv biases are redundant before BatchNorm (it has its own shift).
-        self.features = nn.Sequential(
-            Conv(1, 6, 5, padding=2, bias=not bn1), norm2d(6) if bn1 else nn.Identity(), Act(act), Pool(2),  # 28→28→14
-            Conv(6, 16, 5, bias=not batchnorm), norm2d(16), Act(act), Pool(2),                              # 14→10→5
-        )
+        stage1 = [Conv(1, 6, 5, padding=2, bias=not bn1), norm2d(6) if bn1 else nn.Identity(), Act(act), Pool(2)]  # 28→28→14
+        stage2 = [Conv(6, 16, 5, bias=not batchnorm), norm2d(16), Act(act), Pool(2)]                                # 14→10→5
+        # max(relu(x)) == relu(max(x)), gradient included (the same first argmax in each window; zero
+        # gradient where the window's max is ≤ 0): pooling first applies ReLU, forward and backward, to
+        # a quarter of the values. Not for GELU (not monotone) nor average pooling.
+        self.pool_first = act == "relu" and pool == "max"
+        if self.pool_first:
+            stage1[2:], stage2[2:] = stage1[:1:-1], stage2[:1:-1]
+        self.features = nn.Sequential(*stage1, *stage2)
         self.classifier = nn.Sequential(
             nn.Flatten(),
             Linear(16 * 5 * 5, 120, bias=not batchnorm), norm1d(120), Act(act),
@@ -92,8 +97,8 @@ class LeNet5(nn.Module):
         return self.features[0]
 
     def first_layer_maps(self, x: torch.Tensor) -> torch.Tensor:
-        """Activations after the first conv block (for 'visualize intermediate layers')."""
-        return self.features[:3](x)
+        """Activations after the first conv block, before pooling (for 'visualize intermediate layers')."""
+        return self.features[3 if self.pool_first else 2](self.features[:2](x))
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -63,8 +63,10 @@ def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float) -> torc
     return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=True, weight_decay=cfg.weight_decay, **fused)
 
 
-def build_scheduler(cfg: TrainConfig, optimizer, lr: float, steps_per_epoch: int):
-    total = max(1, cfg.epochs * steps_per_epoch)
+def build_scheduler(cfg: TrainConfig, optimizer, lr: float, steps_per_epoch: int, total_steps: int | None = None):
+    """The per-step LR schedule; `total_steps` when the epochs differ in length (batch-size warm-up), and
+    then `steps_per_epoch` is the first epoch's (the one --warmup-epochs counts in)."""
+    total = max(1, total_steps if total_steps is not None else cfg.epochs * steps_per_epoch)
     if cfg.schedule == "onecycle" and total >= 4:
         # OneCycle warms up for 25% of training then anneals: the fastest route to 99% for small nets.
         # torch's OneCycleLR divides by zero when the warm-up is shorter than 2 steps (tiny runs).
@@ -74,6 +76,10 @@ def build_scheduler(cfg: TrainConfig, optimizer, lr: float, steps_per_epoch: int
     warmup = int(cfg.warmup_epochs * steps_per_epoch)
     if cfg.schedule == "cosine":
         f = lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup)))  # noqa: E731
+    elif cfg.schedule == "linear":
+        # Up to the peak, then straight down to 0 at the last step: for a one-epoch run every step
+        # counts, and the last ones, at a tiny lr, settle the weights (and BatchNorm statistics).
+        f = lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))  # noqa: E731
     else:  # constant
         f = lambda s: (s + 1) / warmup if s < warmup else 1.0  # noqa: E731
     return torch.optim.lr_scheduler.LambdaLR(optimizer, f)
