@@ -16,6 +16,10 @@ them alike and the per-seed ratio is the figure to trust. A loop may carry a thr
     python benchmarks/lenet_time_to_99.py --device cpu --seeds 0 --loops fast,seed-style
     python benchmarks/lenet_time_to_99.py --device cuda --loops fast,default  # GPU: no seed-style loop
 
+On a shared machine the seeds can run as separate processes (`--seeds N --name STEM.sN`, one thread
+per loop: `--loops fast@1,seed-style@1`) and be merged afterwards (`--merge STEM.s0,STEM.s1,… --name STEM`);
+the ratios stay per seed, each from one process that ran both loops back to back.
+
 Target (issue 12): the fast preset ≥5× shorter than the seed-style loop on the 2-core CPU, reaching 99%
 on every seed.
 """
@@ -30,9 +34,12 @@ import time
 import torch
 import torch.nn.functional as F
 
+from pathlib import Path
+
 from _common import add_output_args, check_output, save
 from trainlab.data.mnist import MNIST, load_mnist
 from trainlab.device import resolve_device, synchronize
+from trainlab.io import read_json
 from trainlab.lenet.batches import build_test_batches
 from trainlab.lenet.config import TrainConfig, apply_preset
 from trainlab.lenet.evaluate import evaluate
@@ -172,6 +179,8 @@ def main() -> None:
                     help="comma-separated: fast, default, seed-style; NAME@N runs it with N threads")
     ap.add_argument("--max-epochs", type=int, default=15, help="the seed-style loop gives up after this many epochs")
     ap.add_argument("--name", default=None, help="result file stem (default lenet_time_to_99_<device>)")
+    ap.add_argument("--merge", default=None, help="comma-separated result stems in --out to merge into one table "
+                                                  "(no training; --loops and --seeds say which rows)")
     add_output_args(ap)
     args = ap.parse_args()
     device = resolve_device(args.device)
@@ -188,7 +197,14 @@ def main() -> None:
         lines.append(line)
 
     log(f"torch threads by default: {torch.get_num_threads()}")
-    rows = [run_loop(spec, device, seed, args.max_epochs, log) for seed in seeds for spec in loops]
+    if args.merge:
+        rows = []
+        for stem in args.merge.split(","):
+            rows += [r for r in read_json(Path(args.out) / f"{stem}.json")["rows"] if r["loop"] in loops]
+            lines.extend([f"--- {stem}.log ---", *(Path(args.out) / f"{stem}.log").read_text().splitlines()])
+        seeds = [seed for seed in seeds if any(r["seed"] == seed for r in rows)]
+    else:
+        rows = [run_loop(spec, device, seed, args.max_epochs, log) for seed in seeds for spec in loops]
     text, summary = tables(rows, loops, seeds)
     print(text)
     save(name, {"rows": rows, "summary": summary}, text, lines, device, out=args.out)
