@@ -100,7 +100,8 @@ def table(rows: list[dict], variants: list[str], scored_on: str) -> str:
                   f"{statistics.mean(accs):.2f} | {min(accs):.2f} |")
     # The runs' wall-clock images/s stay in the json and log; on a shared machine they say more about the
     # neighbours than about the recipe. A step's cost is measured apart, by CPU time, in lenet_cpu_step.py.
-    return "\n".join(md) + "\n\n" + STEP_COST
+    return ("Measured on a loaded, shared box: the accuracies do not depend on the load; no timing is read from "
+            "these runs.\n\n" + "\n".join(md) + "\n\n" + STEP_COST)
 
 
 STEP_COST = ("Step cost per image (what a lever costs in time): `python benchmarks/lenet_cpu_step.py --clock cpu "
