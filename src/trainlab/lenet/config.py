@@ -160,7 +160,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     # Time-to-99% in ONE epoch (benchmarks/lenet_time_to_99.py; each lever measured on a validation
     # split in benchmarks/lenet_recipe_ablation.py): BatchNorm after conv2, fc1, fc2 + label smoothing
-    # 0.1 + batch 128 (469 updates in the epoch; 1.15× the per-image cost of batch 256) + a linear
+    # 0.1 + batch 128 (469 updates in the epoch; 1.19× the per-image cost of batch 256) + a linear
     # warm-up over the first 0.2 epoch to a peak lr of 3e-2 and a linear decay to 0 at the epoch's last
     # step. bf16 autocast runs the convolutions on the CPU's bf16 units (AMX/AVX512-BF16; oneDNN) and
     # channels-last speeds them up further. conv1's BatchNorm is left out: on 6×28×28 channels-last
