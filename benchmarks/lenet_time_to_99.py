@@ -142,13 +142,14 @@ def tables(rows: list[dict], loops: list[str], seeds: list[int]) -> tuple[str, d
                   f"{_fmt(med)} [{_fmt(min(times) if times else None)}, {_fmt(max(times) if times else None)}] | "
                   f"{'/'.join(map(str, epochs)) or '—'} | {statistics.median(r['images_per_s'] for r in rs):,.0f} |")
     text = "\n".join(md)
-    if "seed-style" in loops:
-        ratio_md = ["| seed | " + " | ".join(f"seed-style ÷ {s}" for s in loops if s != "seed-style") + " |",
+    base_spec = next((spec for spec in loops if parse_loop(spec)[0] == "seed-style"), None)  # seed-style[@N]
+    if base_spec is not None:
+        ratio_md = ["| seed | " + " | ".join(f"{base_spec} ÷ {s}" for s in loops if s != base_spec) + " |",
                     "| ---: |" + " ---: |" * (len(loops) - 1)]
-        ratios: dict[str, list[float]] = {s: [] for s in loops if s != "seed-style"}
+        ratios: dict[str, list[float]] = {s: [] for s in loops if s != base_spec}
         for seed in seeds:
             by = {r["loop"]: r for r in rows if r["seed"] == seed}
-            base = by["seed-style"]["time_to_99_s"]
+            base = by[base_spec]["time_to_99_s"]
             cells = []
             for spec in ratios:
                 t = by[spec]["time_to_99_s"]
