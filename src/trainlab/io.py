@@ -29,6 +29,7 @@ import math
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -230,17 +231,25 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
+@contextmanager
+def read_errors(path: str | os.PathLike, expected: str, error: type[UserError] = UserError):
+    """The one wording for a file that cannot be read: missing, a folder, or not readable → one `error` line."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise error(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, expected {expected}") from None
+    except PermissionError:
+        raise error(f"{path}: permission denied (cannot read it)") from None
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """Read a JSON file; a missing, unreadable or corrupt file is a one-line `UserError` naming it."""
     path = check_input(path)
     try:
-        return loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a JSON file") from None
-    except PermissionError:
-        raise UserError(f"{path}: permission denied (cannot read it)") from None
+        with read_errors(path, "a JSON file"):
+            return loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
     except ValueError as e:  # NaN / Infinity (see `loads`)

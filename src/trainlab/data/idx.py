@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from trainlab.errors import DataError
-from trainlab.io import atomic_write_bytes, input_problem
+from trainlab.io import atomic_write_bytes, input_problem, read_errors
 
 UBYTE = 0x08  # the IDX dtype code for unsigned bytes
 LABELS_MAGIC = 0x00000801
@@ -124,7 +124,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     if problem:
         raise DataError(f"{path}: {problem}")
     try:
-        with open(path, "rb") as f:
+        with read_errors(path, "an IDX file", DataError), open(path, "rb") as f:
             head = f.read(_MAX_HEADER)
             if head[:2] == _GZIP_MAGIC:
                 f.seek(0)
@@ -134,12 +134,6 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
             dims, header = _parse_header(head, os.fstat(f.fileno()).st_size, str(path))
             f.seek(header)
             return np.fromfile(f, dtype=np.uint8, count=math.prod(dims)).reshape(dims)
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a directory, expected an IDX file") from None
-    except PermissionError:
-        raise DataError(f"{path}: permission denied (cannot read it)") from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise DataError(f"{path}: corrupt or truncated gzip data ({e})") from None
 

@@ -30,6 +30,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from trainlab.distributed.launch import stop_tree
 from trainlab.errors import UserError
 from trainlab.io import atomic_write_bytes, atomic_write_json, read_json
 from trainlab.lab.steps import PARTS, Hardware, Step, lab_steps, repo_root
@@ -216,7 +217,8 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
                 rc = proc.wait(timeout=limit_s)
                 timed_out = False
             except subprocess.TimeoutExpired:
-                _kill_group(proc.pid)
+                # the whole tree, process by process: torchrun's workers sit in sessions of their own
+                stop_tree(proc, grace_s=KILL_GRACE_S)
                 rc = proc.wait()
                 timed_out = True
         finally:
