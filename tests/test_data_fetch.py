@@ -7,7 +7,8 @@ import pytest
 from data_fixtures import write_idx_dir
 from trainlab.cli import main
 from trainlab.data import fetch
-from trainlab.errors import DataError
+from trainlab.errors import DataError, UserError
+from trainlab.io import MANIFEST, owned_files, set_force
 
 
 def _md5(path):
@@ -20,7 +21,7 @@ def mirror(tmp_path):
     folder = tmp_path / "mirror"
     folder.mkdir()
     write_idx_dir(folder, gz=True)
-    return folder, {p.name: _md5(p) for p in sorted(folder.iterdir())}
+    return folder, {p.name: _md5(p) for p in sorted(folder.glob("*.gz"))}  # the IDX files, not trainlab's manifest
 
 
 def test_verify_checksum(tmp_path):
@@ -46,7 +47,8 @@ def test_fetch_falls_back_to_the_next_mirror_and_skips_present_files(tmp_path, m
     paths = fetch.fetch_mnist(dest, mirrors=mirrors, files=md5s)
     assert sorted(p.name for p in paths) == sorted(md5s)
     assert all(_md5(dest / name) == md5 for name, md5 in md5s.items())
-    assert not [p for p in dest.iterdir() if p.name.startswith(".")]  # no temp files left
+    assert not [p for p in dest.iterdir() if p.name.startswith(".") and p.name != MANIFEST]  # no temp files left
+    assert owned_files(dest) == set(md5s)  # what it fetched is recorded as trainlab's own
     fetch.fetch_mnist(dest, mirrors=["file:///nonexistent/"], files=md5s)  # all present: no download needed
     assert capsys.readouterr().err.count("present, md5 ok") == 4
 
@@ -66,7 +68,15 @@ def test_corrupt_existing_file_is_replaced(tmp_path, mirror):
     dest.mkdir()
     name = "t10k-labels-idx1-ubyte.gz"
     (dest / name).write_bytes(b"garbage")
-    fetch.fetch_mnist(dest, mirrors=[folder.as_uri()], files=md5s)
+    # not trainlab's file: replaced only when asked (--force), never silently (issue 20, class 1)
+    with pytest.raises(UserError, match=f"{name}: already exists and trainlab did not write it"):
+        fetch.fetch_mnist(dest, mirrors=[folder.as_uri()], files=md5s)
+    assert (dest / name).read_bytes() == b"garbage"
+    set_force(True)
+    try:
+        fetch.fetch_mnist(dest, mirrors=[folder.as_uri()], files=md5s)
+    finally:
+        set_force(False)
     assert _md5(dest / name) == md5s[name]
 
 

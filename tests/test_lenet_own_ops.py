@@ -99,7 +99,7 @@ def test_parse_ops(spec, impl):
 def test_bad_ops_flags_fail_before_data_loads(tmp_path, capsys, flags, message, monkeypatch):
     import trainlab.lenet.loop as loop
 
-    monkeypatch.setattr(loop, "load_mnist", lambda *a, **k: pytest.fail("data loaded before the flags were checked"))
+    monkeypatch.setattr(loop, "load_dataset", lambda *a, **k: pytest.fail("data loaded before the flags were checked"))
     assert main(["train", *flags, "--device", "cpu", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("trainlab: error: ") and message in err and err.count("\n") == 1
