@@ -86,7 +86,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
                        "run_dir": str(run.path), "params": s.params, "flops_per_image": s.flops,
                        "resumed_from_epoch": s.start_epoch if s.resumed else None,
                        "rank_batches": par.rank_batches(cfg.batch_size, getattr(s.train_batches, "shares", None))}, env))
-    log(f"data: {describe_dataset(cfg.dataset, s.data)}")  # a run on altered data is never silent
+    log(f"data: {s.data_line}")  # a run on altered data is never silent
     tel = Telemetry(cfg, s, par, run, env, log)
 
     model = par.wrap(s.model)
@@ -186,7 +186,7 @@ def _summarize(cfg: TrainConfig, s, par, run: RunDir, tel, env: dict, model, eva
         "tta_test_accuracy": tta["test_accuracy"] if tta else None,
         "ema_decay": cfg.ema or None,
         "epochs": cfg.epochs,
-        "data": describe_dataset(cfg.dataset, s.data),
+        "data": s.data_line,
         "train_seconds": s.train_seconds,
         "warmup_seconds": warmup_seconds,
         "time_to_99_seconds": time_to_target,
@@ -237,6 +237,7 @@ class _Parts:
     resumed: bool
     sharding: dict | None = None  # the --shard-weights split as resolved (lenet/shard_weights.py)
     flops: int = 0  # forward FLOPs per image (lenet/models.py)
+    data_line: str = ""  # source, fingerprint, official or not: hashed once, logged and summarized
     start_epoch: int = 0
     global_step: int = 0
     history: list = field(default_factory=list)
@@ -269,6 +270,7 @@ def _assemble(cfg: TrainConfig, resume, par, run: RunDir, log) -> _Parts:
         s.start_epoch, s.global_step, s.history, s.train_seconds = restore_checkpoint(
             ckpt, cfg, model, optimizer, scheduler, run, steps_per_epoch, log, ema=ema)
     s.params, s.flops = count_parameters(model), flops_per_image(model)
+    s.data_line = describe_dataset(cfg.dataset, data)
     return s
 
 
