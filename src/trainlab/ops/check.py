@@ -35,12 +35,12 @@ import torch
 import torch.nn.functional as F
 
 from trainlab.errors import ConfigError, UserError
-from trainlab.ops import conv, linear, pool, relu
+from trainlab.ops import conv, conv_relu_pool, linear, pool, relu
 from trainlab.ops.gelu import APPROXIMATIONS, EXTENSION as GELU_EXTENSION, gelu
 from trainlab.ops.ladder import (DTYPES, IMPLS, TOLERANCES, Case, Tolerance, availability, dtype_name, mode,
                                  triton_interpreter_if_cpu)
 
-LAYER_OPS = {"conv2d": conv, "max_pool2d": pool, "linear": linear, "relu": relu}
+LAYER_OPS = {"conv2d": conv, "max_pool2d": pool, "linear": linear, "relu": relu, "conv_relu_pool2d": conv_relu_pool}
 OPS = ("gelu", *LAYER_OPS)
 CASES: dict[str, list[Case]] = {op: module.CASES for op, module in LAYER_OPS.items()}
 GELU_CASE = "elementwise"   # GELU's one case: random values and the edge values, every element checked
@@ -246,6 +246,8 @@ def _run(case: Case, inputs: dict, impl: str, dy: torch.Tensor | None):
 
 def _bounds(case: Case, inputs64: dict, ref_out, dy64) -> tuple[torch.Tensor, dict]:
     """S for the output and for each gradient (see the module docstring), in float64."""
+    if case.bound:
+        return case.bound(inputs64, dy64)
     if case.bilinear:
         abs_inputs = {k: (v.abs() if isinstance(v, torch.Tensor) else v) for k, v in inputs64.items()}
         s_out, s_grads, _ = _run(case, abs_inputs, "aten", dy64.abs())
@@ -284,6 +286,13 @@ def check_row(case: Case, impl: str, dtype: torch.dtype, batch: int = 8, seed: i
             # float64, do not fail the check for it (e.g. its bf16 pool backward sums in bf16).
             row["note"] = f"ATen itself is {row['worst_ratio_to_tol']:.1f}x the tolerance here (recorded, not failed)"
             row["ok"] = True
+        elif not row["ok"] and shape_ok and row["nonfinite_ok"] is not False and row["fwd_vs_aten"] == 0 \
+                and row["grad_vs_aten"] == 0:
+            # Bit for bit what ATen computes in this dtype (e.g. rungs that round the conv output to
+            # bf16 before pooling, as ATen does, so ties and winners move): as good as the baseline.
+            row["note"] = (f"identical to ATen in {dtype_name(dtype)}, which is itself "
+                           f"{row['worst_ratio_to_tol']:.1f}x the tolerance here (recorded, not failed)")
+            row["ok"] = True
         if not row["ok"]:
             row["reason"] = ("wrong shape or dtype" if not shape_ok else
                              "NaN/inf pattern differs from ATen" if row["nonfinite_ok"] is False else
@@ -313,7 +322,7 @@ def autograd_row(op: str, impl: str) -> dict:
         row["gradcheck"] = bool(torch.autograd.gradcheck(lambda *a: fn(*a, impl=impl), leaves, eps=1e-6, atol=1e-6,
                                                          rtol=1e-5, raise_exception=False,
                                                          fast_mode=mode(impl, device) == "interpreted"))
-        if impl in _REGISTERED:
+        if impl in getattr(LAYER_OPS[op], "REGISTERED", _REGISTERED):   # a rung with its own registered op
             row["opcheck"] = _opcheck(op, impl, device)
         row["ok"] = row["gradcheck"] is True and row["opcheck"] is not False
         if not row["ok"]:

@@ -138,6 +138,9 @@ class Case:
     bilinear: bool
     view: Callable | None = None
     edge: bool = False   # contains NaN/inf: compare the non-finite pattern too
+    # (inputs64, dy64) -> (S of the output, {input name: S of its gradient}) for an op that is
+    # neither a plain sum of products nor a plain selection (a fused conv → relu → pool)
+    bound: Callable | None = None
 
 
 def _randn(gen, *shape):

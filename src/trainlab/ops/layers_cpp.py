@@ -17,6 +17,8 @@ The ops (schemas in csrc/layers_cpu.cpp):
     linear_fwd(x, weight, bias?)                                  -> out
     linear_bwd(grad, x, weight, bias)                             -> (dx, dweight, dbias)
     relu_fwd(x) -> out;  relu_bwd(grad, out) -> dx
+    conv_relu_pool2d_fwd(x, weight, bias?, padding)               -> (out, one code byte per output)
+        CPU only (csrc/conv_relu_pool_cpu.cpp): LeNet's first stage fused; ops/conv_relu_pool.py
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from trainlab.ops.build import Extension
 from trainlab.ops.ladder import check_impl
 from trainlab.ops.layer_args import register
 
-EXTENSION = Extension("layers", "layer", ("layers_cpu.cpp",), ("layers_cuda.cu", "layers_cuda_glue.cpp"),
+EXTENSION = Extension("layers", "layer", ("layers_cpu.cpp", "conv_relu_pool_cpu.cpp"), ("layers_cuda.cu", "layers_cuda_glue.cpp"),
                       register=lambda with_cuda: register("", with_atomic_pool=with_cuda))
 
 
@@ -84,3 +86,8 @@ def linear(x, weight, bias) -> torch.Tensor:
 def relu(x) -> torch.Tensor:
     EXTENSION.ensure()
     return torch.ops.trainlab.relu_fwd(x)
+
+
+def conv_relu_pool2d(x, weight, bias, padding) -> torch.Tensor:
+    EXTENSION.ensure()
+    return torch.ops.trainlab.conv_relu_pool2d_fwd(x, weight, bias, list(padding))[0]
