@@ -11,6 +11,7 @@ A variant is a '+'-joined list of settings, e.g. `bn+bf16+cl+compile@1`:
     bn234     BatchNorm after conv2, fc1, fc2 only (--no-batchnorm-conv1; the fast preset)
     fused     AdamW(fused=True)                     foreach  AdamW(foreach=True) (the default is chosen by torch)
     actpool   the classic order ReLU → max-pool (LeNet5 pools first since issue 23: the same numbers, cheaper)
+    fused1    conv1 → ReLU → max-pool as our one fused C++ operator (--ops fused; trainlab.ops.conv_relu_pool)
     bsN       batch size N (default --batch-size)   @T       T threads (default: torch's default)
 
     python benchmarks/lenet_cpu_step.py --variants fp32,cl,bf16,bf16+cl,bn+bf16+cl [--rounds 20] [--steps 5] [--out DIR] [--name NAME] [--force]
@@ -34,7 +35,7 @@ from _common import add_output_args, check_output, save
 from trainlab.lenet.model import LeNet5
 from trainlab.stats import time_interleaved
 
-SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach", "actpool"}
+SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach", "actpool", "fused1"}
 
 
 def parse_variant(spec: str, batch_size: int) -> dict:
@@ -54,7 +55,8 @@ class Variant:
     def __init__(self, v: dict):
         self.v = v
         torch.manual_seed(0)
-        self.model = LeNet5(batchnorm=bool(v.get("bn") or v.get("bn234")), batchnorm_conv1=not v.get("bn234"))
+        self.model = LeNet5(batchnorm=bool(v.get("bn") or v.get("bn234")), batchnorm_conv1=not v.get("bn234"),
+                            ops="fused" if v.get("fused1") else "aten")
         if v.get("actpool"):  # swap each (max-pool, ReLU) pair back
             f = list(self.model.features)
             f[2:4], f[6:8] = f[3:1:-1], f[7:5:-1]
@@ -63,7 +65,7 @@ class Variant:
         self.y = torch.randint(0, 10, (v["batch_size"],))
         if v.get("cl"):
             self.model = self.model.to(memory_format=torch.channels_last)
-            self.x = self.x.contiguous(memory_format=torch.channels_last)
+            self.x = self.x.contiguous(memory_format=torch.channels_last)   # as trainlab's loader does
         kw = {"fused": True} if v.get("fused") else {"foreach": True} if v.get("foreach") else {}
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, **kw)
         self.forward = torch.compile(self.model) if v.get("compile") else self.model
@@ -95,6 +97,8 @@ def training_flops_per_image(model: torch.nn.Module) -> int:
         per_output = module.weight[0].numel()  # in_channels/groups × kernel area, or in_features
         macs.append(out[0].numel() * per_output)
 
+    if getattr(model, "fused", False):   # the fused stage's output is pooled: count the same network unfused
+        model = LeNet5(batchnorm=isinstance(model.features[5], torch.nn.BatchNorm2d), batchnorm_conv1=False)
     layers = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
     handles = [m.register_forward_hook(hook) for m in layers]
     try:

@@ -72,6 +72,13 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "wd0": ("no weight decay", dict(weight_decay=0.0)),
     "fp32": ("fp32 NCHW (no bf16, no channels-last)", dict(amp="off", channels_last="off")),
     "fast": ("the new `fast` preset, one epoch", None),
+    # changes to the `fast` preset itself (fields applied on top of it, not on the old one)
+    "fast-aten": ("`fast` on PyTorch's layers (conv1 in bf16, not our fused fp32 first stage)", {"_on_fast": True, "ops": "aten"}),
+    "fast-b96": ("`fast` with batch 96", {"_on_fast": True, "batch_size": 96}),
+    "fast-lr4e-2": ("`fast` with peak lr 4e-2", {"_on_fast": True, "lr": 4e-2}),
+    "fast-ls0.05": ("`fast` with label smoothing 0.05", {"_on_fast": True, "label_smoothing": 0.05}),
+    "fast-wu0.3": ("`fast` with a 0.3-epoch warm-up", {"_on_fast": True, "warmup_epochs": 0.3}),
+    "fast-fp32": ("`fast` without bf16 autocast", {"_on_fast": True, "amp": "off"}),
 }
 
 
@@ -81,6 +88,11 @@ def run(name: str, seed: int, holdout: int | None) -> dict:
         base = TrainConfig(device="cpu", seed=seed, progress=False, tensorboard=False, out=d, holdout=holdout)
         if fields is None:
             cfg = apply_preset(base, "fast")
+        elif fields.get("_on_fast"):
+            cfg = apply_preset(base, "fast")
+            for k, v in fields.items():
+                if k != "_on_fast":
+                    setattr(cfg, k, v)
         else:
             cfg = apply_preset(base, "fast")
             for k, v in {**OLD_FAST, "epochs": 1, "warmup_epochs": 0.0, **fields}.items():

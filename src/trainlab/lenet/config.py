@@ -47,8 +47,10 @@ class TrainConfig(Config):
     batchnorm: bool = opt(False, "BatchNorm after convs and hidden FCs (the `best` preset)")
     batchnorm_conv1: bool = opt(True, "with --batchnorm, also after conv1 (off: conv2 and the hidden FCs only; "
                                       "cheaper on a CPU, the `fast` preset)")
-    ops: str = opt("aten", "whose layers: aten (PyTorch's) | own (ours: trainlab.ops conv2d/max_pool2d/linear/relu "
-                           "in C++) | own=python|cpp|triton|cuda (one rung of the ladder)", metavar="aten|own[=IMPL]")
+    ops: str = opt("aten", "whose layers: aten (PyTorch's) | fused (PyTorch's, but conv1+ReLU+max-pool is our fused C++ "
+                           "CPU operator) | auto (fused on a CPU where it applies, else aten) | own (ours: trainlab.ops "
+                           "conv2d/max_pool2d/linear/relu in C++; BatchNorm stays PyTorch's) | own=python|cpp|triton|cuda "
+                           "(one rung of the ladder)", metavar="aten|auto|fused|own[=IMPL]")
     # data
     dataset: str = opt("mnist", "mnist | fashion-mnist (Zalando's, same IDX format; from the Debian package "
                                 "dataset-fashion-mnist or --data-dir)", check=one_of(DATASETS))
@@ -129,7 +131,8 @@ class TrainConfig(Config):
     def validate(self) -> None:
         super().validate()
         check_model_choice(self.model, self.batchnorm, self.ops, self.pool)
-        check_model_options(self.act, self.pool, self.batchnorm, self.ops)  # the model flags, together
+        check_model_options(self.act, self.pool, self.batchnorm or self.model == "lenet5-bn", self.ops,
+                            self.batchnorm_conv1)  # the model flags, together
         if self.preset not in PRESETS:
             raise ConfigError(f"--preset {self.preset!r}: expected one of {', '.join(PRESETS)}")
         if self.schedule == "onecycle" and self.warmup_epochs:
@@ -166,8 +169,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # channels-last speeds them up further. conv1's BatchNorm is left out: on 6×28×28 channels-last
     # activations it costs more than all the convolutions it would help (`trainlab profile --variant ...`,
     # benchmarks/results/lenet_cpu_profile.md).
+    # On a CPU the first stage (conv1 → ReLU → max-pool) runs as our fused C++ operator (`ops="auto"`,
+    # trainlab.ops.conv_relu_pool): 1.46× the step of the same recipe on PyTorch's layers
+    # (benchmarks/results/lenet_cpu_step_fused.md); on a GPU `auto` is PyTorch's layers (cuDNN).
     "fast": dict(batchnorm=True, batchnorm_conv1=False, epochs=1, batch_size=128, schedule="linear", warmup_epochs=0.2,
-                 lr=3e-2, label_smoothing=0.1, amp="bf16", channels_last="on"),
+                 lr=3e-2, label_smoothing=0.1, amp="bf16", channels_last="on", ops="auto"),
     # Accuracy (benchmarks/lenet_accuracy.py, 5 seeds: 99.55 ± 0.08 %, min 99.47; with --tta, reported
     # apart, 99.61 %, min 99.56): BatchNorm + a moderate affine (±10°, ±10% shift,
     # ±10% zoom) on 3 of 4 images (the untouched quarter keeps the crisp test digits in distribution) +

@@ -35,7 +35,8 @@ from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
 from trainlab.lenet.models import flops_per_image
 from trainlab.lenet.shard_weights import setup_shards
-from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, check_model_runs, build_scheduler, scaled_lr, use_channels_last
+from trainlab.lenet.setup import (amp_dtype, autocast, build_model, build_optimizer, build_scheduler, check_model_runs,
+                                  model_ops, scaled_lr, use_channels_last)
 from trainlab.lenet.tta import evaluate_tta
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.figures import misclassified_figure
@@ -200,6 +201,7 @@ def _summarize(cfg: TrainConfig, s, par, run: RunDir, tel, env: dict, model, eva
         "dataset": cfg.dataset,
         "amp": str(s.precision).removeprefix("torch.") if s.precision is not None else "off",
         "channels_last": s.channels_last,
+        "ops": model_ops(cfg, s.device),   # --ops auto resolved
         "act": cfg.act,
         "seed": cfg.seed,
         "gpu": tel.gpu.summary() if tel.gpu is not None else None,

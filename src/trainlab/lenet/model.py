@@ -7,11 +7,19 @@ hidden FC layer (the high-accuracy preset). `batchnorm_conv1=False` leaves conv1
 unnormalized: on a CPU that BatchNorm (6 channels × 28 × 28 per image, the largest activation) is the
 costliest one, and channels-last, which speeds up the convolutions, slows it down (the `fast` preset).
 
-`ops="own[=python|cpp|triton|cuda]"` builds the same network from our operators only (trainlab.ops:
-Conv2d, MaxPool2d, Linear and ReLU/GELU at the chosen rung). Our layer classes subclass nn.Conv2d /
-nn.Linear, so they draw the same initial weights from the same seed and have the same state_dict
-keys: an `own` run starts from exactly the weights of the `aten` run (flatten stays a view, the
-loss stays F.cross_entropy).
+`ops="own[=python|cpp|triton|cuda]"` builds the same network from our operators (trainlab.ops:
+Conv2d, MaxPool2d, Linear and ReLU/GELU at the chosen rung; BatchNorm, when asked for, stays
+PyTorch's). Our layer classes subclass nn.Conv2d / nn.Linear, so they draw the same initial weights
+from the same seed and have the same state_dict keys: an `own` run starts from exactly the weights
+of the `aten` run (flatten stays a view, the loss stays F.cross_entropy).
+
+`ops="fused"` keeps PyTorch's layers except the first stage, conv1 → ReLU → max-pool, which is our
+fused C++ CPU operator (trainlab.ops.conv_relu_pool): the layers where ours are measured faster
+(benchmarks/results/lenet_cpu_step_fused.md). The stage keeps its four slots in `features`
+(the fused module, then three Identity), so the state_dict keys are those of the `aten` model and a
+checkpoint moves between the two. `ops="auto"` is `fused` on a CPU where it applies (--act relu,
+--pool max, no BatchNorm on conv1) and `aten` everywhere else (a GPU's cuDNN); `build_model`
+resolves it with `resolve_ops` once the device is known.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import torch.nn as nn
 from trainlab.errors import ConfigError
 from trainlab.lenet.activations import OWN_ACTIVATIONS, make_activation, make_own_activation
 from trainlab.ops.conv import Conv2d as OwnConv2d
+from trainlab.ops.conv_relu_pool import ConvReluPool2d
 from trainlab.ops.linear import Linear as OwnLinear
 from trainlab.ops.pool import MaxPool2d as OwnMaxPool2d
 
@@ -31,25 +40,44 @@ POOLS = {"max": nn.MaxPool2d, "avg": nn.AvgPool2d}
 OPS_IMPLS = ("python", "cpp", "triton", "cuda")
 
 
+OPS_HELP = "aten, auto, fused, own or own=python|cpp|triton|cuda"
+
+
 def parse_ops(spec: str) -> str | None:
-    """--ops: None for PyTorch's layers, else the trainlab.ops implementation ("own" means cpp)."""
-    if spec == "aten":
+    """--ops: None for PyTorch's layers (aten, and fused/auto, whose other layers are PyTorch's), else
+    the trainlab.ops implementation of every layer ("own" means cpp)."""
+    if spec in ("aten", "fused", "auto"):
         return None
     impl = "cpp" if spec == "own" else spec.removeprefix("own=") if spec.startswith("own=") else None
     if impl not in OPS_IMPLS:
-        raise ConfigError(f"--ops {spec!r}: expected aten, own or own=python|cpp|triton|cuda")
+        raise ConfigError(f"--ops {spec!r}: expected {OPS_HELP}")
     return impl
 
 
-def check_model_options(act: str, pool: str, batchnorm: bool, ops: str) -> str | None:
+def fused_stage_applies(act: str, pool: str, batchnorm: bool, batchnorm_conv1: bool = True) -> bool:
+    """The fused operator is conv → ReLU → max-pool: no other activation, pooling or a BatchNorm between."""
+    return act == "relu" and pool == "max" and not (batchnorm and batchnorm_conv1)
+
+
+def resolve_ops(ops: str, device: torch.device, act: str, pool: str, batchnorm: bool, batchnorm_conv1: bool = True) -> str:
+    """--ops auto → fused on a CPU where it applies, else aten; any other value unchanged."""
+    if ops != "auto":
+        return ops
+    return "fused" if device.type == "cpu" and fused_stage_applies(act, pool, batchnorm, batchnorm_conv1) else "aten"
+
+
+def check_model_options(act: str, pool: str, batchnorm: bool, ops: str, batchnorm_conv1: bool = True) -> str | None:
     """Validate the model flags together (before any data loads); returns parse_ops(ops)."""
     impl = parse_ops(ops)
     if pool not in POOLS:
         raise ConfigError(f"--pool {pool!r}: expected one of {', '.join(POOLS)}")
+    if ops == "fused" and not fused_stage_applies(act, pool, batchnorm, batchnorm_conv1):
+        raise ConfigError(f"--ops fused: the fused first stage is conv → ReLU → max-pool; it needs --act relu and --pool max "
+                          f"(got --act {act} --pool {pool}) and no BatchNorm on conv1 (add --no-batchnorm-conv1)"
+                          if batchnorm and batchnorm_conv1 else
+                          f"--ops fused: the fused first stage is conv → ReLU → max-pool; it needs --act relu and --pool max "
+                          f"(got --act {act} --pool {pool})")
     if impl is not None:
-        if batchnorm:
-            raise ConfigError(f"--ops {ops}: LeNet-5 from our operators has no BatchNorm; drop --batchnorm "
-                              "(the `best` preset turns it on)")
         if pool != "max":
             raise ConfigError(f"--ops {ops}: our pooling operator is max_pool2d; use --pool max")
         if act not in OWN_ACTIVATIONS:
@@ -62,7 +90,9 @@ class LeNet5(nn.Module):
     def __init__(self, act: str = "relu", pool: str = "max", batchnorm: bool = False, num_classes: int = 10,
                  ops: str = "aten", batchnorm_conv1: bool = True):
         super().__init__()
-        impl = check_model_options(act, pool, batchnorm, ops)
+        if ops == "auto":
+            raise ConfigError("--ops auto is resolved for a device first (lenet.model.resolve_ops)")
+        impl = check_model_options(act, pool, batchnorm, ops, batchnorm_conv1)
         Conv, Pool, Linear, Act = nn.Conv2d, POOLS[pool], nn.Linear, make_activation
         if impl is not None:   # same constructors and argument order: the same random draws
             Conv, Pool, Linear = (partial(cls, impl=impl) for cls in (OwnConv2d, OwnMaxPool2d, OwnLinear))
@@ -70,8 +100,11 @@ class LeNet5(nn.Module):
         norm2d = (lambda c: nn.BatchNorm2d(c)) if batchnorm else (lambda c: nn.Identity())
         norm1d = (lambda c: nn.BatchNorm1d(c)) if batchnorm else (lambda c: nn.Identity())
         bn1 = batchnorm and batchnorm_conv1
-        # Conv biases are redundant before BatchNorm (it has its own shift).
-        stage1 = [Conv(1, 6, 5, padding=2, bias=not bn1), norm2d(6) if bn1 else nn.Identity(), Act(act), Pool(2)]  # 28→28→14
+        self.fused = ops == "fused"
+        # Conv biases are redundant before BatchNorm (it has its own shift). conv1's weights are drawn
+        # once, by whichever class runs it: the fused stage starts from the aten model's weights.
+        conv1 = (partial(ConvReluPool2d, impl="cpp") if self.fused else Conv)(1, 6, 5, padding=2, bias=not bn1)
+        stage1 = [conv1, norm2d(6) if bn1 else nn.Identity(), Act(act), Pool(2)]                                  # 28→28→14
         stage2 = [Conv(6, 16, 5, bias=not batchnorm), norm2d(16), Act(act), Pool(2)]                                # 14→10→5
         # max(relu(x)) == relu(max(x)), gradient included (the same first argmax in each window; zero
         # gradient where the window's max is ≤ 0): pooling first applies ReLU, forward and backward, to
@@ -79,6 +112,8 @@ class LeNet5(nn.Module):
         self.pool_first = act == "relu" and pool == "max"
         if self.pool_first:
             stage1[2:], stage2[2:] = stage1[:1:-1], stage2[:1:-1]
+        if self.fused:   # same slots, same state_dict keys ("features.0.weight", …) as the aten stage
+            stage1[1:] = [nn.Identity(), nn.Identity(), nn.Identity()]
         self.features = nn.Sequential(*stage1, *stage2)
         self.classifier = nn.Sequential(
             nn.Flatten(),
@@ -98,6 +133,8 @@ class LeNet5(nn.Module):
 
     def first_layer_maps(self, x: torch.Tensor) -> torch.Tensor:
         """Activations after the first conv block, before pooling (for 'visualize intermediate layers')."""
+        if self.fused:
+            return self.features[0].conv_relu(x)
         return self.features[3 if self.pool_first else 2](self.features[:2](x))
 
 

@@ -133,7 +133,7 @@ def check_model_choice(model: str, batchnorm: bool, ops: str, pool: str) -> None
         raise ConfigError(f"--batchnorm is a LeNet-5 option; --model {model} "
                           + ("has its own BatchNorm" if model == "resnet18" else "has none (use --model lenet5-bn)")
                           + " (the `best` preset turns --batchnorm on)")
-    if ops != "aten":
+    if ops not in ("aten", "auto"):
         raise ConfigError(f"--ops {ops}: our operators build LeNet-5 only; use --model lenet5 (got --model {model})")
     if pool != "max" and model != "one-conv":
         raise ConfigError(f"--pool {pool}: --model {model} has no pooling layer to choose (lenet5, one-conv)")

@@ -2,7 +2,7 @@
 for PyTorch's layers and ours, and for training settings, side by side — the analysis the course
 report did by hand.
 
-Variants: `--ops aten|own[=IMPL]` (whose layers), and `--variant NAME:KEY=VALUE,...` for any mix of
+Variants: `--ops aten|fused|auto|own[=IMPL]` (whose layers), and `--variant NAME:KEY=VALUE,...` for any mix of
 training settings — ops, act, amp (bf16|off), channels_last (on|off), batchnorm, batchnorm_conv1,
 batch_size, threads — e.g. `--variant bf16-cl-bn234:amp=bf16,channels_last=on,batchnorm=true,batchnorm_conv1=false`.
 Layers are named conv1, bn1, relu1, pool1, conv2, bn2, …, fc3: a BatchNorm by the layer it follows
@@ -73,7 +73,7 @@ BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 class ProfileConfig(Config):
     """Per-layer forward/backward time of LeNet-5 training steps (`trainlab profile`)."""
 
-    ops: list[str] | None = opt(None, "variants side by side: aten, own, own=python|cpp|triton|cuda (repeatable; "
+    ops: list[str] | None = opt(None, "variants side by side: aten, fused, auto, own, own=python|cpp|triton|cuda (repeatable; "
                                       "default: aten and own, or none with --variant)", metavar="aten|own[=IMPL]")
     variant: list[str] | None = opt(None, "a training-settings variant NAME:KEY=VALUE,... (repeatable); keys: "
                                           f"{', '.join(VARIANT_KEYS)}", metavar="NAME:KEY=V,...")
@@ -109,7 +109,8 @@ class ProfileConfig(Config):
         if len(set(self.variants)) < len(self.variants):
             raise ConfigError(f"--ops {' '.join(self.variants)}: each variant once (they are told apart by name in the trace)")
         for name, s in self.settings().items():   # every flag fails here, before data loads
-            check_model_options(s.get("act", self.act), "max", s.get("batchnorm", False), s.get("ops", "aten"))
+            check_model_options(s.get("act", self.act), "max", s.get("batchnorm", False), s.get("ops", "aten"),
+                                s.get("batchnorm_conv1", True))
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:

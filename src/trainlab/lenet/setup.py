@@ -13,23 +13,32 @@ import torch
 
 from trainlab.errors import HardwareError, UserError
 from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.model import resolve_ops
 from trainlab.lenet.models import make_model
 
 
 def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     torch.manual_seed(cfg.seed)  # the initial weights depend on the seed alone
-    model = make_model(cfg.model, act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm, ops=cfg.ops,
+    model = make_model(cfg.model, act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm, ops=model_ops(cfg, device),
                        batchnorm_conv1=cfg.batchnorm_conv1).to(device)
     if use_channels_last(cfg, device):
         model = model.to(memory_format=torch.channels_last)
     return model
 
 
+def model_ops(cfg: TrainConfig, device: torch.device) -> str:
+    """--ops with `auto` resolved for this device (fused on a CPU where it applies, else aten)."""
+    if cfg.model not in ("lenet5", "lenet5-bn"):
+        return "aten" if cfg.ops == "auto" else cfg.ops
+    return resolve_ops(cfg.ops, device, cfg.act, cfg.pool, cfg.batchnorm or cfg.model == "lenet5-bn", cfg.batchnorm_conv1)
+
+
 def check_model_runs(cfg: TrainConfig, device: torch.device) -> None:
     """Build the model on `device` and run one tiny forward pass: an implementation this device cannot run
     (`--act gelu-cuda` on a CPU, `--ops own=triton` without Triton) fails here, naming the flag, before
     a run directory is created or data is loaded, instead of after the first batch."""
-    flag = f"--ops {cfg.ops}" if cfg.ops != "aten" else f"--act {cfg.act}"
+    ops = model_ops(cfg, device)
+    flag = f"--ops {cfg.ops}" if ops != "aten" else f"--act {cfg.act}"
     try:
         model = build_model(cfg, device)
         with torch.no_grad():
@@ -99,5 +108,5 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 def use_channels_last(cfg: TrainConfig, device: torch.device) -> bool:
     if cfg.channels_last == "auto":   # our operators (--ops own) compute in NCHW
-        return device.type == "cuda" and cfg.ops == "aten"
+        return device.type == "cuda" and model_ops(cfg, device) in ("aten", "fused")
     return cfg.channels_last == "on"
