@@ -34,6 +34,7 @@ import torch
 from trainlab.device import synchronize
 from trainlab.errors import ConfigError, UserError
 from trainlab.ops.conv import conv2d
+from trainlab.ops.conv_relu_pool import conv_relu_pool2d
 from trainlab.ops.gelu import APPROXIMATIONS, gelu
 from trainlab.ops.ladder import DTYPES, IMPLS, canonical_impls
 from trainlab.ops.linear import linear
@@ -200,6 +201,7 @@ class Layer:
     inputs: Callable
     run: Callable
     input_needs_grad: bool = True
+    in_step: bool = True   # False: a fused stage that repeats layers already timed (left out of the totals)
 
 
 def _conv(name, c, h, oc, pad, first=False):
@@ -227,8 +229,16 @@ def _fc(name, fin, fout):
     return Layer(name, "linear", inputs, lambda t, impl: linear(t["x"], t["weight"], t["bias"], impl=impl))
 
 
+def _stage1():
+    """conv1 → ReLU → max-pool as one operator (the cpp rung is fused; the others run the three layers)."""
+    conv1 = _conv("conv1", 1, 28, 6, 2)
+    return Layer("stage1", "conv_relu_pool2d", conv1.inputs,
+                 lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], 2, impl=impl),
+                 input_needs_grad=False, in_step=False)
+
+
 LAYERS = (
-    _conv("conv1", 1, 28, 6, 2, first=True), _relu("relu1", 6, 28, 28), _pool("pool1", 6, 28),
+    _conv("conv1", 1, 28, 6, 2, first=True), _relu("relu1", 6, 28, 28), _pool("pool1", 6, 28), _stage1(),
     _conv("conv2", 6, 14, 16, 0), _relu("relu2", 16, 10, 10), _pool("pool2", 16, 10),
     _fc("fc1", 400, 120), _relu("relu3", 120), _fc("fc2", 120, 84), _relu("relu4", 84), _fc("fc3", 84, 10),
 )
@@ -322,9 +332,11 @@ def run_layer_bench(batches=DEFAULT_BATCHES, impls=None, layers=None, device: st
 
 
 def _totals(rows: list[dict]) -> list[dict]:
-    """Per batch and rung, the sum of the layers' medians: a LeNet-5 step's layer time."""
+    """Per batch and rung, the sum of the layers' medians: a LeNet-5 step's layer time (the unfused layers)."""
     out = {}
     for r in rows:
+        if not next(layer.in_step for layer in LAYERS if layer.name == r["layer"]):
+            continue
         t = out.setdefault((r["batch"], r["impl"]), {"batch": r["batch"], "impl": r["impl"], "fwd_s": 0.0, "bwd_s": 0.0})
         t["fwd_s"] += r["fwd_median_s"]
         t["bwd_s"] += r["bwd_median_s"]

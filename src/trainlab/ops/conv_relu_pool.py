@@ -104,11 +104,9 @@ def _bound(padding):
     the gradient is not.)"""
     def bound(t, dy64):
         x, w, b = t["x"], t["weight"], t["bias"]
-        conv_out = F.conv2d(x, w, b, padding=padding)
-        y, winners = F.max_pool2d(F.relu(conv_out), 2, return_indices=True)
-        passed = ~(y <= 0)   # ReLU's backward passes a NaN's gradient (threshold_backward)
-        routed = F.max_unpool2d(torch.where(passed, dy64.abs(), 0), winners, 2, output_size=conv_out.shape[2:])
-        routed = F.pad(routed, (0, conv_out.shape[3] - routed.shape[3], 0, conv_out.shape[2] - routed.shape[2]))
+        conv_out = F.conv2d(x, w, b, padding=padding).requires_grad_()
+        # the reference's own backward through relu and pool routes |dy| (winners, cuts, NaN passing)
+        (routed,) = torch.autograd.grad(F.max_pool2d(F.relu(conv_out), 2), conv_out, dy64.abs())
         leaves = {k: v.abs().requires_grad_() for k, v in (("x", x), ("weight", w), ("bias", b)) if v is not None}
         s_conv = F.conv2d(leaves["x"], leaves["weight"], leaves.get("bias"), padding=padding)
         grads = torch.autograd.grad(s_conv, list(leaves.values()), routed)
