@@ -52,6 +52,8 @@ def check_conv_relu_pool2d(x, weight, bias, padding) -> tuple[int, int]:
     ch, cw = conv2d_output_hw(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], pad)
     if ch < 2 or cw < 2:
         raise OpInputError(f"conv_relu_pool2d: the convolution output is {ch}x{cw}, smaller than the 2x2 pooling window")
+    if weight.shape[3] > 16:   # the C++ weight gradient keeps a row of taps in one or two vectors
+        raise OpInputError(f"conv_relu_pool2d: kernel width {weight.shape[3]} is above 16, the widest the fused kernel takes")
     return pad
 
 
@@ -141,6 +143,7 @@ CASES = [
     _case("lenet-stage1-channels-last", (None, 1, 28, 28), (6, 1, 5, 5), (2, 2), view=_channels_last),
     _case("multi-channel-odd", (2, 3, 9, 8), (4, 3, 3, 2), (1, 0), bias=False),
     _case("strided-input", (2, 2, 10, 22), (3, 2, 3, 3), (1, 1), view=every_other_column),
+    _case("wide-kernel", (2, 2, 9, 20), (3, 2, 3, 9), (1, 4)),   # 9 taps: the 16-wide weight-gradient rows
     _case("ties-nan-inf", None, (3, 2, 3, 3), (1, 1), make=_ties_and_nonfinite, edge=True),
 ]
 

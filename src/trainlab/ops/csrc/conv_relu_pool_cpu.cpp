@@ -20,13 +20,16 @@
 // ReLU before or after the max is the same function with the same gradient (max is monotone),
 // which is why the operator is defined as conv → ReLU → pool and computed as conv → pool → ReLU.
 //
-// Backward: the codes rebuild, per sample, the dense gradient of the conv output G[o][h][w] (the
-// pooled gradient routed to each window's winner, zero elsewhere), in L1. Then
-//   dW[o,c,p,q] = Σ_{n,h,w} G[o][h][w] · xpad[c][h+p][w+q]      db[o] = Σ G[o]
-//   dx          = the same taps transposed, scattered into a padded plane (only when asked)
-// dW and db are summed per fixed chunk of kChunk samples in per-lane partial sums and the chunks
-// are added in order at the end: the result does not depend on the thread count (bit-identical
-// with 1 or 16 threads), which keeps "same seed, same curve" true on a CPU.
+// Backward: only the winners carry gradient. For each pooled output whose ReLU passed, dW[o] gets
+// g times the winner's KH x KW input patch and db[o] gets g (1/8 of a dense dW's work: a quarter
+// of the conv outputs win, about half of those pass):
+//   dW[o,c,p,q] = Σ_{n, passing (i,j)} dy[n,o,i,j] · xpad[c][h+p][w+q]    (h, w: the winner)
+//   db[o]       = Σ_{n, passing (i,j)} dy[n,o,i,j]
+//   dx          = the same taps transposed, scattered into a padded plane from the dense gradient
+//                 of the conv output (only when asked: LeNet's input needs none)
+// dW and db are summed per fixed chunk of kChunk samples and the chunks are added in order at the
+// end: the result does not depend on the thread count (bit-identical with 1 or 16 threads), which
+// keeps "same seed, same curve" true on a CPU.
 //
 // Precision: float32/bfloat16/float16 accumulate in float32 (bf16/fp16 inputs are widened on entry,
 // the outputs rounded once), float64 in float64 — as the other `trainlab::` CPU ops do.
@@ -55,7 +58,8 @@ struct Geometry {
   int64_t CH, CW;      // conv output size
   int64_t OH, OW;      // pooled output size (floor, like max_pool2d)
   int64_t RW;          // conv row length computed: CW rounded up to kLanes
-  int64_t XH, XW;      // padded input plane: rows, row length (RW + KW - 1 so every read is in bounds)
+  int64_t KWP;         // KW rounded up to 8: the weight gradient's row of taps, one 256-bit vector for 5x5
+  int64_t XH, XW;      // padded input plane: rows, row length (RW + KWP - 1 so every read is in bounds)
 };
 
 Geometry geometry(const char* op, const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef padding) {
@@ -71,21 +75,28 @@ Geometry geometry(const char* op, const at::Tensor& x, const at::Tensor& weight,
   TORCH_CHECK(g.CH >= 2 && g.CW >= 2, op, ": the convolution output is ", g.CH, "x", g.CW, ", smaller than the 2x2 pooling window");
   g.OH = g.CH / 2; g.OW = g.CW / 2;
   g.RW = (g.CW + kLanes - 1) / kLanes * kLanes;
+  g.KWP = (g.KW + 7) / 8 * 8;
   g.XH = g.H + 2 * g.PH;
-  g.XW = g.RW + g.KW - 1;
+  g.XW = g.RW + g.KWP - 1;
   return g;
 }
 
 // The sample's C input planes into `xpad` (zeroed borders and spare columns), widened to acc_t.
+// Returns whether every value is finite.
 template <typename scalar_t, typename acc_t>
-void pad_sample(const scalar_t* x, const int64_t* xs, acc_t* xpad, const Geometry& g) {
+bool pad_sample(const scalar_t* x, const int64_t* xs, acc_t* xpad, const Geometry& g) {
   std::fill(xpad, xpad + g.C * g.XH * g.XW, acc_t(0));
+  bool finite = true;
   for (int64_t c = 0; c < g.C; ++c)
     for (int64_t h = 0; h < g.H; ++h) {
       const scalar_t* src = x + c * xs[1] + h * xs[2];
       acc_t* dst = xpad + (c * g.XH + h + g.PH) * g.XW + g.PW;
-      for (int64_t w = 0; w < g.W; ++w) dst[w] = static_cast<acc_t>(src[w * xs[3]]);
+      for (int64_t w = 0; w < g.W; ++w) {
+        dst[w] = static_cast<acc_t>(src[w * xs[3]]);
+        finite &= std::isfinite(dst[w]);
+      }
     }
+  return finite;
 }
 
 // acc[w] += wv * row[w] over one row: the generic path (and the input gradient's), vectorized by
@@ -125,33 +136,46 @@ inline void conv_row_block(const acc_t* xpad, const acc_t* wf, const acc_t* bias
     for (int v = 0; v < V; ++v) acc[b][v].store(out + (o0 + b) * g.RW + v * S);
 }
 
-// dW's fast path: for every tap of OB channels, the sum over the sample's conv rows of
-// G[o][h][:] * xpad[c][h+p][q:] in V-vector registers, added to the per-lane partial sums once.
-template <int OB, int V, typename acc_t>
-inline void weight_block(const acc_t* xpad, const acc_t* G, acc_t* lanes, int64_t o0, const Geometry& g) {
-  using Vec = at::vec::Vectorized<acc_t>;
-  constexpr int S = Vec::size();
-  const int64_t rows = 2 * g.OH;      // rows past 2*OH were never pooled: G is zero there
-  for (int64_t c = 0; c < g.C; ++c)
-    for (int64_t p = 0; p < g.KH; ++p)
-      for (int64_t q = 0; q < g.KW; ++q) {
-        Vec acc[OB][V];
-        for (int b = 0; b < OB; ++b)
-          for (int v = 0; v < V; ++v) acc[b][v] = Vec(acc_t(0));
-        for (int64_t h = 0; h < rows; ++h) {
-          const acc_t* xr = xpad + (c * g.XH + h + p) * g.XW + q;
-          Vec xv[V];
-          for (int v = 0; v < V; ++v) xv[v] = Vec::loadu(xr + v * S);
-          for (int b = 0; b < OB; ++b) {
-            const acc_t* gr = G + ((o0 + b) * g.CH + h) * g.RW;
-            for (int v = 0; v < V; ++v) acc[b][v] = at::vec::fmadd(Vec::loadu(gr + v * S), xv[v], acc[b][v]);
+// dW and db of one sample, from the winners only: a pooled output whose ReLU passed adds g times
+// its winner's KH x KW input patch to dW[o] (one KWP-wide vector per patch row; the lanes past KW
+// read real padded-row values and are dropped at the end). A quarter of the conv outputs win and
+// about half of those pass, so this does 1/8 of a dense dW's work and needs no dense gradient.
+// db goes into 8 partial sums (j mod 8), so consecutive adds do not wait on each other.
+template <int KWP, typename scalar_t, typename acc_t>
+void sparse_weight_grad(const scalar_t* grad, const int64_t* gs, const uint8_t* code, const acc_t* xpad,
+                        acc_t* dw, acc_t* db8, const Geometry& g) {
+  for (int64_t o = 0; o < g.O; ++o)
+    for (int64_t i = 0; i < g.OH; ++i)
+      for (int64_t j = 0; j < g.OW; ++j) {
+        const uint8_t k = code[(o * g.OH + i) * g.OW + j];
+        if (k & kCut) continue;
+        const acc_t gv = static_cast<acc_t>(grad[o * gs[1] + i * gs[2] + j * gs[3]]);
+        db8[o * 8 + (j & 7)] += gv;
+        const int64_t h = 2 * i + (k >> 1), w = 2 * j + (k & 1);
+        for (int64_t c = 0; c < g.C; ++c)
+          for (int64_t p = 0; p < g.KH; ++p) {
+            const acc_t* __restrict row = xpad + (c * g.XH + h + p) * g.XW + w;
+            acc_t* __restrict d = dw + ((o * g.C + c) * g.KH + p) * KWP;
+            for (int q = 0; q < KWP; ++q) d[q] += gv * row[q];
           }
-        }
-        for (int b = 0; b < OB; ++b) {
-          acc_t* l = lanes + ((((o0 + b) * g.C + c) * g.KH + p) * g.KW + q) * g.RW;
-          for (int v = 0; v < V; ++v) (Vec::loadu(l + v * S) + acc[b][v]).store(l + v * S);
-        }
       }
+}
+
+// dW of a sample with an inf or NaN input, summed over every conv position as ATen's weight
+// gradient does: there a zero gradient times an infinite input is NaN, and the sparse sum (which
+// never visits the zeros) would report a finite number where ATen reports NaN. Rare; scalar.
+template <typename acc_t>
+void dense_weight_grad(const acc_t* G, const acc_t* xpad, acc_t* dw, const Geometry& g) {
+  for (int64_t o = 0; o < g.O; ++o)
+    for (int64_t c = 0; c < g.C; ++c)
+      for (int64_t p = 0; p < g.KH; ++p)
+        for (int64_t q = 0; q < g.KW; ++q) {
+          acc_t s = 0;
+          for (int64_t h = 0; h < g.CH; ++h)
+            for (int64_t w = 0; w < g.CW; ++w)
+              s += G[(o * g.CH + h) * g.RW + w] * xpad[(c * g.XH + h + p) * g.XW + w + q];
+          dw[((o * g.C + c) * g.KH + p) * g.KWP + q] += s;
+        }
 }
 
 // Calls body(OB, V, o0) for output channels in blocks of OB = 4, then 2, then 1, with OB and the
@@ -278,64 +302,37 @@ std::tuple<at::Tensor, at::Tensor> backward_weight_kernel(const at::Tensor& grad
                                                           const at::Tensor& x, const at::Tensor& weight,
                                                           const Geometry& g, bool has_bias) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t taps = g.C * g.KH * g.KW;
+  const int64_t rows = g.O * g.C * g.KH;                 // dW as rows of KWP taps
   const int64_t chunks = (g.N + kChunk - 1) / kChunk;
-  // per chunk: per-lane partial sums of every dW entry (taps*O rows of RW lanes), then db
-  std::vector<acc_t> partial_w(chunks * g.O * taps, acc_t(0)), partial_b(chunks * g.O, acc_t(0));
+  std::vector<acc_t> partial_w(chunks * rows * g.KWP, acc_t(0)), partial_b(chunks * g.O * 8, acc_t(0));
   const scalar_t* xp = x.data_ptr<scalar_t>();
   const scalar_t* gp = grad.data_ptr<scalar_t>();
   const uint8_t* cp = code.data_ptr<uint8_t>();
   const int64_t xs[4] = {x.stride(0), x.stride(1), x.stride(2), x.stride(3)};
   const int64_t gs[4] = {grad.stride(0), grad.stride(1), grad.stride(2), grad.stride(3)};
-  const int64_t V = g.RW / at::vec::Vectorized<acc_t>::size();
 
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> xpad(g.C * g.XH * g.XW), G(g.O * g.CH * g.RW), lanes(g.O * taps * g.RW), bias_lanes(g.O * g.RW);
+    std::vector<acc_t> xpad(g.C * g.XH * g.XW), G;
     for (int64_t ch = begin; ch < end; ++ch) {
-      std::fill(lanes.begin(), lanes.end(), acc_t(0));
-      std::fill(bias_lanes.begin(), bias_lanes.end(), acc_t(0));
-      acc_t* db = partial_b.data() + ch * g.O;
+      acc_t* dw = partial_w.data() + ch * rows * g.KWP;
+      acc_t* db8 = partial_b.data() + ch * g.O * 8;
       for (int64_t n = ch * kChunk; n < std::min(g.N, (ch + 1) * kChunk); ++n) {
-        pad_sample(xp + n * xs[0], xs, xpad.data(), g);
-        dense_grad(gp + n * gs[0], gs, cp + n * g.O * g.OH * g.OW, G.data(), g);
-        if (V <= kMaxV) {
-          for_channel_blocks(g.O, V, [&](auto ob, auto v, int64_t o0) {
-            weight_block<decltype(ob)::value, decltype(v)::value>(xpad.data(), G.data(), lanes.data(), o0, g);
-          });
-        } else {
-          for (int64_t h = 0; h < 2 * g.OH; ++h)      // rows past 2*OH were never pooled: G is zero there
-            for (int64_t c = 0; c < g.C; ++c)
-              for (int64_t p = 0; p < g.KH; ++p) {
-                const acc_t* row = xpad.data() + (c * g.XH + h + p) * g.XW;
-                for (int64_t o = 0; o < g.O; ++o) {
-                  const acc_t* grow = G.data() + (o * g.CH + h) * g.RW;
-                  acc_t* lane = lanes.data() + (((o * g.C + c) * g.KH + p) * g.KW) * g.RW;
-                  for (int64_t q = 0; q < g.KW; ++q) {
-                    acc_t* __restrict l = lane + q * g.RW;
-                    const acc_t* __restrict xr = row + q;
-                    for (int64_t w = 0; w < g.RW; ++w) l[w] += grow[w] * xr[w];
-                  }
-                }
-              }
-        }
-        if (has_bias)   // per-lane sums of G's rows (vectorized; a scalar running sum is a latency chain)
+        const bool finite = pad_sample(xp + n * xs[0], xs, xpad.data(), g);
+        const scalar_t* gn = gp + n * gs[0];
+        const uint8_t* cn = cp + n * g.O * g.OH * g.OW;
+        if (!finite) {
+          G.resize(g.O * g.CH * g.RW);
+          dense_grad(gn, gs, cn, G.data(), g);
+          dense_weight_grad(G.data(), xpad.data(), dw, g);
           for (int64_t o = 0; o < g.O; ++o)
-            for (int64_t h = 0; h < 2 * g.OH; ++h) {
-              acc_t* __restrict bl = bias_lanes.data() + o * g.RW;
-              const acc_t* __restrict gr = G.data() + (o * g.CH + h) * g.RW;
-              for (int64_t w = 0; w < g.RW; ++w) bl[w] += gr[w];
-            }
-      }
-      for (int64_t o = 0; o < g.O; ++o) {
-        acc_t sb = 0;
-        for (int64_t w = 0; w < g.RW; ++w) sb += bias_lanes[o * g.RW + w];
-        db[o] = sb;
-      }
-      acc_t* dw = partial_w.data() + ch * g.O * taps;
-      for (int64_t t = 0; t < g.O * taps; ++t) {
-        acc_t s = 0;
-        for (int64_t w = 0; w < g.RW; ++w) s += lanes[t * g.RW + w];
-        dw[t] = s;
+            for (int64_t t = 0; t < g.CH * g.RW; ++t) db8[o * 8] += G[o * g.CH * g.RW + t];
+          continue;
+        }
+        switch (g.KWP) {
+          case 8: sparse_weight_grad<8>(gn, gs, cn, xpad.data(), dw, db8, g); break;
+          case 16: sparse_weight_grad<16>(gn, gs, cn, xpad.data(), dw, db8, g); break;
+          default: TORCH_CHECK(false, "conv_relu_pool2d_bwd_weight: kernels wider than 16 are not supported");
+        }
       }
     }
   });
@@ -345,9 +342,11 @@ std::tuple<at::Tensor, at::Tensor> backward_weight_kernel(const at::Tensor& grad
   acc_t* dwp = dweight.data_ptr<acc_t>();
   acc_t* dbp = dbias.data_ptr<acc_t>();
   for (int64_t ch = 0; ch < chunks; ++ch) {
-    for (int64_t t = 0; t < g.O * taps; ++t) dwp[t] += partial_w[ch * g.O * taps + t];
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t q = 0; q < g.KW; ++q) dwp[r * g.KW + q] += partial_w[(ch * rows + r) * g.KWP + q];
     if (has_bias)
-      for (int64_t o = 0; o < g.O; ++o) dbp[o] += partial_b[ch * g.O + o];
+      for (int64_t o = 0; o < g.O; ++o)
+        for (int t = 0; t < 8; ++t) dbp[o] += partial_b[(ch * g.O + o) * 8 + t];
   }
   return {dweight.to(weight.scalar_type()), dbias.to(weight.scalar_type())};
 }
