@@ -40,3 +40,13 @@ def load_gelu_ext():
 @pytest.fixture(scope="session")
 def gelu_ext():
     return load_gelu_ext()
+
+
+def skipped_by_design(row, case, impl, dtype) -> bool:
+    """The fused op's unfused rungs (python, triton, cuda) are not checked in bf16 (they round the conv
+    output before pooling, which moves the winners); the fused cpp rung is. Anything else must run."""
+    if not row["skipped"]:
+        return False
+    assert case.op == "conv_relu_pool2d" and impl not in ("aten", "cpp") and dtype == torch.bfloat16, row
+    assert row["reason"].startswith("not checked in bfloat16") and row["ok"] is None
+    return True

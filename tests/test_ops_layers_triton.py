@@ -9,6 +9,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from conftest import skipped_by_design  # noqa: E402
 from trainlab.ops import check  # noqa: E402
 from trainlab.ops.kernel_check import ARCHS, triton_ptx  # noqa: E402
 
@@ -27,6 +28,8 @@ def interpret(monkeypatch):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.op}-{c.name}")
 def test_triton_matches_aten_within_tolerance(interpret, case, dtype):
     row = check.check_row(case, "triton", dtype, batch=2)
+    if skipped_by_design(row, case, "triton", dtype):
+        return
     assert row["ok"], row
 
 
@@ -39,7 +42,9 @@ def test_lenet_conv1_shape_with_split_k(interpret):
 @pytest.mark.parametrize("op", tuple(check.LAYER_OPS))
 def test_gradcheck_and_opcheck(interpret, op):
     row = check.autograd_row(op, "triton")
-    assert row["gradcheck"] is True and row["opcheck"] is True, row["reason"]
+    # the fused op's triton rung runs the three triton ops in sequence: no registered op of its own
+    registered = "triton" in getattr(check.LAYER_OPS[op], "REGISTERED", ("triton",))
+    assert row["gradcheck"] is True and row["opcheck"] is (True if registered else None), row["reason"]
 
 
 def test_interpreter_env_is_read_per_call(monkeypatch):
@@ -103,4 +108,6 @@ def test_bf16_gemms_use_tensor_cores_and_fp32_does_not(ptx):
 @pytest.mark.parametrize("case", [c for cases in check.CASES.values() for c in cases], ids=lambda c: f"{c.op}-{c.name}")
 def test_compiled_kernels_match_aten_on_gpu(case, dtype):
     row = check.check_row(case, "triton", dtype, batch=64)
+    if skipped_by_design(row, case, "triton", dtype):
+        return
     assert row["ok"] and row["mode"] == "compiled", row

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from trainlab.errors import ConfigError, UserError
 from trainlab.ops import conv, conv_relu_pool, linear, pool, relu
 from trainlab.ops.gelu import APPROXIMATIONS, EXTENSION as GELU_EXTENSION, gelu
-from trainlab.ops.ladder import (DTYPES, IMPLS, TOLERANCES, Case, Tolerance, availability, dtype_name, mode,
+from trainlab.ops.ladder import (DTYPES, IMPLS, REDUCED, TOLERANCES, Case, Tolerance, availability, dtype_name, mode,
                                  triton_interpreter_if_cpu)
 
 LAYER_OPS = {"conv2d": conv, "max_pool2d": pool, "linear": linear, "relu": relu, "conv_relu_pool2d": conv_relu_pool}
@@ -262,6 +262,13 @@ def check_row(case: Case, impl: str, dtype: torch.dtype, batch: int = 8, seed: i
                    grad_max_abs_err=None, fwd_vs_aten=None, grad_vs_aten=None, worst_ratio_to_tol=None,
                    nonfinite_ok=None)
 
+    if dtype in REDUCED and case.reduced_impls is not None and impl not in case.reduced_impls:
+        row.update(ok=None, status="skipped", skipped=True,
+                   reason=f"not checked in {dtype_name(dtype)}: this rung runs the ops one after another and rounds "
+                          f"their intermediate results to {dtype_name(dtype)}, which moves the pooling's winners; "
+                          f"checked in float32")
+        return row
+
     def body(row, device):
         tol = TOLERANCES["sum"][dtype]
         base = case.make(batch, torch.Generator().manual_seed(seed))
@@ -285,13 +292,6 @@ def check_row(case: Case, impl: str, dtype: torch.dtype, batch: int = 8, seed: i
             # ATen is the reference being measured, not a candidate: record how far it is from
             # float64, do not fail the check for it (e.g. its bf16 pool backward sums in bf16).
             row["note"] = f"ATen itself is {row['worst_ratio_to_tol']:.1f}x the tolerance here (recorded, not failed)"
-            row["ok"] = True
-        elif not row["ok"] and shape_ok and row["nonfinite_ok"] is not False and row["fwd_vs_aten"] == 0 \
-                and row["grad_vs_aten"] == 0:
-            # Bit for bit what ATen computes in this dtype (e.g. rungs that round the conv output to
-            # bf16 before pooling, as ATen does, so ties and winners move): as good as the baseline.
-            row["note"] = (f"identical to ATen in {dtype_name(dtype)}, which is itself "
-                           f"{row['worst_ratio_to_tol']:.1f}x the tolerance here (recorded, not failed)")
             row["ok"] = True
         if not row["ok"]:
             row["reason"] = ("wrong shape or dtype" if not shape_ok else
