@@ -106,8 +106,10 @@ def verdict(rows: list[dict]) -> tuple[bool, str]:
     """(ok, the last line of a table). A check in which no row ran checked nothing: not ok."""
     ran = [r for r in rows if not r["skipped"]]
     failed = [r for r in ran if not r["ok"]]
-    skipped = len(rows) - len(ran)
-    tail = f", {skipped} skipped (could not run here)" if skipped else ""
+    by_design = sum(1 for r in rows if r["skipped"] and (r["reason"] or "").startswith("not checked in"))
+    cannot = len(rows) - len(ran) - by_design
+    tail = (f", {cannot} skipped (could not run here)" if cannot else "") + \
+           (f", {by_design} not checked in reduced precision (unfused rungs of a fused op)" if by_design else "")
     if not ran:
         why = sorted({r["reason"] for r in rows if r["reason"]})
         return False, (f"nothing checked: 0 rows that ran{tail}" + (f" — {'; '.join(why)}" if why else
