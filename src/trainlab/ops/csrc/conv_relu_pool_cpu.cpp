@@ -44,6 +44,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -159,6 +160,42 @@ void sparse_weight_grad(const scalar_t* grad, const int64_t* gs, const uint8_t* 
             for (int q = 0; q < KWP; ++q) d[q] += gv * row[q];
           }
       }
+}
+
+// LeNet's case, float32 and at most 8 rows of at most 8 taps: the same sum with each (o, c) pair's
+// KH rows of dW in registers (GCC/Clang vector types, 8 floats: one 256-bit FMA per patch row)
+// while all of the sample's outputs of channel o stream past, instead of a load-add-store of dW
+// per patch row and output. The even and odd columns j use separate registers, so consecutive
+// outputs do not wait on each other's multiply-adds.
+typedef float f32x8 __attribute__((vector_size(32)));
+
+template <int KH, typename scalar_t>
+void sparse_weight_grad_f32(const scalar_t* grad, const int64_t* gs, const uint8_t* code, const float* xpad,
+                            float* dw, float* db8, const Geometry& g) {
+  for (int64_t o = 0; o < g.O; ++o)
+    for (int64_t c = 0; c < g.C; ++c) {
+      f32x8 even[KH] = {}, odd[KH] = {};
+      for (int64_t i = 0; i < g.OH; ++i)
+        for (int64_t j = 0; j < g.OW; ++j) {
+          const uint8_t k = code[(o * g.OH + i) * g.OW + j];
+          if (k & kCut) continue;
+          const float gv = static_cast<float>(grad[o * gs[1] + i * gs[2] + j * gs[3]]);
+          if (c == 0) db8[o * 8 + (j & 7)] += gv;
+          const float* row = xpad + (c * g.XH + 2 * i + (k >> 1)) * g.XW + 2 * j + (k & 1);
+          const f32x8 gvec = {gv, gv, gv, gv, gv, gv, gv, gv};
+          f32x8* acc = (j & 1) ? odd : even;
+          for (int p = 0; p < KH; ++p) {
+            f32x8 xv;
+            std::memcpy(&xv, row + p * g.XW, sizeof(xv));   // an unaligned 8-float load
+            acc[p] += gvec * xv;
+          }
+        }
+      for (int p = 0; p < KH; ++p) {
+        const f32x8 sum = even[p] + odd[p];
+        float* d = dw + ((o * g.C + c) * g.KH + p) * 8;
+        for (int q = 0; q < 8; ++q) d[q] += sum[q];
+      }
+    }
 }
 
 // dW of a sample with an inf or NaN input, summed over every conv position as ATen's weight
@@ -327,6 +364,12 @@ std::tuple<at::Tensor, at::Tensor> backward_weight_kernel(const at::Tensor& grad
           for (int64_t o = 0; o < g.O; ++o)
             for (int64_t t = 0; t < g.CH * g.RW; ++t) db8[o * 8] += G[o * g.CH * g.RW + t];
           continue;
+        }
+        if constexpr (std::is_same_v<acc_t, float>) {
+          if (g.KWP == 8 && g.KH == 5) {   // LeNet's 5x5 (the kernels of other heights take the general path)
+            sparse_weight_grad_f32<5>(gn, gs, cn, xpad.data(), dw, db8, g);
+            continue;
+          }
         }
         switch (g.KWP) {
           case 8: sparse_weight_grad<8>(gn, gs, cn, xpad.data(), dw, db8, g); break;
