@@ -21,15 +21,16 @@
 // which is why the operator is defined as conv → ReLU → pool and computed as conv → pool → ReLU.
 //
 // Backward: only the winners carry gradient. For each pooled output whose ReLU passed, dW[o] gets
-// g times the winner's KH x KW input patch and db[o] gets g (1/8 of a dense dW's work: a quarter
-// of the conv outputs win, about half of those pass):
+// g times the winner's KH x KW input patch and db[o] gets g (at most a quarter of a dense dW's
+// work: one conv output in four wins, and only the winners whose ReLU passed count):
 //   dW[o,c,p,q] = Σ_{n, passing (i,j)} dy[n,o,i,j] · xpad[c][h+p][w+q]    (h, w: the winner)
 //   db[o]       = Σ_{n, passing (i,j)} dy[n,o,i,j]
 //   dx          = the same taps transposed, scattered into a padded plane from the dense gradient
 //                 of the conv output (only when asked: LeNet's input needs none)
 // dW and db are summed per fixed chunk of kChunk samples and the chunks are added in order at the
-// end: the result does not depend on the thread count (bit-identical with 1 or 16 threads), which
-// keeps "same seed, same curve" true on a CPU.
+// end: the result does not depend on the thread count (bit-identical with 1 and 2 threads, tested),
+// which keeps "same seed, same curve" true on a CPU. A sample with an inf or NaN input takes a
+// dense sum instead, to give ATen's NaNs (0 · inf).
 //
 // Precision: float32/bfloat16/float16 accumulate in float32 (bf16/fp16 inputs are widened on entry,
 // the outputs rounded once), float64 in float64 — as the other `trainlab::` CPU ops do.
@@ -140,7 +141,8 @@ inline void conv_row_block(const acc_t* xpad, const acc_t* wf, const acc_t* bias
 // dW and db of one sample, from the winners only: a pooled output whose ReLU passed adds g times
 // its winner's KH x KW input patch to dW[o] (one KWP-wide vector per patch row; the lanes past KW
 // read real padded-row values and are dropped at the end). A quarter of the conv outputs win and
-// about half of those pass, so this does 1/8 of a dense dW's work and needs no dense gradient.
+// the winners' ReLU mostly passes, so this does about a quarter of a dense dW's work and needs no
+// dense gradient.
 // db goes into 8 partial sums (j mod 8), so consecutive adds do not wait on each other.
 template <int KWP, typename scalar_t, typename acc_t>
 void sparse_weight_grad(const scalar_t* grad, const int64_t* gs, const uint8_t* code, const acc_t* xpad,
