@@ -228,3 +228,22 @@ def test_ops_bad_flags_are_one_line(argv, message, capsys):
 def test_config_rejects_a_non_string_ops_in_json():
     with pytest.raises(ConfigError, match="'ops' must be a string"):
         TrainConfig.from_dict({"ops": 3})
+
+
+def test_ops_auto_falls_back_to_pytorch_layers_without_a_compiler(monkeypatch):
+    """`auto` (the fast preset) is a speed choice: no C++ toolchain means PyTorch's layers, not a failure;
+    an explicit --ops fused still says what is missing."""
+    from trainlab.lenet import setup
+    from trainlab.errors import HardwareError
+
+    def no_compiler(with_cuda):
+        raise HardwareError("impl='cpp': no C++ compiler found")
+
+    monkeypatch.setattr(setup, "check_toolchain", no_compiler)
+    cfg = TrainConfig(device="cpu", batchnorm=True, batchnorm_conv1=False, ops="auto")
+    assert setup.model_ops(cfg, torch.device("cpu")) == "aten"
+    cfg.ops = "fused"
+    assert setup.model_ops(cfg, torch.device("cpu")) == "fused"
+    monkeypatch.undo()
+    assert setup.model_ops(TrainConfig(device="cpu", batchnorm=True, batchnorm_conv1=False, ops="auto"),
+                           torch.device("cpu")) == "fused"

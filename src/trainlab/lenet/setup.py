@@ -12,6 +12,7 @@ from contextlib import nullcontext
 import torch
 
 from trainlab.errors import HardwareError, UserError
+from trainlab.ops.build import check_toolchain
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.model import resolve_ops
 from trainlab.lenet.models import make_model
@@ -27,10 +28,18 @@ def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
 
 
 def model_ops(cfg: TrainConfig, device: torch.device) -> str:
-    """--ops with `auto` resolved for this device (fused on a CPU where it applies, else aten)."""
+    """--ops with `auto` resolved for this device: fused on a CPU where it applies and a C++ toolchain
+    can build it (else PyTorch's layers: `auto` is a speed choice, never a reason to fail), aten
+    elsewhere. The resolved value is recorded in summary.json (`ops`)."""
     if cfg.model not in ("lenet5", "lenet5-bn"):
         return "aten" if cfg.ops == "auto" else cfg.ops
-    return resolve_ops(cfg.ops, device, cfg.act, cfg.pool, cfg.batchnorm or cfg.model == "lenet5-bn", cfg.batchnorm_conv1)
+    ops = resolve_ops(cfg.ops, device, cfg.act, cfg.pool, cfg.batchnorm or cfg.model == "lenet5-bn", cfg.batchnorm_conv1)
+    if cfg.ops == "auto" and ops == "fused":
+        try:
+            check_toolchain(with_cuda=False)
+        except HardwareError:
+            return "aten"
+    return ops
 
 
 def check_model_runs(cfg: TrainConfig, device: torch.device) -> None:
