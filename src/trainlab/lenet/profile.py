@@ -57,6 +57,7 @@ from trainlab.lenet.batches import build_train_batches, to_device
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.model import check_model_options
 from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, use_channels_last
+from trainlab.ops.conv_relu_pool import ConvReluPool2d
 from trainlab.stats import summarize, time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
@@ -140,7 +141,8 @@ def parse_variant(spec: str) -> tuple[str, dict]:
 
 
 def layer_names(model: nn.Module) -> dict[str, nn.Module]:
-    """conv1, bn1, relu1, pool1, …, fc3 → module, in forward order (Identity placeholders skipped).
+    """conv1, bn1, relu1, pool1, …, fc3 → module, in forward order (Identity placeholders skipped; the
+    fused first stage of --ops fused is conv1+relu1+pool1).
     A BatchNorm is named by the layer it normalizes: bn2 follows conv2 even without bn1, bn3 fc1."""
     names, counts = {}, {}
     for module in list(model.features) + list(model.classifier):
@@ -148,6 +150,11 @@ def layer_names(model: nn.Module) -> dict[str, nn.Module]:
             continue
         if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)):
             names[f"bn{counts.get('conv', 0) + counts.get('fc', 0)}"] = module
+            continue
+        if isinstance(module, ConvReluPool2d):   # --ops fused: one module, three layers' names
+            for kind in ("conv", "relu", "pool"):
+                counts[kind] = counts.get(kind, 0) + 1
+            names[f"conv{counts['conv']}+relu{counts['relu']}+pool{counts['pool']}"] = module
             continue
         kind = ("conv" if isinstance(module, nn.Conv2d) else "fc" if isinstance(module, nn.Linear)
                 else "pool" if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)) else "flatten"
