@@ -247,3 +247,11 @@ def test_ops_auto_falls_back_to_pytorch_layers_without_a_compiler(monkeypatch):
     monkeypatch.undo()
     assert setup.model_ops(TrainConfig(device="cpu", batchnorm=True, batchnorm_conv1=False, ops="auto"),
                            torch.device("cpu")) == "fused"
+
+
+def test_profile_names_the_fused_stage_and_keeps_the_later_names():
+    from trainlab.lenet.profile import layer_names
+
+    names = list(layer_names(LeNet5(ops="fused", batchnorm=True, batchnorm_conv1=False)))
+    assert names[:5] == ["conv1+relu1+pool1", "conv2", "bn2", "pool2", "relu2"]
+    assert names[-1] == "fc3" and len(names) == len(set(names))
