@@ -7,6 +7,7 @@ them; bad arguments are one OpInputError. The first test in a fresh cache builds
 extension (~30-60 s on 2 cores; cached afterwards under $TRAINLAB_CACHE).
 """
 
+import json
 import math
 
 import pytest
@@ -263,3 +264,18 @@ def test_fused_stage_bad_input_is_one_line():
         conv_relu_pool2d(torch.randn(1, 1, 8, 8, device="meta"), torch.randn(2, 1, 3, 3, device="meta"), None, 0, impl="cpp")
     with pytest.raises(OpInputError, match="x has 2 channels but weight expects 1"):
         conv_relu_pool2d(torch.randn(1, 2, 8, 8), torch.randn(2, 1, 3, 3), None, 0, impl="cpp")
+
+
+def test_the_walkthrough_commands_for_the_fused_stage_run(ext, tmp_path, capsys):
+    """`trainlab ops check --op conv_relu_pool2d` and the stage1 bench of the walkthrough, from the CLI
+    (rungs and budget cut down: the same subcommands and flags)."""
+    from trainlab.cli import main
+
+    assert main(["ops", "check", "--op", "conv_relu_pool2d", "--impl", "aten", "--impl", "cpp",
+                 "--dtype", "float32", "--case", "lenet-stage1"]) == 0
+    assert "all ok" in capsys.readouterr().out
+    assert main(["ops", "bench", "--device", "cpu", "--threads", "1", "--layer", "conv1", "--layer", "relu1",
+                 "--layer", "pool1", "--layer", "stage1", "--batch", "256", "--impl", "cpp", "--budget", "0.05",
+                 "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "ops_bench.json").read_text())["rows"]
+    assert {(r["layer"], r["impl"]) for r in rows} >= {("stage1", "aten"), ("stage1", "cpp")}
