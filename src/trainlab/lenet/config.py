@@ -181,9 +181,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # against the old recipe cut to 30 epochs (99.43 / 99.57 %), batch 128 + smoothing 0.1 gave 99.49 /
     # 99.61, and with augment-p 0.5 99.55 / 99.54 / 99.55 (the same mean, a higher minimum); distorting
     # every image lowered it (99.36 / 99.42), weight decay 5e-2 and EMA 0.9998 changed nothing; 60 epochs
-    # of the old recipe gave +0.05 on the one seed measured, of this one nothing (99.48 / 99.57). Test set, once (benchmarks/results/lenet_accuracy_best_relu.md,
-    # 5 seeds): 99.55 ± 0.03 %, min 99.51 (the old 60-epoch recipe: 99.55 ± 0.08, min 99.47) in half the
-    # epochs; with --tta, reported apart, 99.63 %, min 99.58.
+    # of the old recipe gave +0.05 on the one seed measured, of this one nothing (99.48 / 99.57). Test set,
+    # once (benchmarks/results/lenet_accuracy_best_relu.md, 5 seeds): 99.55 ± 0.03 %, min 99.51 (the old
+    # 60-epoch recipe: 99.55 ± 0.08, min 99.47) in half the epochs; with --tta, reported apart, 99.63 %,
+    # min 99.58.
     # Elastic distortion (--elastic-alpha) was measured and is not used: it lowered LeNet-5's accuracy.
     "best": dict(batchnorm=True, augment=True, augment_degrees=10.0, augment_translate=0.1, augment_scale=0.1,
                  augment_p=0.5, epochs=30, batch_size=128, lr=5e-3, label_smoothing=0.1, weight_decay=5e-4, ema=0.999),
