@@ -123,7 +123,7 @@ class TrainConfig(Config):
     gpu_telemetry: bool = opt(True, "sample GPU utilization/memory/power with NVML")
     stop_after: int | None = opt(None, "stop after N epochs as if interrupted (to try --resume)", check=at_least(1))
     preset: str = opt("default", "default | fast (time-to-99% on a CPU: BatchNorm, bf16, 1 epoch) | best (~99.55%: "
-                                 "BatchNorm, augmentation, EMA, long schedule)", choices=("default", "fast", "best"))
+                                 "BatchNorm, augmentation, EMA, 30 epochs)", choices=("default", "fast", "best"))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -174,13 +174,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (benchmarks/results/lenet_cpu_step_fused.md); on a GPU `auto` is PyTorch's layers (cuDNN).
     "fast": dict(batchnorm=True, batchnorm_conv1=False, epochs=1, batch_size=128, schedule="linear", warmup_epochs=0.2,
                  lr=3e-2, label_smoothing=0.1, amp="bf16", channels_last="on", ops="auto"),
-    # Accuracy (benchmarks/lenet_accuracy.py, 5 seeds: 99.55 ± 0.08 %, min 99.47; with --tta, reported
-    # apart, 99.61 %, min 99.56): BatchNorm + a moderate affine (±10°, ±10% shift,
-    # ±10% zoom) on 3 of 4 images (the untouched quarter keeps the crisp test digits in distribution) +
-    # label smoothing + a 60-epoch OneCycle + an EMA of the weights (evaluated and checkpointed).
+    # Accuracy: BatchNorm + a moderate affine (±10°, ±10% shift, ±10% zoom) on half the images (the
+    # untouched half keeps the crisp test digits in distribution) + label smoothing 0.1 + batch 128 + a
+    # 30-epoch OneCycle + an EMA of the weights (evaluated and checkpointed). Chosen on a validation split
+    # (--holdout 10000, never the test set; benchmarks/results/best_validation/lenet_best_validation.md):
+    # against the old recipe cut to 30 epochs (99.43 / 99.57 %), batch 128 + smoothing 0.1 gave 99.49 /
+    # 99.61, and with augment-p 0.5 99.55 / 99.54 / 99.55 (the same mean, a higher minimum); distorting
+    # every image lowered it (99.36 / 99.42), weight decay 5e-2 and EMA 0.9998 changed nothing; 60 epochs
+    # of the old recipe gave +0.05 on the one seed measured, of this one nothing (99.48 / 99.57). Test set,
+    # once (benchmarks/results/lenet_accuracy_best_relu.md, 5 seeds): 99.55 ± 0.03 %, min 99.51 (the old
+    # 60-epoch recipe: 99.55 ± 0.08, min 99.47) in half the epochs; with --tta, reported apart, 99.63 %,
+    # min 99.58.
     # Elastic distortion (--elastic-alpha) was measured and is not used: it lowered LeNet-5's accuracy.
     "best": dict(batchnorm=True, augment=True, augment_degrees=10.0, augment_translate=0.1, augment_scale=0.1,
-                 augment_p=0.75, epochs=60, lr=5e-3, label_smoothing=0.05, weight_decay=5e-4, ema=0.999),
+                 augment_p=0.5, epochs=30, batch_size=128, lr=5e-3, label_smoothing=0.1, weight_decay=5e-4, ema=0.999),
 }
 
 
