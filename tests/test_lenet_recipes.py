@@ -170,7 +170,7 @@ def test_presets_resolve_and_explicit_flags_win():
     assert fast.preset == "fast" and fast.epochs == 3  # the explicit flag wins over the preset
     assert (fast.batchnorm, fast.batchnorm_conv1, fast.amp, fast.channels_last, fast.label_smoothing, fast.lr) == \
         (True, False, "bf16", "on", 0.1, 3e-2)
-    assert (fast.batch_size, fast.schedule, fast.warmup_epochs) == (128, "linear", 0.2)  # one epoch, linear to 0
+    assert (fast.batch_size, fast.schedule, fast.warmup_epochs) == (96, "linear", 0.2)  # one epoch, linear to 0
     assert config_from_args(parser.parse_args(["--preset", "fast"])).epochs == 1
     best = config_from_args(parser.parse_args(["--preset", "best"]))
     for key, value in PRESETS["best"].items():
