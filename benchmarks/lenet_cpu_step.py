@@ -11,7 +11,9 @@ A variant is a '+'-joined list of settings, e.g. `bn+bf16+cl+compile@1`:
     bn234     BatchNorm after conv2, fc1, fc2 only (--no-batchnorm-conv1; the fast preset)
     fused     AdamW(fused=True)                     foreach  AdamW(foreach=True) (the default is chosen by torch)
     actpool   the classic order ReLU → max-pool (LeNet5 pools first since issue 23: the same numbers, cheaper)
-    fused1    conv1 → ReLU → max-pool as our one fused C++ operator (--ops fused; trainlab.ops.conv_relu_pool)
+    fused1    conv1 → ReLU → max-pool as our one fused C++ operator (--ops fused; trainlab.ops.conv_relu_pool),
+              and conv2 computed in NCHW (lenet.model.NCHWConv2d)
+    cl2       with fused1: conv2 back in the model's layout (a plain nn.Conv2d), to measure what NCHW buys
     bsN       batch size N (default --batch-size)   @T       T threads (default: torch's default)
 
     python benchmarks/lenet_cpu_step.py --variants fp32,cl,bf16,bf16+cl,bn+bf16+cl [--rounds 20] [--steps 5] [--out DIR] [--name NAME] [--force]
@@ -35,7 +37,7 @@ from _common import add_output_args, check_output, save
 from trainlab.lenet.model import LeNet5
 from trainlab.stats import time_interleaved
 
-SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach", "actpool", "fused1"}
+SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach", "actpool", "fused1", "cl2"}
 
 
 def parse_variant(spec: str, batch_size: int) -> dict:
@@ -61,6 +63,10 @@ class Variant:
             f = list(self.model.features)
             f[2:4], f[6:8] = f[3:1:-1], f[7:5:-1]
             self.model.features = torch.nn.Sequential(*f)
+        if v.get("cl2"):  # same weights, ATen's layout choice
+            plain = torch.nn.Conv2d(6, 16, 5, bias=self.model.features[4].bias is not None)
+            plain.load_state_dict(self.model.features[4].state_dict())
+            self.model.features[4] = plain
         self.x = torch.randn(v["batch_size"], 1, 28, 28)
         self.y = torch.randint(0, 10, (v["batch_size"],))
         if v.get("cl"):

@@ -15,7 +15,7 @@ from trainlab.cli import main
 from trainlab.errors import ConfigError
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
-from trainlab.lenet.model import LeNet5, parse_ops
+from trainlab.lenet.model import LeNet5, NCHWConv2d, parse_ops
 
 SUBSET = dict(epochs=1, train_subset=2048, test_subset=500, batch_size=64, device="cpu", progress=False,
               tensorboard=False, seed=1)
@@ -65,6 +65,31 @@ def test_fused_stage_keeps_the_aten_model_weights_and_keys():
     torch.manual_seed(3)
     fused = LeNet5(batchnorm=True, batchnorm_conv1=False, ops="fused").state_dict()
     assert list(fused) == list(aten) and all(torch.equal(fused[k], aten[k]) for k in aten)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_nchw_conv2_computes_nn_conv2d_and_hands_back_the_input_layout(channels_last):
+    """The fused model's conv2 computes in NCHW (faster input gradient) but is the same function with
+    the same gradients as nn.Conv2d, and returns channels-last when it was given channels-last."""
+    assert isinstance(LeNet5(ops="fused").features[4], NCHWConv2d)
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(6, 16, 5)
+    ours = NCHWConv2d(6, 16, 5)
+    ours.load_state_dict(ref.state_dict())
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    ref, ours = ref.to(memory_format=fmt), ours.to(memory_format=fmt)
+    x = torch.randn(4, 6, 14, 14, dtype=torch.float64).contiguous(memory_format=fmt)
+    ref, ours = ref.double(), ours.double()
+    xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    yr, yo = ref(xr), ours(xo)
+    assert yo.is_contiguous(memory_format=fmt) and (channels_last != yo.is_contiguous())
+    dy = torch.randn_like(yr)
+    yr.backward(dy)
+    yo.backward(dy)
+    torch.testing.assert_close(yo, yr, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(xo.grad, xr.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours.bias.grad, ref.bias.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_ops_auto_resolves_to_fused_on_a_cpu_where_it_applies():

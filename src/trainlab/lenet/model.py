@@ -17,7 +17,9 @@ of the `aten` run (flatten stays a view, the loss stays F.cross_entropy).
 fused C++ CPU operator (trainlab.ops.conv_relu_pool): the layers where ours are measured faster
 (benchmarks/results/lenet_cpu_step_fused.md). The stage keeps its four slots in `features`
 (the fused module, then three Identity), so the state_dict keys are those of the `aten` model and a
-checkpoint moves between the two. `ops="auto"` is `fused` on a CPU where it applies (--act relu,
+checkpoint moves between the two. The fused model also computes conv2 in NCHW (`NCHWConv2d`: oneDNN's
+input gradient for its 6-channel output is twice as fast there) while the rest stays channels-last.
+`ops="auto"` is `fused` on a CPU where it applies (--act relu,
 --pool max, no BatchNorm on conv1) and `aten` everywhere else (a GPU's cuDNN); `build_model`
 resolves it with `resolve_ops` once the device is known.
 """
@@ -86,6 +88,24 @@ def check_model_options(act: str, pool: str, batchnorm: bool, ops: str, batchnor
     return impl
 
 
+class NCHWConv2d(nn.Conv2d):
+    """nn.Conv2d computed in NCHW whatever the layout of its input and weight; its output goes back to
+    channels-last when the input came so, for the BatchNorm and max-pool after it (ATen's max-pool is
+    several times slower in NCHW).
+
+    Why: for LeNet's conv2 (6 → 16 channels, 14×14 → 10×10) oneDNN's input gradient, a convolution
+    with 6 output channels, takes twice as long in channels-last as in NCHW (bf16, 1 thread, batch 256:
+    3.3 vs 1.6 ms), while the forward and the weight gradient cost the same in both. The three layout
+    copies cost about 0.1 ms each (benchmarks/results/lenet_cpu_step_nchw2.md). The layout changes only
+    the order of the sums, not the function: same parameters, same state_dict.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        back_to_cl = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+        y = self._conv_forward(x.contiguous(), self.weight.contiguous(), self.bias)
+        return y.contiguous(memory_format=torch.channels_last) if back_to_cl else y
+
+
 class LeNet5(nn.Module):
     def __init__(self, act: str = "relu", pool: str = "max", batchnorm: bool = False, num_classes: int = 10,
                  ops: str = "aten", batchnorm_conv1: bool = True):
@@ -105,7 +125,7 @@ class LeNet5(nn.Module):
         # once, by whichever class runs it: the fused stage starts from the aten model's weights.
         conv1 = (partial(ConvReluPool2d, impl="cpp") if self.fused else Conv)(1, 6, 5, padding=2, bias=not bn1)
         stage1 = [conv1, norm2d(6) if bn1 else nn.Identity(), Act(act), Pool(2)]                                  # 28→28→14
-        stage2 = [Conv(6, 16, 5, bias=not batchnorm), norm2d(16), Act(act), Pool(2)]                                # 14→10→5
+        stage2 = [(NCHWConv2d if self.fused else Conv)(6, 16, 5, bias=not batchnorm), norm2d(16), Act(act), Pool(2)]                                # 14→10→5
         # max(relu(x)) == relu(max(x)), gradient included (the same first argmax in each window; zero
         # gradient where the window's max is ≤ 0): pooling first applies ReLU, forward and backward, to
         # a quarter of the values. Not for GELU (not monotone) nor average pooling.
