@@ -53,20 +53,26 @@ def parse_variant(spec: str, batch_size: int) -> dict:
     return v
 
 
+def build_model(v: dict) -> torch.nn.Module:
+    """The variant's LeNet-5, from seed 0: every variant starts from the same weights."""
+    torch.manual_seed(0)
+    model = LeNet5(batchnorm=bool(v.get("bn") or v.get("bn234")), batchnorm_conv1=not v.get("bn234"),
+                   ops="fused" if v.get("fused1") else "aten")
+    if v.get("actpool"):  # swap each (max-pool, ReLU) pair back
+        f = list(model.features)
+        f[2:4], f[6:8] = f[3:1:-1], f[7:5:-1]
+        model.features = torch.nn.Sequential(*f)
+    if v.get("cl2"):  # same weights, ATen's layout choice
+        plain = torch.nn.Conv2d(6, 16, 5, bias=model.features[4].bias is not None)
+        plain.load_state_dict(model.features[4].state_dict())
+        model.features[4] = plain
+    return model
+
+
 class Variant:
     def __init__(self, v: dict):
         self.v = v
-        torch.manual_seed(0)
-        self.model = LeNet5(batchnorm=bool(v.get("bn") or v.get("bn234")), batchnorm_conv1=not v.get("bn234"),
-                            ops="fused" if v.get("fused1") else "aten")
-        if v.get("actpool"):  # swap each (max-pool, ReLU) pair back
-            f = list(self.model.features)
-            f[2:4], f[6:8] = f[3:1:-1], f[7:5:-1]
-            self.model.features = torch.nn.Sequential(*f)
-        if v.get("cl2"):  # same weights, ATen's layout choice
-            plain = torch.nn.Conv2d(6, 16, 5, bias=self.model.features[4].bias is not None)
-            plain.load_state_dict(self.model.features[4].state_dict())
-            self.model.features[4] = plain
+        self.model = build_model(v)
         self.x = torch.randn(v["batch_size"], 1, 28, 28)
         self.y = torch.randint(0, 10, (v["batch_size"],))
         if v.get("cl"):

@@ -95,9 +95,10 @@ class NCHWConv2d(nn.Conv2d):
 
     Why: for LeNet's conv2 (6 → 16 channels, 14×14 → 10×10) oneDNN's input gradient, a convolution
     with 6 output channels, takes twice as long in channels-last as in NCHW (bf16, 1 thread, batch 256:
-    3.3 vs 1.6 ms), while the forward and the weight gradient cost the same in both. The three layout
-    copies cost about 0.1 ms each (benchmarks/results/lenet_cpu_step_nchw2.md). The layout changes only
-    the order of the sums, not the function: same parameters, same state_dict.
+    3.3 vs 1.7 ms), while the forward and the weight gradient cost the same in both; the three layout
+    copies cost 0.1–0.2 ms each (benchmarks/results/lenet_conv2_layout.md; the whole step:
+    lenet_cpu_step_nchw2.md). In fp32 it is a wash (NCHW's weight gradient is slower). The layout
+    changes only the order of the sums, not the function: same parameters, same state_dict.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
