@@ -126,7 +126,8 @@ class LeNet5(nn.Module):
         # once, by whichever class runs it: the fused stage starts from the aten model's weights.
         conv1 = (partial(ConvReluPool2d, impl="cpp") if self.fused else Conv)(1, 6, 5, padding=2, bias=not bn1)
         stage1 = [conv1, norm2d(6) if bn1 else nn.Identity(), Act(act), Pool(2)]                                  # 28→28→14
-        stage2 = [(NCHWConv2d if self.fused else Conv)(6, 16, 5, bias=not batchnorm), norm2d(16), Act(act), Pool(2)]                                # 14→10→5
+        conv2 = (NCHWConv2d if self.fused else Conv)(6, 16, 5, bias=not batchnorm)
+        stage2 = [conv2, norm2d(16), Act(act), Pool(2)]                                                             # 14→10→5
         # max(relu(x)) == relu(max(x)), gradient included (the same first argmax in each window; zero
         # gradient where the window's max is ≤ 0): pooling first applies ReLU, forward and backward, to
         # a quarter of the values. Not for GELU (not monotone) nor average pooling.
