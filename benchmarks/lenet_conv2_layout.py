@@ -24,17 +24,17 @@ from trainlab.stats import time_interleaved
 CL = torch.channels_last
 
 
-def convolutions(n: int, dtype: torch.dtype, fmt: torch.memory_format) -> dict:
-    """The three convolutions of conv2's training step, on random tensors of LeNet's shapes."""
-    x = torch.randn(n, 6, 14, 14).to(dtype).contiguous(memory_format=fmt)
-    w = torch.randn(16, 6, 5, 5).to(dtype).contiguous(memory_format=fmt)
-    dy = torch.randn(n, 16, 10, 10).to(dtype).contiguous(memory_format=fmt)
-
-    def backward(mask):
-        return lambda: torch.ops.aten.convolution_backward(dy, x, w, [0], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, mask)
-
-    return {"forward": lambda: F.conv2d(x, w), "input gradient": backward([True, False, False]),
-            "weight gradient": backward([False, True, False])}
+def convolutions(n: int, dtype: torch.dtype, channels_last: bool) -> dict:
+    """The three convolutions of conv2's training step, on random tensors of LeNet's shapes. Each
+    gradient is autograd's backward of a graph built once (retain_graph): with only x, or only the
+    weight, requiring a gradient, it runs exactly that one convolution of the backward."""
+    layout = (lambda t: t.contiguous(memory_format=CL)) if channels_last else (lambda t: t.contiguous())
+    x, w, dy = (layout(torch.randn(*shape).to(dtype)) for shape in ((n, 6, 14, 14), (16, 6, 5, 5), (n, 16, 10, 10)))
+    x_in, w_in = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y_x, y_w = F.conv2d(x_in, w), F.conv2d(x, w_in)
+    return {"forward": lambda: F.conv2d(x, w),
+            "input gradient": lambda: torch.autograd.grad(y_x, x_in, dy, retain_graph=True)[0],
+            "weight gradient": lambda: torch.autograd.grad(y_w, w_in, dy, retain_graph=True)[0]}
 
 
 def main() -> None:
@@ -50,8 +50,8 @@ def main() -> None:
     torch.set_num_threads(1)   # CPU time is a step's time only on one thread
     fns, cells = {}, {}
     for dtype in (torch.bfloat16, torch.float32):
-        for layout, fmt in (("NCHW", torch.contiguous_format), ("channels-last", CL)):
-            for op, fn in convolutions(args.batch_size, dtype, fmt).items():
+        for layout, channels_last in (("NCHW", False), ("channels-last", True)):
+            for op, fn in convolutions(args.batch_size, dtype, channels_last).items():
                 key = f"{str(dtype).removeprefix('torch.')} {layout} {op}"
                 fns[key], cells[key] = fn, (str(dtype).removeprefix("torch."), layout, op)
     act = torch.randn(args.batch_size, 16, 10, 10, dtype=torch.bfloat16)

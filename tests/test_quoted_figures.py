@@ -37,3 +37,10 @@ def test_readme_and_results_quote_the_step_benchmark():
     base, fast = rows["bn234+bf16+cl@1"]["median_ms"], rows["bn234+bf16+cl+fused1+fused@1"]["median_ms"]
     assert f"**{fast:.1f} ms** per batch of 256" in _flat(README) and f"{base / fast:.2f}×" in README
     assert f"**{fast:.2f} ms**" in RESULTS_DOC and f"{base:.2f}" in RESULTS_DOC
+
+
+def test_results_quote_the_conv2_layout_benchmark():
+    rows = {r["what"]: r["median_ms"] for r in json.loads((RESULTS / "lenet_conv2_layout.json").read_text())["rows"]}
+    nchw, cl = rows["bfloat16 NCHW input gradient"], rows["bfloat16 channels-last input gradient"]
+    assert f"input gradient **{nchw:.2f} vs {cl:.2f}**" in RESULTS_DOC
+    assert cl / nchw > 1.5   # the reason NCHWConv2d exists

@@ -18,7 +18,7 @@ fused C++ CPU operator (trainlab.ops.conv_relu_pool): the layers where ours are 
 (benchmarks/results/lenet_cpu_step_fused.md). The stage keeps its four slots in `features`
 (the fused module, then three Identity), so the state_dict keys are those of the `aten` model and a
 checkpoint moves between the two. The fused model also computes conv2 in NCHW (`NCHWConv2d`: oneDNN's
-input gradient for its 6-channel output is twice as fast there) while the rest stays channels-last.
+input gradient for its 6-channel output is 1.8× as fast there) while the rest stays channels-last.
 `ops="auto"` is `fused` on a CPU where it applies (--act relu,
 --pool max, no BatchNorm on conv1) and `aten` everywhere else (a GPU's cuDNN); `build_model`
 resolves it with `resolve_ops` once the device is known.
@@ -94,9 +94,9 @@ class NCHWConv2d(nn.Conv2d):
     several times slower in NCHW).
 
     Why: for LeNet's conv2 (6 → 16 channels, 14×14 → 10×10) oneDNN's input gradient, a convolution
-    with 6 output channels, takes twice as long in channels-last as in NCHW (bf16, 1 thread, batch 256:
-    3.3 vs 1.7 ms), while the forward and the weight gradient cost the same in both; the three layout
-    copies cost 0.1–0.2 ms each (benchmarks/results/lenet_conv2_layout.md; the whole step:
+    with 6 output channels, takes 1.8 times as long in channels-last as in NCHW (bf16, 1 thread, batch 256:
+    3.4 vs 1.9 ms), while the forward and the weight gradient cost the same in both; the three layout
+    copies cost 0.1–0.25 ms each (benchmarks/results/lenet_conv2_layout.md; the whole step:
     lenet_cpu_step_nchw2.md). In fp32 it is a wash (NCHW's weight gradient is slower). The layout
     changes only the order of the sums, not the function: same parameters, same state_dict.
     """
