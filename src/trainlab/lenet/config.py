@@ -166,13 +166,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 0.1 + batch 96 (625 updates in the epoch) + a linear warm-up over the first 0.2 epoch to a peak lr
     # of 3e-2 and a linear decay to 0 at the epoch's last step. Batch 96 over 128: higher validation
     # accuracy on 10 of 10 seeds, +0.05 points on average (benchmarks/results/lenet_recipe_screen_fused.md,
-    # lenet_recipe_screen_b96.md), for ~10 % more time per image; 128 left one seed in five at 98.98 %. bf16 autocast runs the convolutions on the CPU's bf16 units (AMX/AVX512-BF16; oneDNN) and
+    # lenet_recipe_screen_b96.md), for ~10 % more time per image; 128 left one seed in five at 98.98 %.
+    # bf16 autocast runs the convolutions on the CPU's bf16 units (AMX/AVX512-BF16; oneDNN) and
     # channels-last speeds them up further. conv1's BatchNorm is left out: on 6×28×28 channels-last
     # activations it costs more than all the convolutions it would help (`trainlab profile --variant ...`,
     # benchmarks/results/lenet_cpu_profile.md).
     # On a CPU the first stage (conv1 → ReLU → max-pool) runs as our fused C++ operator (`ops="auto"`,
-    # trainlab.ops.conv_relu_pool): with AdamW's fused CPU kernel, 1.57× the step of the same recipe on
-    # PyTorch's layers (benchmarks/results/lenet_cpu_step_fused.md); on a GPU `auto` is cuDNN's layers.
+    # trainlab.ops.conv_relu_pool) and conv2 computes in NCHW: with AdamW's fused CPU kernel, 1.74× the
+    # step of the same recipe on PyTorch's layers at batch 256 (benchmarks/results/lenet_cpu_step_nchw2.md);
+    # on a GPU `auto` is cuDNN's layers.
     "fast": dict(batchnorm=True, batchnorm_conv1=False, epochs=1, batch_size=96, schedule="linear", warmup_epochs=0.2,
                  lr=3e-2, label_smoothing=0.1, amp="bf16", channels_last="on", ops="auto"),
     # Accuracy: BatchNorm + a moderate affine (±10°, ±10% shift, ±10% zoom) on half the images (the

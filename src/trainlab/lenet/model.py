@@ -74,11 +74,9 @@ def check_model_options(act: str, pool: str, batchnorm: bool, ops: str, batchnor
     if pool not in POOLS:
         raise ConfigError(f"--pool {pool!r}: expected one of {', '.join(POOLS)}")
     if ops == "fused" and not fused_stage_applies(act, pool, batchnorm, batchnorm_conv1):
+        bn1 = " and no BatchNorm on conv1 (add --no-batchnorm-conv1)" if batchnorm and batchnorm_conv1 else ""
         raise ConfigError(f"--ops fused: the fused first stage is conv → ReLU → max-pool; it needs --act relu and --pool max "
-                          f"(got --act {act} --pool {pool}) and no BatchNorm on conv1 (add --no-batchnorm-conv1)"
-                          if batchnorm and batchnorm_conv1 else
-                          f"--ops fused: the fused first stage is conv → ReLU → max-pool; it needs --act relu and --pool max "
-                          f"(got --act {act} --pool {pool})")
+                          f"(got --act {act} --pool {pool}){bn1}")
     if impl is not None:
         if pool != "max":
             raise ConfigError(f"--ops {ops}: our pooling operator is max_pool2d; use --pool max")

@@ -75,7 +75,7 @@ class ProfileConfig(Config):
     """Per-layer forward/backward time of LeNet-5 training steps (`trainlab profile`)."""
 
     ops: list[str] | None = opt(None, "variants side by side: aten, fused, auto, own, own=python|cpp|triton|cuda (repeatable; "
-                                      "default: aten and own, or none with --variant)", metavar="aten|own[=IMPL]")
+                                      "default: aten and own, or none with --variant)", metavar="aten|fused|auto|own[=IMPL]")
     variant: list[str] | None = opt(None, "a training-settings variant NAME:KEY=VALUE,... (repeatable); keys: "
                                           f"{', '.join(VARIANT_KEYS)}", metavar="NAME:KEY=V,...")
     wall_steps: int = opt(0, "also time this many steps of each variant without the profiler (interleaved): "

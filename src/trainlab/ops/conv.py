@@ -127,9 +127,9 @@ class Conv2d(nn.Conv2d):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, padding=0, bias: bool = True,
                  impl: str = "cpp"):
-        check_impl("Conv2d", impl)   # before nn.Conv2d draws its initial weights
+        check_impl(type(self).__name__, impl)   # before nn.Conv2d draws its initial weights
         super().__init__(in_channels, out_channels, kernel_size, padding=padding, bias=bias)
-        self.impl = prepare("Conv2d", impl)
+        self.impl = prepare(type(self).__name__, impl)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return conv2d(x, self.weight, self.bias, self.padding, impl=self.impl)

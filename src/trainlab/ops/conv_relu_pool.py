@@ -33,13 +33,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.conv import conv2d
+from trainlab.ops.conv import Conv2d, conv2d
 from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64
 from trainlab.ops.layer_args import OpInputError, check_conv2d, check_device, conv2d_output_hw
-from trainlab.ops.layers_cpp import compiled_rung, prepare
+from trainlab.ops.layers_cpp import compiled_rung
 from trainlab.ops.pool import max_pool2d
 from trainlab.ops.relu import relu
 
@@ -74,16 +73,10 @@ def conv_relu_pool2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return max_pool2d(relu(conv2d(x, weight, bias, pad, impl=impl), impl=impl), 2, impl=impl)
 
 
-class ConvReluPool2d(nn.Conv2d):
-    """A conv layer followed by ReLU and 2x2 max-pooling, as one module. It *is* an nn.Conv2d (same
-    parameters, same initial draws from the same seed, same state_dict keys), so a model can swap
-    it in for its first conv and keep its checkpoints."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, padding=0, bias: bool = True,
-                 impl: str = "cpp"):
-        check_impl("ConvReluPool2d", impl)   # before nn.Conv2d draws its initial weights
-        super().__init__(in_channels, out_channels, kernel_size, padding=padding, bias=bias)
-        self.impl = prepare("ConvReluPool2d", impl)
+class ConvReluPool2d(Conv2d):
+    """A conv layer followed by ReLU and 2x2 max-pooling, as one module. It *is* an nn.Conv2d (our
+    Conv2d's constructor: same parameters, same initial draws from the same seed, same state_dict
+    keys), so a model can swap it in for its first conv and keep its checkpoints."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return conv_relu_pool2d(x, self.weight, self.bias, self.padding, impl=self.impl)
