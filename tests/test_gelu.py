@@ -104,9 +104,9 @@ def test_unknown_impl_lists_valid_names():
 
 
 def test_unknown_approximation_lists_valid_names():
-    with pytest.raises(ConfigError, match="none, tanh"):
-        gelu(torch.zeros(3), approximate="sigmoid")
-    with pytest.raises(ConfigError, match="none, tanh"):
+    with pytest.raises(ConfigError, match="none, tanh, sigmoid"):
+        gelu(torch.zeros(3), approximate="quick")
+    with pytest.raises(ConfigError, match="none, tanh, sigmoid"):
         GELU(approximate="erf")
 
 
@@ -152,7 +152,7 @@ def test_check_json_contract_and_skipped_rows(capsys):
     rc = main(["gelu", "check", "--json", "--impl", "torch", "--impl", "python", "--impl", "cuda", "--n", "256"])
     doc = json.loads(capsys.readouterr().out)   # exactly one JSON document on stdout
     assert rc == 0 and doc["ok"] is True
-    assert len(doc["rows"]) == 3 * 2 * 3
+    assert len(doc["rows"]) == 3 * 3 * 3   # rungs x forms (none, tanh, sigmoid) x dtypes
     for row in doc["rows"]:
         assert REQUIRED <= set(row)
         assert row["gradcheck"] in (True, False, None)

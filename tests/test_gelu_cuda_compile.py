@@ -25,8 +25,9 @@ if find_nvcc() is None:
                 "`pip install -c requirements/constraints.txt '.[nvcc]'` (`make test` does when nvcc is missing)",
                 allow_module_level=True)
 
-# (vec|scalar)_kernel<dtype, Op<tanh>> in Itanium mangling; parsed without c++filt.
-_NAME = re.compile(r"(vec|scalar)_kernelI(f|d|13__nv_bfloat16|6__half)NS\d*_\d+(Forward|Backward|DoubleBackward)ILb([01])E")
+# (vec|scalar)_kernel<dtype, Op<Approx form>> in Itanium mangling; parsed without c++filt.
+_NAME = re.compile(r"(vec|scalar)_kernelI(f|d|13__nv_bfloat16|6__half)NS\d*_\d+(Forward|Backward|DoubleBackward)"
+                   r"ILNS_6ApproxE([012])E")
 DTYPE_BITS = {"f": 32, "d": 64, "13__nv_bfloat16": 16, "6__half": 16}
 
 
@@ -42,8 +43,8 @@ def _kernels(named: dict[str, str]) -> dict[tuple, str]:
         m = _NAME.search(name)
         assert m, f"unexpected kernel {demangle(name)}"
         out[m.groups()] = body
-    # vec + scalar × 4 dtypes × 3 ops × 2 approximations
-    assert len(out) == 2 * 4 * 3 * 2, sorted(out)
+    # vec + scalar × 4 dtypes × 3 ops × 3 forms (exact, tanh, sigmoid)
+    assert len(out) == 2 * 4 * 3 * 3, sorted(out)
     return out
 
 

@@ -1,6 +1,6 @@
 r"""GELU: one entry point, five implementations, one Python reference with a hand-derived backward.
 
-    gelu(x, impl="aten" | "python" | "cpp" | "triton" | "cuda", approximate="none" | "tanh")
+    gelu(x, impl="aten" | "python" | "cpp" | "triton" | "cuda", approximate="none" | "tanh" | "sigmoid")
 
 Math (Hendrycks & Gimpel, 2016). With Phi the standard normal CDF and phi its density,
 
@@ -10,6 +10,10 @@ Math (Hendrycks & Gimpel, 2016). With Phi the standard normal CDF and phi its de
     tanh:   u = sqrt(2/pi) (x + 0.044715 x^3),   t = tanh(u)
             y = x/2 (1 + t)
             dy/dx = (1 + t)/2 + x/2 (1 - t^2) du/dx,   du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+
+    sigmoid (report 000's third form): s = sigmoid(1.702 x)
+            y = x s,   dy/dx = s + 1.702 x s (1 - s)
+            F.gelu has no such form: its `aten` rung is the torch ops x * torch.sigmoid(1.702 x)
 
 Derivation of the exact backward: product rule on x Phi(x) gives Phi(x) + x Phi'(x) and Phi' = phi.
 For tanh: product rule on x/2 (1 + t), chain rule t' = (1 - t^2) u'. Both backward passes need only
@@ -28,13 +32,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.ops import gelu_math
 from trainlab.ops.build import Extension
 from trainlab.ops.ladder import FLOAT_DTYPES, IMPLS, check_impl, widen
-APPROXIMATIONS = ("none", "tanh")
+APPROXIMATIONS = gelu_math.APPROXIMATIONS
 
 
 def validate_options(impl: str, approximate: str) -> None:
@@ -94,7 +97,7 @@ def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 #     trainlab::gelu_bwd(Tensor grad, Tensor x, str approximate)             grad * GELU'(x)
 #     trainlab::gelu_bwd2(Tensor grad_grad, Tensor grad, Tensor x, str a)    grad_grad * grad * GELU''(x)
 #
-# and `_register` adds the autograd formulas and fakes (shape-only), so `torch.compile(fullgraph=True)`
+# with their autograd formulas (C++, except gelu_bwd2's), and `_register` adds the rest and the fakes (shape-only), so `torch.compile(fullgraph=True)`
 # traces the ops and `torch.library.opcheck` passes. Each op's autograd formula uses the next op, so
 # every order is exact: gelu_fwd → gelu_bwd → (gelu_bwd, gelu_bwd2) → torch ops (gelu_math.bwd2_backward).
 
@@ -122,26 +125,16 @@ def _register(with_cuda: bool) -> None:
     def _gelu_bwd2_fake(grad_grad, grad, x, approximate):
         return torch.empty_like(x)
 
+    # gelu_fwd's and gelu_bwd's autograd formulas are C++ (csrc/gelu_cpu.cpp: a Python formula put
+    # the interpreter, and on a GPU the GIL, into every backward); gelu_bwd2's third order is torch ops.
     def _save_inputs(ctx, inputs, output):
         *tensors, approximate = inputs
-        ctx.save_for_backward(*tensors)   # gelu_fwd keeps only x, as F.gelu does
+        ctx.save_for_backward(*tensors)
         ctx.approximate = approximate
-
-    def _fwd_backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return torch.ops.trainlab.gelu_bwd(grad, x, ctx.approximate), None
-
-    def _bwd_backward(ctx, gg):
-        # d/dgrad (grad * d(x)) = d(x): the same kernel on gg; d/dx = grad * d'(x): the bwd2 kernel
-        grad, x = ctx.saved_tensors
-        return (torch.ops.trainlab.gelu_bwd(gg, x, ctx.approximate),
-                torch.ops.trainlab.gelu_bwd2(gg, grad, x, ctx.approximate), None)
 
     def _bwd2_backward(ctx, ggg):
         return (*gelu_math.bwd2_backward(ggg, *ctx.saved_tensors, ctx.approximate), None)
 
-    torch.library.register_autograd("trainlab::gelu_fwd", _fwd_backward, setup_context=_save_inputs)
-    torch.library.register_autograd("trainlab::gelu_bwd", _bwd_backward, setup_context=_save_inputs)
     torch.library.register_autograd("trainlab::gelu_bwd2", _bwd2_backward, setup_context=_save_inputs)
 
 
@@ -181,7 +174,7 @@ def gelu(x: torch.Tensor, impl: str = "aten", approximate: str = "none") -> torc
     """
     validate(x, impl, approximate)
     if impl == "aten":
-        return F.gelu(x, approximate=approximate)
+        return gelu_math.aten(x, approximate)
     if impl == "python":
         return gelu_python(x, approximate)
     if impl == "cpp":

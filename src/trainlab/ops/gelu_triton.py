@@ -48,16 +48,24 @@ except ImportError as _e:  # pragma: no cover - exercised only where triton is a
     triton = tl = None
     _TRITON_IMPORT_ERROR = str(_e)
 
-_BLOCK_GPU = 1024        # 4 warps x 32 lanes x 8 elements: 16-byte accesses per lane for fp32 x4 / bf16 x8
+# Launch geometry on a GPU, PyTorch's element-wise loop (see csrc/gelu_cuda_kernels.cu): 4 warps =
+# 128 threads per program and a one-shot grid of ceil(n / BLOCK) programs. BLOCK = 1024 gives each
+# thread 8 float32 (2 x 128-bit per input) or 8 float64 (4 x 128-bit); 16-bit dtypes take BLOCK =
+# 2048, 16 elements = 2 x 128-bit per thread, so every dtype keeps at least two 16-byte requests per
+# input in flight per thread (with 1024, a bf16 thread would have one).
+_NUM_WARPS = 4
+_BLOCK_GPU = {2: 2048, 4: 1024, 8: 1024}   # by element size in bytes
 _BLOCK_INTERPRETED = 8192  # fewer, larger NumPy calls: the interpreter's cost is per program instance
+FORMS = {"none": 0, "tanh": 1, "sigmoid": 2}   # the FORM constexpr of each approximation
 
 _kernels: dict = {}
 
 
 if tl is not None:
     # A plain Python function; wrapped per mode (JITFunction or InterpretedFunction) in _get_kernel.
-    def _gelu_kernel(x_ptr, g_ptr, gg_ptr, out_ptr, n, ORDER: tl.constexpr, TANH: tl.constexpr, F64: tl.constexpr,
+    def _gelu_kernel(x_ptr, g_ptr, gg_ptr, out_ptr, n, ORDER: tl.constexpr, FORM: tl.constexpr, F64: tl.constexpr,
                      BLOCK: tl.constexpr, RNE_BF16: tl.constexpr):
+        # FORM: 0 exact x Phi(x), 1 tanh form, 2 sigmoid form x sigmoid(1.702 x) (FORMS)
         # program_id is int32: multiply in int64, or block 2^31 / BLOCK and beyond wraps around.
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
@@ -66,20 +74,26 @@ if tl is not None:
             x = x.to(tl.float32)
         x2 = x * x
         if ORDER == 0:
-            if TANH:
+            if FORM == 1:
                 u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
                 r = x / (1.0 + tl.exp(-2.0 * u))                     # x (1 + tanh u) / 2
+            elif FORM == 2:
+                r = x / (1.0 + tl.exp(-1.702 * x))                    # x sigmoid(1.702 x)
             else:
                 r = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
         elif ORDER == 1:
             g = tl.load(g_ptr + offs, mask=mask, other=0.0)
             if not F64:
                 g = g.to(tl.float32)
-            if TANH:
+            if FORM == 1:
                 u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
                 s = 1.0 / (1.0 + tl.exp(-2.0 * u))                   # (1 + tanh u) / 2
                 du = 0.7978845608028654 * (1.0 + 0.134145 * x2)
                 d = s + x * 2.0 * s * (1.0 - s) * du                  # (1 + t)/2 + x (1 - t^2)/2 u'
+            elif FORM == 2:
+                z = 1.702 * x
+                e = tl.exp(-tl.abs(z))
+                d = 1.0 / (1.0 + tl.exp(-z)) + z * (e / ((1.0 + e) * (1.0 + e)))   # s + z s (1 - s)
             else:
                 cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
                 pdf = 0.3989422804014327 * tl.exp(-0.5 * x2)
@@ -91,7 +105,7 @@ if tl is not None:
             if not F64:
                 g = g.to(tl.float32)
                 gg = gg.to(tl.float32)
-            if TANH:
+            if FORM == 1:
                 u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
                 s = 1.0 / (1.0 + tl.exp(-2.0 * u))
                 t = 2.0 * s - 1.0                                     # tanh u
@@ -100,6 +114,11 @@ if tl is not None:
                 du = 0.7978845608028654 * (1.0 + 0.134145 * x2)
                 d2u = 0.21406444881780076 * x                         # 6 beta kappa x
                 d2 = sech2 * (du + 0.5 * x * (d2u - 2.0 * t * du * du))
+            elif FORM == 2:
+                z = 1.702 * x
+                e = tl.exp(-tl.abs(z))
+                s = 1.0 / (1.0 + tl.exp(-z))
+                d2 = 1.702 * (e / ((1.0 + e) * (1.0 + e))) * (2.0 + z * (1.0 - 2.0 * s))   # k A (2 + z (1 - 2s))
             else:
                 d2 = 0.3989422804014327 * tl.exp(-0.5 * x2) * (2.0 - x2)   # phi (2 - x^2)
             r = gg * g * d2
@@ -194,9 +213,11 @@ def run_kernel(order: int, x: torch.Tensor, approximate: str, interpret: bool | 
     n = xc.numel()
     if n == 0:
         return out
-    block = _BLOCK_INTERPRETED if interpreted else _BLOCK_GPU
-    consts = dict(ORDER=order, TANH=approximate == "tanh", F64=x.dtype == torch.float64, BLOCK=block,
+    block = _BLOCK_INTERPRETED if interpreted else _BLOCK_GPU[xc.element_size()]
+    consts = dict(ORDER=order, FORM=FORMS[approximate], F64=x.dtype == torch.float64, BLOCK=block,
                   RNE_BF16=interpreted and x.dtype == torch.bfloat16)
+    if not interpreted:
+        consts["num_warps"] = _NUM_WARPS
     grid = (-(-n // block),)
     launch(_gelu_kernel, interpreted, grid, xc, gc, ggc, out, n, **consts)
     return out
@@ -222,6 +243,8 @@ class TritonGeluFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
+        if not torch.is_grad_enabled():   # no create_graph: one launch, without a second Function's bookkeeping
+            return run_kernel(1, x, ctx.approximate, ctx.interpret, g=grad), None, None
         return TritonGeluBackward.apply(grad, x, ctx.approximate, ctx.interpret), None, None
 
 

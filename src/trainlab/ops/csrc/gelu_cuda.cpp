@@ -39,23 +39,12 @@ Dtype to_kernel_dtype(at::ScalarType t) {
   }
 }
 
-bool parse_tanh(c10::string_view a) {
+Approx parse_approx(c10::string_view a) {
   const std::string_view s(a.data(), a.size());
-  TORCH_CHECK(s == "none" || s == "tanh", "trainlab::gelu: approximate must be 'none' or 'tanh', got '", s, "'");
-  return s == "tanh";
-}
-
-// Multiprocessor count of the current device, queried once per device (it sizes the grid).
-int sm_count(c10::DeviceIndex device) {
-  static int cached[64] = {0};
-  if (device < 0 || device >= 64) return 1;
-  if (cached[device] == 0) {
-    int sms = 0;
-    const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    TORCH_CHECK(err == cudaSuccess, "trainlab::gelu: cudaDeviceGetAttribute failed: ", cudaGetErrorString(err));
-    cached[device] = sms;
-  }
-  return cached[device];
+  if (s == "none") return Approx::None;
+  if (s == "tanh") return Approx::Tanh;
+  if (s == "sigmoid") return Approx::Sigmoid;
+  TORCH_CHECK(false, "trainlab::gelu: approximate must be 'none', 'tanh' or 'sigmoid', got '", s, "'");
 }
 
 void check_like_x(const at::Tensor& t, const at::Tensor& x, const char* op, const char* what) {
@@ -66,7 +55,7 @@ void check_like_x(const at::Tensor& t, const at::Tensor& x, const char* op, cons
   TORCH_CHECK(t.device() == x.device(), "trainlab::", op, ": ", what, " is on ", t.device(), ", x on ", x.device());
 }
 
-// Runs `launch(inputs, out, n, sms, stream)` over dense storage; `tensors` = the op's inputs, x last.
+// Runs `launch(inputs, out, n, stream)` over dense storage; `tensors` = the op's inputs, x last.
 template <typename Launch>
 at::Tensor elementwise(const std::vector<at::Tensor>& tensors, Launch launch) {
   const at::Tensor& x_in = tensors.back();
@@ -80,7 +69,7 @@ at::Tensor elementwise(const std::vector<at::Tensor>& tensors, Launch launch) {
     ptrs.push_back(dense.back().const_data_ptr());
   }
   at::Tensor out = at::empty_like(dense.back());
-  const cudaError_t err = launch(ptrs.data(), out.mutable_data_ptr(), out.numel(), sm_count(x_in.device().index()),
+  const cudaError_t err = launch(ptrs.data(), out.mutable_data_ptr(), out.numel(),
                                  c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "trainlab::gelu CUDA kernel launch failed: ", cudaGetErrorString(err));
   if (!same_dense && x_in.is_non_overlapping_and_dense() && !x_in.is_contiguous()) {
@@ -93,18 +82,18 @@ at::Tensor elementwise(const std::vector<at::Tensor>& tensors, Launch launch) {
 
 at::Tensor gelu_fwd_cuda(const at::Tensor& x, c10::string_view approximate) {
   const Dtype dtype = to_kernel_dtype(x.scalar_type());
-  const bool tanh_approx = parse_tanh(approximate);
-  return elementwise({x}, [&](const void* const* in, void* out, int64_t n, int sms, cudaStream_t s) {
-    return launch_forward(dtype, tanh_approx, in[0], out, n, sms, s);
+  const Approx approx = parse_approx(approximate);
+  return elementwise({x}, [&](const void* const* in, void* out, int64_t n, cudaStream_t s) {
+    return launch_forward(dtype, approx, in[0], out, n, s);
   });
 }
 
 at::Tensor gelu_bwd_cuda(const at::Tensor& grad, const at::Tensor& x, c10::string_view approximate) {
   const Dtype dtype = to_kernel_dtype(x.scalar_type());
   check_like_x(grad, x, "gelu_bwd", "grad");
-  const bool tanh_approx = parse_tanh(approximate);
-  return elementwise({grad, x}, [&](const void* const* in, void* out, int64_t n, int sms, cudaStream_t s) {
-    return launch_backward(dtype, tanh_approx, in[0], in[1], out, n, sms, s);
+  const Approx approx = parse_approx(approximate);
+  return elementwise({grad, x}, [&](const void* const* in, void* out, int64_t n, cudaStream_t s) {
+    return launch_backward(dtype, approx, in[0], in[1], out, n, s);
   });
 }
 
@@ -113,9 +102,9 @@ at::Tensor gelu_bwd2_cuda(const at::Tensor& grad_grad, const at::Tensor& grad, c
   const Dtype dtype = to_kernel_dtype(x.scalar_type());
   check_like_x(grad, x, "gelu_bwd2", "grad");
   check_like_x(grad_grad, x, "gelu_bwd2", "grad_grad");
-  const bool tanh_approx = parse_tanh(approximate);
-  return elementwise({grad_grad, grad, x}, [&](const void* const* in, void* out, int64_t n, int sms, cudaStream_t s) {
-    return launch_double_backward(dtype, tanh_approx, in[0], in[1], in[2], out, n, sms, s);
+  const Approx approx = parse_approx(approximate);
+  return elementwise({grad_grad, grad, x}, [&](const void* const* in, void* out, int64_t n, cudaStream_t s) {
+    return launch_double_backward(dtype, approx, in[0], in[1], in[2], out, n, s);
   });
 }
 
