@@ -38,7 +38,7 @@ def test_cuda_kernels_compile_for_sm80_and_sm90(ptx):
     for arch, code in ptx.items():
         assert f".target sm_{arch}" in code
         entries = re.findall(r"\.entry\s+(\S+)\(", code)
-        for kernel in ("im2col_kernel", "col2im_kernel", "max_pool_fwd_kernel", "max_pool_bwd_gather_kernel",
+        for kernel in ("conv_fwd_kernel", "pack_weights_kernel", "conv_wgrad_kernel", "max_pool_fwd_kernel", "max_pool_bwd_gather_kernel",
                        "max_pool_bwd_atomic_kernel", "column_sums_kernel", "relu_fwd_kernel", "relu_bwd_kernel"):
             assert any(kernel in e for e in entries), (arch, kernel)
 

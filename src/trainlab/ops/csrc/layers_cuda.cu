@@ -21,6 +21,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 
 namespace trainlab_layers_cuda {
@@ -54,59 +55,212 @@ template <typename T> __device__ __forceinline__ T zero() { return from_acc<T>(t
 #define GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
-// ---- conv2d data movement ----------------------------------------------------------------------
+// ---- conv2d: direct (implicit-GEMM) kernels -------------------------------------------------------
+//
+// The first CUDA version ran the CPU algorithm on the GPU: im2col into a [C·KH·KW (+1), N·OH·OW]
+// matrix (for conv1 at batch 4096: 26 x 3.2M floats, 334 MB written and read back), a cuBLAS GEMM
+// with M = 6 or 16 and K = 26 or 151 (too skinny for tensor-core tiles: memory-bound on the
+// columns), and transposing copies between [OC, N·L] and NCHW; every element index was decomposed
+// with six 64-bit divisions. At batch 4096 it was 3.1-3.5x ATen's forward.
+// These kernels never materialise the columns:
+//   forward and input gradient, conv_fwd_kernel: one thread per output position m = (n, i, j) (128
+//     consecutive positions per block: coalesced loads of x and stores of y), all OCT output channels
+//     of a tile in registers (register blocking: each x value loaded once feeds OCT FMAs). The block's
+//     weights sit in shared memory as [tap][OCT], so the OCT weights of one tap are OCT/4 broadcast
+//     128-bit loads (every lane of a warp reads the same address). The input gradient is the same
+//     kernel: for stride 1, dx = conv(dy, W flipped in (p, q) and transposed in (o, c), padding
+//     K - 1 - P), and the flip/transpose is done while filling shared memory (kFlip), not in a pass.
+//   weight gradient, conv_wgrad_kernel: dW[o, k] = sum over positions m of dy[o, m] cols[k, m], a
+//     reduction over N·OH·OW (3.2M for conv1). Each block owns a fixed contiguous slice of positions;
+//     a thread owns one tap k (its (c, p, q) decoded once) and OCT accumulators, and walks the slice in
+//     chunks whose dy values and position offsets are staged in shared memory. The bias gradient is
+//     tap k = C·KH·KW, whose "input" is 1. The block's lanes are summed in shared memory in a fixed
+//     order and each block writes its partial [OC, C·KH·KW + 1] matrix; column_sums then adds the
+//     partials in slice order. No atomics: the result is deterministic, bit for bit, run to run.
 
-// One thread per cols element (r, b, l): consecutive threads write consecutive l (coalesced) and
-// read along a row of x.
-template <typename T>
-__global__ void im2col_kernel(const T* __restrict__ x, T* __restrict__ cols, ConvGeom g, int64_t n0, int64_t B) {
-  const int64_t L = g.OH * g.OW, total = g.C * g.KH * g.KW * B * L;
-  GRID_STRIDE(i, total) {
-    const int64_t l = i % L, b = (i / L) % B, r = i / (L * B);
-    const int64_t q = r % g.KW, p = (r / g.KW) % g.KH, c = r / (g.KW * g.KH);
-    const int64_t ih = l / g.OW + p - g.PH, iw = l % g.OW + q - g.PW;
-    const bool inside = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W;
-    cols[i] = inside ? x[(((n0 + b) * g.C + c) * g.H + ih) * g.W + iw] : T(0);
+constexpr int kConvThreads = 128;   // output positions per block of conv_fwd_kernel
+constexpr int kSmemBytes = 16384;   // weight tile budget per block (48 KB is the static limit)
+constexpr int kWgradChunk = 64;     // positions staged at a time by conv_wgrad_kernel
+constexpr int kWgradThreads = 256;
+
+// OCT values of type T in shared memory as 128-bit loads where they fit (float x4, double x2).
+template <typename T, int OCT>
+__device__ __forceinline__ void fma_tile(T (&acc)[OCT], T v, const T* __restrict__ w) {
+  if constexpr (sizeof(T) == 4 && OCT % 4 == 0) {
+#pragma unroll
+    for (int o = 0; o < OCT; o += 4) {
+      const float4 q = *reinterpret_cast<const float4*>(w + o);
+      acc[o] += v * q.x; acc[o + 1] += v * q.y; acc[o + 2] += v * q.z; acc[o + 3] += v * q.w;
+    }
+  } else if constexpr (sizeof(T) == 8 && OCT % 2 == 0) {
+#pragma unroll
+    for (int o = 0; o < OCT; o += 2) {
+      const double2 q = *reinterpret_cast<const double2*>(w + o);
+      acc[o] += v * q.x; acc[o + 1] += v * q.y;
+    }
+  } else {
+#pragma unroll
+    for (int o = 0; o < OCT; ++o) acc[o] += v * w[o];
   }
 }
 
-// One thread per dx element (b, c, h, w): dx = sum over (p, q) of dcols[(c, p, q), (b, h+PH-p, w+PW-q)].
-template <typename T>
-__global__ void col2im_kernel(const T* __restrict__ dcols, T* __restrict__ dx, ConvGeom g, int64_t n0, int64_t B) {
-  const int64_t L = g.OH * g.OW, total = B * g.C * g.H * g.W;
-  GRID_STRIDE(i, total) {
-    const int64_t w = i % g.W, h = (i / g.W) % g.H, c = (i / (g.W * g.H)) % g.C, b = i / (g.W * g.H * g.C);
-    typename Acc<T>::type acc = 0;
-    for (int64_t p = 0; p < g.KH; ++p) {
-      const int64_t oh = h + g.PH - p;
-      if (oh < 0 || oh >= g.OH) continue;
-      for (int64_t q = 0; q < g.KW; ++q) {
-        const int64_t ow = w + g.PW - q;
-        if (ow < 0 || ow >= g.OW) continue;
-        acc += to_acc(dcols[((c * g.KH + p) * g.KW + q) * B * L + b * L + oh * g.OW + ow]);
+// The weights of the logical convolution packed per output-channel tile as [tile][k][OCT], k =
+// (c·KH + p)·KW + q, zero beyond OC: one launch per call, so that every block of conv_fwd_kernel
+// fills its shared memory with a straight coalesced copy. kFlip: w is the forward weight [C, OC,
+// KH, KW] of the convolution whose input gradient this is, read flipped in (p, q) and transposed.
+template <typename T, int OCT, bool kFlip>
+__global__ void pack_weights_kernel(const T* __restrict__ w, T* __restrict__ packed, ConvGeom g) {
+  const int64_t ckk = g.C * g.KH * g.KW, total = (g.OC + OCT - 1) / OCT * ckk * OCT;
+  GRID_STRIDE(e, total) {
+    const int64_t o = (e / (ckk * OCT)) * OCT + e % OCT, k = (e / OCT) % ckk;
+    const int64_t c = k / (g.KH * g.KW), p = (k / g.KW) % g.KH, q = k % g.KW;
+    T v = T(0);
+    if (o < g.OC) v = kFlip ? w[((c * g.OC + o) * g.KH + (g.KH - 1 - p)) * g.KW + (g.KW - 1 - q)]
+                            : w[((o * g.C + c) * g.KH + p) * g.KW + q];
+    packed[e] = v;
+  }
+}
+
+// g is the *logical* convolution: in [N, C, H, W] -> out [N, OC, OH, OW], padding PH/PW (any
+// integer: the input-gradient call passes K - 1 - P); wp its packed weights (pack_weights_kernel).
+template <typename T, int OCT>
+__global__ void __launch_bounds__(kConvThreads) conv_fwd_kernel(const T* __restrict__ in, const T* __restrict__ wp,
+                                                                const T* __restrict__ bias, T* __restrict__ out,
+                                                                ConvGeom g, int chunk_c) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* ws = reinterpret_cast<T*>(smem_raw);   // [chunk_c * KH * KW][OCT]
+  const int C = static_cast<int>(g.C), H = static_cast<int>(g.H), W = static_cast<int>(g.W);
+  const int OC = static_cast<int>(g.OC), KH = static_cast<int>(g.KH), KW = static_cast<int>(g.KW);
+  const int PH = static_cast<int>(g.PH), PW = static_cast<int>(g.PW), OW = static_cast<int>(g.OW);
+  const int L = static_cast<int>(g.OH * g.OW), taps = KH * KW;
+  const int o0 = blockIdx.y * OCT;
+  const int64_t m = static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x;
+  const bool active = m < g.N * L;
+  const int64_t n = active ? m / L : 0;
+  const int l = active ? static_cast<int>(m - n * L) : 0;
+  const int i = l / OW, j = l - (l / OW) * OW;
+  const T* x = in + n * C * H * W;
+  const T* wtile = wp + static_cast<int64_t>(blockIdx.y) * C * taps * OCT;
+  T acc[OCT];
+#pragma unroll
+  for (int o = 0; o < OCT; ++o) acc[o] = (bias != nullptr && o0 + o < OC) ? bias[o0 + o] : T(0);
+  for (int c0 = 0; c0 < C; c0 += chunk_c) {
+    const int cc = min(chunk_c, C - c0);
+    __syncthreads();   // the previous chunk's weights are no longer read
+    const T* src = wtile + static_cast<int64_t>(c0) * taps * OCT;
+    for (int e = threadIdx.x; e < cc * taps * OCT; e += kConvThreads) ws[e] = src[e];
+    __syncthreads();
+    if (!active) continue;
+    for (int c = 0; c < cc; ++c) {
+      const T* xc = x + static_cast<int64_t>(c0 + c) * H * W;
+      const T* wc = ws + c * taps * OCT;
+      for (int p = 0; p < KH; ++p) {
+        const int ih = i + p - PH;
+        if (ih < 0 || ih >= H) continue;
+        const T* xrow = xc + ih * W;
+        for (int q = 0; q < KW; ++q) {
+          const int iw = j + q - PW;
+          if (iw < 0 || iw >= W) continue;
+          fma_tile<T, OCT>(acc, __ldg(xrow + iw), wc + (p * KW + q) * OCT);
+        }
       }
     }
-    dx[(n0 * g.C) * g.H * g.W + i] = from_acc<T>(acc);
+  }
+  if (!active) return;
+  T* y = out + (n * OC + o0) * L + l;
+#pragma unroll
+  for (int o = 0; o < OCT; ++o)
+    if (o0 + o < OC) y[static_cast<int64_t>(o) * L] = acc[o];
+}
+
+// Partial weight (and bias) gradients of one slice of positions: partial[slice][o][k], k < C·KH·KW
+// the taps, k = C·KH·KW the bias. Block: KT taps x LANES lanes; blockIdx.y picks the tap group,
+// blockIdx.z the output-channel tile.
+template <typename T, int OCT>
+__global__ void __launch_bounds__(kWgradThreads) conv_wgrad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                                                   T* __restrict__ partial, ConvGeom g, int kt,
+                                                                   int64_t slice_len, bool bias) {
+  __shared__ __align__(16) T dys[kWgradChunk][OCT];
+  __shared__ int64_t xoff[kWgradChunk];   // n·C·H·W + (i - PH)·W + (j - PW)
+  __shared__ int pos_i[kWgradChunk], pos_j[kWgradChunk];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* red = reinterpret_cast<T*>(smem_raw);   // [LANES][KT][OCT] for the lane reduction
+  const int C = static_cast<int>(g.C), H = static_cast<int>(g.H), W = static_cast<int>(g.W);
+  const int OC = static_cast<int>(g.OC), KH = static_cast<int>(g.KH), KW = static_cast<int>(g.KW);
+  const int PH = static_cast<int>(g.PH), PW = static_cast<int>(g.PW), OW = static_cast<int>(g.OW);
+  const int L = static_cast<int>(g.OH * g.OW), taps = KH * KW, ckk = C * taps;
+  const int lanes = blockDim.x / kt;
+  const int kk = threadIdx.x % kt, lane = threadIdx.x / kt;
+  const int k = blockIdx.y * kt + kk;
+  const int o0 = blockIdx.z * OCT;
+  const bool tap_ok = lane < lanes && k <= (bias ? ckk : ckk - 1);
+  const bool is_bias = k == ckk;
+  const int c = is_bias ? 0 : k / taps, p = is_bias ? 0 : (k % taps) / KW, q = is_bias ? 0 : k % KW;
+  const int64_t koff = static_cast<int64_t>(c) * H * W + p * W + q;
+  const int64_t total = g.N * L;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * slice_len;
+  const int64_t end = min(begin + slice_len, total);
+  T acc[OCT];
+#pragma unroll
+  for (int o = 0; o < OCT; ++o) acc[o] = T(0);
+  for (int64_t m0 = begin; m0 < end; m0 += kWgradChunk) {
+    __syncthreads();   // the previous chunk is no longer read
+    // Positions m0 .. m0 + 63 are contiguous: decompose m0 once (64-bit), the rest in 32-bit steps.
+    const int64_t n0 = m0 / L;
+    const int l0 = static_cast<int>(m0 - n0 * L);
+    for (int e = threadIdx.x; e < kWgradChunk * OCT; e += blockDim.x) {
+      const int o = e / kWgradChunk, r = e % kWgradChunk;   // consecutive threads: consecutive positions
+      const int64_t m = m0 + r;
+      T v = T(0);
+      if (m < end && o0 + o < OC) {
+        const int64_t n = n0 + (l0 + r) / L;
+        v = dy[(n * OC + o0 + o) * L + (l0 + r) % L];
+      }
+      dys[r][o] = v;
+    }
+    for (int r = threadIdx.x; r < kWgradChunk; r += blockDim.x) {
+      if (m0 + r < end) {
+        const int64_t n = n0 + (l0 + r) / L;
+        const int l = (l0 + r) % L, i = l / OW, j = l % OW;
+        xoff[r] = n * C * H * W + static_cast<int64_t>(i - PH) * W + (j - PW);
+        pos_i[r] = i;
+        pos_j[r] = j;
+      }
+    }
+    __syncthreads();
+    if (!tap_ok) continue;
+    const int rows = static_cast<int>(end - m0 < kWgradChunk ? end - m0 : kWgradChunk);
+    for (int r = lane; r < rows; r += lanes) {
+      T v;
+      if (is_bias) {
+        v = T(1);
+      } else {
+        const int ih = pos_i[r] + p - PH, iw = pos_j[r] + q - PW;
+        v = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? __ldg(x + xoff[r] + koff) : T(0);
+      }
+      fma_tile<T, OCT>(acc, v, &dys[r][0]);
+    }
+  }
+  // Sum the lanes in a fixed order (lane 0 + lane 1 + ...), then one partial row per (o, k).
+  __syncthreads();
+  if (lane < lanes) {
+#pragma unroll
+    for (int o = 0; o < OCT; ++o) red[(lane * kt + kk) * OCT + o] = acc[o];
+  }
+  __syncthreads();
+  if (lane != 0 || !tap_ok) return;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * OC;
+  const int kcols = ckk + (bias ? 1 : 0);
+#pragma unroll
+  for (int o = 0; o < OCT; ++o) {
+    T sum = red[kk * OCT + o];
+    for (int ln = 1; ln < lanes; ++ln) sum += red[(ln * kt + kk) * OCT + o];
+    if (o0 + o < OC) partial[(row + o0 + o) * kcols + k] = sum;
   }
 }
 
-template <typename T>
-__global__ void to_channels_first_kernel(const T* __restrict__ nchw, T* __restrict__ t, int64_t n0, int64_t B,
-                                         int64_t OC, int64_t L) {
-  GRID_STRIDE(i, B * OC * L) {   // i indexes t = [OC, B, L]
-    const int64_t l = i % L, b = (i / L) % B, oc = i / (L * B);
-    t[i] = nchw[((n0 + b) * OC + oc) * L + l];
-  }
-}
-
-template <typename T>
-__global__ void from_channels_first_kernel(const T* __restrict__ t, T* __restrict__ nchw, int64_t n0, int64_t B,
-                                           int64_t OC, int64_t L) {
-  GRID_STRIDE(i, B * OC * L) {   // i indexes nchw rows of the chunk = [B, OC, L]
-    const int64_t l = i % L, oc = (i / L) % OC, b = i / (L * OC);
-    nchw[(n0 * OC) * L + i] = t[(oc * B + b) * L + l];
-  }
-}
+// The output-channel tile: the smallest of 4, 8, 16 that holds OC (16 and a grid of tiles beyond).
+inline int oc_tile(int64_t oc) { return oc <= 4 ? 4 : oc <= 8 ? 8 : 16; }
 
 // ---- max_pool2d ----------------------------------------------------------------------------------
 
@@ -211,28 +365,91 @@ __global__ void relu_bwd_kernel(const T* __restrict__ grad, const T* __restrict_
 
 // ---- launchers -----------------------------------------------------------------------------------
 
+template <typename T, int OCT, bool kFlip>
+cudaError_t conv_fwd_tile(const T* in, const T* w, const T* bias, T* out, T* packed, const ConvGeom& g,
+                          cudaStream_t stream) {
+  const int64_t taps = g.KH * g.KW;
+  const int64_t per_c = taps * OCT * static_cast<int64_t>(sizeof(T));
+  if (per_c > kSmemBytes) return cudaErrorInvalidValue;   // kernels over ~16x16 (float, OCT 16): not LeNet's
+  const int chunk_c = static_cast<int>(std::min<int64_t>(g.C, kSmemBytes / per_c));
+  const int64_t tiles = (g.OC + OCT - 1) / OCT;
+  pack_weights_kernel<T, OCT, kFlip><<<blocks_for(tiles * g.C * taps * OCT), kThreads, 0, stream>>>(w, packed, g);
+  const int64_t positions = g.N * g.OH * g.OW;
+  const dim3 grid(static_cast<unsigned>((positions + kConvThreads - 1) / kConvThreads), static_cast<unsigned>(tiles));
+  conv_fwd_kernel<T, OCT><<<grid, kConvThreads, chunk_c * per_c, stream>>>(in, packed, bias, out, g, chunk_c);
+  return cudaGetLastError();
+}
+
+template <typename T, bool kFlip>
+cudaError_t conv_fwd_any(const T* in, const T* w, const T* bias, T* out, T* packed, const ConvGeom& g,
+                         cudaStream_t stream) {
+  if (g.N * g.OH * g.OW == 0 || g.OC == 0) return cudaSuccess;
+  if ((g.N * g.OH * g.OW + kConvThreads - 1) / kConvThreads > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  switch (oc_tile(g.OC)) {
+    case 4: return conv_fwd_tile<T, 4, kFlip>(in, w, bias, out, packed, g, stream);
+    case 8: return conv_fwd_tile<T, 8, kFlip>(in, w, bias, out, packed, g, stream);
+    default: return conv_fwd_tile<T, 16, kFlip>(in, w, bias, out, packed, g, stream);
+  }
+}
+
+int64_t conv_packed_elems(const ConvGeom& g) {
+  // Either logical convolution: forward (OC outputs from C·KH·KW taps) or input gradient (C outputs
+  // from OC·KH·KW taps), output channels rounded up to the tile (<= 16).
+  const auto up16 = [](int64_t v) { return (v + 15) / 16 * 16; };
+  return std::max(up16(g.OC) * g.C, up16(g.C) * g.OC) * g.KH * g.KW;
+}
+
 template <typename T>
-cudaError_t im2col(const T* x, T* cols, const ConvGeom& g, int64_t n0, int64_t B, cudaStream_t stream) {
-  im2col_kernel<<<blocks_for(g.C * g.KH * g.KW * B * g.OH * g.OW), kThreads, 0, stream>>>(x, cols, g, n0, B);
+cudaError_t conv_forward(const T* x, const T* w, const T* bias, T* y, T* packed, const ConvGeom& g,
+                         cudaStream_t stream) {
+  return conv_fwd_any<T, false>(x, w, bias, y, packed, g, stream);
+}
+
+template <typename T>
+cudaError_t conv_backward_input(const T* dy, const T* w, T* dx, T* packed, const ConvGeom& g, cudaStream_t stream) {
+  // dx = conv(dy, flip(W)^T, padding K - 1 - P): the logical convolution maps dy [N, OC, OH, OW]
+  // to dx [N, C, H, W].
+  const ConvGeom t{g.N, g.OC, g.OH, g.OW, g.C, g.KH, g.KW, g.KH - 1 - g.PH, g.KW - 1 - g.PW, g.H, g.W};
+  return conv_fwd_any<T, true>(dy, w, nullptr, dx, packed, t, stream);
+}
+
+int64_t conv_wgrad_slices(const ConvGeom& g) {
+  // Positions per slice: ~1024 (enough work per block to amortise staging), at most 1024 slices
+  // (the partial buffer stays small), at least 1.
+  const int64_t positions = g.N * g.OH * g.OW;
+  return std::max<int64_t>(1, std::min<int64_t>(1024, (positions + 1023) / 1024));
+}
+
+template <typename T, int OCT>
+cudaError_t conv_wgrad_tile(const T* dy, const T* x, T* partial, const ConvGeom& g, bool bias, int64_t slices,
+                            cudaStream_t stream) {
+  const int64_t kcols = g.C * g.KH * g.KW + (bias ? 1 : 0);
+  // Taps per block: all of them up to 256 threads (rounded to whole warps), the rest in lanes that
+  // split the positions of the slice.
+  const int kt = static_cast<int>(std::min<int64_t>(kWgradThreads, (kcols + 31) / 32 * 32));
+  const int lanes = kWgradThreads / kt;
+  const int64_t positions = g.N * g.OH * g.OW;
+  const int64_t slice_len = (positions + slices - 1) / slices;
+  const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>((kcols + kt - 1) / kt),
+                  static_cast<unsigned>((g.OC + OCT - 1) / OCT));
+  const size_t red_bytes = static_cast<size_t>(lanes) * kt * OCT * sizeof(T);
+  conv_wgrad_kernel<T, OCT><<<grid, kt * lanes, red_bytes, stream>>>(dy, x, partial, g, kt, slice_len, bias);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t col2im(const T* dcols, T* dx, const ConvGeom& g, int64_t n0, int64_t B, cudaStream_t stream) {
-  col2im_kernel<<<blocks_for(B * g.C * g.H * g.W), kThreads, 0, stream>>>(dcols, dx, g, n0, B);
-  return cudaGetLastError();
-}
-
-template <typename T>
-cudaError_t to_channels_first(const T* nchw, T* t, int64_t n0, int64_t B, int64_t OC, int64_t L, cudaStream_t stream) {
-  to_channels_first_kernel<<<blocks_for(B * OC * L), kThreads, 0, stream>>>(nchw, t, n0, B, OC, L);
-  return cudaGetLastError();
-}
-
-template <typename T>
-cudaError_t from_channels_first(const T* t, T* nchw, int64_t n0, int64_t B, int64_t OC, int64_t L, cudaStream_t stream) {
-  from_channels_first_kernel<<<blocks_for(B * OC * L), kThreads, 0, stream>>>(t, nchw, n0, B, OC, L);
-  return cudaGetLastError();
+cudaError_t conv_backward_weight(const T* dy, const T* x, T* partial, T* acc, const ConvGeom& g, bool bias,
+                                 int64_t slices, cudaStream_t stream) {
+  const int64_t kcols = g.C * g.KH * g.KW + (bias ? 1 : 0);
+  if (g.N * g.OH * g.OW == 0) return cudaErrorInvalidValue;   // the glue zero-fills instead
+  cudaError_t err;
+  switch (oc_tile(g.OC)) {
+    case 4: err = conv_wgrad_tile<T, 4>(dy, x, partial, g, bias, slices, stream); break;
+    case 8: err = conv_wgrad_tile<T, 8>(dy, x, partial, g, bias, slices, stream); break;
+    default: err = conv_wgrad_tile<T, 16>(dy, x, partial, g, bias, slices, stream); break;
+  }
+  if (err != cudaSuccess) return err;
+  return column_sums(partial, acc, slices, g.OC * kcols, stream);   // slices summed in order
 }
 
 template <typename T, typename I>
@@ -275,10 +492,10 @@ cudaError_t relu_bwd(const T* grad, const T* y, T* dx, int64_t n, cudaStream_t s
 // to float, as the CPU kernels do); pooling and relu in every dtype; atomics in float/double -------
 
 #define CONV_TYPES(T)                                                                                      \
-  template cudaError_t im2col<T>(const T*, T*, const ConvGeom&, int64_t, int64_t, cudaStream_t);          \
-  template cudaError_t col2im<T>(const T*, T*, const ConvGeom&, int64_t, int64_t, cudaStream_t);          \
-  template cudaError_t to_channels_first<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, cudaStream_t); \
-  template cudaError_t from_channels_first<T>(const T*, T*, int64_t, int64_t, int64_t, int64_t, cudaStream_t); \
+  template cudaError_t conv_forward<T>(const T*, const T*, const T*, T*, T*, const ConvGeom&, cudaStream_t); \
+  template cudaError_t conv_backward_input<T>(const T*, const T*, T*, T*, const ConvGeom&, cudaStream_t);    \
+  template cudaError_t conv_backward_weight<T>(const T*, const T*, T*, T*, const ConvGeom&, bool, int64_t,   \
+                                               cudaStream_t);                                             \
   template cudaError_t column_sums<T>(const T*, T*, int64_t, int64_t, cudaStream_t);
 CONV_TYPES(float)
 CONV_TYPES(double)

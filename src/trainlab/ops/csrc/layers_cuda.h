@@ -21,16 +21,20 @@ struct PoolGeom {
   int64_t N, C, H, W, KH, KW, SH, SW, PH, PW, OH, OW;
 };
 
-// conv2d on chunks of B samples starting at n0, in the CPU kernels' layout: cols [rows, B·OH·OW]
-// (row r = (c·KH + p)·KW + q, column b·OH·OW + l), so each chunk is one cuBLAS GEMM.
+// conv2d, stride 1, zero padding, direct (no im2col matrix): g is [N, C, H, W] x [OC, C, KH, KW] ->
+// [N, OC, OH, OW], all tensors contiguous. `packed` is scratch of conv_packed_elems(g) elements
+// (the weights re-laid out per output-channel tile, written by the call itself).
+int64_t conv_packed_elems(const ConvGeom& g);
+template <typename T>   // y = conv(x, w) + bias (bias may be null)
+cudaError_t conv_forward(const T* x, const T* w, const T* bias, T* y, T* packed, const ConvGeom& g, cudaStream_t stream);
+template <typename T>   // dx from dy: the forward kernel on dy with w flipped and transposed
+cudaError_t conv_backward_input(const T* dy, const T* w, T* dx, T* packed, const ConvGeom& g, cudaStream_t stream);
+// acc = [OC, C·KH·KW (+1 with bias)]: dW and db, summed deterministically over positions: per-slice
+// partials ([slices, OC, C·KH·KW (+1)] scratch) then their column sums in slice order.
+int64_t conv_wgrad_slices(const ConvGeom& g);
 template <typename T>
-cudaError_t im2col(const T* x, T* cols, const ConvGeom& g, int64_t n0, int64_t B, cudaStream_t stream);
-template <typename T>   // dx[n0 + b] = col2im(dcols): a gather, one thread per dx element
-cudaError_t col2im(const T* dcols, T* dx, const ConvGeom& g, int64_t n0, int64_t B, cudaStream_t stream);
-template <typename T>   // [B, OC, L] (samples n0.. of an NCHW tensor) -> [OC, B·L]
-cudaError_t to_channels_first(const T* nchw, T* t, int64_t n0, int64_t B, int64_t OC, int64_t L, cudaStream_t stream);
-template <typename T>   // [OC, B·L] -> [B, OC, L]
-cudaError_t from_channels_first(const T* t, T* nchw, int64_t n0, int64_t B, int64_t OC, int64_t L, cudaStream_t stream);
+cudaError_t conv_backward_weight(const T* dy, const T* x, T* partial, T* acc, const ConvGeom& g, bool bias,
+                                 int64_t slices, cudaStream_t stream);
 
 // max_pool2d with window-local argmax indices (I = uint8_t or int32_t).
 template <typename T, typename I>

@@ -1,8 +1,8 @@
 // The CUDA implementations of the trainlab layer ops: tensors in, raw pointers and shapes out to
-// the CUDA-only kernels of layers_cuda.cu. The convolution and the linear layer run the same
-// algorithm as on the CPU (layers_algo.h: chunked im2col, one GEMM per chunk, the bias as an extra
-// GEMM row/column) with CudaBackend's kernels for the data movement and cuBLAS for the GEMMs;
-// pooling and relu call their kernels directly. Also defines `max_pool2d_bwd_atomic`, the naive
+// the CUDA-only kernels of layers_cuda.cu. The convolution runs its direct kernels (implicit GEMM:
+// no im2col matrix; a deterministic two-stage weight-gradient reduction); the linear layer runs the
+// CPU's algorithm (layers_algo.h) with cuBLAS GEMMs and CudaBackend's column sums; pooling and relu
+// call their kernels directly. Also defines `max_pool2d_bwd_atomic`, the naive
 // scatter backward, which exists only on CUDA (it is the benchmark's "before").
 //
 // Built only when torch has CUDA and a GPU is present (trainlab/ops/layers_cpp.py). It includes no
@@ -25,10 +25,6 @@ namespace {
 
 namespace k = trainlab_layers_cuda;
 
-// GPUs have memory to spare: a chunk's columns may take up to 64 Mi elements (256 MiB in float32),
-// so LeNet's batches up to ~2600 are one chunk, and each layer one GEMM per chunk.
-constexpr int64_t kCudaColsBudget = int64_t(1) << 26;
-
 k::ConvGeom geom(const ConvShape& s) { return {s.N, s.C, s.H, s.W, s.OC, s.KH, s.KW, s.PH, s.PW, s.OH, s.OW}; }
 k::PoolGeom geom(const PoolShape& s) { return {s.N, s.C, s.H, s.W, s.KH, s.KW, s.SH, s.SW, s.PH, s.PW, s.OH, s.OW}; }
 
@@ -39,43 +35,76 @@ template <> struct Cuda<at::Half> { using type = __half; };
 template <typename T> auto* ptr(const at::Tensor& t) { return reinterpret_cast<const typename Cuda<T>::type*>(t.const_data_ptr<T>()); }
 template <typename T> auto* mut(at::Tensor& t) { return reinterpret_cast<typename Cuda<T>::type*>(t.data_ptr<T>()); }
 
-// The CUDA data movement of the shared algorithms, on the current stream.
+// The linear layer's bias gradient for the shared algorithm (layers_algo.h), on the current stream.
 struct CudaBackend {
-  static constexpr int64_t kColsBudget = kCudaColsBudget;
-  template <typename T> static void im2col(const T* x, T* cols, const ConvShape& s, int64_t n0, int64_t B) {
-    C10_CUDA_CHECK(k::im2col(x, cols, geom(s), n0, B, c10::cuda::getCurrentCUDAStream()));
-  }
-  template <typename T> static void col2im(const T* dcols, T* dx, const ConvShape& s, int64_t n0, int64_t B) {
-    C10_CUDA_CHECK(k::col2im(dcols, dx, geom(s), n0, B, c10::cuda::getCurrentCUDAStream()));
-  }
-  template <typename T>
-  static void to_channels_first(const T* nchw, T* t, int64_t n0, int64_t B, int64_t OC, int64_t L) {
-    C10_CUDA_CHECK(k::to_channels_first(nchw, t, n0, B, OC, L, c10::cuda::getCurrentCUDAStream()));
-  }
-  template <typename T>
-  static void from_channels_first(const T* t, T* nchw, int64_t n0, int64_t B, int64_t OC, int64_t L) {
-    C10_CUDA_CHECK(k::from_channels_first(t, nchw, n0, B, OC, L, c10::cuda::getCurrentCUDAStream()));
-  }
   template <typename T> static void column_sums(const T* g, T* out, int64_t rows, int64_t cols) {
     C10_CUDA_CHECK(k::column_sums(g, out, rows, cols, c10::cuda::getCurrentCUDAStream()));
   }
 };
 
+// conv2d runs the direct kernels of layers_cuda.cu (no im2col matrix, no GEMM library call);
+// bfloat16/float16 are computed in float32 and rounded once, as on the CPU.
 at::Tensor conv2d_fwd_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                            at::IntArrayRef padding) {
+  const ConvShape s = conv_shape("conv2d_fwd", x, weight, padding);
+  check_conv_bias("conv2d_fwd", bias, x, s);
   const c10::cuda::CUDAGuard guard(x.device());
-  return conv2d_forward<CudaBackend>(x, weight, bias, padding);
+  const bool has_bias = bias.has_value() && bias->defined();
+  const at::Tensor xc = opmath_contiguous(x), wc = opmath_contiguous(weight);
+  const at::Tensor bc = has_bias ? opmath_contiguous(*bias) : at::Tensor();
+  at::Tensor out = at::empty({s.N, s.OC, s.OH, s.OW}, xc.options());
+  if (out.numel() == 0) return out.to(x.scalar_type());
+  const k::ConvGeom g = geom(s);
+  at::Tensor packed = at::empty({k::conv_packed_elems(g)}, xc.options());
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "trainlab_conv2d_fwd_cuda", [&] {
+    C10_CUDA_CHECK(k::conv_forward(xc.const_data_ptr<scalar_t>(), wc.const_data_ptr<scalar_t>(),
+                                   has_bias ? bc.const_data_ptr<scalar_t>() : nullptr, out.data_ptr<scalar_t>(),
+                                   packed.data_ptr<scalar_t>(), g, c10::cuda::getCurrentCUDAStream()));
+  });
+  return out.to(x.scalar_type());
 }
 
 at::Tensor conv2d_bwd_input_cuda(const at::Tensor& grad, const at::Tensor& weight, at::IntArrayRef padding) {
+  const ConvShape s = conv_shape_from_grad("conv2d_bwd_input", grad, weight, padding);
   const c10::cuda::CUDAGuard guard(grad.device());
-  return conv2d_backward_input<CudaBackend>(grad, weight, padding);
+  const at::Tensor gc = opmath_contiguous(grad), wc = opmath_contiguous(weight);
+  at::Tensor dx = at::empty({s.N, s.C, s.H, s.W}, gc.options());
+  if (dx.numel() == 0) return dx.to(grad.scalar_type());
+  const k::ConvGeom g = geom(s);
+  at::Tensor packed = at::empty({k::conv_packed_elems(g)}, gc.options());
+  AT_DISPATCH_FLOATING_TYPES(gc.scalar_type(), "trainlab_conv2d_bwd_input_cuda", [&] {
+    C10_CUDA_CHECK(k::conv_backward_input(gc.const_data_ptr<scalar_t>(), wc.const_data_ptr<scalar_t>(),
+                                          dx.data_ptr<scalar_t>(), packed.data_ptr<scalar_t>(), g,
+                                          c10::cuda::getCurrentCUDAStream()));
+  });
+  return dx.to(grad.scalar_type());
 }
 
+// (dW, db): per-slice partial sums then their column sums in slice order, so the result is the
+// same bit for bit from run to run (no atomics).
 std::tuple<at::Tensor, at::Tensor> conv2d_bwd_weight_cuda(const at::Tensor& grad, const at::Tensor& x,
                                                           const at::Tensor& weight, at::IntArrayRef padding, bool bias) {
+  const ConvShape s = conv_shape("conv2d_bwd_weight", x, weight, padding);
+  check_conv_grad("conv2d_bwd_weight", grad, x, s);
   const c10::cuda::CUDAGuard guard(x.device());
-  return conv2d_backward_weight<CudaBackend>(grad, x, weight, padding, bias);
+  const at::Tensor xc = opmath_contiguous(x), gc = opmath_contiguous(grad);
+  const int64_t ckk = s.ckk(), kcols = ckk + (bias ? 1 : 0);
+  at::Tensor acc = at::empty({s.OC, kcols}, xc.options());
+  const k::ConvGeom g = geom(s);
+  if (acc.numel() == 0 || s.N * s.OH * s.OW == 0) {
+    acc.zero_();
+  } else {
+    const int64_t slices = k::conv_wgrad_slices(g);
+    at::Tensor partial = at::empty({slices, s.OC * kcols}, xc.options());
+    AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "trainlab_conv2d_bwd_weight_cuda", [&] {
+      C10_CUDA_CHECK(k::conv_backward_weight(gc.const_data_ptr<scalar_t>(), xc.const_data_ptr<scalar_t>(),
+                                             partial.data_ptr<scalar_t>(), acc.data_ptr<scalar_t>(), g, bias, slices,
+                                             c10::cuda::getCurrentCUDAStream()));
+    });
+  }
+  at::Tensor dw = acc.narrow(1, 0, ckk).reshape(weight.sizes()).to(weight.scalar_type());
+  at::Tensor db = bias ? acc.select(1, ckk).to(weight.scalar_type()).contiguous() : at::empty({0}, weight.options());
+  return {dw, db};
 }
 
 std::tuple<at::Tensor, at::Tensor> max_pool2d_fwd_cuda(const at::Tensor& x, at::IntArrayRef kernel,
