@@ -23,7 +23,8 @@ of the padded input (25 slices for LeNet's 5x5 kernels): readable, and vectorize
 channels and pixels by torch. The `cpp` rung (csrc/layers_cpu.cpp) does the same data movement in
 cache-sized chunks with one BLAS GEMM per chunk; `triton` fuses im2col into the GEMM (implicit
 GEMM: patches are gathered straight into registers, never materialized); `cuda` is the C++ op's
-CUDA kernels (im2col/col2im on the GPU, cuBLAS for the GEMM).
+CUDA kernels (csrc/layers_cuda.cu: direct implicit-GEMM kernels, the input gradient as the same
+kernel on flipped weights, a deterministic two-stage weight-gradient reduction).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-// The convolution's and the linear layer's algorithms, written once for both devices. A Backend
-// (CpuBackend in layers_cpu.cpp, CudaBackend in layers_cuda_glue.cpp) supplies the data movement —
+// The convolution's and the linear layer's algorithms. The linear layer's serves both devices; the
+// convolution's is the CPU's (on CUDA, conv2d runs the direct kernels of layers_cuda.cu instead: an
+// im2col matrix and a skinny GEMM were memory-bound there). A Backend (CpuBackend in layers_cpu.cpp;
+// CudaBackend in layers_cuda_glue.cpp, column sums only) supplies the data movement —
 // im2col, col2im, the [B, OC, L] <-> [OC, B·L] transposes, column sums — and its chunk budget; the
 // GEMMs are ATen's (MKL on the CPU, cuBLAS on the GPU). So the CUDA path runs exactly the algorithm
 // the CPU tests check, with different kernels underneath.
