@@ -2,8 +2,9 @@
 third form x*sigmoid(1.702 x) in every rung, and the autograd formulas in C++.
 
 Without a GPU: the CUDA kernel file compiled by nvcc for sm_80/sm_90 and read back (launch bounds,
-loads per thread, registers and spills from ptxas), the sigmoid form on the CPU rungs and in Triton's
-interpreter against the float64 reference, and the C++ autograd registration. On a GPU (marker
+loads per thread, registers and spills from ptxas) and run on the CPU by the host emulator
+(tests/cuda_emu.py: vector path, tail, misaligned path, every dtype, order and form); the sigmoid
+form on the CPU rungs and in Triton's interpreter against the float64 reference; the C++ autograd. On a GPU (marker
 `gpu`, which fails rather than skips there): the CUDA rung on tails, misaligned views and every
 dtype, the vector and scalar paths agreeing bit for bit.
 """
@@ -238,3 +239,75 @@ def test_cuda_vector_and_scalar_paths_agree_bit_for_bit(approximate):
     a = torch.ops.trainlab.gelu_fwd(aligned, approximate)
     b = torch.ops.trainlab.gelu_fwd(misaligned, approximate)
     assert torch.equal(a, b)
+
+
+# ---- the CUDA kernels run on the CPU (tests/cuda_emu.py) ----------------------------------------------
+
+_EMU_WRAPPERS = r"""
+namespace emu_g = trainlab_gelu_cuda;
+extern "C" {
+int emu_gelu_forward(int dtype, int approx, const void* x, void* y, int64_t n) {
+  return emu_g::launch_forward(emu_g::Dtype(dtype), emu_g::Approx(approx), x, y, n, nullptr);
+}
+int emu_gelu_backward(int dtype, int approx, const void* g, const void* x, void* dx, int64_t n) {
+  return emu_g::launch_backward(emu_g::Dtype(dtype), emu_g::Approx(approx), g, x, dx, n, nullptr);
+}
+int emu_gelu_double_backward(int dtype, int approx, const void* gg, const void* g, const void* x, void* out, int64_t n) {
+  return emu_g::launch_double_backward(emu_g::Dtype(dtype), emu_g::Approx(approx), gg, g, x, out, n, nullptr);
+}
+}
+"""
+_EMU_DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.float16: 3}   # the kernels' Dtype enum
+
+
+@pytest.fixture(scope="module")
+def emu_gelu(tmp_path_factory):
+    import ctypes
+
+    from cuda_emu import build
+
+    lib = build("gelu_cuda_kernels.cu", _EMU_WRAPPERS, tmp_path_factory.mktemp("emu_gelu"))
+    for f, pointers in ((lib.emu_gelu_forward, 2), (lib.emu_gelu_backward, 3), (lib.emu_gelu_double_backward, 4)):
+        f.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * pointers + [ctypes.c_int64]
+    return lib
+
+
+@pytest.mark.parametrize("dtype", list(_EMU_DTYPES), ids=str)
+def test_emulated_cuda_kernels_every_path_and_form(emu_gelu, dtype):
+    """2 full blocks + a 7-element tail (vector kernel + scalar tail), and the same values one element
+    off 16-byte alignment (scalar kernel only): every order and form against the float64 math, and
+    the two paths equal bit for bit."""
+    n = 2 * 1024 + 7
+    gen = torch.Generator().manual_seed(11)
+    values = {k: (torch.randn(n, dtype=torch.float64, generator=gen) * 3).to(dtype) for k in ("x", "g", "gg")}
+
+    def placed(offset):   # the same values at a 16-byte aligned address (0) or one element past it (1)
+        out = {}
+        for k, v in values.items():
+            buf = torch.empty(n + 1, dtype=dtype)
+            buf[offset:offset + n] = v
+            out[k] = buf[offset:offset + n]
+        return out
+
+    atol, rtol = {torch.float64: (1e-13, 1e-12), torch.float32: (4e-6, 4e-6)}.get(dtype, (2e-5, 2.0 ** -7))
+    if dtype == torch.float16:
+        rtol = 2.0 ** -10
+    for form, approx in enumerate(APPROXIMATIONS):
+        results = []
+        for offset in (0, 1):
+            view = placed(offset)
+            x, g, gg = view["x"], view["g"], view["gg"]
+            assert (x.data_ptr() % 16 == 0) == (offset == 0)
+            outs = [torch.empty_like(x) for _ in range(3)]
+            assert emu_gelu.emu_gelu_forward(_EMU_DTYPES[dtype], form, x.data_ptr(), outs[0].data_ptr(), n) == 0
+            assert emu_gelu.emu_gelu_backward(_EMU_DTYPES[dtype], form, g.data_ptr(), x.data_ptr(), outs[1].data_ptr(), n) == 0
+            assert emu_gelu.emu_gelu_double_backward(_EMU_DTYPES[dtype], form, gg.data_ptr(), g.data_ptr(), x.data_ptr(),
+                                                     outs[2].data_ptr(), n) == 0
+            x64, g64, gg64 = x.double(), g.double(), gg.double()
+            refs = (gelu_math.forward(x64, approx), g64 * gelu_math.derivative(x64, approx),
+                    gg64 * g64 * gelu_math.second_derivative(x64, approx))
+            for out, ref, scale in zip(outs, refs, (1.0, float(g64.abs().max()), float((gg64 * g64).abs().max()))):
+                torch.testing.assert_close(out.double(), ref, atol=atol * scale * 4, rtol=rtol, msg=f"{approx} offset {offset}")
+            results.append(outs)
+        for a, b in zip(*results):
+            assert torch.equal(a, b), approx
