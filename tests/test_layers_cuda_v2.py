@@ -190,3 +190,30 @@ def test_cuda_conv_at_batch_4096_matches_aten_and_is_deterministic(layer):
     dw32, db32 = torch.ops.trainlab.conv2d_bwd_weight(dy.float(), x.float(), w.float(), list(padding), True)
     again = torch.ops.trainlab.conv2d_bwd_weight(dy.float(), x.float(), w.float(), list(padding), True)
     assert torch.equal(dw32, again[0]) and torch.equal(db32, again[1])
+
+
+# ---- autograd of the C++/CUDA layer ops, in C++ ----------------------------------------------------
+
+def test_conv_linear_relu_autograd_are_cpp_kernels():
+    """The cpp/cuda rungs' conv2d, linear and relu carry their autograd formulas in C++ (no Python
+    in the step's hot path); the Triton family keeps the Python ones, and the gradients are ATen's."""
+    from trainlab.ops.conv import conv2d
+    from trainlab.ops.layers_cpp import load
+    from trainlab.ops.linear import linear
+    from trainlab.ops.relu import relu
+
+    load()
+    for op in ("conv2d_fwd", "linear_fwd", "relu_fwd"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"trainlab::{op}", "Autograd"), op
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 9, 9, dtype=torch.float64, generator=gen, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, generator=gen, requires_grad=True)
+    fc = torch.randn(5, 4 * 49, dtype=torch.float64, generator=gen, requires_grad=True)
+    y = relu(conv2d(x, w, b, 0, impl="cpp"), impl="cpp")
+    out = linear(y.flatten(1), fc, None, impl="cpp")
+    assert "CppNode" in type(out.grad_fn).__name__ or "LinearFunction" in out.grad_fn.name(), out.grad_fn.name()
+    ref = F.linear(F.relu(F.conv2d(x, w, b)).flatten(1), fc)
+    g = torch.randn(out.shape, dtype=torch.float64, generator=gen)
+    for got, want in zip(torch.autograd.grad(out, (x, w, b, fc), g), torch.autograd.grad(ref, (x, w, b, fc), g)):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)

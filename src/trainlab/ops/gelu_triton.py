@@ -283,4 +283,6 @@ class TritonGeluDoubleBackward(torch.autograd.Function):
 def gelu_triton(x: torch.Tensor, approximate: str = "none", interpret: bool | None = None) -> torch.Tensor:
     """GELU with the Triton kernels. `interpret=None` follows TRITON_INTERPRET for CPU tensors."""
     run_mode(x, interpret)   # fail before autograd records anything
+    if not (torch.is_grad_enabled() and x.requires_grad):   # nothing to record: skip the Function's bookkeeping
+        return run_kernel(0, x, approximate, interpret)
     return TritonGeluFunction.apply(x, approximate, interpret)

@@ -243,11 +243,15 @@ def register(prefix: str, with_atomic_pool: bool = False) -> None:
 
     if prefix == "":   # the C++ family also has the fused first stage (csrc/conv_relu_pool_cpu.cpp)
         register_conv_relu_pool()
+    # The C++ family's conv2d, linear and relu carry the same formulas in C++ (csrc/layers_cpu.cpp:
+    # no interpreter in the step's hot path); the Triton family and max_pool2d keep these.
+    in_cpp = {"conv2d_fwd", "linear_fwd", "relu_fwd"} if prefix == "" else set()
     for op_name, backward, setup in (("conv2d_fwd", conv_backward, conv_setup),
                                      ("max_pool2d_fwd", pool_backward, pool_setup),
                                      ("linear_fwd", linear_backward, linear_setup),
                                      ("relu_fwd", relu_backward, relu_setup)):
-        torch.library.register_autograd(name(op_name), backward, setup_context=setup)
+        if op_name not in in_cpp:
+            torch.library.register_autograd(name(op_name), backward, setup_context=setup)
 
 
 # ---- the fused first stage, conv2d → relu → 2x2 max-pool (C++ only; ops/conv_relu_pool.py) -------
