@@ -36,6 +36,15 @@ int64_t emu_conv_wgrad_slices(const int64_t* g) { return emu_k::conv_wgrad_slice
   }
 EMU_CONV(float, f32)
 EMU_CONV(double, f64)
+static emu_k::PoolGeom emu_pool_geom(const int64_t* g) {
+  return {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11]};
+}
+int emu_max_pool_fwd_f32(const float* x, float* y, uint8_t* idx, const int64_t* g) {
+  return emu_k::max_pool_fwd<float, uint8_t>(x, y, idx, emu_pool_geom(g), nullptr);
+}
+int emu_max_pool_bwd_f32(const float* grad, const uint8_t* idx, float* dx, const int64_t* g) {
+  return emu_k::max_pool_bwd_gather<float, uint8_t>(grad, idx, dx, emu_pool_geom(g), nullptr);
+}
 }
 """
 
@@ -162,6 +171,27 @@ def test_emulated_forward_without_bias(emu):
     w = torch.randn(w_shape, dtype=torch.float64, generator=gen)
     y = EmulatedConv(emu, x, w, padding).forward(None)
     torch.testing.assert_close(y, F.conv2d(x, w, None, padding=padding), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("window", [((2, 2), (2, 2), (0, 0)), ((3, 3), (1, 1), (1, 1)), ((3, 2), (2, 1), (1, 0))],
+                         ids=["lenet", "overlap", "non-square"])
+def test_emulated_max_pool_32_bit_index_path_matches_aten(emu, window):
+    """The pooling kernels' 32-bit index path (every LeNet call takes it) against ATen, ties and all."""
+    (kh, kw), (sh, sw), (ph, pw) = window
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 3, 9, 8, generator=gen).round()   # rounded: many ties, ATen's first-wins rule
+    oh, ow = (9 + 2 * ph - kh) // sh + 1, (8 + 2 * pw - kw) // sw + 1
+    g = torch.tensor([2, 3, 9, 8, kh, kw, sh, sw, ph, pw, oh, ow], dtype=torch.int64)
+    y = torch.empty(2, 3, oh, ow)
+    idx = torch.empty(2, 3, oh, ow, dtype=torch.uint8)
+    assert emu.emu_max_pool_fwd_f32(ptr(x), ptr(y), ptr(idx), ptr(g)) == 0
+    xr = x.clone().requires_grad_()
+    ref = F.max_pool2d(xr, (kh, kw), (sh, sw), (ph, pw))
+    assert torch.equal(y, ref.detach())
+    dy = torch.randn(ref.shape, generator=gen)
+    dx = torch.empty_like(x)
+    assert emu.emu_max_pool_bwd_f32(ptr(dy), ptr(idx), ptr(dx), ptr(g)) == 0
+    torch.testing.assert_close(dx, torch.autograd.grad(ref, xr, dy)[0], atol=1e-6, rtol=1e-6)
 
 
 # ---- on a GPU ------------------------------------------------------------------------------------
