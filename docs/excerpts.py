@@ -178,6 +178,7 @@ FIGURES = {
     "h100.gpt_tokens": lambda: f"{_json(_H100_GPT)['tokens_per_s']:,.0f}",
     "h100.gpt_tflops": lambda: f"{_json(_H100_GPT)['tflops_per_device']:.0f}",
     "h100.gpt_strategy": lambda: _json(_H100_GPT)["strategy"],
+    "h100.gpt_baseline_mfu": lambda: f"{_json(H100 / 'steps/gpt_baseline/bench.json')['mfu'] * 100:.1f} %",
     "h100.gelu_cuda_copy": lambda: f"{_gelu(_H100_GELU, 'cuda', 'fwd', 'pct_of_copy_bw') * 100:.0f} %",
     "h100.gelu_triton_copy": lambda: f"{_gelu(_H100_GELU, 'triton', 'fwd', 'pct_of_copy_bw') * 100:.0f} %",
     "h100.gelu_aten_copy": lambda: f"{_gelu(_H100_GELU, 'aten', 'fwd', 'pct_of_copy_bw') * 100:.0f} %",
