@@ -33,8 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/*.md")
-_BLOCK = re.compile(r"<!-- (output|output-log): (.+?) -->\n(```[a-z]*\n)(.*?)(```)", re.S)
-_FIG = re.compile(r"<!-- fig: ([\w.]+) -->(.*?)<!-- /fig -->", re.S)
+_BLOCK = re.compile(r"<!-- (output|output-log): (.+?) -->\n(```[a-z]*\n)(.*?)(```)", re.DOTALL)
+_FIG = re.compile(r"<!-- fig: ([\w.]+) -->(.*?)<!-- /fig -->", re.DOTALL)
 _TIMING = re.compile(r"\b\d+(?:\.\d+)?\s?(?:s|ms|µs|min)\b")
 
 

@@ -3,26 +3,14 @@ committed results (docs/excerpts.py FIGURES, `<!-- fig: NAME -->value<!-- /fig -
 benchmark with --force and forgetting `python docs/excerpts.py` fails here, and so does a headline
 number typed into those pages by hand."""
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from test_walkthrough import EXCERPTS  # docs/excerpts.py, loaded once
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "docs" / "lab-walkthrough.md"]
-
-
-def _excerpts():
-    spec = importlib.util.spec_from_file_location("doc_excerpts_figures", ROOT / "docs" / "excerpts.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-EXCERPTS = _excerpts()
 # a measured figure as the pages write it: a number with a unit of time, speed-up, share or memory
 MEASURED = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:%|×|s\b|ms\b|min\b|GiB\b|TFLOPS\b)")
 
@@ -37,8 +25,8 @@ def _headline(text: str, heading: str) -> str:
 
 def _by_hand(section: str) -> list[str]:
     """Measured figures in a section that no `fig:` marker or quoted output produced."""
-    section = re.sub(r"<!-- fig: [\w.]+ -->.*?<!-- /fig -->", "", section, flags=re.S)
-    section = re.sub(r"```.*?```", "", section, flags=re.S)          # quoted output, checked on its own
+    section = re.sub(r"<!-- fig: [\w.]+ -->.*?<!-- /fig -->", "", section, flags=re.DOTALL)
+    section = re.sub(r"```.*?```", "", section, flags=re.DOTALL)          # quoted output, checked on its own
     section = re.sub(r"[≥≤<>]\s?\d[\d.]*\s?(?:%|×|s|ms|min)", "", section)  # targets, not measurements
     section = re.sub(r"(?<![\d.])9[89] ?%", "", section)  # the lab's accuracy targets ("time to 99 %")
     return MEASURED.findall(section)
@@ -69,7 +57,7 @@ def test_the_h100_figures_are_quoted_in_the_readme_and_the_results():
 
 
 def test_the_walkthrough_quotes_one_time_to_99_the_readme_quotes():
-    readme, walk = (dict((n, v) for n, v, _ in EXCERPTS.figures(p.read_text())) for p in (PAGES[0], PAGES[2]))
+    readme, walk = ({n: v for n, v, _ in EXCERPTS.figures(p.read_text())} for p in (PAGES[0], PAGES[2]))
     assert walk.get("cpu.t99_s") == readme["cpu.t99_s"] and walk.get("cpu.t99_ratio") == readme["cpu.t99_ratio"]
 
 
