@@ -164,7 +164,7 @@ FIGURES = {
     "cpu.step_ratio": lambda: f"{_step_ms(_BASE) / _step_ms(_FAST):.2f}×",
     "cpu.gelu_fwd": lambda: f"{_gelu(RESULTS / 'gelu_bench_16M.json', 'cpp', 'fwd', 'ratio_to_torch'):.2f}×",
     "cpu.gelu_fwdbwd": lambda: f"{_gelu(RESULTS / 'gelu_bench_16M.json', 'cpp', 'fwd+bwd', 'ratio_to_torch'):.2f}×",
-    "cpu.ddp_comm_ms": lambda: f"{_dp('ddp')[0]['comm_ms']:.1f} ms",
+    "cpu.ddp_comm_ms": lambda: f"{_dp('ddp')[0]['comm_ms']:.2f} ms",
     "cpu.loader_ms": lambda: f"{_dp('none')[0]['data_ms']:.1f} ms",
     "cpu.dataloader_ms": lambda: "{:.1f}–{:.1f} ms".format(*_span(r["data_ms"] for r in _dp("none", "dataloader"))),
     "cpu.plan_fp32": lambda: _plan_gib("none"),
