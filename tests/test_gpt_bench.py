@@ -74,10 +74,23 @@ def test_bench_json_contract_and_run_dir(tmp_path, capsys):
     assert s["tflops_per_device_8n"] == pytest.approx(handout_tflops(236_928, 4, 32, s["step_seconds_median"]))
     assert s["tf32"] == {"matmul_allow_tf32": False, "cudnn_allow_tf32": False, "float32_matmul_precision": "highest"}
     assert s["config"]["tf32"] == "off"
+    # in-run prediction (the plan the run resolved) = the pre-flight one (`GPTBenchConfig.plan`, the same flags)
+    pre = GPTBenchConfig(model="tiny", device="cpu", steps=2, warmup=1, global_batch=4, micro_batch=4, seq=32).plan()
+    assert s["predicted_peak_bytes"] == pre.predicted_peak_bytes > 0
+    assert s["config"]["strategy"]["text"] == "none" and s["config"]["device"] == "cpu"  # config.json is the plan
     assert 0 < s["mfu"] < 5 and s["peak_memory_bytes"] > 10**7
     assert (run_dir / "summary.json").exists() and (run_dir / "config.json").exists() and (run_dir / "env.json").exists()
     assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_bench_json_dash_prints_only_the_summary(capsys):
+    """`--json -` (as on every command): the summary JSON alone on stdout, the progress lines on stderr."""
+    assert main(["gpt", "bench", *TINY, "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    s = json.loads(out)
+    assert s["strategy"] == "none" and len(s["losses"]) == 3
+    assert "step 1/2" in err and "summary none" in err
 
 
 def test_same_seed_same_start_across_strategies_and_impls():
@@ -136,6 +149,12 @@ def test_compare_runs_isolated_and_writes_tables(tmp_path):
     assert (tmp_path / "compare.csv").read_text().startswith("strategy,")
     assert (tmp_path / "throughput.png").stat().st_size > 1000 and (tmp_path / "memory.png").exists()
     assert (tmp_path / "none.log").read_text().startswith("$ ")
+    # the worker spec is the plan as JSON: what the worker ran, and the prediction the table shows
+    from trainlab.gpt.plan import GPTPlan
+
+    plan = GPTPlan.from_dict(json.loads((tmp_path / "none.spec.json").read_text())["plan"])
+    assert plan.strategy.text == "none" and plan.predicted_peak_bytes == rows["none"]["predicted_bytes"]
+    assert json.loads((tmp_path / "none.json").read_text())["predicted_peak_bytes"] == plan.predicted_peak_bytes
 
 
 @pytest.mark.dist
