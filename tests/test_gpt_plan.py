@@ -88,3 +88,23 @@ def test_damaged_spec_is_one_error(damage, message):
         GPTPlan.from_dict(d, source="x.spec.json")
     with pytest.raises(ConfigError, match="expected a JSON object"):
         GPTPlan.from_dict([1], source="x.spec.json")
+
+
+def test_a_loss_is_a_plan_field_and_a_table_entry(monkeypatch):
+    """The step seam: a new loss is one entry in `plan.LOSSES` named by the plan; the engine, its micro-steps and
+    the pipeline use it with no other change (here: twice the cross-entropy doubles the reported loss)."""
+    from dataclasses import replace
+
+    import torch
+
+    from trainlab.distributed.launch import DistInfo
+    from trainlab.gpt import plan as plan_module
+    from trainlab.gpt.engine import GPTEngine
+    from trainlab.gpt.model import lm_loss
+
+    monkeypatch.setitem(plan_module.LOSSES, "double", lambda logits, tokens: 2 * lm_loss(logits, tokens))
+    base = GPTBenchConfig(model="tiny", strategy="accum", device="cpu", global_batch=4, micro_batch=2, seq=16).plan(Machine())
+    tokens = torch.randint(512, (4, 16), generator=torch.Generator().manual_seed(0))
+    plain = GPTEngine(base, DistInfo()).train_step(tokens)
+    doubled = GPTEngine(replace(base, loss="double"), DistInfo()).train_step(tokens)
+    assert doubled == pytest.approx(2 * plain, rel=1e-6)

@@ -460,6 +460,8 @@ CASES = [
     Case("gpt-plan-gpu-mem-overflow", "gpt plan --gpu-mem 1e400GiB", r"--gpu-mem '1e400GiB': expected a size such as 80GiB"),
     Case("gpt-plan-gpu-mem-nan", "gpt plan --gpu-mem nanGiB", r"--gpu-mem 'nanGiB': expected a size"),
     Case("gpt-plan-gpus-zero", "gpt plan --gpus 0", r"--gpus 0: expected an integer >= 1"),
+    Case("eval-json-is-dir", "eval {run} --json {dir}", r"--json \S+dir': is a directory, expected a file"),
+    Case("profile-json-is-dir", "profile --json {dir}", r"--json \S+dir': is a directory, expected a file"),
     Case("gpt-plan-sm-zero", "gpt plan --sm 0", r"--sm 0: expected an integer >= 1"),
     Case("gpt-plan-json-is-dir", "gpt plan --json {dir}", r"--json \S+dir': is a directory, expected a file"),
     Case("gpt-plan-json-under-file", "gpt plan --json {file}/plan.json", r"cannot be created: \S+file is a file"),

@@ -36,8 +36,8 @@ from trainlab.gpt.parallel.fsdp import apply_fsdp
 from trainlab.gpt.parallel.pipeline import PipelineRunner, split_stage
 from trainlab.gpt.parallel.tensor import apply_tensor_parallel
 from trainlab.gpt.parallel.zero1 import build_zero1_optimizer
-from trainlab.gpt.plan import GPTPlan
-from trainlab.gpt.step import LOSSES, DeepSpeedStep, EagerStep, PipelineStep, train_step
+from trainlab.gpt.plan import LOSSES, GPTPlan
+from trainlab.gpt.step import make_step, train_step
 
 BETAS = (0.9, 0.95)
 EPS = 1e-8
@@ -47,6 +47,8 @@ class GPTEngine:
     """Model + optimizer + strategy for one rank. See the module docstring for the order of set-up."""
 
     def __init__(self, plan: GPTPlan, dist_info: DistInfo, *, model: nn.Module | None = None):
+        if dist_info.world_size != plan.world_size:
+            raise ConfigError(f"the plan is for {plan.world_size} rank(s), this process is one of {dist_info.world_size}")
         self.plan, self.spec, self.degrees = plan, plan.strategy, plan.degrees
         self.dist = dist_info
         self.device = torch.device(dist_info.device)
@@ -61,7 +63,7 @@ class GPTEngine:
         model = self._build_full_model() if model is None else self._adopt(model)
         if self.spec.data_parallel == "nvme":
             self._setup_nvme(model)
-            self.step = DeepSpeedStep(plan, self._ds_engine)
+            self.step = make_step(plan, self._ds_engine, self.optimizer, self.precision)
             return
         if self.spec.pp or self.spec.tp:
             model = self._setup_model_parallel(model)
@@ -72,8 +74,7 @@ class GPTEngine:
                 block.forward = torch.compile(block.forward)
         self.model = self._wrap_data_parallel(model)
         self.optimizer = self._build_optimizer()
-        self.step = (PipelineStep(plan, self._pipe, self.optimizer, self.precision) if self._pipe is not None
-                     else EagerStep(plan, self.model, self.optimizer, self.precision))
+        self.step = make_step(plan, self.model, self.optimizer, self.precision, self._pipe)
 
     # ---------------------------------------------------------------- set-up
 

@@ -26,13 +26,16 @@ import torch
 
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.attention_backend import AttentionChoice, choose
-from trainlab.gpt.model import GPTConfig, get_preset
+from trainlab.gpt.model import GPTConfig, get_preset, lm_loss
 from trainlab.gpt.parallel.nvme import check_nvme_available
 from trainlab.gpt.strategy import Degrees, StrategySpec, parse_strategy, validate_strategy
 
 OPTIMIZERS = ("adamw", "sgd")            # sgd: the equivalence tests' linear update (engine._build_optimizer)
 OPTIMIZER_KERNELS = ("fused", "foreach", "forloop")
-LOSSES = ("cross_entropy",)              # gpt.step.LOSSES: a fused/chunked loss is one more name there
+# plan.loss → the step's loss, (logits [B, T, V], tokens [B, T]) → mean next-token loss. A fused or
+# chunked cross-entropy is one more entry here (and, if it needs the hidden states instead of the
+# logits, a step class in gpt.step).
+LOSSES: dict[str, Callable] = {"cross_entropy": lm_loss}
 IMPLS = ("ours", "hf")
 
 

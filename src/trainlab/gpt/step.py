@@ -10,8 +10,9 @@ then one `optimizer_step`. Which class runs a step is decided once, from the pla
   DeepSpeedStep DeepSpeed's engine scales, syncs and steps on its own (nvme)
 
 A new lever is a plan field and a class or a table entry here, not an `if` in the engine, the bench and
-the planner: a fused or chunked cross-entropy is one more name in `LOSSES` (and `plan.LOSSES`), a
-CUDA-graph wrapper wraps `EagerStep.forward_backward_step` as torchtitan's wraps its own.
+the planner: a fused or chunked cross-entropy is one more entry in `plan.LOSSES` (a class here if it
+needs the hidden states rather than the logits), a CUDA-graph wrapper wraps
+`EagerStep.forward_backward_step` as torchtitan's wraps its own.
 """
 
 from __future__ import annotations
@@ -22,12 +23,8 @@ import torch
 import torch.nn as nn
 
 from trainlab.distributed.wrappers import gradient_sync
-from trainlab.gpt.model import lm_loss
 from trainlab.gpt.parallel.amp import Precision
-from trainlab.gpt.plan import GPTPlan
-
-# plan.loss → (logits [B, T, V], tokens [B, T]) → mean next-token loss
-LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"cross_entropy": lm_loss}
+from trainlab.gpt.plan import LOSSES, GPTPlan
 
 
 def logits_of(impl: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
@@ -91,6 +88,17 @@ class DeepSpeedStep(EagerStep):
 
     def optimizer_step(self) -> None:
         pass  # done by ds_engine.step() at the boundary
+
+
+def make_step(plan: GPTPlan, model: nn.Module, optimizer, precision: Precision, pipe=None) -> EagerStep:
+    """The step class this plan runs: the one place a new step mode (a CUDA-graph capture, a fused
+    loss that needs the hidden states) is chosen, from a plan field. `model` is DeepSpeed's engine
+    for nvme; `pipe` the `PipelineRunner` of a pipeline stage."""
+    if plan.strategy.data_parallel == "nvme":
+        return DeepSpeedStep(plan, model)
+    if pipe is not None:
+        return PipelineStep(plan, pipe, optimizer, precision)
+    return EagerStep(plan, model, optimizer, precision)
 
 
 def train_step(step: EagerStep, local: torch.Tensor) -> torch.Tensor:
