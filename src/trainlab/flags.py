@@ -181,6 +181,12 @@ def output_file(v: Any) -> str | None:
     return output_problem(v, "file")
 
 
+def json_output(v: Any) -> str | None:
+    """`--json PATH|-` (every command): a file trainlab may write atomically, or `-` for stdout
+    (`io.write_json_output` does either)."""
+    return None if v == "-" else output_file(v)
+
+
 def check_value(value: Any, check: Check, flag: str) -> None:
     """Apply one check outside a dataclass (a positional argument, a value derived from a flag)."""
     problem = check(value)
