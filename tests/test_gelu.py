@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from trainlab.cli import main
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.ops import GELU, IMPLS, gelu
-from trainlab.ops import gelu_math
+from trainlab.ops.gelu import gelu_math
 from trainlab.ops.gelu import GeluFunction
 
 APPROX = ["none", "tanh"]
@@ -188,7 +188,7 @@ def test_check_flags_a_wrong_backward(monkeypatch):
 
     from trainlab.ops import check
 
-    math_mod = importlib.import_module("trainlab.ops.gelu_math")
+    math_mod = importlib.import_module("trainlab.ops.gelu.gelu_math")
 
     # A classic published bug: dropping the x*phi(x) term of the exact backward.
     def bad_derivative(x, approximate):

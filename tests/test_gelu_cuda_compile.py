@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from trainlab.ops.build import CSRC
+from trainlab.ops.build import OPS_DIR
 from trainlab.ops.kernel_check import (ARCHS, cuda_include_dir, demangle, find_nvcc, find_tool, nvcc_ptx, nvcc_sass,
                                        ptx_entries, sass_functions, sass_vector_widths, vector_widths)
 
+CSRC = OPS_DIR / "gelu"   # GELU's folder: its kernels sit beside its Python
 KERNELS = CSRC / "gelu_cuda_kernels.cu"
 if find_nvcc() is None:
     pytest.skip("no nvcc (CUDA_HOME, PATH, site-packages nvidia/*/bin): install it with "

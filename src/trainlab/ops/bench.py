@@ -33,12 +33,12 @@ import torch
 
 from trainlab.device import synchronize
 from trainlab.errors import ConfigError, UserError
-from trainlab.ops.conv import conv2d
-from trainlab.ops.conv_relu_pool import conv_relu_pool2d
+from trainlab.ops.conv2d import conv2d
+from trainlab.ops.conv_relu_pool2d import conv_relu_pool2d
 from trainlab.ops.gelu import APPROXIMATIONS, gelu
 from trainlab.ops.ladder import DTYPES, IMPLS, canonical_impls
 from trainlab.ops.linear import linear
-from trainlab.ops.pool import max_pool2d
+from trainlab.ops.max_pool2d import max_pool2d
 from trainlab.ops.relu import relu
 from trainlab.stats import time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
@@ -301,7 +301,7 @@ def run_layer_bench(batches=DEFAULT_BATCHES, impls=None, layers=None, device: st
     device = torch.device(device)
     impls, skipped = _impls(impls, device, extra=("cuda-atomic",))
     if "cuda-atomic" in impls:
-        from trainlab.ops.layers_cpp import EXTENSION
+        from trainlab.ops.layers.layers_cpp import EXTENSION
 
         EXTENSION.require_cuda()
     unknown = set(layers or ()) - set(LAYER_NAMES)

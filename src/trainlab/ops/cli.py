@@ -38,34 +38,36 @@ def add_parser(subparsers) -> None:
 
 
 def _progress(r: dict) -> None:
-    what = r["approximate"] if r["op"] == "gelu" else r["case"]
     status = r["status"] if r["status"] != "skipped" else f"skipped ({r['reason']})"
-    print(f"  {r['op']:<10} {what:<17} {r['impl']:<7} {r['dtype']:<9} {status}", file=sys.stderr, flush=True)
+    print(f"  {r['op']:<10} {r['case']:<17} {r['impl']:<7} {r['dtype']:<9} {status}", file=sys.stderr, flush=True)
+
+
+def nothing_ran(rows: list[dict], what: str, hint: str) -> None:
+    """A command that measured or checked nothing must not pass: HardwareError (one line) naming why
+    when every requested row was skipped (also when none was produced)."""
+    if all(r["skipped"] for r in rows):
+        why = "; ".join(sorted({f"{r['impl']}: {r['reason']}" for r in rows})) or "no row matched the selection"
+        raise HardwareError(f"nothing was {what}: every requested row was skipped ({why}); {hint}")
 
 
 def run_check_cmd(args) -> int:
-    alias = args.command == "gelu"   # `trainlab gelu check`: the GELU part of the result is the result
+    alias = args.command == "gelu"   # `trainlab gelu check`: `ops check --op gelu` with GELU's flags
     cls = CheckConfig if alias else OpsCheckConfig
     cc = cls(**explicit_values(args, cls))
     ops = ["gelu"] if alias else cc.validate()
     if alias:
         cc.validate()
     result = check.run_check(ops=ops, impls=cc.impl or check.IMPLS, dtypes=cc.dtype, cases=getattr(cc, "case", None),
-                             approximations=cc.approximate or check.APPROXIMATIONS, n=cc.n,
-                             batch=getattr(cc, "batch", 8), progress=None if cc.json else _progress)
-    shown = result["gelu"] if alias else result
-    table = check.format_gelu_table(shown) if alias else check.format_table(result)
+                             variants=cc.approximate, n=cc.n, batch=getattr(cc, "batch", 8),
+                             progress=None if cc.json else _progress)
+    table = check.format_table(result)
     if getattr(cc, "out", None):
         env = collect_env("cpu")
         text = f"{format_header({'command': args.command_line}, env)}\n\n{table}"
         write_results(cc.out, "ops_check", result, f"# Operator check\n\n```\n{text}\n```", [text],
                       args.command_line, env=env)
-    print(json.dumps(shown, indent=2) if cc.json else table)
-    rows = result["rows"] + result["autograd_rows"] + (result["gelu"]["rows"] if result["gelu"] else [])
-    if rows and all(r["skipped"] for r in rows):   # a check that checked nothing must not pass
-        why = "; ".join(sorted({f"{r['impl']}: {r['reason']}" for r in rows}))
-        raise HardwareError(f"nothing was checked: every requested row was skipped ({why}); "
-                            "ask for rungs that can run here, e.g. --impl cpp")
+    print(json.dumps(result, indent=2) if cc.json else table)
+    nothing_ran(result["rows"] + result["autograd_rows"], "checked", "ask for rungs that can run here, e.g. --impl cpp")
     return 0 if result["ok"] else 1
 
 

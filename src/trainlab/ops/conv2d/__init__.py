@@ -35,8 +35,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64, widen
-from trainlab.ops.layer_args import check_conv2d, check_device, conv2d_output_hw
-from trainlab.ops.layers_cpp import compiled_rung, prepare
+from trainlab.ops.layers.layer_args import check_conv2d, check_device, conv2d_output_hw
+from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
 
 # ---- python: the reference autograd.Function -------------------------------------------------------
 

@@ -18,8 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64
-from trainlab.ops.layer_args import check_device, check_relu
-from trainlab.ops.layers_cpp import compiled_rung, prepare
+from trainlab.ops.layers.layer_args import check_device, check_relu
+from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
 
 
 class ReluFunction(torch.autograd.Function):

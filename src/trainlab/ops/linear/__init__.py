@@ -23,8 +23,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainlab.ops.ladder import Case, check_impl, randn64, widen
-from trainlab.ops.layer_args import check_device, check_linear
-from trainlab.ops.layers_cpp import compiled_rung, prepare
+from trainlab.ops.layers.layer_args import check_device, check_linear
+from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
 
 class LinearFunction(torch.autograd.Function):
     """The three products above, bfloat16/float16 computed in float32 and rounded once."""
