@@ -480,7 +480,7 @@ CASES = [
     Case("ops-bench-batch-garbage", "ops bench --batch 2x", r"--batch '2x': expected comma-separated integers"),
     Case("ops-bench-budget-nan", "ops bench --budget nan", r"--budget nan: expected a finite number > 0"),
     Case("ops-bench-threads-zero", "ops bench --threads 0", r"--threads 0: expected an integer >= 1"),
-    Case("ops-check-case-unknown", "ops check --case lenet-conv9", r"--case 'lenet-conv9': choose from elementwise, lenet-conv1"),
+    Case("ops-check-case-unknown", "ops check --case lenet-conv9", r"--case 'lenet-conv9': choose from none, none-strided, none-0d"),
     Case("ops-check-op-unknown", "ops check --op conv3d", r"--op 'conv3d': unknown operator; choose from gelu, conv2d"),
     Case("ops-check-op-list-unknown", "ops check --op relu,tanh", r"--op 'tanh': unknown operator"),
     Case("ops-bench-op-unknown", "ops bench --op conv3d", r"--op 'conv3d': unknown operator"),

@@ -24,7 +24,7 @@ from trainlab.ops.linear import Linear, linear
 from trainlab.ops.max_pool2d import MaxPool2d, max_pool2d
 from trainlab.ops.relu import ReLU, relu
 
-ALL_CASES = [case for cases in check.CASES.values() for case in cases]
+ALL_CASES = [case for op, cases in check.CASES.items() if op != "gelu" for case in cases]   # GELU's: test_gelu*
 
 
 
@@ -65,7 +65,7 @@ def test_tolerance_catches_a_wrong_kernel(ext, monkeypatch):
     assert not row["ok"] and row["worst_ratio_to_tol"] > 100
 
 
-@pytest.mark.parametrize("op", tuple(check.LAYER_OPS))
+@pytest.mark.parametrize("op", check.OPS)
 @pytest.mark.parametrize("impl", ["python", "cpp"])
 def test_gradcheck_and_opcheck(ext, op, impl):
     row = check.autograd_row(op, impl)

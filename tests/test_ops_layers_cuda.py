@@ -85,11 +85,11 @@ def test_cuda_rung_matches_aten(case, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", tuple(check.LAYER_OPS))
+@pytest.mark.parametrize("op", check.OPS)
 def test_cuda_gradcheck_and_opcheck(op):
     row = check.autograd_row(op, "cuda")
     # the fused op's cuda rung runs the three CUDA ops in sequence: no registered op of its own
-    registered = "cuda" in getattr(check.LAYER_OPS[op], "REGISTERED", ("cuda",))
+    registered = "cuda" in getattr(check.registry.module(op), "REGISTERED", ("cuda",))
     assert row["gradcheck"] is True and row["opcheck"] is (True if registered else None), row
 
 

@@ -39,11 +39,11 @@ def test_lenet_conv1_shape_with_split_k(interpret):
     assert row["ok"], row
 
 
-@pytest.mark.parametrize("op", tuple(check.LAYER_OPS))
+@pytest.mark.parametrize("op", check.OPS)
 def test_gradcheck_and_opcheck(interpret, op):
     row = check.autograd_row(op, "triton")
     # the fused op's triton rung runs the three triton ops in sequence: no registered op of its own
-    registered = "triton" in getattr(check.LAYER_OPS[op], "REGISTERED", ("triton",))
+    registered = "triton" in getattr(check.registry.module(op), "REGISTERED", ("triton",))
     assert row["gradcheck"] is True and row["opcheck"] is (True if registered else None), row["reason"]
 
 

@@ -309,7 +309,8 @@ def run_check(ops=OPS, impls=IMPLS, dtypes=None, cases=None, variants=None, n: i
     return {"torch": torch.__version__, "ops": ops, "batch": batch, "n": n, "tolerances": tol,
             "reference": "ATen in float64 on the same (rounded) inputs; tolerance |err| <= atol*S + rtol*|ref| "
                          "(S: 1 element-wise, else the op on |inputs|)",
-            "rows": rows, "autograd_rows": grad_rows, "ok": ok, "verdict": line}
+            "rows": rows, "autograd_rows": grad_rows, "ok": ok, "verdict": line,
+            "skipped": sum(r["skipped"] for r in rows + grad_rows)}
 
 
 # ---- tables --------------------------------------------------------------------------------------------------
