@@ -11,9 +11,9 @@ import sys
 import torch
 
 from trainlab.device import resolve_device
-from trainlab.errors import HardwareError
+from trainlab.errors import ConfigError, HardwareError
 from trainlab.flags import add_command, explicit_values
-from trainlab.ops import bench, check
+from trainlab.ops import bench, check, registry
 from trainlab.ops.config import BenchConfig, CheckConfig, OpsBenchConfig, OpsCheckConfig
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
@@ -83,12 +83,25 @@ def run_bench_cmd(args) -> int:
     device = resolve_device(bc.device)
     quiet = bc.json
     results, tables = {}, []
-    layer_ops = [op for op in ops if op != "gelu"]
+    layer_ops = [op for op in ops if registry.module(op).BENCH]
+    chosen_layers = getattr(bc, "layer", None)   # the alias `gelu bench` has no --layer, --batch, --threads
+    if chosen_layers:
+        unknown = sorted(set(chosen_layers) - set(bench.LAYER_NAMES))
+        if unknown:
+            raise ConfigError(f"--layer {unknown[0]!r}: choose from {', '.join(bench.LAYER_NAMES)}")
+        theirs = {op: [layer.name for layer in bench.LAYERS if layer.op == op] for op in layer_ops}
+        if not any(name in chosen_layers for names in theirs.values() for name in names):
+            have = "; ".join(f"{op}: {', '.join(names)}" for op, names in theirs.items()) or "none (gelu is timed over sizes)"
+            raise ConfigError(f"--layer {','.join(chosen_layers)}: not a layer of the chosen operators ({have})")
+    batches = bc.batches(explicit_batch="batch" in explicit) if layer_ops else []
+    asked = [i for i in bc.impl or [] if i != "aten"]   # aten is always timed: the baseline
+    if asked and device.type != "cuda" and all(i in ("cuda", "cuda-atomic") for i in asked):   # before timing aten
+        nothing_ran([{"impl": i, "skipped": True, "reason": f"runs on a CUDA GPU, the device is {device}"} for i in asked],
+                    "timed", "ask for rungs that run here, e.g. --impl cpp on a CPU")
     if layer_ops:
-        layers = [layer.name for layer in bench.LAYERS if layer.op in layer_ops and (not bc.layer or layer.name in bc.layer)]
-        unknown = set(bc.layer or ()) - set(bench.LAYER_NAMES)
+        layers = [layer.name for layer in bench.LAYERS if layer.op in layer_ops and (not chosen_layers or layer.name in chosen_layers)]
         result = bench.run_layer_bench(
-            batches=bc.batches(explicit_batch="batch" in explicit), impls=bc.impl, layers=sorted(unknown) or layers,
+            batches=batches, impls=bc.impl, layers=layers,
             device=device, budget_s=0.1 if bc.quick else bc.budget, min_runs=3 if bc.quick else 5,
             progress=None if quiet else (lambda r: print(
                 f"  {r['batch']:>5} {r['layer']:<6} {r['impl']:<11} fwd {r['fwd_median_s'] * 1e3:9.3f} ms  "
@@ -110,4 +123,10 @@ def run_bench_cmd(args) -> int:
         print(json.dumps(next(iter(docs.values())) if len(docs) == 1 else docs, indent=2))
     else:
         print("\n\n".join(tables))
+    # what was asked for is the rungs besides aten (or aten alone): at least one of them must have been timed
+    rows = [{"impl": r["impl"], "skipped": False, "reason": None} for result, _, _ in results.values()
+            for r in result["rows"] if not asked or r["impl"] in asked]
+    skipped = [{"impl": i, "skipped": True, "reason": why} for result, _, _ in results.values()
+               for i, why in result["skipped"].items() if not asked or i in asked]
+    nothing_ran(rows + skipped, "timed", "ask for rungs that run here, e.g. --impl cpp on a CPU")
     return 0

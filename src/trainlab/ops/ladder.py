@@ -155,6 +155,21 @@ class Case:
     extra: Callable | None = None
 
 
+@dataclass(frozen=True)
+class Layer:
+    """A LeNet-5 layer that `ops bench` times, at batch `b`: `inputs(b, gen)` makes its tensors,
+    `run(t, impl)` its forward. Each operator's folder lists its own (`BENCH`); `order` is the
+    layer's place in LeNet-5, which the bench table follows."""
+
+    name: str
+    op: str
+    inputs: Callable
+    run: Callable
+    order: int
+    input_needs_grad: bool = True
+    in_step: bool = True   # False: a fused stage that repeats layers already timed (left out of the totals)
+
+
 def randn64(gen, *shape) -> torch.Tensor:
     return torch.randn(*shape, dtype=torch.float64, generator=gen)
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64, widen
+from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column, randn64, widen
 from trainlab.ops.layers.layer_args import check_conv2d, check_device, conv2d_output_hw
 from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
 
@@ -166,3 +166,16 @@ def gradcheck_case(g: torch.Generator):
 
 
 OPCHECK_EXTRA = ([1, 0],)   # the non-tensor arguments of trainlab::conv2d_fwd for gradcheck_case's shapes
+
+
+# ---- what `ops bench` times: LeNet-5's convolutions at their real shapes ----------------------------
+
+def bench_layer(name, c, h, oc, pad, order, first=False):
+    def inputs(b, gen):
+        return {"x": torch.randn(b, c, h, h, generator=gen), "weight": torch.randn(oc, c, 5, 5, generator=gen) * 0.2,
+                "bias": torch.randn(oc, generator=gen)}
+    return Layer(name, "conv2d", inputs, lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], pad, impl=impl),
+                 order, input_needs_grad=not first)
+
+
+BENCH = [bench_layer("conv1", 1, 28, 6, 2, 0, first=True), bench_layer("conv2", 6, 14, 16, 0, 4)]

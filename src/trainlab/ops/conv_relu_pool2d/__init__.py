@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from trainlab.ops.conv2d import Conv2d, conv2d
-from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64
+from trainlab.ops.conv2d import bench_layer as bench_conv_layer
+from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column, randn64
 from trainlab.ops.layers.layer_args import OpInputError, check_conv2d, check_device, conv2d_output_hw
 from trainlab.ops.layers.layers_cpp import compiled_rung
 from trainlab.ops.max_pool2d import max_pool2d
@@ -199,3 +200,14 @@ def gradcheck_case(g: torch.Generator):
 
 
 OPCHECK_EXTRA = ([1, 0],)   # the non-tensor argument of trainlab::conv_relu_pool2d_fwd for gradcheck_case's shapes
+
+
+def _stage1():
+    """conv1 → ReLU → max-pool as one operator (the cpp rung is fused; the others run the three layers)."""
+    conv1 = bench_conv_layer("conv1", 1, 28, 6, 2, 0)
+    return Layer("stage1", "conv_relu_pool2d", conv1.inputs,
+                 lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], 2, impl=impl), 3,
+                 input_needs_grad=False, in_step=False)
+
+
+BENCH = [_stage1()]   # what `ops bench` times

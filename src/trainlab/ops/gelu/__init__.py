@@ -215,4 +215,5 @@ class GELU(nn.Module):
 
 # ---- its check cases and autograd-table hooks (ops/check.py; cases.py imports the entry point above) ----
 
-from trainlab.ops.gelu.cases import CASES, DOUBLE_BACKWARD, DTYPES, REGISTERED, gradcheck_case, opcheck  # noqa: E402,F401
+from trainlab.ops.gelu.cases import (BENCH, CASES, DOUBLE_BACKWARD, DTYPES, REGISTERED, gradcheck_case,  # noqa: E402,F401
+                                     opcheck)

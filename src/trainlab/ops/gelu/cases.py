@@ -19,6 +19,7 @@ from trainlab.ops.ladder import TOLERANCES, Case
 DTYPES = ("float32", "float64", "bfloat16")   # checked by default
 REGISTERED = ("cpp", "cuda")   # triton is an autograd.Function here, not a registered op
 DOUBLE_BACKWARD = True         # every rung differentiates its backward (gelu_bwd2): gradgradcheck too
+BENCH: list = []               # no LeNet-5 layer: `ops bench --op gelu` sweeps tensor sizes (bench.run_gelu_bench)
 
 
 def edge_values(dtype: torch.dtype) -> torch.Tensor:
