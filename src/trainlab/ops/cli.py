@@ -67,7 +67,8 @@ def run_check_cmd(args) -> int:
         write_results(cc.out, "ops_check", result, f"# Operator check\n\n```\n{text}\n```", [text],
                       args.command_line, env=env)
     print(json.dumps(result, indent=2) if cc.json else table)
-    nothing_ran(result["rows"] + result["autograd_rows"], "checked", "ask for rungs that can run here, e.g. --impl cpp")
+    # the case rows are what was asked for (the autograd table is float64 whatever --dtype says)
+    nothing_ran(result["rows"], "checked", "ask for rungs and dtypes that can run here, e.g. --impl cpp --dtype float32")
     return 0 if result["ok"] else 1
 
 
