@@ -107,22 +107,31 @@ def build_extension(stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sou
 
 
 class Extension:
-    """One extension, loaded at most once per process. `register(with_cuda)` runs after the first
-    successful load (autograd formulas, fakes)."""
+    """One extension, loaded at most once per process. `register(with_cuda)` (and any `also_register`)
+    runs after the first successful load (autograd formulas, fakes)."""
 
     def __init__(self, stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sources: tuple[str, ...],
                  register: Callable[[bool], None]):
         self.stem, self.what, self.cpu_sources, self.cuda_sources = stem, what, cpu_sources, cuda_sources
-        self.register = register
+        self.registrations = [register]
         self.loaded: dict | None = None
         self._lock = threading.Lock()
+
+    def also_register(self, register: Callable[[bool], None]) -> None:
+        """One more registration, for an operator whose kernels are compiled into this library from
+        its own folder (conv_relu_pool2d into the layer extension): run after loading, or now if loaded."""
+        with self._lock:
+            self.registrations.append(register)
+            if self.loaded is not None:
+                register(self.loaded["cuda"])
 
     def load(self, verbose: bool = False) -> dict:
         """Build (once) and load; HardwareError (one line) when the toolchain is missing or the build fails."""
         with self._lock:
             if self.loaded is None:
                 info = build_extension(self.stem, self.what, self.cpu_sources, self.cuda_sources, verbose)
-                self.register(info["cuda"])
+                for register in self.registrations:
+                    register(info["cuda"])
                 self.loaded = info
             return self.loaded
 

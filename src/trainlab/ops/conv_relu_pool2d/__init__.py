@@ -39,7 +39,7 @@ from trainlab.ops.conv2d import Conv2d, conv2d
 from trainlab.ops.conv2d import bench_layer as bench_conv_layer
 from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column, randn64
 from trainlab.ops.layers.layer_args import OpInputError, check_conv2d, check_device, conv2d_output_hw
-from trainlab.ops.layers.layers_cpp import compiled_rung
+from trainlab.ops.layers.layers_cpp import EXTENSION, compiled_rung
 from trainlab.ops.max_pool2d import max_pool2d
 from trainlab.ops.relu import relu
 
@@ -136,6 +136,9 @@ def register_fused() -> None:
     torch.library.register_fake("trainlab::conv_relu_pool2d_bwd_weight", bwd_weight_fake)
     torch.library.register_fake("trainlab::conv_relu_pool2d_bwd_input", bwd_input_fake)
     torch.library.register_autograd("trainlab::conv_relu_pool2d_fwd", backward, setup_context=setup)
+
+
+EXTENSION.also_register(lambda with_cuda: register_fused())
 
 
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------

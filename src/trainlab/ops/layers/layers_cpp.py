@@ -33,15 +33,11 @@ from trainlab.ops.build import Extension
 from trainlab.ops.ladder import check_impl
 from trainlab.ops.layers.layer_args import register
 
-def _register(with_cuda: bool) -> None:
-    from trainlab.ops.conv_relu_pool2d import register_fused   # its own folder; imports this module
-
-    register("", with_atomic_pool=with_cuda)
-    register_fused()
-
-
+# conv_relu_pool2d's C++ file is compiled into this library (one build, the layers' headers); its
+# folder registers its ops' fakes and autograd with EXTENSION.also_register.
 EXTENSION = Extension("layers", "layer", ("layers/layers_cpu.cpp", "conv_relu_pool2d/conv_relu_pool_cpu.cpp"),
-                      ("layers/layers_cuda.cu", "layers/layers_cuda_glue.cpp"), register=_register)
+                      ("layers/layers_cuda.cu", "layers/layers_cuda_glue.cpp"),
+                      register=lambda with_cuda: register("", with_atomic_pool=with_cuda))
 
 
 def load(verbose: bool = False) -> dict:
