@@ -178,7 +178,7 @@ def test_direct_op_calls_are_checked_in_cpp_too(ext):
                                           [4, 4], [2, 2], [2, 2], [0, 0])
 
 
-# ---- the fused first stage (conv2d → relu → 2x2 max-pool, csrc/conv_relu_pool_cpu.cpp) ------------
+# ---- the fused first stage (conv2d → relu → 2x2 max-pool, ops/conv_relu_pool2d/conv_relu_pool_cpu.cpp) ----------
 
 def _fused_inputs(n, seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)

@@ -20,7 +20,7 @@ Differentiating that product (the backward, derived once here and implemented by
 
 The `python` rung writes im2col and col2im as loops over the KH*KW kernel offsets, each one slice
 of the padded input (25 slices for LeNet's 5x5 kernels): readable, and vectorized over batch,
-channels and pixels by torch. The `cpp` rung (csrc/layers_cpu.cpp) does the same data movement in
+channels and pixels by torch. The `cpp` rung (ops/layers/layers_cpu.cpp) does the same data movement in
 cache-sized chunks with one BLAS GEMM per chunk; `triton` fuses im2col into the GEMM (implicit
 GEMM: patches are gathered straight into registers, never materialized); `cuda` is the C++ op's
 CUDA kernels (im2col/col2im on the GPU, cuBLAS for the GEMM).

@@ -18,7 +18,7 @@ Math (the gradient the rungs must agree on). With c the conv output and k(i, j) 
 that wins output (i, j) — the first maximum, NaN winning, as ATen's max_pool2d —
 
     dc[n, o, 2i + r, 2j + s] = dy[n, o, i, j]  if (r, s) = k(i, j) and c at the winner > 0, else 0
-    dW, db, dx = conv2d's backward applied to dc  (ops/conv.py derives it)
+    dW, db, dx = conv2d's backward applied to dc  (ops/conv2d derives it)
 
 ReLU before the max or after it is the same function with the same gradient (max is monotone), so
 the kernel pools first and rectifies a quarter of the values.

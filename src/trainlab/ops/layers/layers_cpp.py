@@ -53,7 +53,7 @@ def compiled_rung(impl: str) -> ModuleType:
     are the same extension ops (CPU kernels for CPU tensors, CUDA kernels for CUDA tensors); Triton
     is imported only when asked for."""
     if impl == "triton":
-        from trainlab.ops import layers_triton  # heavy optional dependency
+        from trainlab.ops.layers import layers_triton  # heavy optional dependency
 
         return layers_triton
     if impl == "cuda":
