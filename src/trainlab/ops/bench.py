@@ -10,9 +10,11 @@ bytes a fused kernel must move: forward reads x and writes y (2 N element-bytes)
 grad and x and writes dx (3 N), so forward+backward is 5 N. On a GPU the measured device copy
 bandwidth (y.copy_(x), 2 N) is reported as the ceiling.
 
-Layers: every layer of LeNet-5 (conv1 … fc3 and the activations between them, at its real shape),
-for every batch size, its forward and — separately, in the same run — its backward (the gradients
-training needs: conv1's input is data and gets none).
+Layers: every layer of LeNet-5 (conv1 … fc3 and the activations between them, at its real shape;
+each operator's folder lists its own, `BENCH`, gathered through ops/registry.py), for every batch
+size, its forward and — separately, in the same run — its backward (the gradients training needs:
+conv1's input is data and gets none). The totals add the layers every rung timed, so each ratio
+compares the same work.
 
 The `python` rung is timed like the others: its cost (several unfused passes over memory) is the
 lesson. Triton on a CPU only runs under the interpreter, whose speed means nothing, so `triton` is

@@ -1,4 +1,4 @@
-"""`trainlab ops check|bench --op gelu,conv2d,max_pool2d,linear,relu,conv_relu_pool2d`: flags into the command's config
+"""`trainlab ops check|bench --op <operators of ops/registry.py>`: flags into the command's config
 (ops.config), then ops.check / ops.bench. `trainlab gelu check|bench` is the same command with the
 operator fixed to gelu (and only GELU's flags): it runs through the same two functions below.
 """
@@ -20,8 +20,7 @@ from trainlab.telemetry.results import write_results
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("ops", help="our operators (gelu, conv2d, max_pool2d, linear, relu, conv_relu_pool2d): check and benchmark "
-                                          "every rung vs aten")
+    p = subparsers.add_parser("ops", help=f"our operators ({', '.join(registry.OPS)}): check and benchmark every rung vs aten")
     sub = p.add_subparsers(dest="ops_command", metavar="{check,bench}")
     sub.required = True
     add_command(sub, "check", "every rung against a float64 reference: errors, gradcheck, opcheck, edge values",
