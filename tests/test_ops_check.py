@@ -58,3 +58,30 @@ def test_every_case_runs_entirely_on_the_rungs_device(monkeypatch, case, impl):
     row = check.check_row(case, impl, torch.float32, batch=2, n=16)
     assert row["device"] == "meta"
     assert row["ok"] is True, row["reason"]
+
+
+def test_the_toy_operator_of_the_architecture_doc_is_its_folder_plus_one_registry_line(monkeypatch):
+    """docs/architecture.md's worked example, run: the module it shows, registered by name only,
+    is checked and timed by the shared harness with nothing else touched."""
+    import re
+    import sys
+    import types
+    from pathlib import Path
+
+    from trainlab.ops import bench
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
+    source = re.search(r"```python\n# src/trainlab/ops/square/__init__.py\n(.*?)```", doc, re.S).group(1)
+    module = types.ModuleType("trainlab.ops.square")
+    exec(compile(source, "docs/architecture.md", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "trainlab.ops.square", module)
+    monkeypatch.setattr(registry, "OPS", (*registry.OPS, "square"))   # the one registry line
+    # what check and bench gathered from the registry when they were imported, gathered again
+    monkeypatch.setattr(check, "OPS", registry.OPS)
+    monkeypatch.setitem(check.CASES, "square", registry.module("square").CASES)
+    monkeypatch.setattr(bench, "LAYERS", (*bench.LAYERS, *registry.module("square").BENCH))
+    result = check.run_check(ops=["square"], impls=["aten", "python"], batch=3)
+    assert result["ok"] and len(result["rows"]) == 4 and len(result["autograd_rows"]) == 2
+    timed = bench.run_layer_bench(batches=[4], impls=["python"], layers=["square"], device="cpu", budget_s=0.01,
+                                  min_runs=2, warmup=0)
+    assert {r["impl"] for r in timed["rows"]} == {"aten", "python"}

@@ -252,9 +252,10 @@ def run_layer_bench(batches=DEFAULT_BATCHES, impls=None, layers=None, device: st
         from trainlab.ops.layers.layers_cpp import EXTENSION
 
         EXTENSION.require_cuda()
-    unknown = set(layers or ()) - set(LAYER_NAMES)
+    names = [layer.name for layer in LAYERS]
+    unknown = set(layers or ()) - set(names)
     if unknown:
-        raise ConfigError(f"--layer {sorted(unknown)[0]!r}: choose from {', '.join(LAYER_NAMES)}")
+        raise ConfigError(f"--layer {sorted(unknown)[0]!r}: choose from {', '.join(names)}")
     if any(b < 1 for b in batches):
         raise ConfigError(f"--batch {','.join(map(str, batches))}: batch sizes must be positive")
     chosen = [layer for layer in LAYERS if not layers or layer.name in layers]
@@ -304,7 +305,7 @@ def _totals(rows: list[dict]) -> list[dict]:
             base = timed.get("aten", {})
             base_s = sum(base[n]["fwd_median_s"] + base[n]["bwd_median_s"] for n in layers) if layers <= set(base) else None
             out.append({"batch": batch, "impl": impl, "fwd_s": fwd, "bwd_s": bwd,
-                        "layers": [n for n in LAYER_NAMES if n in layers],
+                        "layers": [layer.name for layer in LAYERS if layer.name in layers],
                         "ratio_to_aten": (fwd + bwd) / base_s if base_s else None})
     return out
 
