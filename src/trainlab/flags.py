@@ -150,6 +150,16 @@ def process_count(lo: int) -> Check:
     return check
 
 
+def thread_count(v: Any) -> str | None:
+    """torch CPU threads: an integer >= 1 and at most this machine's CPUs (more only oversubscribe it)."""
+    from trainlab.device import cpu_cores
+
+    problem = at_least(1)(v)
+    if problem is None and v > cpu_cores():
+        return f"expected an integer >= 1 and <= {cpu_cores()} (this machine's CPUs)"
+    return problem
+
+
 # Seeds are 32-bit: numpy's generators and the loaders' per-sample streams take no more.
 SEED_MAX = 2**32 - 1
 

@@ -56,7 +56,7 @@ from trainlab.lenet.batches import build_train_batches, to_device
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.model import check_model_options
 from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, use_channels_last
-from trainlab.ops.conv_relu_pool import ConvReluPool2d
+from trainlab.ops.conv_relu_pool2d import ConvReluPool2d
 from trainlab.stats import summarize, time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results

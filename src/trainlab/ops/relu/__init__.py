@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64
-from trainlab.ops.layer_args import check_device, check_relu
-from trainlab.ops.layers_cpp import compiled_rung, prepare
+from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column, randn64
+from trainlab.ops.layers.layer_args import check_device, check_relu
+from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
 
 
 class ReluFunction(torch.autograd.Function):
@@ -84,3 +84,12 @@ def gradcheck_case(g: torch.Generator):
 
 
 OPCHECK_EXTRA = ()   # the non-tensor arguments of trainlab::relu_fwd for gradcheck_case's shapes
+
+
+def _bench_layer(name, order, *shape):
+    return Layer(name, "relu", lambda b, gen: {"x": torch.randn(b, *shape, generator=gen)},
+                 lambda t, impl: relu(t["x"], impl=impl), order)
+
+
+BENCH = [_bench_layer("relu1", 1, 6, 28, 28), _bench_layer("relu2", 5, 16, 10, 10), _bench_layer("relu3", 8, 120),
+         _bench_layer("relu4", 10, 84)]   # what `ops bench` times: LeNet-5's activations

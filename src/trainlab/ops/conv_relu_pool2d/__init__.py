@@ -9,7 +9,7 @@ Why this operator exists: in the `fast` CPU step (bf16 autocast, channels-last, 
 stage — conv1, its ReLU and its pooling — was two thirds of the step, and ATen's max-pool forward
 on the 6-channel channels-last activation alone a third (benchmarks/results/lenet_cpu_profile.md).
 Each of the three ops writes and re-reads the [N, 6, 28, 28] conv output. The `cpp` rung
-(csrc/conv_relu_pool_cpu.cpp) computes two conv rows of one sample at a time in L1, pools and
+(conv_relu_pool_cpu.cpp, in this folder) computes two conv rows of one sample at a time in L1, pools and
 rectifies them there, and writes only the [N, 6, 14, 14] result plus one code byte per output
 (which window element won, and whether ReLU let the gradient through). Its backward rebuilds the
 conv output's gradient per sample from those bytes and never materializes it for the whole batch.
@@ -18,7 +18,7 @@ Math (the gradient the rungs must agree on). With c the conv output and k(i, j) 
 that wins output (i, j) — the first maximum, NaN winning, as ATen's max_pool2d —
 
     dc[n, o, 2i + r, 2j + s] = dy[n, o, i, j]  if (r, s) = k(i, j) and c at the winner > 0, else 0
-    dW, db, dx = conv2d's backward applied to dc  (ops/conv.py derives it)
+    dW, db, dx = conv2d's backward applied to dc  (ops/conv2d derives it)
 
 ReLU before the max or after it is the same function with the same gradient (max is monotone), so
 the kernel pools first and rectifies a quarter of the values.
@@ -35,11 +35,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from trainlab.ops.conv import Conv2d, conv2d
-from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64
-from trainlab.ops.layer_args import OpInputError, check_conv2d, check_device, conv2d_output_hw
-from trainlab.ops.layers_cpp import compiled_rung
-from trainlab.ops.pool import max_pool2d
+from trainlab.ops.conv2d import Conv2d, conv2d
+from trainlab.ops.conv2d import bench_layer as bench_conv_layer
+from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column, randn64
+from trainlab.ops.layers.layer_args import OpInputError, check_conv2d, check_device, conv2d_output_hw
+from trainlab.ops.layers.layers_cpp import EXTENSION, compiled_rung
+from trainlab.ops.max_pool2d import max_pool2d
 from trainlab.ops.relu import relu
 
 REGISTERED = ("cpp",)   # the rungs with a registered trainlab:: operator of their own (opcheck)
@@ -89,6 +90,57 @@ class ConvReluPool2d(Conv2d):
         return super().extra_repr() + f", relu, max_pool 2x2, impl={self.impl!r}"
 
 
+# ---- registration of the fused C++ ops (compiled into the layer extension, ops/layers) ----------------
+
+def fused_output_channels_last(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The kernel's layout rule, mirrored by the fake: channels-last output when x or the weight has
+    unit channel stride (the mark a channels-last [N, 1, H, W] tensor carries), as ATen's conv does."""
+    return any(t.stride(1) == 1 and t.shape[2] * t.shape[3] > 1 for t in (x, weight))
+
+
+def register_fused() -> None:
+    """Fakes + autograd for `trainlab::conv_relu_pool2d_fwd` and its two backward ops (schemas in
+    conv_relu_pool_cpu.cpp); called once the layer extension is loaded."""
+    ns = torch.ops.trainlab
+
+    def fwd_fake(x, weight, bias, padding):
+        ch, cw = conv2d_output_hw(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], padding)
+        shape = (x.shape[0], weight.shape[0], ch // 2, cw // 2)
+        out = x.new_empty(shape)
+        if fused_output_channels_last(x, weight):
+            out = out.contiguous(memory_format=torch.channels_last)
+        return out, x.new_empty(shape, dtype=torch.uint8)
+
+    def bwd_weight_fake(grad, code, x, weight, padding, bias):
+        return weight.new_empty(weight.shape), weight.new_empty((weight.shape[0] if bias else 0,))
+
+    def bwd_input_fake(grad, code, weight, input_hw, padding):
+        return weight.new_empty((grad.shape[0], weight.shape[1], input_hw[0], input_hw[1]))
+
+    def setup(ctx, inputs, output):
+        x, weight, bias, padding = inputs
+        ctx.save_for_backward(x, weight, output[1])   # the input and one code byte per output
+        ctx.padding, ctx.has_bias = padding, bias is not None
+
+    def backward(ctx, grad, _grad_code):
+        x, weight, code = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = dw = db = None
+        if need_x:
+            dx = ns.conv_relu_pool2d_bwd_input(grad, code, weight, list(x.shape[2:]), ctx.padding)
+        if need_w or (need_b and ctx.has_bias):
+            dw, db = ns.conv_relu_pool2d_bwd_weight(grad, code, x, weight, ctx.padding, ctx.has_bias)
+        return dx, dw if need_w else None, db if (need_b and ctx.has_bias) else None, None
+
+    torch.library.register_fake("trainlab::conv_relu_pool2d_fwd", fwd_fake)
+    torch.library.register_fake("trainlab::conv_relu_pool2d_bwd_weight", bwd_weight_fake)
+    torch.library.register_fake("trainlab::conv_relu_pool2d_bwd_input", bwd_input_fake)
+    torch.library.register_autograd("trainlab::conv_relu_pool2d_fwd", backward, setup_context=setup)
+
+
+EXTENSION.also_register(lambda with_cuda: register_fused())
+
+
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------
 
 def _bound(padding):
@@ -96,15 +148,16 @@ def _bound(padding):
     (+|b|), pooled, for the output; for the gradients, |dy| routed the way the float64 reference
     routes dy (its winners, its ReLU cuts) and pushed through the convolution of the absolute
     values. (Routing |dy| through the op on |inputs| would pick other winners: S could be 0 where
-    the gradient is not.)"""
-    def bound(t, dy64):
+    the gradient is not.) `grad` is the check's autograd.grad, which insists that every tensor is
+    on the rung's device: dy64 is there, like the inputs (it once was left on the CPU)."""
+    def bound(t, dy64, grad):
         x, w, b = t["x"], t["weight"], t["bias"]
         conv_out = F.conv2d(x, w, b, padding=padding).requires_grad_()
         # the reference's own backward through relu and pool routes |dy| (winners, cuts, NaN passing)
-        (routed,) = torch.autograd.grad(F.max_pool2d(F.relu(conv_out), 2), conv_out, dy64.abs())
+        (routed,) = grad(F.max_pool2d(F.relu(conv_out), 2), [conv_out], dy64.abs())
         leaves = {k: v.abs().requires_grad_() for k, v in (("x", x), ("weight", w), ("bias", b)) if v is not None}
         s_conv = F.conv2d(leaves["x"], leaves["weight"], leaves.get("bias"), padding=padding)
-        grads = torch.autograd.grad(s_conv, list(leaves.values()), routed)
+        grads = grad(s_conv, list(leaves.values()), routed)
         return F.max_pool2d(s_conv.detach(), 2), dict(zip(leaves, grads))
     return bound
 
@@ -150,3 +203,14 @@ def gradcheck_case(g: torch.Generator):
 
 
 OPCHECK_EXTRA = ([1, 0],)   # the non-tensor argument of trainlab::conv_relu_pool2d_fwd for gradcheck_case's shapes
+
+
+def _stage1():
+    """conv1 → ReLU → max-pool as one operator (the cpp rung is fused; the others run the three layers)."""
+    conv1 = bench_conv_layer("conv1", 1, 28, 6, 2, 0)
+    return Layer("stage1", "conv_relu_pool2d", conv1.inputs,
+                 lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], 2, impl=impl), 3,
+                 input_needs_grad=False, in_step=False)
+
+
+BENCH = [_stage1()]   # what `ops bench` times

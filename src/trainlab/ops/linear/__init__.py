@@ -22,9 +22,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.ladder import Case, check_impl, randn64, widen
-from trainlab.ops.layer_args import check_device, check_linear
-from trainlab.ops.layers_cpp import compiled_rung, prepare
+from trainlab.ops.ladder import Case, Layer, check_impl, randn64, widen
+from trainlab.ops.layers.layer_args import check_device, check_linear
+from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
 
 class LinearFunction(torch.autograd.Function):
     """The three products above, bfloat16/float16 computed in float32 and rounded once."""
@@ -107,3 +107,13 @@ def gradcheck_case(g: torch.Generator):
 
 
 OPCHECK_EXTRA = ()   # the non-tensor arguments of trainlab::linear_fwd for gradcheck_case's shapes
+
+
+def _bench_layer(name, fin, fout, order):
+    def inputs(b, gen):
+        return {"x": torch.randn(b, fin, generator=gen), "weight": torch.randn(fout, fin, generator=gen) * 0.05,
+                "bias": torch.randn(fout, generator=gen)}
+    return Layer(name, "linear", inputs, lambda t, impl: linear(t["x"], t["weight"], t["bias"], impl=impl), order)
+
+
+BENCH = [_bench_layer("fc1", 400, 120, 7), _bench_layer("fc2", 120, 84, 9), _bench_layer("fc3", 84, 10, 11)]

@@ -20,7 +20,7 @@ Differentiating that product (the backward, derived once here and implemented by
 
 The `python` rung writes im2col and col2im as loops over the KH*KW kernel offsets, each one slice
 of the padded input (25 slices for LeNet's 5x5 kernels): readable, and vectorized over batch,
-channels and pixels by torch. The `cpp` rung (csrc/layers_cpu.cpp) does the same data movement in
+channels and pixels by torch. The `cpp` rung (ops/layers/layers_cpu.cpp) does the same data movement in
 cache-sized chunks with one BLAS GEMM per chunk; `triton` fuses im2col into the GEMM (implicit
 GEMM: patches are gathered straight into registers, never materialized); `cuda` is the C++ op's
 CUDA kernels (im2col/col2im on the GPU, cuBLAS for the GEMM).
@@ -34,9 +34,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64, widen
-from trainlab.ops.layer_args import check_conv2d, check_device, conv2d_output_hw
-from trainlab.ops.layers_cpp import compiled_rung, prepare
+from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column, randn64, widen
+from trainlab.ops.layers.layer_args import check_conv2d, check_device, conv2d_output_hw
+from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
 
 # ---- python: the reference autograd.Function -------------------------------------------------------
 
@@ -166,3 +166,16 @@ def gradcheck_case(g: torch.Generator):
 
 
 OPCHECK_EXTRA = ([1, 0],)   # the non-tensor arguments of trainlab::conv2d_fwd for gradcheck_case's shapes
+
+
+# ---- what `ops bench` times: LeNet-5's convolutions at their real shapes ----------------------------
+
+def bench_layer(name, c, h, oc, pad, order, first=False):
+    def inputs(b, gen):
+        return {"x": torch.randn(b, c, h, h, generator=gen), "weight": torch.randn(oc, c, 5, 5, generator=gen) * 0.2,
+                "bias": torch.randn(oc, generator=gen)}
+    return Layer(name, "conv2d", inputs, lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], pad, impl=impl),
+                 order, input_needs_grad=not first)
+
+
+BENCH = [bench_layer("conv1", 1, 28, 6, 2, 0, first=True), bench_layer("conv2", 6, 14, 16, 0, 4)]

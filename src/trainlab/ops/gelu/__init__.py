@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.ops import gelu_math
+from trainlab.ops.gelu import gelu_math
 from trainlab.ops.build import Extension
 from trainlab.ops.ladder import FLOAT_DTYPES, IMPLS, check_impl, widen
 APPROXIMATIONS = ("none", "tanh")
@@ -87,8 +87,8 @@ def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 
 # ---- cpp / cuda: the C++ extension ------------------------------------------------------------
 #
-# `EXTENSION` (built by ops/build.py) is csrc/gelu_cpu.cpp, plus csrc/gelu_cuda.cpp (ATen glue) and
-# csrc/gelu_cuda_kernels.cu (CUDA-only kernels) on a CUDA machine. It defines, with CPU/CUDA kernels,
+# `EXTENSION` (built by ops/build.py) is gelu_cpu.cpp, plus gelu_cuda.cpp (ATen glue) and
+# gelu_cuda_kernels.cu (CUDA-only kernels), all in this folder, on a CUDA machine. It defines, with CPU/CUDA kernels,
 #
 #     trainlab::gelu_fwd(Tensor x, str approximate)                          y = GELU(x)
 #     trainlab::gelu_bwd(Tensor grad, Tensor x, str approximate)             grad * GELU'(x)
@@ -98,7 +98,7 @@ def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 # traces the ops and `torch.library.opcheck` passes. Each op's autograd formula uses the next op, so
 # every order is exact: gelu_fwd → gelu_bwd → (gelu_bwd, gelu_bwd2) → torch ops (gelu_math.bwd2_backward).
 
-EXTENSION = Extension("gelu", "GELU", ("gelu_cpu.cpp",), ("gelu_cuda.cpp", "gelu_cuda_kernels.cu"),
+EXTENSION = Extension("gelu", "GELU", ("gelu/gelu_cpu.cpp",), ("gelu/gelu_cuda.cpp", "gelu/gelu_cuda_kernels.cu"),
                       register=lambda with_cuda: _register(with_cuda))
 
 
@@ -188,7 +188,7 @@ def gelu(x: torch.Tensor, impl: str = "aten", approximate: str = "none") -> torc
         return gelu_cpp(x, approximate)
     if impl == "cuda":
         return gelu_cuda(x, approximate)
-    from trainlab.ops.gelu_triton import gelu_triton  # imports Triton: only when asked for
+    from trainlab.ops.gelu.gelu_triton import gelu_triton  # imports Triton: only when asked for
 
     return gelu_triton(x, approximate)
 
@@ -211,3 +211,9 @@ class GELU(nn.Module):
 
     def extra_repr(self) -> str:
         return f"impl={self.impl!r}, approximate={self.approximate!r}"
+
+
+# ---- its check cases and autograd-table hooks (ops/check.py; cases.py imports the entry point above) ----
+
+from trainlab.ops.gelu.cases import (BENCH, CASES, DOUBLE_BACKWARD, DTYPES, REGISTERED, gradcheck_case,  # noqa: E402,F401
+                                     opcheck)

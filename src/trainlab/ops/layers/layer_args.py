@@ -140,7 +140,7 @@ def check_relu(x) -> None:
 # ---- fake kernels and autograd formulas of both compiled families (layers_cpp, layers_triton) ------
 #
 # Both compiled rungs define the same nine operators under a name prefix — `trainlab::conv2d_fwd`
-# (C++, schemas in csrc/layers_cpu.cpp) and `trainlab::triton_conv2d_fwd` (Triton, torch.library
+# (C++, schemas in layers_cpu.cpp) and `trainlab::triton_conv2d_fwd` (Triton, torch.library
 # custom ops in layers_triton.py) — with the same arguments and results. `register(prefix)` gives
 # each family what makes it a real PyTorch operator:
 #
@@ -241,57 +241,8 @@ def register(prefix: str, with_atomic_pool: bool = False) -> None:
         (out,) = ctx.saved_tensors
         return op("relu_bwd")(grad, out)
 
-    if prefix == "":   # the C++ family also has the fused first stage (csrc/conv_relu_pool_cpu.cpp)
-        register_conv_relu_pool()
     for op_name, backward, setup in (("conv2d_fwd", conv_backward, conv_setup),
                                      ("max_pool2d_fwd", pool_backward, pool_setup),
                                      ("linear_fwd", linear_backward, linear_setup),
                                      ("relu_fwd", relu_backward, relu_setup)):
         torch.library.register_autograd(name(op_name), backward, setup_context=setup)
-
-
-# ---- the fused first stage, conv2d → relu → 2x2 max-pool (C++ only; ops/conv_relu_pool.py) -------
-
-def fused_output_channels_last(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """The kernel's layout rule, mirrored by the fake: channels-last output when x or the weight has
-    unit channel stride (the mark a channels-last [N, 1, H, W] tensor carries), as ATen's conv does."""
-    return any(t.stride(1) == 1 and t.shape[2] * t.shape[3] > 1 for t in (x, weight))
-
-
-def register_conv_relu_pool() -> None:
-    """Fakes + autograd for `trainlab::conv_relu_pool2d_fwd` and its two backward ops."""
-    ns = torch.ops.trainlab
-
-    def fwd_fake(x, weight, bias, padding):
-        ch, cw = conv2d_output_hw(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], padding)
-        shape = (x.shape[0], weight.shape[0], ch // 2, cw // 2)
-        out = x.new_empty(shape)
-        if fused_output_channels_last(x, weight):
-            out = out.contiguous(memory_format=torch.channels_last)
-        return out, x.new_empty(shape, dtype=torch.uint8)
-
-    def bwd_weight_fake(grad, code, x, weight, padding, bias):
-        return weight.new_empty(weight.shape), weight.new_empty((weight.shape[0] if bias else 0,))
-
-    def bwd_input_fake(grad, code, weight, input_hw, padding):
-        return weight.new_empty((grad.shape[0], weight.shape[1], input_hw[0], input_hw[1]))
-
-    def setup(ctx, inputs, output):
-        x, weight, bias, padding = inputs
-        ctx.save_for_backward(x, weight, output[1])   # the input and one code byte per output
-        ctx.padding, ctx.has_bias = padding, bias is not None
-
-    def backward(ctx, grad, _grad_code):
-        x, weight, code = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dx = dw = db = None
-        if need_x:
-            dx = ns.conv_relu_pool2d_bwd_input(grad, code, weight, list(x.shape[2:]), ctx.padding)
-        if need_w or (need_b and ctx.has_bias):
-            dw, db = ns.conv_relu_pool2d_bwd_weight(grad, code, x, weight, ctx.padding, ctx.has_bias)
-        return dx, dw if need_w else None, db if (need_b and ctx.has_bias) else None, None
-
-    torch.library.register_fake("trainlab::conv_relu_pool2d_fwd", fwd_fake)
-    torch.library.register_fake("trainlab::conv_relu_pool2d_bwd_weight", bwd_weight_fake)
-    torch.library.register_fake("trainlab::conv_relu_pool2d_bwd_input", bwd_input_fake)
-    torch.library.register_autograd("trainlab::conv_relu_pool2d_fwd", backward, setup_context=setup)

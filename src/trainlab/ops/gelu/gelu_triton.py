@@ -39,7 +39,7 @@ import warnings
 import torch
 
 from trainlab.errors import HardwareError
-from trainlab.ops import gelu_math
+from trainlab.ops.gelu import gelu_math
 
 try:  # optional dependency: without it impl="triton" raises a HardwareError naming the fix
     import triton

@@ -1,13 +1,13 @@
 """The C++ (and, with a GPU, CUDA) layer extension: conv2d, max_pool2d, linear, relu as `trainlab::` ops.
 
-`EXTENSION.load()` JIT-builds `csrc/layers_cpu.cpp` (+ `csrc/layers_cuda.cu` and its ATen glue
-`csrc/layers_cuda_glue.cpp` when torch has CUDA and a GPU is visible) through ops/build.py, as the
+`EXTENSION.load()` JIT-builds `layers_cpu.cpp` (+ `layers_cuda.cu` and its ATen glue
+`layers_cuda_glue.cpp` when torch has CUDA and a GPU is visible) through ops/build.py, as the
 library `trainlab_layers_<capability>[_cuda]`. After loading, `register` (below) adds what C++
 cannot: the autograd formulas and the fake kernels, so that `torch.library.opcheck` passes and
 `torch.compile(fullgraph=True)` traces through the ops. The Triton rung (layers_triton.py) defines
 the same nine ops as `trainlab::triton_*` and registers them with the same `register`.
 
-The ops (schemas in csrc/layers_cpu.cpp):
+The ops (schemas in layers_cpu.cpp):
     conv2d_fwd(x, weight, bias?, padding)                         -> out
     conv2d_bwd_input(grad, weight, padding)                       -> dx
     conv2d_bwd_weight(grad, x, weight, padding, bias)             -> (dweight, dbias)
@@ -18,7 +18,8 @@ The ops (schemas in csrc/layers_cpu.cpp):
     linear_bwd(grad, x, weight, bias)                             -> (dx, dweight, dbias)
     relu_fwd(x) -> out;  relu_bwd(grad, out) -> dx
     conv_relu_pool2d_fwd(x, weight, bias?, padding)               -> (out, one code byte per output)
-        CPU only (csrc/conv_relu_pool_cpu.cpp): LeNet's first stage fused; ops/conv_relu_pool.py
+        CPU only (ops/conv_relu_pool2d/conv_relu_pool_cpu.cpp): LeNet's first stage fused, compiled
+        into this library (it reuses the layer kernels' headers and one build); registered there
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ import torch
 
 from trainlab.ops.build import Extension
 from trainlab.ops.ladder import check_impl
-from trainlab.ops.layer_args import register
+from trainlab.ops.layers.layer_args import register
 
-EXTENSION = Extension("layers", "layer", ("layers_cpu.cpp", "conv_relu_pool_cpu.cpp"), ("layers_cuda.cu", "layers_cuda_glue.cpp"),
+# conv_relu_pool2d's C++ file is compiled into this library (one build, the layers' headers); its
+# folder registers its ops' fakes and autograd with EXTENSION.also_register.
+EXTENSION = Extension("layers", "layer", ("layers/layers_cpu.cpp", "conv_relu_pool2d/conv_relu_pool_cpu.cpp"),
+                      ("layers/layers_cuda.cu", "layers/layers_cuda_glue.cpp"),
                       register=lambda with_cuda: register("", with_atomic_pool=with_cuda))
 
 
@@ -49,7 +53,7 @@ def compiled_rung(impl: str) -> ModuleType:
     are the same extension ops (CPU kernels for CPU tensors, CUDA kernels for CUDA tensors); Triton
     is imported only when asked for."""
     if impl == "triton":
-        from trainlab.ops import layers_triton  # heavy optional dependency
+        from trainlab.ops.layers import layers_triton  # heavy optional dependency
 
         return layers_triton
     if impl == "cuda":

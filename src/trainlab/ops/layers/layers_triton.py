@@ -33,9 +33,9 @@ from typing import Optional
 
 import torch
 
-from trainlab.ops.gelu_triton import launch, run_mode
+from trainlab.ops.gelu.gelu_triton import launch, run_mode
 from trainlab.ops.ladder import widen
-from trainlab.ops.layer_args import conv2d_output_hw, pool_index_dtype, pool_output_hw, register
+from trainlab.ops.layers.layer_args import conv2d_output_hw, pool_index_dtype, pool_output_hw, register
 
 try:  # optional dependency: without it impl="triton" raises a HardwareError naming the fix
     import triton

@@ -35,9 +35,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.ladder import Case, check_impl, every_other_column, randn64, widen
-from trainlab.ops.layer_args import check_device, check_max_pool2d, pool_index_dtype, pool_output_hw
-from trainlab.ops.layers_cpp import compiled_rung, prepare
+from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column, randn64, widen
+from trainlab.ops.layers.layer_args import check_device, check_max_pool2d, pool_index_dtype, pool_output_hw
+from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
 
 
 # ---- python: the reference autograd.Function -------------------------------------------------------
@@ -156,3 +156,11 @@ def gradcheck_case(g: torch.Generator):
 
 
 OPCHECK_EXTRA = ([3, 2], [2, 1], [1, 1])   # the non-tensor arguments of trainlab::max_pool2d_fwd for gradcheck_case's shapes
+
+
+def _bench_layer(name, c, h, order):
+    return Layer(name, "max_pool2d", lambda b, gen: {"x": torch.randn(b, c, h, h, generator=gen)},
+                 lambda t, impl: max_pool2d(t["x"], 2, impl=impl), order)
+
+
+BENCH = [_bench_layer("pool1", 6, 28, 2), _bench_layer("pool2", 16, 10, 6)]   # what `ops bench` times
