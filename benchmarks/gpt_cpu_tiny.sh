@@ -30,6 +30,6 @@ $PY benchmarks/gpt_planner_error.py --strategies none,ckpt,ckpt-selective --micr
     --name gpt_planner_error_cpu_tiny_math --out "$R" $F
 
 $PY -m trainlab gpt plan --model gpt2-1.6b --gpus 1 --gpu-mem 80GiB --micro-batch 8 > "$R/gpt_plan_1.6b_1x80GiB.txt"
-$PY -m trainlab gpt plan --model gpt2-1.6b --gpus 1 --gpu-mem 80GiB --micro-batch 8 --json > "$R/gpt_plan_1.6b_1x80GiB.json"
+$PY -m trainlab gpt plan --model gpt2-1.6b --gpus 1 --gpu-mem 80GiB --micro-batch 8 --json "$R/gpt_plan_1.6b_1x80GiB.json" > /dev/null
 $PY -m trainlab gpt plan --model gpt2-1.6b --gpus 2 --gpu-mem 80GiB --micro-batch 8 > "$R/gpt_plan_1.6b_2x80GiB.txt"
 echo done

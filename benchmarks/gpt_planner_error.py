@@ -3,9 +3,10 @@
 CPU: the peak of live tensor bytes, tracked at every ATen op (exact, no allocator rounding).
 CUDA: torch.cuda.max_memory_allocated over the second step (the first creates optimizer states).
 Single-process strategies only (the engine runs in this process), all on ONE build of the model
-(`GPTEngine(model=...)`): a 1.6B build costs more than a step. Results are written after every
-row, so a killed run keeps what it measured; `trainlab lab` runs it last. The planner is told the device
-(type, compute capability, cuDNN) so it models the SDPA kernel PyTorch runs there; `--attention math`
+(`GPTEngine(plan, model=...)`): a 1.6B build costs more than a step. Results are written after every
+row, so a killed run keeps what it measured; `trainlab lab` runs it last. Each row is one `GPTPlan`
+resolved on this machine (device type, compute capability, cuDNN: the SDPA kernel PyTorch runs there),
+which the engine runs and the planner predicts (`predict_plan`, the one translation); `--attention math`
 forces SDPA's math path (torch.nn.attention.sdpa_kernel) in the measurement and the prediction: on
 CPU this validates the s×s-scores term that fp32 with head width 50 needs on a GPU.
 
@@ -27,9 +28,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_output_args, check_output, save  # noqa: E402
 
+from dataclasses import replace  # noqa: E402
+
 from trainlab.gpt.attention_backend import AttentionChoice  # noqa: E402
-from trainlab.gpt.bench import device_attention_kwargs  # noqa: E402
-from trainlab.gpt.planner import measure_step_peak_bytes, predict_memory  # noqa: E402
+from trainlab.gpt.config import GPTBenchConfig  # noqa: E402
+from trainlab.gpt.plan import Machine  # noqa: E402
+from trainlab.gpt.planner import measure_step_peak_bytes, predict_plan  # noqa: E402
 from trainlab.gpt.model import build_gpt, get_preset  # noqa: E402
 from trainlab.gpt.engine import GPTEngine  # noqa: E402
 from trainlab.distributed.launch import DistInfo  # noqa: E402
@@ -37,16 +41,16 @@ from trainlab.distributed.launch import DistInfo  # noqa: E402
 MiB = 1024**2
 
 
-def measure(model, cfg, strategy, b, seq, device, fused, attention):
+def measure(model, plan, device, attention):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if attention == "math":
         with sdpa_kernel([SDPBackend.MATH]):
-            return measure(model, cfg, strategy, b, seq, device, fused, "auto")
+            return measure(model, plan, device, "auto")
     torch.manual_seed(0)
-    tokens = torch.randint(cfg.vocab_size, (b, seq))
-    eng = GPTEngine(cfg, strategy, DistInfo(device=device), global_batch=b, micro_batch=b, seq_len=seq,
-                    fused_optimizer=fused, model=model)
+    b, seq = plan.global_batch, plan.seq
+    tokens = torch.randint(plan.model.vocab_size, (b, seq))
+    eng = GPTEngine(plan, DistInfo(device=device), model=model)
     try:
         if device.type == "cuda":
             eng.train_step(tokens)
@@ -84,19 +88,22 @@ def main() -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
-    optimizer = "fused" if args.fused else ("foreach" if device.type == "cuda" else "forloop")
+    machine = Machine.detect()
     model = build_gpt(cfg, seed=0, device=device)  # once, on the device, for every strategy
-    rows, log = [], []
+    rows, log, optimizer = [], [], "-"  # the plans' AdamW kernel, for the table's heading
     head = f"{'strategy':<20}{'micro':>6}{'predicted MiB':>15}{'measured MiB':>14}{'error':>8}  phases (MiB)"
     print(head)
     log.append(head)
     for strategy in args.strategies.split(","):
         for b in map(int, args.micro_batches.split(",")):
-            forced = AttentionChoice("math", cfg.head_dim, cfg.head_dim, True, "forced") if args.attention == "math" else None
-            pred = predict_memory(cfg, strategy, 1, b, seq, optimizer=optimizer, attention=forced,
-                                  **device_attention_kwargs(device))
+            plan = GPTBenchConfig(model=args.model, strategy=strategy, device=device.type, global_batch=b, micro_batch=b,
+                                  seq=seq, fused_optimizer=args.fused).plan(machine)
+            if args.attention == "math":
+                plan = replace(plan, attention=AttentionChoice("math", cfg.head_dim, cfg.head_dim, True, "forced"))
+            optimizer = plan.optimizer_kernel
+            pred = predict_plan(plan)
             try:
-                measured, reserved = measure(model, cfg, strategy, b, seq, device, args.fused, args.attention)
+                measured, reserved = measure(model, plan, device, args.attention)
                 err = pred["total_bytes"] / measured - 1
             except torch.OutOfMemoryError:
                 measured, reserved, err = None, None, None

@@ -5,12 +5,18 @@ A fenced block right after a marker is an excerpt:
     <!-- output: trainlab gpt plan --model gpt2-1.6b --micro-batch 8 -->      what the command prints
     <!-- output-log: benchmarks/results/x.log -->                             lines of a committed raw log
 
+A figure in running text is generated the same way, from a committed result file:
+
+    <!-- fig: h100.t99_s -->2.3 s<!-- /fig -->                                 FIGURES["h100.t99_s"]()
+
 `python docs/excerpts.py` runs every `output:` command (in-process, cheap deterministic commands only:
 plan tables, --help, data show…) and rewrites its block; `--check` rewrites nothing and exits 1 naming
 each block that no longer matches. An `output-log:` block quotes a long run: each of its lines must be
 a line of that log (the run's own record), so it is checked without running it again. Before comparing,
-timings (`12.3 s`, `4.5 ms`) and this checkout's path are normalised. tests/test_walkthrough.py runs
-the check, so a doc cannot drift from the tool.
+timings (`12.3 s`, `4.5 ms`) and this checkout's path are normalised. A `fig:` value must equal what
+FIGURES computes from the results now, exactly: rerunning a benchmark with --force without regenerating
+the docs fails tests/test_quoted_figures.py, as a quote of changed output fails tests/test_walkthrough.py.
+
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import re
 import shlex
 import sys
@@ -26,7 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/*.md")
-_BLOCK = re.compile(r"<!-- (output|output-log): (.+?) -->\n(```[a-z]*\n)(.*?)(```)", re.S)
+_BLOCK = re.compile(r"<!-- (output|output-log): (.+?) -->\n(```[a-z]*\n)(.*?)(```)", re.DOTALL)
+_FIG = re.compile(r"<!-- fig: ([\w.]+) -->(.*?)<!-- /fig -->", re.DOTALL)
 _TIMING = re.compile(r"\b\d+(?:\.\d+)?\s?(?:s|ms|µs|min)\b")
 
 
@@ -85,9 +93,123 @@ def problem(ex: Excerpt, root: Path = ROOT) -> str | None:
     return f"{ex.doc.name}: not in {ex.source}: {missing[0]!r}" if missing else None
 
 
+# ---------------------------------------------------------------------------------- figures from results
+
+RESULTS = ROOT / "benchmarks" / "results"
+H100 = RESULTS / "gpu" / "h100" / "lab"
+
+
+def _json(path: Path):
+    return json.loads(path.read_text())
+
+
+def _t99(path: Path) -> dict:
+    return _json(path)["summary"]["fast"]
+
+
+def _step_ms(variant: str) -> float:
+    return {r["variant"]: r for r in _json(RESULTS / "lenet_cpu_step_nchw2.json")["steps"]}[variant]["median_ms"]
+
+
+def _gelu(path: Path, impl: str, pass_: str, key: str) -> float:
+    rows = _json(path)["rows"]
+    size = max(r["size"] for r in rows)
+    return next(r[key] for r in rows if r["impl"] == impl and r["pass"] == pass_ and r["size"] == size)
+
+
+def _plan_gib(strategy: str) -> str:
+    rows = {r["strategy"]: r for r in _json(RESULTS / "gpt_plan_1.6b_1x80GiB.json")["strategies"]}
+    return f"{rows[strategy]['total_bytes'] / 2**30:.1f} GiB"
+
+
+def _dp(mode: str, loader: str = "device") -> list[dict]:
+    name = "dp_compare.json" if loader == "device" else "dp_compare.loaders.json"
+    return [r for r in _json(RESULTS / name) if r["mode"] == mode and r["loader"] == loader]
+
+
+def _span(values) -> tuple[float, float]:
+    values = sorted(values)
+    return values[0], values[-1]
+
+
+def _lab_minutes(results: Path) -> str:
+    return f"{round(sum(c['used_s'] for c in _json(results)['calls']) / 60)} min"
+
+
+def _lab_ok(results: Path) -> str:
+    steps = _json(results)["steps"].values()
+    return f"{sum(s['status'] == 'ok' for s in steps)} of {len(steps)}"
+
+
+_BASE, _FAST = "bn234+bf16+cl@1", "bn234+bf16+cl+fused1+fused@1"
+_DEFAULT, _BEST = RESULTS / "lenet_accuracy_default_relu.json", RESULTS / "lenet_accuracy_best_relu.json"
+_T99, _T99_RERUN = RESULTS / "lenet_time_to_99_cpu.json", RESULTS / "lenet_time_to_99_cpu_rerun.json"
+_H100_T99 = H100 / "steps" / "lenet_time_to_99" / "lenet_time_to_99_cuda.json"
+_H100_GELU, _H100_GPT = H100 / "steps" / "gelu_bench" / "gelu_bench.json", H100 / "steps" / "gpt_best" / "bench.json"
+
+# name -> the figure as the docs print it, computed from committed results
+FIGURES = {
+    "cpu.default_acc": lambda: f"{_json(_DEFAULT)['rows']['mean']:.2f} ± {_json(_DEFAULT)['rows']['sd']:.2f} %",
+    "cpu.best_acc": lambda: f"{_json(_BEST)['mean']:.2f} ± {_json(_BEST)['sd']:.2f} %",
+    "cpu.best_min": lambda: f"{_json(_BEST)['min']:.2f}",
+    "cpu.best_tta": lambda: f"{_json(_BEST)['tta_mean']:.2f} %",
+    "cpu.t99_s": lambda: f"{_t99(_T99)['median_s']:.1f} s",
+    "cpu.t99_ratio": lambda: f"{_t99(_T99)['speedup_vs_seed_style']['median']:.1f}×",
+    "cpu.t99_worst": lambda: f"{_t99(_T99)['speedup_vs_seed_style']['min']:.1f}×",
+    "cpu.t99_seeds": lambda: f"{_t99(_T99)['reached']}/{_t99(_T99)['of']}",
+    "cpu.t99_rerun_s": lambda: f"{_t99(_T99_RERUN)['median_s']:.1f} s",
+    "cpu.t99_rerun_ratio": lambda: f"{_t99(_T99_RERUN)['speedup_vs_seed_style']['median']:.1f}×",
+    "cpu.t99_rerun_worst": lambda: f"{_t99(_T99_RERUN)['speedup_vs_seed_style']['min']:.1f}×",
+    "cpu.step_ms": lambda: f"{_step_ms(_FAST):.1f} ms",
+    "cpu.step_ratio": lambda: f"{_step_ms(_BASE) / _step_ms(_FAST):.2f}×",
+    "cpu.gelu_fwd": lambda: f"{_gelu(RESULTS / 'gelu_bench_16M.json', 'cpp', 'fwd', 'ratio_to_torch'):.2f}×",
+    "cpu.gelu_fwdbwd": lambda: f"{_gelu(RESULTS / 'gelu_bench_16M.json', 'cpp', 'fwd+bwd', 'ratio_to_torch'):.2f}×",
+    "cpu.ddp_comm_ms": lambda: f"{_dp('ddp')[0]['comm_ms']:.2f} ms",
+    "cpu.loader_ms": lambda: f"{_dp('none')[0]['data_ms']:.1f} ms",
+    "cpu.dataloader_ms": lambda: "{:.1f}–{:.1f} ms".format(*_span(r["data_ms"] for r in _dp("none", "dataloader"))),
+    "cpu.plan_fp32": lambda: _plan_gib("none"),
+    "cpu.plan_amp_ckpt": lambda: _plan_gib("amp+ckpt"),
+    "h100.steps_ok": lambda: _lab_ok(H100 / "results.json"),
+    "h100.minutes": lambda: _lab_minutes(H100 / "results.json"),
+    "h100.t99_s": lambda: f"{_t99(_H100_T99)['median_s']:.1f} s",
+    "h100.t99_ratio": lambda: f"{_t99(_H100_T99)['speedup_vs_seed_style']['median']:.1f}×",
+    "h100.t99_seeds": lambda: f"{_t99(_H100_T99)['reached']}/{_t99(_H100_T99)['of']}",
+    "h100.gpt_mfu": lambda: f"{_json(_H100_GPT)['mfu'] * 100:.1f} %",
+    "h100.gpt_tokens": lambda: f"{_json(_H100_GPT)['tokens_per_s']:,.0f}",
+    "h100.gpt_tflops": lambda: f"{_json(_H100_GPT)['tflops_per_device']:.0f}",
+    "h100.gpt_strategy": lambda: _json(_H100_GPT)["strategy"],
+    "h100.gpt_baseline_mfu": lambda: f"{_json(H100 / 'steps/gpt_baseline/bench.json')['mfu'] * 100:.1f} %",
+    "h100.gelu_cuda_copy": lambda: f"{_gelu(_H100_GELU, 'cuda', 'fwd', 'pct_of_copy_bw') * 100:.0f} %",
+    "h100.gelu_triton_copy": lambda: f"{_gelu(_H100_GELU, 'triton', 'fwd', 'pct_of_copy_bw') * 100:.0f} %",
+    "h100.gelu_aten_copy": lambda: f"{_gelu(_H100_GELU, 'aten', 'fwd', 'pct_of_copy_bw') * 100:.0f} %",
+    "h100.gelu_size": lambda: f"{max(r['size'] for r in _json(_H100_GELU)['rows']) // 2**20}M",
+    "h100.lenet_acc": lambda: f"{_json(H100 / 'steps/lenet_train/lenet-default/summary.json')['test_accuracy']:.2f} %",
+    "h100.lenet_s": lambda: f"{_json(H100 / 'results.json')['steps']['lenet_train']['seconds']:.0f} s",
+}
+
+
+def figures(text: str) -> list[tuple[str, str, tuple[int, int]]]:
+    """(name, value as written, span of the value) of every `fig:` marker in a text."""
+    return [(m.group(1), m.group(2), m.span(2)) for m in _FIG.finditer(text)]
+
+
+def figure_problems(doc: Path, text: str | None = None) -> list[str]:
+    text = doc.read_text() if text is None else text
+    out = []
+    for name, written, _ in figures(text):
+        if name not in FIGURES:
+            out.append(f"{doc.name}: no figure named {name!r} in docs/excerpts.py FIGURES")
+        elif (fresh := FIGURES[name]()) != written:
+            out.append(f"{doc.name}: figure {name} says {written!r}, the committed results give {fresh!r}")
+    return out
+
+
 def regenerate(doc: Path) -> bool:
-    """Rewrite every `output:` block of `doc` with what its command prints now; True if it changed."""
+    """Rewrite every `output:` block and `fig:` value of `doc` from its source; True if it changed."""
     text = doc.read_text()
+    for name, _, span in reversed(figures(text)):
+        if name in FIGURES:
+            text = text[:span[0]] + FIGURES[name]() + text[span[1]:]
     for ex in reversed(excerpts(doc, text)):
         if ex.kind == "output":
             fresh = run(ex.source).strip("\n").replace(str(ROOT) + "/", "") + "\n"
@@ -104,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.check:
         problems = [p for doc in doc_paths() for ex in excerpts(doc) if (p := problem(ex))]
+        problems += [p for doc in doc_paths() for p in figure_problems(doc)]
         for p in problems:
             print(p, file=sys.stderr)
         return 1 if problems else 0

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from trainlab.ops.build import CSRC
+from trainlab.ops.build import OPS_DIR
 
 SHIM = Path(__file__).resolve().parent / "cuda_emu"
 _LAUNCH = re.compile(r"([A-Za-z_][\w:]*(?:<[^;<>]*>)?)<<<(.*?)>>>\(")
@@ -27,15 +27,15 @@ _DYNAMIC_SMEM = re.compile(r"extern __shared__ __align__\(16\) unsigned char (\w
 
 
 def host_source(name: str) -> str:
-    """The kernel file `csrc/<name>` as host C++ for the emulator."""
-    text = (CSRC / name).read_text()
+    """The kernel file `ops/<name>` (e.g. "gelu/gelu_cuda_kernels.cu") as host C++ for the emulator."""
+    text = (OPS_DIR / name).read_text()
     text = _DYNAMIC_SMEM.sub(r"unsigned char* \1 = emu_smem();", text)
     # A generic lambda keeps the launch's template-argument deduction (relu_fwd_kernel<<<…>>>(x, y, n)).
     return _LAUNCH.sub(r"emu_launch(emu_cfg(\2), [](auto... emu_a) { \1(emu_a...); }, ", text)
 
 
 def build(name: str, wrappers: str, out_dir: Path) -> ctypes.CDLL:
-    """Compile csrc/<name> + extern "C" `wrappers` into a shared library in out_dir and load it."""
+    """Compile ops/<name> + extern "C" `wrappers` into a shared library in out_dir and load it."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         import pytest
@@ -47,7 +47,7 @@ def build(name: str, wrappers: str, out_dir: Path) -> ctypes.CDLL:
     if not lib.exists():
         src = out_dir / f"emu_{Path(name).stem}_{digest}.cpp"
         src.write_text(source)
-        proc = subprocess.run([cxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w", f"-I{SHIM}", f"-I{CSRC}",
+        proc = subprocess.run([cxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w", f"-I{SHIM}", f"-I{(OPS_DIR / name).parent}",
                                str(src), "-o", str(lib)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-4000:]
     return ctypes.CDLL(str(lib))

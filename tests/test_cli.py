@@ -12,7 +12,7 @@ import pytest
 from trainlab import cli
 from trainlab.errors import ConfigError
 from trainlab.flags import cli_fields, flag_name
-from trainlab.gpt.config import BenchConfig, CompareConfig, PlanConfig
+from trainlab.gpt.config import CompareConfig, GPTBenchConfig, PlanConfig
 from trainlab.lenet.compare import CompareConfig as DPCompareConfig
 from trainlab.lenet.config import TrainConfig
 from trainlab.ops.config import BenchConfig as GeluBenchConfig
@@ -26,7 +26,7 @@ def test_a_broken_command_group_fails_loudly(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, cls", [
-    (["train"], TrainConfig), (["dp", "compare"], DPCompareConfig), (["gpt", "bench"], BenchConfig),
+    (["train"], TrainConfig), (["dp", "compare"], DPCompareConfig), (["gpt", "bench"], GPTBenchConfig),
     (["gpt", "plan"], PlanConfig), (["gelu", "check"], GeluCheckConfig), (["gelu", "bench"], GeluBenchConfig),
 ])
 def test_every_cli_field_is_a_flag_and_defaults_come_from_the_dataclass(argv, cls):
@@ -45,7 +45,7 @@ def test_gpt_compare_takes_the_shared_bench_flags_once():
     args = cli.build_parser().parse_args(["gpt", "compare", "--model", "tiny", "--steps", "3", "--strategies", "none,ddp"])
     assert args.model == "tiny" and args.steps == 3 and args.strategies == "none,ddp"
     assert CompareConfig(strategies="none,ddp").strategy_list == ["none", "ddp"]
-    assert BenchConfig().model == "gpt2-1.6b"  # the one default, as documented
+    assert GPTBenchConfig().model == "gpt2-1.6b"  # the one default, as documented
 
 
 def test_config_json_is_type_checked_with_one_line_naming_file_and_key():

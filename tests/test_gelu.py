@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from trainlab.cli import main
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.ops import GELU, IMPLS, gelu
-from trainlab.ops import gelu_math
+from trainlab.ops.gelu import gelu_math
 from trainlab.ops.gelu import GeluFunction
 
 APPROX = ["none", "tanh"]
@@ -145,22 +145,25 @@ def test_cli_bench_rejects_bad_size(capsys):
 
 # ---- `trainlab gelu check --json` contract ------------------------------------------------------
 
-REQUIRED = {"impl", "approximate", "dtype", "fwd_max_abs_err", "grad_max_abs_err", "gradcheck", "ok"}
-
-
 def test_check_json_contract_and_skipped_rows(capsys):
+    from trainlab.ops.check import ROW_FIELDS
+
     rc = main(["gelu", "check", "--json", "--impl", "torch", "--impl", "python", "--impl", "cuda", "--n", "256"])
     doc = json.loads(capsys.readouterr().out)   # exactly one JSON document on stdout
     assert rc == 0 and doc["ok"] is True
-    assert len(doc["rows"]) == 3 * 3 * 3   # rungs x forms (none, tanh, sigmoid) x dtypes
-    for row in doc["rows"]:
-        assert REQUIRED <= set(row)
-        assert row["gradcheck"] in (True, False, None)
-    py64 = [r for r in doc["rows"] if r["impl"] == "python" and r["dtype"] == "float64"]
-    assert all(r["gradcheck"] is True and r["gradgradcheck"] is True and r["fwd_max_abs_err"] < 1e-13 for r in py64)
-    py32 = [r for r in doc["rows"] if r["impl"] == "python" and r["dtype"] == "float32"]
-    assert all(r["gradcheck"] is None and 0 < r["fwd_max_abs_err"] < 2e-6 for r in py32)
-    cuda = [r for r in doc["rows"] if r["impl"] == "cuda"]
+    assert len(doc["rows"]) == 3 * 12 * 3   # rungs x (4 cases x 3 approximations) x dtypes
+    for row in doc["rows"] + doc["autograd_rows"]:
+        assert set(row) == set(ROW_FIELDS)
+    assert {r["case"] for r in doc["rows"]} == {f"{a}{s}" for a in ("none", "tanh", "sigmoid")
+                                                for s in ("", "-strided", "-0d", "-empty")}
+    py64 = [r for r in doc["rows"] if r["impl"] == "python" and r["dtype"] == "float64" and r["case"] in ("none", "tanh")]
+    assert len(py64) == 2 and all(r["ok"] and 0 < r["fwd_max_abs_err"] < 1e-13 and r["nonfinite_ok"] for r in py64)
+    assert all(r["checks"]["recipe_grad_mse"] < 1e-20 for r in py64)   # the handout's recipe, in the row
+    py32 = [r for r in doc["rows"] if r["impl"] == "python" and r["dtype"] == "float32" and r["case"] == "none"]
+    assert 0 < py32[0]["fwd_max_abs_err"] < 2e-6
+    py_grad = next(r for r in doc["autograd_rows"] if r["impl"] == "python")
+    assert py_grad["gradcheck"] is True and py_grad["gradgradcheck"] is True
+    cuda = [r for r in doc["rows"] + doc["autograd_rows"] if r["impl"] == "cuda"]
     if not torch.cuda.is_available():
         # could not run: "skipped" with the reason, never reported as ok
         assert all(r["skipped"] and r["reason"] and r["ok"] is None and r["status"] == "skipped" for r in cuda)
@@ -169,7 +172,7 @@ def test_check_json_contract_and_skipped_rows(capsys):
         assert main(["gelu", "check", "--impl", "cuda", "--dtype", "float32", "--approximate", "none"]) == 2
         captured = capsys.readouterr()
         table = captured.out
-        assert "skipped: no CUDA GPU" in table and "0 rows that ran" in table and "1 skipped" in table
+        assert "skipped: no CUDA GPU" in table and "0 rows that ran" in table and "5 skipped" in table
         assert captured.err.strip().splitlines()[-1].startswith("trainlab: error: nothing was checked")
 
 
@@ -188,15 +191,16 @@ def test_check_flags_a_wrong_backward(monkeypatch):
 
     from trainlab.ops import check
 
-    math_mod = importlib.import_module("trainlab.ops.gelu_math")
+    math_mod = importlib.import_module("trainlab.ops.gelu.gelu_math")
 
     # A classic published bug: dropping the x*phi(x) term of the exact backward.
     def bad_derivative(x, approximate):
         return 0.5 * (1.0 + torch.erf(x * math_mod.SQRT1_2))
 
     monkeypatch.setattr(math_mod, "derivative", bad_derivative)
-    row = check.gelu_row("python", "none", torch.float64, n=128)
-    assert row["ok"] is False and row["gradcheck"] is False and row["grad_max_abs_err"] > 0.1
+    row = check.check_row(check.CASES["gelu"][0], "python", torch.float64, n=128)
+    assert row["ok"] is False and row["grad_max_abs_err"] > 0.1
+    assert check.autograd_row("gelu", "python")["gradcheck"] is False
 
 
 # ---- `trainlab gelu bench` ---------------------------------------------------------------------
@@ -248,6 +252,9 @@ def test_bench_survives_an_impl_that_fails(monkeypatch, capsys):
 
     monkeypatch.setattr(bench, "gelu", flaky_gelu)
     rc = main(["gelu", "bench", "--json", "--sizes", "1K", "--impl", "python", "--budget", "0.01", "--device", "cpu"])
-    doc = json.loads(capsys.readouterr().out)
-    assert rc == 0 and {r["impl"] for r in doc["rows"]} == {"aten"}
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    # the baseline was timed, the one rung asked for was not: the bench measured nothing asked for (issue 32)
+    assert rc == 2 and {r["impl"] for r in doc["rows"]} == {"aten"}
+    assert out.err.strip().splitlines()[-1].startswith("trainlab: error: nothing was timed")
     assert doc["skipped"]["python"] == "RuntimeError: CUDA error: an illegal memory access was encountered (at 1K elements)"

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from trainlab.errors import HardwareError
-from trainlab.ops import gelu, gelu_math
+from trainlab.ops import gelu
+from trainlab.ops.gelu import gelu_math
 
 APPROX = ["none", "tanh"]
 # (atol, rtol) against float64 F.gelu on the same rounded input; justified in trainlab/ops/check.py.
@@ -140,7 +141,7 @@ def test_op_rejects_integer_input_with_dtype_in_message(ext):
 
 # Both C++ extensions (GELU and the LeNet layers) are built by the same kind of loader; each must
 # turn a missing compiler or a failed build into one line that names the fallback.
-LOADERS = ["gelu", "layers_cpp"]
+LOADERS = ["gelu", "layers.layers_cpp"]
 
 
 @pytest.mark.parametrize("module", LOADERS)

@@ -1,9 +1,9 @@
 """The CUDA GELU kernels compiled by nvcc for sm_80 and sm_90 on a machine without a GPU.
 
-`csrc/gelu_cuda_kernels.cu` depends on CUDA alone (no ATen/c10), so plain nvcc compiles it — with
+`ops/gelu/gelu_cuda_kernels.cu` depends on CUDA alone (no ATen/c10), so plain nvcc compiles it — with
 the flags PyTorch's extension build adds (no implicit half/bf16 conversions), in C++17 (torch ≤ 2.11)
 and C++20 (torch 2.13). Every vector kernel must use only 128-bit global loads and stores, in the
-PTX and in the SASS ptxas made from it; the ATen glue (`csrc/gelu_cuda.cpp`) is syntax-checked with
+PTX and in the SASS ptxas made from it; the ATen glue (`ops/gelu/gelu_cuda.cpp`) is syntax-checked with
 the host compiler against this torch's headers. Skipped only when no nvcc can be found; `make test`
 installs one from PyPI (`.[nvcc]`) on machines that have none.
 """
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from trainlab.ops.build import CSRC
+from trainlab.ops.build import OPS_DIR
 from trainlab.ops.kernel_check import (ARCHS, cuda_include_dir, demangle, find_nvcc, find_tool, nvcc_ptx, nvcc_sass,
                                        ptx_entries, sass_functions, sass_vector_widths, vector_widths)
 
+CSRC = OPS_DIR / "gelu"   # GELU's folder: its kernels sit beside its Python
 KERNELS = CSRC / "gelu_cuda_kernels.cu"
 if find_nvcc() is None:
     pytest.skip("no nvcc (CUDA_HOME, PATH, site-packages nvidia/*/bin): install it with "

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainlab.ops import gelu, gelu_math
+from trainlab.ops import gelu
+from trainlab.ops.gelu import gelu_math
 
 APPROX = ["none", "tanh"]
 

@@ -63,7 +63,7 @@ def test_losses_agree_with_f_gelu(reference, act, monkeypatch, request):
 def test_wrong_backward_is_detected(reference, monkeypatch):
     import importlib
 
-    math_mod = importlib.import_module("trainlab.ops.gelu_math")
+    math_mod = importlib.import_module("trainlab.ops.gelu.gelu_math")
     monkeypatch.setattr(math_mod, "derivative", lambda x, a: 0.5 * (1.0 + torch.erf(x * math_mod.SQRT1_2)))
     losses = _train("gelu-python")
     assert max(abs(a - b) for a, b in zip(losses[1:], reference[1:])) > 1e-3

@@ -102,7 +102,7 @@ def test_compiled_path_never_becomes_the_interpreter(monkeypatch):
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    from trainlab.ops import gelu_triton
+    from trainlab.ops.gelu import gelu_triton
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(gelu_triton, "_kernels", {})
@@ -112,7 +112,7 @@ def test_compiled_path_never_becomes_the_interpreter(monkeypatch):
 
 @pytest.mark.gpu
 def test_cuda_tensors_run_compiled_even_with_triton_interpret_set(monkeypatch):
-    from trainlab.ops import gelu_triton
+    from trainlab.ops.gelu import gelu_triton
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(gelu_triton, "_warned_interpret_on_cuda", False)

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from trainlab.ops.gelu_triton import FORMS, ORDERS, _gelu_kernel  # noqa: E402
+from trainlab.ops.gelu.gelu_triton import FORMS, ORDERS, _gelu_kernel  # noqa: E402
 from trainlab.ops.kernel_check import (ARCHS, cubin_sass, find_tool, sass_vector_widths, triton_asm,  # noqa: E402
                                        vector_widths)
 

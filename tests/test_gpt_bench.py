@@ -16,7 +16,7 @@ from trainlab.gpt.flops import (
     mfu,
 )
 from trainlab.gpt.bench import run_bench, token_batches
-from trainlab.gpt.config import BenchConfig, CompareConfig
+from trainlab.gpt.config import CompareConfig, GPTBenchConfig
 from trainlab.gpt.compare import _classify, run_compare
 from trainlab.cli import main
 from trainlab.gpt.model import count_params, get_preset
@@ -74,18 +74,31 @@ def test_bench_json_contract_and_run_dir(tmp_path, capsys):
     assert s["tflops_per_device_8n"] == pytest.approx(handout_tflops(236_928, 4, 32, s["step_seconds_median"]))
     assert s["tf32"] == {"matmul_allow_tf32": False, "cudnn_allow_tf32": False, "float32_matmul_precision": "highest"}
     assert s["config"]["tf32"] == "off"
+    # in-run prediction (the plan the run resolved) = the pre-flight one (`GPTBenchConfig.plan`, the same flags)
+    pre = GPTBenchConfig(model="tiny", device="cpu", steps=2, warmup=1, global_batch=4, micro_batch=4, seq=32).plan()
+    assert s["predicted_peak_bytes"] == pre.predicted_peak_bytes > 0
+    assert s["config"]["strategy"]["text"] == "none" and s["config"]["device"] == "cpu"  # config.json is the plan
     assert 0 < s["mfu"] < 5 and s["peak_memory_bytes"] > 10**7
     assert (run_dir / "summary.json").exists() and (run_dir / "config.json").exists() and (run_dir / "env.json").exists()
     assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
 
 
+def test_bench_json_dash_prints_only_the_summary(capsys):
+    """`--json -` (as on every command): the summary JSON alone on stdout, the progress lines on stderr."""
+    assert main(["gpt", "bench", *TINY, "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    s = json.loads(out)
+    assert s["strategy"] == "none" and len(s["losses"]) == 3
+    assert "step 1/2" in err and "summary none" in err
+
+
 def test_same_seed_same_start_across_strategies_and_impls():
     """none, accum and the HF model (+ckpt) start from the same weights, see the same tokens, train alike."""
     base = dict(model="tiny", device="cpu", steps=2, warmup=0, global_batch=4, micro_batch=4, seq=32, seed=3)
-    ref = run_bench(BenchConfig(strategy="none", **base), log=lambda *a: None)["losses"]
-    accum = run_bench(BenchConfig(strategy="accum", **{**base, "micro_batch": 2}), log=lambda *a: None)["losses"]
-    hf = run_bench(BenchConfig(strategy="ckpt", impl="hf", **base), log=lambda *a: None)["losses"]
+    ref = run_bench(GPTBenchConfig(strategy="none", **base).plan(), log=lambda *a: None)["losses"]
+    accum = run_bench(GPTBenchConfig(strategy="accum", **{**base, "micro_batch": 2}).plan(), log=lambda *a: None)["losses"]
+    hf = run_bench(GPTBenchConfig(strategy="ckpt", impl="hf", **base).plan(), log=lambda *a: None)["losses"]
     assert accum == pytest.approx(ref, abs=1e-5)
     assert hf == pytest.approx(ref, abs=1e-4)  # HF GPT2LMHeadModel with gradient checkpointing
 
@@ -124,7 +137,7 @@ def test_compare_classifies_failures():
 
 
 def test_compare_runs_isolated_and_writes_tables(tmp_path):
-    bench = BenchConfig(model="tiny", device="cpu", steps=2, warmup=1, global_batch=4, micro_batch=4, seq=32)
+    bench = GPTBenchConfig(model="tiny", device="cpu", steps=2, warmup=1, global_batch=4, micro_batch=4, seq=32)
     res = run_compare(CompareConfig(bench=bench, strategies="none,tp", out=str(tmp_path)), log=lambda *a: None)
     rows = {r["strategy"]: r for r in res["rows"]}
     assert rows["none"]["status"] == "ok" and rows["none"]["predicted_bytes"] > 0
@@ -136,6 +149,12 @@ def test_compare_runs_isolated_and_writes_tables(tmp_path):
     assert (tmp_path / "compare.csv").read_text().startswith("strategy,")
     assert (tmp_path / "throughput.png").stat().st_size > 1000 and (tmp_path / "memory.png").exists()
     assert (tmp_path / "none.log").read_text().startswith("$ ")
+    # the worker spec is the plan as JSON: what the worker ran, and the prediction the table shows
+    from trainlab.gpt.plan import GPTPlan
+
+    plan = GPTPlan.from_dict(json.loads((tmp_path / "none.spec.json").read_text())["plan"])
+    assert plan.strategy.text == "none" and plan.predicted_peak_bytes == rows["none"]["predicted_bytes"]
+    assert json.loads((tmp_path / "none.json").read_text())["predicted_peak_bytes"] == plan.predicted_peak_bytes
 
 
 @pytest.mark.dist
@@ -148,7 +167,7 @@ def test_bench_nproc_2_relaunches_under_torchrun_and_matches_single_process(tmp_
                           capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "launching 2 workers (torch.distributed elastic agent)" in proc.stdout
-    single = run_bench(BenchConfig(model="tiny", device="cpu", steps=2, warmup=1, global_batch=4, micro_batch=2, seq=32),
+    single = run_bench(GPTBenchConfig(model="tiny", device="cpu", steps=2, warmup=1, global_batch=4, micro_batch=2, seq=32).plan(),
                        log=lambda *a: None)
     d = json.loads(ddp.read_text())
     assert d["world_size"] == 2 and len(d["peak_memory_per_rank"]) == 2
@@ -168,8 +187,8 @@ def test_compare_bad_input_is_one_line_exit_2(argv, flag, tmp_path, capsys):
 
 @pytest.mark.gpu
 def test_bench_on_cuda_reports_allocator_peaks(tmp_path):
-    s = run_bench(BenchConfig(model="tiny", device="cuda", strategy="amp", steps=2, warmup=1, global_batch=4,
-                              micro_batch=4, seq=32), log=lambda *a: None)
+    s = run_bench(GPTBenchConfig(model="tiny", device="cuda", strategy="amp", steps=2, warmup=1, global_batch=4,
+                              micro_batch=4, seq=32).plan(), log=lambda *a: None)
     mem = s["peak_memory_per_rank"][0]
     assert mem["peak_allocated_bytes"] > 0 and mem["peak_reserved_bytes"] >= mem["peak_allocated_bytes"]
     assert s["peak_memory_kind"] == "allocated" and s["peak_tflops"] is not None and 0 < s["mfu"] < 1

@@ -28,6 +28,8 @@ from trainlab.gpt.engine import GPTEngine
 from trainlab.distributed.launch import DistInfo
 from trainlab.distributed.spawn import spawn_for_test
 
+from gpt_plans import make_plan
+
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 
 PRESET = "tiny"          # C=64, L=4, H=4, V=512
@@ -73,8 +75,9 @@ def batches(cfg) -> torch.Tensor:
 
 def train(info: DistInfo, strategy: str, optimizer: str, preset: str = PRESET, **kwargs):
     cfg = get_preset(preset)
-    engine = GPTEngine(cfg, strategy, info, lr=LR[optimizer], seed=7, global_batch=GLOBAL_BATCH, seq_len=SEQ,
-                       optimizer=optimizer, **kwargs)
+    plan = make_plan(preset, strategy, world=info.world_size, lr=LR[optimizer], seed=7, global_batch=GLOBAL_BATCH,
+                     seq_len=SEQ, optimizer=optimizer, **kwargs)
+    engine = GPTEngine(plan, info)
     losses = [engine.train_step(x) for x in batches(cfg)]
     train.param_bytes = engine.local_parameter_bytes()
     return losses, engine.full_state_dict()
@@ -168,8 +171,8 @@ def test_reference_actually_trains():
     """Guards the tests above against a vacuous reference: SGD with lr 0.5 lowers the loss on a
     repeated batch and moves every parameter tensor away from its initial value."""
     cfg = get_preset(PRESET)
-    engine = GPTEngine(cfg, "none", DistInfo(), lr=LR["sgd"], seed=7, global_batch=GLOBAL_BATCH, seq_len=SEQ,
-                       micro_batch=GLOBAL_BATCH, optimizer="sgd")
+    engine = GPTEngine(make_plan(PRESET, "none", lr=LR["sgd"], seed=7, global_batch=GLOBAL_BATCH, seq_len=SEQ,
+                                 micro_batch=GLOBAL_BATCH, optimizer="sgd"), DistInfo())
     x = batches(cfg)[0]
     losses = [engine.train_step(x) for _ in range(3)]
     assert losses[2] < losses[0] - 1e-3

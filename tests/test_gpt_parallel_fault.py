@@ -9,17 +9,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trainlab.gpt.model import get_preset
 from trainlab.gpt.engine import GPTEngine
 from trainlab.distributed.launch import DistInfo
 from trainlab.distributed.spawn import SpawnError, spawn_for_test
+
+from gpt_plans import make_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 
 
 def _one_rank_hangs(info: DistInfo):
-    cfg = get_preset("tiny")
-    engine = GPTEngine(cfg, "ddp", info, global_batch=2, micro_batch=1, seq_len=8)
+    engine = GPTEngine(make_plan("tiny", "ddp", world=info.world_size, global_batch=2, micro_batch=1, seq_len=8), info)
     if info.rank == 1:
         time.sleep(60)  # never joins the gradient all-reduce
     return engine.train_step(torch.zeros(2, 8, dtype=torch.long))

@@ -17,8 +17,13 @@ from trainlab.gpt.planner import (
 )
 from trainlab.cli import main
 from trainlab.errors import ConfigError
-from trainlab.gpt.bench import device_attention_kwargs
+from trainlab.gpt.config import PlanConfig
+from trainlab.gpt.engine import GPTEngine
 from trainlab.gpt.model import GPTConfig, count_params, get_preset
+from trainlab.gpt.plan import Machine
+from trainlab.gpt.planner import predict_plan
+
+from gpt_plans import make_plan
 
 GIB = 1024**3
 SMALL = GPTConfig(vocab_size=100, n_positions=16, n_embd=8, n_layer=2, n_head=2)
@@ -91,10 +96,9 @@ def test_checkpointing_and_tp_reduce_activations():
 
 
 def _engine(strategy, b):
-    from trainlab.gpt.engine import GPTEngine
     from trainlab.distributed.launch import DistInfo
 
-    return GPTEngine(get_preset("tiny"), strategy, DistInfo(), global_batch=b, micro_batch=b, seq_len=64)
+    return GPTEngine(make_plan("tiny", strategy, global_batch=b, micro_batch=b, seq_len=64), DistInfo())
 
 
 # Measured on CPU by tracking live tensor storages (exact bytes, no allocator): the prediction
@@ -155,7 +159,7 @@ def test_measured_activations_match_prediction():
 
 
 def test_plan_cli_json_contract(capsys):
-    assert main(["gpt", "plan", "--model", "gpt2-1.6b", "--gpus", "1", "--gpu-mem", "80GiB", "--json"]) == 0
+    assert main(["gpt", "plan", "--model", "gpt2-1.6b", "--gpus", "1", "--gpu-mem", "80GiB", "--json", "-"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["params"] == 1_557_611_200
     rows = {r["strategy"]: r for r in out["strategies"]}
@@ -171,7 +175,8 @@ def test_1_6b_fp32_micro_batch_8_does_not_fit_80_gib():
     """fp32 with head_dim 50 runs SDPA's math path: 32 heads × 1024² fp32 probabilities per layer
     and sequence, 48 GiB over 48 layers at micro-batch 8 — on top of 23 GiB of weights and AdamW."""
     cfg = get_preset("gpt2-1.6b")
-    res = plan(cfg, 1, parse_bytes("80GiB"), micro_batch=8, strategies=["none", "amp", "amp+ckpt"])
+    res = plan(PlanConfig(model="gpt2-1.6b").resolver(), 1, parse_bytes("80GiB"), micro_batch=8,
+               strategies=["none", "amp", "amp+ckpt"])
     rows = {r["strategy"]: r for r in res["strategies"]}
     assert not rows["none"]["fits"] and rows["none"]["max_micro_batch"] < 8
     scores = 48 * 8 * 1024 * 32 * 1024 * 4
@@ -215,7 +220,7 @@ def test_plan_table_and_largest_micro_batch(capsys):
     assert main(["gpt", "plan", "--model", "gpt2-1.6b", "--gpus", "2", "--gpu-mem", "40GiB", "--micro-batch", "4"]) == 0
     text = capsys.readouterr().out
     assert "zero3" in text and "max-micro-batch" in text
-    res = plan(get_preset("gpt2-1.6b"), 1, parse_bytes("24GiB"), micro_batch=1)
+    res = plan(PlanConfig(model="gpt2-1.6b").resolver(), 1, parse_bytes("24GiB"), micro_batch=1)
     none = next(r for r in res["strategies"] if r["strategy"] == "none")
     assert not none["fits"] and none["max_micro_batch"] == 0  # 16 B/param = 23.2 GiB + activations
 
@@ -246,18 +251,18 @@ def _cuda_predicted_and_measured(cfg, strategy, micro, seq) -> tuple[int, int]:
     """(predicted, measured) peak of one training step on cuda:0: max_memory_allocated over the
     second step (the first creates the optimizer states)."""
     from trainlab.distributed.launch import DistInfo
-    from trainlab.gpt.engine import GPTEngine
 
     device = torch.device("cuda", 0)
     tokens = torch.randint(cfg.vocab_size, (micro, seq))
-    engine = GPTEngine(cfg, strategy, DistInfo(device=device), global_batch=micro, micro_batch=micro, seq_len=seq)
+    p = make_plan(cfg, strategy, device="cuda", global_batch=micro, micro_batch=micro, seq_len=seq)
+    engine = GPTEngine(p, DistInfo(device=device))
     engine.train_step(tokens)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     engine.train_step(tokens)
     torch.cuda.synchronize()
-    predicted = predict_memory(cfg, strategy, 1, micro, seq, optimizer="foreach", **device_attention_kwargs(device))
-    return predicted["total_bytes"], torch.cuda.max_memory_allocated()
+    assert p.optimizer_kernel == "foreach"
+    return predict_plan(p)["total_bytes"], torch.cuda.max_memory_allocated()
 
 
 @pytest.mark.gpu
@@ -288,10 +293,10 @@ def test_attention_backend_is_the_one_torch_runs(head_dim, dtype):
     from trainlab.gpt.attention_backend import choose
 
     device = torch.device("cuda", 0)
-    kw = device_attention_kwargs(device)
+    machine = Machine.detect()
     q = torch.randn(2, 4, 256, head_dim, device=device, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16,
                     requires_grad=True)
-    assert _sdpa_kernel_run(q) == choose(head_dim, dtype, "cuda", kw["sm"], kw["cudnn_version"]).backend
+    assert _sdpa_kernel_run(q) == choose(head_dim, dtype, "cuda", machine.sm, machine.cudnn_version).backend
 
 
 @pytest.mark.gpu

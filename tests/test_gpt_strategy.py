@@ -11,7 +11,10 @@ from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.model import count_params, get_preset, initial_value
 from trainlab.gpt.engine import GPTEngine
 from trainlab.distributed.launch import DistInfo, init_distributed, needs_launch
+from trainlab.gpt.plan import Machine
 from trainlab.gpt.strategy import STRATEGY_NAMES, Degrees, parse_strategy, resolve_degrees, validate_strategy
+
+from gpt_plans import make_plan
 
 TINY = get_preset("tiny")  # 4 layers, 4 heads
 
@@ -64,7 +67,7 @@ def test_resolve_degrees():
 
 
 def _validate(strategy, world=2, gb=8, mb=4, **kw):
-    return validate_strategy(parse_strategy(strategy), TINY, world, gb, mb, "cpu", **kw)
+    return validate_strategy(parse_strategy(strategy), TINY, world, gb, mb, **kw)
 
 
 @pytest.mark.parametrize("strategy, kw, message", [
@@ -103,33 +106,37 @@ def test_validate_accepts_and_returns_degrees():
     assert _validate("zero3", world=1) == Degrees(dp=1, pp=1, tp=1)  # one GPU + FSDP (offload) is valid
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
 def test_cuda_without_gpu_is_a_hardware_error():
+    """The device is checked against the machine the plan is resolved on (described here, not detected)."""
     with pytest.raises(HardwareError, match="no CUDA GPU"):
-        validate_strategy(parse_strategy("ddp"), TINY, 2, 8, 4, "cuda")
+        make_plan("tiny", "ddp", world=2, device="cuda", machine=Machine(), global_batch=8, micro_batch=4)
+    with pytest.raises(HardwareError, match="--nproc 2: only 1 CUDA device"):
+        make_plan("tiny", "ddp", world=2, device="auto", machine=Machine(gpus=1, sm=90), global_batch=8, micro_batch=4)
+    with pytest.raises(ConfigError, match="--device 'tpu'"):
+        make_plan("tiny", "none", device="tpu")
+    assert make_plan("tiny", "none", device="auto", machine=Machine()).device == "cpu"
+    assert make_plan("tiny", "none", device="auto", machine=Machine(gpus=1, sm=80)).device == "cuda"
 
 
 def test_nvme_needs_deepspeed_and_gpu():
     if importlib.util.find_spec("deepspeed") is not None and torch.cuda.is_available():
         pytest.skip("deepspeed and a GPU are present")
     with pytest.raises(HardwareError, match="needs deepspeed and a GPU"):
-        _validate("nvme", world=1, gb=8, mb=8)
-    with pytest.raises(HardwareError, match="needs deepspeed and a GPU"):
-        GPTEngine(TINY, "nvme", DistInfo(), global_batch=2, micro_batch=2, seq_len=8)
+        make_plan("tiny", "nvme", global_batch=2, micro_batch=2, seq_len=8)
 
 
 def test_engine_rejects_bad_tokens_and_optimizer():
-    engine = GPTEngine(TINY, "none", DistInfo(), global_batch=2, micro_batch=2, seq_len=8)
+    engine = GPTEngine(make_plan("tiny", "none", global_batch=2, micro_batch=2, seq_len=8), DistInfo())
     with pytest.raises(ConfigError, match=r"expected tokens of shape \(2, 8\)"):
         engine.train_step(torch.zeros(2, 9, dtype=torch.long))
     with pytest.raises(ConfigError, match="--optimizer 'lion'"):
-        GPTEngine(TINY, "none", DistInfo(), global_batch=2, micro_batch=2, seq_len=8, optimizer="lion")
+        make_plan("tiny", "none", global_batch=2, micro_batch=2, seq_len=8, optimizer="lion")
 
 
 def test_same_seed_same_initial_weights():
-    a = GPTEngine(TINY, "none", DistInfo(), seed=3, global_batch=2, micro_batch=2, seq_len=8).full_state_dict()
-    b = GPTEngine(TINY, "ckpt+bf16", DistInfo(), seed=3, global_batch=2, micro_batch=1, seq_len=8).full_state_dict()
-    c = GPTEngine(TINY, "none", DistInfo(), seed=4, global_batch=2, micro_batch=2, seq_len=8).full_state_dict()
+    a = GPTEngine(make_plan("tiny", "none", seed=3, global_batch=2, micro_batch=2, seq_len=8), DistInfo()).full_state_dict()
+    b = GPTEngine(make_plan("tiny", "ckpt+bf16", seed=3, global_batch=2, micro_batch=1, seq_len=8), DistInfo()).full_state_dict()
+    c = GPTEngine(make_plan("tiny", "none", seed=4, global_batch=2, micro_batch=2, seq_len=8), DistInfo()).full_state_dict()
     for k, v in a.items():
         assert torch.equal(v, b[k]) and torch.equal(v, initial_value(TINY, k, 3)), k
     assert not torch.equal(a["h.0.mlp.fc.weight"], c["h.0.mlp.fc.weight"])
@@ -141,7 +148,7 @@ def test_single_process_accumulation_and_checkpointing_match_plain():
     toks = torch.randint(0, TINY.vocab_size, (2, 4, 16), generator=torch.Generator().manual_seed(0))
     runs = {}
     for strategy, mb in [("none", 4), ("accum", 2), ("ckpt", 4), ("ckpt-selective", 4)]:
-        e = GPTEngine(TINY, strategy, DistInfo(), seed=1, global_batch=4, micro_batch=mb, seq_len=16, optimizer="sgd", lr=0.5)
+        e = GPTEngine(make_plan("tiny", strategy, seed=1, global_batch=4, micro_batch=mb, seq_len=16, optimizer="sgd", lr=0.5), DistInfo())
         runs[strategy] = ([e.train_step(x) for x in toks], e.full_state_dict())
     ref_losses, ref_sd = runs.pop("none")
     assert ref_losses[1] != ref_losses[0]
@@ -158,8 +165,8 @@ def test_hf_impl_trains_like_ours():
     toks = torch.randint(0, TINY.vocab_size, (2, 2, 16), generator=torch.Generator().manual_seed(0))
     runs = {}
     for impl in ("ours", "hf"):
-        e = GPTEngine(TINY, "none", DistInfo(), seed=1, global_batch=2, micro_batch=2, seq_len=16, impl=impl,
-                      optimizer="sgd", lr=0.5)
+        e = GPTEngine(make_plan("tiny", "none", seed=1, global_batch=2, micro_batch=2, seq_len=16, impl=impl,
+                      optimizer="sgd", lr=0.5), DistInfo())
         runs[impl] = ([e.train_step(x) for x in toks], e.full_state_dict())
     torch.testing.assert_close(torch.tensor(runs["hf"][0]), torch.tensor(runs["ours"][0]), rtol=1e-5, atol=0)
     assert set(runs["hf"][1]) == set(runs["ours"][1])
@@ -183,7 +190,7 @@ def test_compile_matches_eager_on_gpu():
     info = DistInfo(device=torch.device("cuda"))
     runs = {}
     for strategy in ("none", "compile"):
-        e = GPTEngine(TINY, strategy, info, seed=1, global_batch=4, micro_batch=4, seq_len=32)
+        e = GPTEngine(make_plan("tiny", strategy, device="cuda", seed=1, global_batch=4, micro_batch=4, seq_len=32), info)
         runs[strategy] = [e.train_step(x) for x in toks]
     torch.testing.assert_close(torch.tensor(runs["compile"]), torch.tensor(runs["none"]), rtol=1e-4, atol=0)
 
@@ -198,8 +205,8 @@ def test_fsdp_offload_and_ddp_in_one_process_match_plain():
         runs = {}
         for strategy in ("none", "offload", "zero2+accum", "ddp"):
             mb = 2 if "accum" in strategy else 4
-            e = GPTEngine(TINY, strategy, DistInfo(), seed=1, global_batch=4, micro_batch=mb, seq_len=16,
-                          optimizer="sgd", lr=0.5)
+            e = GPTEngine(make_plan("tiny", strategy, seed=1, global_batch=4, micro_batch=mb, seq_len=16,
+                          optimizer="sgd", lr=0.5), DistInfo())
             runs[strategy] = ([e.train_step(x) for x in toks], e.full_state_dict())
             assert e.local_parameter_bytes() == 4 * count_params(TINY)  # one rank holds everything
             assert e.describe()["micro_steps"] == (2 if "accum" in strategy else 1)

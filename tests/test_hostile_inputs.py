@@ -460,6 +460,11 @@ CASES = [
     Case("gpt-plan-gpu-mem-overflow", "gpt plan --gpu-mem 1e400GiB", r"--gpu-mem '1e400GiB': expected a size such as 80GiB"),
     Case("gpt-plan-gpu-mem-nan", "gpt plan --gpu-mem nanGiB", r"--gpu-mem 'nanGiB': expected a size"),
     Case("gpt-plan-gpus-zero", "gpt plan --gpus 0", r"--gpus 0: expected an integer >= 1"),
+    Case("eval-json-is-dir", "eval {run} --json {dir}", r"--json \S+dir': is a directory, expected a file"),
+    Case("profile-json-is-dir", "profile --json {dir}", r"--json \S+dir': is a directory, expected a file"),
+    Case("gpt-plan-sm-zero", "gpt plan --sm 0", r"--sm 0: expected an integer >= 1"),
+    Case("gpt-plan-json-is-dir", "gpt plan --json {dir}", r"--json \S+dir': is a directory, expected a file"),
+    Case("gpt-plan-json-under-file", "gpt plan --json {file}/plan.json", r"cannot be created: \S+file is a file"),
     Case("gpt-compare-timeout-nan", "gpt compare --timeout nan --out {ws}/cmp", r"--timeout nan: expected a finite number > 0"),
     Case("gpt-compare-timeout-negative", "gpt compare --timeout -1 --out {ws}/cmp", r"--timeout -1: expected a finite number > 0"),
     Case("gpt-compare-out-is-file", "gpt compare --out {file}", r"--out \S+file': is a file, expected a directory"),
@@ -480,7 +485,7 @@ CASES = [
     Case("ops-bench-batch-garbage", "ops bench --batch 2x", r"--batch '2x': expected comma-separated integers"),
     Case("ops-bench-budget-nan", "ops bench --budget nan", r"--budget nan: expected a finite number > 0"),
     Case("ops-bench-threads-zero", "ops bench --threads 0", r"--threads 0: expected an integer >= 1"),
-    Case("ops-check-case-unknown", "ops check --case lenet-conv9", r"--case 'lenet-conv9': choose from elementwise, lenet-conv1"),
+    Case("ops-check-case-unknown", "ops check --case lenet-conv9", r"--case 'lenet-conv9': choose from none, none-strided, none-0d"),
     Case("ops-check-op-unknown", "ops check --op conv3d", r"--op 'conv3d': unknown operator; choose from gelu, conv2d"),
     Case("ops-check-op-list-unknown", "ops check --op relu,tanh", r"--op 'tanh': unknown operator"),
     Case("ops-bench-op-unknown", "ops bench --op conv3d", r"--op 'conv3d': unknown operator"),
@@ -609,6 +614,17 @@ CASES = [
          setup=lambda ws: (ws / "dir" / "results.json").write_text("[1, 2]")),
     Case("lab-results-corrupt", "lab --out {dir} --plan", r"results.json: not valid JSON",
          setup=lambda ws: (ws / "dir" / "results.json").write_text("{not json")),
+    # -- ops bench / gelu check (issue 32): nothing asked for could run; numbers bounded before allocating --
+    *([Case("ops-bench-nothing-runs-cuda", "ops bench --op conv_relu_pool2d --impl cuda --quick --device cpu",
+            r"nothing was timed: every requested row was skipped \(cuda: runs on a CUDA GPU")] if NO_GPU else []),
+    Case("ops-bench-layer-not-of-op", "ops bench --op conv2d --layer pool1 --quick",
+         r"--layer pool1: not a layer of the chosen operators \(conv2d: conv1, conv2\)"),
+    Case("ops-check-bf16-skipped-by-design", "ops check --op conv_relu_pool2d --impl python --dtype bfloat16",
+         r"nothing was checked: every requested row was skipped \(python: not checked in bfloat16"),
+    Case("ops-bench-threads-huge", "ops bench --threads 100000", r"--threads 100000: expected an integer >= 1 and <= \d+"),
+    Case("ops-bench-batch-huge", "ops bench --batch 100000000", r"--batch '100000000': expected batch sizes from 1 to 65,536"),
+    Case("gelu-check-n-huge", "gelu check --n 1000000000",
+         r"--n 1000000000: expected an integer >= 1 and <= 16,777,216"),
 ]
 
 

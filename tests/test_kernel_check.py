@@ -66,7 +66,7 @@ def test_find_tool_searches_the_nvidia_wheel_layouts(tmp_path, monkeypatch):
 
 def test_triton_kernel_compiles_for_sm90_with_vector_accesses_when_aligned(monkeypatch):
     pytest.importorskip("triton")
-    from trainlab.ops.gelu_triton import _gelu_kernel
+    from trainlab.ops.gelu.gelu_triton import _gelu_kernel
 
     # TRITON_INTERPRET=1 must not turn the ahead-of-time compile into an interpreter wrapper
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -51,7 +51,7 @@ int emu_max_pool_bwd_f32(const float* grad, const uint8_t* idx, float* dx, const
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    lib = build("layers_cuda.cu", WRAPPERS, tmp_path_factory.mktemp("emu_layers"))
+    lib = build("layers/layers_cuda.cu", WRAPPERS, tmp_path_factory.mktemp("emu_layers"))
     for f in ("emu_conv_packed_elems", "emu_conv_wgrad_slices"):
         getattr(lib, f).restype = ctypes.c_int64
     lib.emu_conv_backward_weight_f32.argtypes = lib.emu_conv_backward_weight_f64.argtypes = [
@@ -199,7 +199,7 @@ def test_emulated_max_pool_32_bit_index_path_matches_aten(emu, window):
 @pytest.mark.gpu
 @pytest.mark.parametrize("layer", ["lenet-conv1", "lenet-conv2"])
 def test_cuda_conv_at_batch_4096_matches_aten_and_is_deterministic(layer):
-    from trainlab.ops.layers_cpp import load
+    from trainlab.ops.layers.layers_cpp import load
 
     load()
     x_shape, w_shape, padding = CASES[layer]
@@ -227,8 +227,8 @@ def test_cuda_conv_at_batch_4096_matches_aten_and_is_deterministic(layer):
 def test_conv_linear_relu_autograd_are_cpp_kernels():
     """The cpp/cuda rungs' conv2d, linear and relu carry their autograd formulas in C++ (no Python
     in the step's hot path); the Triton family keeps the Python ones, and the gradients are ATen's."""
-    from trainlab.ops.conv import conv2d
-    from trainlab.ops.layers_cpp import load
+    from trainlab.ops.conv2d import conv2d
+    from trainlab.ops.layers.layers_cpp import load
     from trainlab.ops.linear import linear
     from trainlab.ops.relu import relu
 

@@ -125,7 +125,7 @@ def _curve(ops: str, steps: int = 3, batch: int = 4) -> list[float]:
 
 
 def test_wrong_backward_is_detected(monkeypatch):
-    from trainlab.ops import pool
+    from trainlab.ops import max_pool2d as pool
 
     real = pool.MaxPool2dFunction.backward
     monkeypatch.setattr(pool.MaxPool2dFunction, "backward", staticmethod(lambda ctx, g: (real(ctx, g)[0] * 0.25, None, None, None)))

@@ -97,7 +97,7 @@ def test_the_ema_weights_are_what_is_reported_and_what_eval_reloads(tmp_path, ca
     ckpt = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=False)
     live_differs = any(not torch.equal(ckpt["model"][k], ckpt["ema"]["model"][k]) for k in ckpt["model"])
     assert live_differs and summary["ema_decay"] == 0.95
-    assert main(["eval", str(tmp_path / "r"), "--device", "cpu", "--json"]) == 0
+    assert main(["eval", str(tmp_path / "r"), "--device", "cpu", "--json", "-"]) == 0
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["weights"] == "ema"
     # eval tests all 10,000 images; recompute the reported number on the run's 500 with the EMA weights

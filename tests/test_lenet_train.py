@@ -171,7 +171,7 @@ def test_real_mnist_reaches_98_percent_and_eval_reproduces_it(tmp_path, capsys):
                       out=str(tmp_path / "real"))
     summary = train(cfg, log=quiet)
     assert summary["test_accuracy"] >= 98.0
-    assert main(["eval", str(tmp_path / "real"), "--device", "cpu", "--json"]) == 0
+    assert main(["eval", str(tmp_path / "real"), "--device", "cpu", "--json", "-"]) == 0
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["test_accuracy"] == pytest.approx(summary["test_accuracy"])
     assert evaluated["test_samples"] == 10_000

@@ -19,7 +19,7 @@ from conftest import skipped_by_design
 from trainlab.ops import check
 from trainlab.ops.kernel_check import ARCHS, cuda_include_dir, find_nvcc, nvcc_ptx, vector_widths
 
-CSRC = Path(__file__).resolve().parent.parent / "src" / "trainlab" / "ops" / "csrc"
+CSRC = Path(__file__).resolve().parent.parent / "src" / "trainlab" / "ops" / "layers"
 
 
 @pytest.fixture(scope="session")
@@ -85,18 +85,18 @@ def test_cuda_rung_matches_aten(case, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", tuple(check.LAYER_OPS))
+@pytest.mark.parametrize("op", check.OPS)
 def test_cuda_gradcheck_and_opcheck(op):
     row = check.autograd_row(op, "cuda")
     # the fused op's cuda rung runs the three CUDA ops in sequence: no registered op of its own
-    registered = "cuda" in getattr(check.LAYER_OPS[op], "REGISTERED", ("cuda",))
+    registered = "cuda" in getattr(check.registry.module(op), "REGISTERED", ("cuda",))
     assert row["gradcheck"] is True and row["opcheck"] is (True if registered else None), row
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("window", [((2, 2), (2, 2), (0, 0)), ((3, 3), (1, 1), (1, 1))], ids=["lenet", "overlap"])
 def test_atomic_and_gather_pool_backward_agree_and_gather_is_deterministic(window):
-    from trainlab.ops.layers_cpp import load
+    from trainlab.ops.layers.layers_cpp import load
 
     load()
     kernel, stride, pad = (list(w) for w in window)

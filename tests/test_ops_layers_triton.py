@@ -39,11 +39,11 @@ def test_lenet_conv1_shape_with_split_k(interpret):
     assert row["ok"], row
 
 
-@pytest.mark.parametrize("op", tuple(check.LAYER_OPS))
+@pytest.mark.parametrize("op", check.OPS)
 def test_gradcheck_and_opcheck(interpret, op):
     row = check.autograd_row(op, "triton")
     # the fused op's triton rung runs the three triton ops in sequence: no registered op of its own
-    registered = "triton" in getattr(check.LAYER_OPS[op], "REGISTERED", ("triton",))
+    registered = "triton" in getattr(check.registry.module(op), "REGISTERED", ("triton",))
     assert row["gradcheck"] is True and row["opcheck"] is (True if registered else None), row["reason"]
 
 
@@ -61,7 +61,7 @@ def test_interpreter_env_is_read_per_call(monkeypatch):
 
 
 def test_split_k_geometry():
-    from trainlab.ops.layers_triton import _splits
+    from trainlab.ops.layers.layers_triton import _splits
 
     assert _splits(1000, 32, 4, interpreted=True) == (1, 1000)
     splits, per = _splits(256 * 784, 32, 5, interpreted=False)   # conv1's dW at batch 256
@@ -74,7 +74,7 @@ def test_split_k_geometry():
 @pytest.fixture(scope="session")
 def ptx():
     """{(kernel, dtype, arch): PTX}, compiled once per session (Triton also caches them on disk)."""
-    from trainlab.ops import layers_triton
+    from trainlab.ops.layers import layers_triton
 
     out = {}
     for dtype, archs in (("fp32", ARCHS), ("bf16", (90,))):
@@ -85,7 +85,7 @@ def ptx():
 
 
 def test_every_kernel_compiles_for_sm80_and_sm90(ptx):
-    from trainlab.ops.layers_triton import KERNELS
+    from trainlab.ops.layers.layers_triton import KERNELS
 
     for name in KERNELS:
         for arch in ARCHS:

@@ -1,46 +1,73 @@
-"""The headline figures the README and docs/results.md quote are the ones the committed benchmark
-results hold: rerunning a benchmark with --force and forgetting the docs fails here."""
+"""The headline figures the README, docs/results.md and the walkthrough quote are generated from the
+committed results (docs/excerpts.py FIGURES, `<!-- fig: NAME -->value<!-- /fig -->`): rerunning a
+benchmark with --force and forgetting `python docs/excerpts.py` fails here, and so does a headline
+number typed into those pages by hand."""
 
-import json
+import re
 from pathlib import Path
 
 import pytest
+from test_walkthrough import EXCERPTS  # docs/excerpts.py, loaded once
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-README, RESULTS_DOC = (ROOT / "README.md").read_text(), (ROOT / "docs" / "results.md").read_text()
+PAGES = [ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "docs" / "lab-walkthrough.md"]
+# a measured figure as the pages write it: a number with a unit of time, speed-up, share or memory
+MEASURED = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:%|×|s\b|ms\b|min\b|GiB\b|TFLOPS\b)")
 
 
-def _time_to_99(stem: str) -> dict:
-    return json.loads((RESULTS / f"{stem}.json").read_text())["summary"]["fast"]
+def _headline(text: str, heading: str) -> str:
+    """The section under `heading` (up to the next heading of the same level)."""
+    level = heading.split(" ")[0]
+    start = text.index(heading)
+    end = re.search(rf"(?m)^{level} ", text[start + len(heading):])
+    return text[start:start + len(heading) + end.start()] if end else text[start:]
 
 
-def _flat(text: str) -> str:
-    return " ".join(text.split())   # quotes may wrap across lines
+def _by_hand(section: str) -> list[str]:
+    """Measured figures in a section that no `fig:` marker or quoted output produced."""
+    section = re.sub(r"<!-- fig: [\w.]+ -->.*?<!-- /fig -->", "", section, flags=re.DOTALL)
+    section = re.sub(r"```.*?```", "", section, flags=re.DOTALL)          # quoted output, checked on its own
+    section = re.sub(r"[≥≤<>]\s?\d[\d.]*\s?(?:%|×|s|ms|min)", "", section)  # targets, not measurements
+    section = re.sub(r"(?<![\d.])9[89] ?%", "", section)  # the lab's accuracy targets ("time to 99 %")
+    return MEASURED.findall(section)
 
 
-@pytest.mark.parametrize("stem,label", [("lenet_time_to_99_cpu", ""), ("lenet_time_to_99_cpu_rerun", "a second run: ")])
-def test_readme_quotes_the_time_to_99_results(stem, label):
-    fast = _time_to_99(stem)
-    median_s, ratio, worst = fast["median_s"], fast["speedup_vs_seed_style"]["median"], fast["speedup_vs_seed_style"]["min"]
-    assert fast["reached"] == fast["of"] == 5
-    readme = _flat(README)
-    if label:
-        assert f"{label}{median_s:.1f} s, {ratio:.1f}×, worst {worst:.1f}×" in readme
-    else:
-        assert f"**{median_s:.1f} s** median to 99 %, **{ratio:.1f}×**" in readme and f"worst seed {worst:.1f}×" in readme
-    assert f"{ratio:.1f}×" in RESULTS_DOC and f"{worst:.1f}×" in RESULTS_DOC
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_generated_figure_is_what_the_committed_results_give(page):
+    assert EXCERPTS.figure_problems(page) == []
 
 
-def test_readme_and_results_quote_the_step_benchmark():
-    rows = {r["variant"]: r for r in json.loads((RESULTS / "lenet_cpu_step_nchw2.json").read_text())["steps"]}
-    base, fast = rows["bn234+bf16+cl@1"]["median_ms"], rows["bn234+bf16+cl+fused1+fused@1"]["median_ms"]
-    assert f"**{fast:.1f} ms** per batch of 256" in _flat(README) and f"{base / fast:.2f}×" in README
-    assert f"**{fast:.2f} ms**" in RESULTS_DOC and f"{base:.2f}" in RESULTS_DOC
+@pytest.mark.parametrize("page,heading", [
+    (PAGES[0], "# trainlab"),                    # the first screen, up to Quick start
+    (PAGES[0], "## Headline figures"),
+    (PAGES[1], "## On one H100"),
+    (PAGES[1], "## Headline figures (CPU)"),
+])
+def test_no_headline_number_is_written_by_hand(page, heading):
+    text = page.read_text()
+    section = _headline(text, heading) if heading != "# trainlab" else text[:text.index("## Quick start")]
+    assert len(EXCERPTS.figures(section)) >= 5, f"{page.name} {heading}: its figures are not generated"
+    assert _by_hand(section) == [], f"{page.name} {heading}: figures typed by hand"
 
 
-def test_results_quote_the_conv2_layout_benchmark():
-    rows = {r["what"]: r["median_ms"] for r in json.loads((RESULTS / "lenet_conv2_layout.json").read_text())["rows"]}
-    nchw, cl = rows["bfloat16 NCHW input gradient"], rows["bfloat16 channels-last input gradient"]
-    assert f"input gradient **{nchw:.2f} vs {cl:.2f}**" in RESULTS_DOC
-    assert cl / nchw > 1.5   # the reason NCHWConv2d exists
+def test_the_h100_figures_are_quoted_in_the_readme_and_the_results():
+    for page in PAGES[:2]:
+        names = {name for name, _, _ in EXCERPTS.figures(page.read_text())}
+        assert {"h100.t99_s", "h100.gpt_mfu", "h100.gelu_cuda_copy", "h100.steps_ok", "h100.minutes"} <= names, page.name
+
+
+def test_the_walkthrough_quotes_one_time_to_99_the_readme_quotes():
+    readme, walk = ({n: v for n, v, _ in EXCERPTS.figures(p.read_text())} for p in (PAGES[0], PAGES[2]))
+    assert walk.get("cpu.t99_s") == readme["cpu.t99_s"] and walk.get("cpu.t99_ratio") == readme["cpu.t99_ratio"]
+
+
+def test_the_checker_fails_on_a_drifted_or_hand_written_figure(tmp_path):
+    doc = tmp_path / "doc.md"
+    good = EXCERPTS.FIGURES["h100.t99_s"]()
+    doc.write_text(f"x <!-- fig: h100.t99_s -->{good}<!-- /fig --> y <!-- fig: cpu.t99_ratio -->13.8×<!-- /fig -->"
+                   " <!-- fig: no.such -->1<!-- /fig -->\n")
+    problems = EXCERPTS.figure_problems(doc)
+    assert len(problems) == 2 and "cpu.t99_ratio says '13.8×'" in problems[0] and "no.such" in problems[1]
+    EXCERPTS.regenerate(doc)
+    assert "13.8×" not in doc.read_text() and len(EXCERPTS.figure_problems(doc)) == 1  # the unknown name stays
+    assert _by_hand("## H\nmedian **3.1 s**, 13.8× the loop, ≥ 99 % target <!-- fig: a -->2 s<!-- /fig -->") == ["3.1 s", "13.8×"]

@@ -155,9 +155,9 @@ def test_report_with_gelu_check_and_gpt_bench_json(runs, tmp_path, capsys):
 
 
 def test_report_shows_gelu_rows_that_could_not_run_as_skipped(runs, tmp_path):
-    from trainlab.ops.check import gelu_row
+    from trainlab.ops import check
 
-    ran = gelu_row("python", "none", torch.float64, n=64)
+    ran = check.check_row(check.CASES["gelu"][0], "python", torch.float64, n=64)
     # a cuda row from a machine without a GPU, in today's form and in the older form (ok: true)
     skipped = {**ran, "impl": "cuda", "skipped": True, "ok": None, "status": "skipped", "reason": "no CUDA GPU on this machine"}
     older = {k: v for k, v in {**skipped, "impl": "cuda-old", "ok": True}.items() if k != "status"}

@@ -242,6 +242,14 @@ def _all_subparsers(parser):
 COMMANDS = doc_commands(DOC.read_text()) if DOC.exists() else []
 
 
+def test_the_walkthrough_is_short_and_tells_no_development_history():
+    text = DOC.read_text()
+    assert len(text.splitlines()) <= 500
+    history = re.findall(r"(?i)\b(?:session \d|issue \d+'s goals|was \S+ before|before (?:issue|the) \w+ change|"
+                         r"as it was|since issue|used to be|earlier run)\b", text)
+    assert history == [], history
+
+
 def test_the_walkthrough_exists_has_commands_and_the_readme_links_it_first():
     assert DOC.exists()
     assert len(COMMANDS) >= 15

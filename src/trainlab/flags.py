@@ -150,6 +150,16 @@ def process_count(lo: int) -> Check:
     return check
 
 
+def thread_count(v: Any) -> str | None:
+    """torch CPU threads: an integer >= 1 and at most this machine's CPUs (more only oversubscribe it)."""
+    from trainlab.device import cpu_cores
+
+    problem = at_least(1)(v)
+    if problem is None and v > cpu_cores():
+        return f"expected an integer >= 1 and <= {cpu_cores()} (this machine's CPUs)"
+    return problem
+
+
 # Seeds are 32-bit: numpy's generators and the loaders' per-sample streams take no more.
 SEED_MAX = 2**32 - 1
 
@@ -179,6 +189,12 @@ def output_dir(v: Any) -> str | None:
 def output_file(v: Any) -> str | None:
     """A file trainlab may create or replace."""
     return output_problem(v, "file")
+
+
+def json_output(v: Any) -> str | None:
+    """`--json PATH|-` (every command): a file trainlab may write atomically, or `-` for stdout
+    (`io.write_json_output` does either)."""
+    return None if v == "-" else output_file(v)
 
 
 def check_value(value: Any, check: Check, flag: str) -> None:

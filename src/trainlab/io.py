@@ -28,6 +28,7 @@ import json
 import math
 import os
 import stat
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -214,6 +215,15 @@ def _nonfinite_path(obj: Any, path: str = "$") -> tuple[str, float] | None:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, private: bool = False) -> Path:
     return atomic_write_text(path, to_json(obj, indent=2) + "\n", private)
+
+
+def write_json_output(dest: str | os.PathLike, obj: Any) -> None:
+    """What `--json DEST` means on every command: `-` prints the JSON to stdout, a path gets it atomically."""
+    if os.fspath(dest) == "-":
+        sys.stdout.write(to_json(obj, indent=2) + "\n")
+        sys.stdout.flush()
+    else:
+        atomic_write_json(dest, obj)
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any, private: bool = False) -> Path:

@@ -1,6 +1,7 @@
 """`trainlab gpt bench`: time one GPT-2 strategy on seeded random tokens, the same way for all.
 
-Every rank builds a `GPTEngine`, runs `warmup` steps (compilation, allocator warm-up; excluded)
+The run is one resolved `GPTPlan` (the worker spec is that plan as JSON). Every rank builds a
+`GPTEngine` from it, runs `warmup` steps (compilation, allocator warm-up; excluded)
 and `steps` timed steps. A step is timed from a barrier to the returned loss (a host sync: the
 loss is a Python float) with the device synchronized on both ends, and the slowest rank's time is
 the step time. Tokens for step i are drawn from a generator seeded by `seed`, so every strategy
@@ -15,23 +16,24 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
 from trainlab.device import device_name, free_memory, is_out_of_memory, peak_memory, peak_tflops, reset_peak_memory, set_tf32, synchronize
 from trainlab.distributed.launch import (describe_timeout, init_distributed, keep_alive, launch_workers, needs_launch,
-                                         release_group)
+                                         release_group, under_torchrun)
 from trainlab.errors import HardwareError, TrainingDiverged
-from trainlab.gpt.config import BenchConfig
+from trainlab.gpt.config import GPTBenchConfig
 from trainlab.gpt.engine import GPTEngine
 from trainlab.gpt.flops import flops_per_token, handout_param_count, handout_tflops, hardware_flops_per_token, mfu
 from trainlab.gpt.model import count_params
-from trainlab.gpt.planner import (measure_step_peak_bytes, memory_shortfall, out_of_memory_line, predict_memory,
-                                  predicted_bytes)
-from trainlab.io import atomic_write_json
+from trainlab.gpt.plan import GPTPlan
+from trainlab.gpt.planner import measure_step_peak_bytes, memory_shortfall, out_of_memory_line
+from trainlab.io import write_json_output
 from trainlab.stats import format_spread, summarize
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.rundir import RunDir, check_run_dir
@@ -64,72 +66,38 @@ def _rank_peak(device: torch.device) -> dict:
     return mem
 
 
-def _predicted_peak(cfg: BenchConfig, model_cfg, spec, engine, seq: int, device: torch.device) -> int | None:
-    """The planner's prediction for this run (ours only; HF's model differs in its activations)."""
-    if cfg.impl != "ours" or spec.compile:  # compiled graphs fuse and free differently
-        return None
-    try:
-        opt = "fused" if cfg.fused_optimizer else ("foreach" if device.type == "cuda" else "forloop")
-        steps = engine.micro_steps
-        micro = engine.per_rank_batch // steps if spec.pp else cfg.micro_batch  # pp: the pipeline's micro-batch
-        return predict_memory(model_cfg, spec, engine.dist.world_size, micro, seq, tp=cfg.tp, pp=cfg.pp,
-                              microbatches=steps if spec.pp else None, pp_schedule=cfg.pp_schedule,
-                              accumulation_steps=1 if spec.pp else steps, optimizer=opt,
-                              **device_attention_kwargs(device))["total_bytes"]
-    except Exception:  # a prediction must never break a measurement
-        return None
-
-
-def device_attention_kwargs(device: torch.device) -> dict:
-    """What decides the SDPA kernel on this device, for the planner: type, compute capability, cuDNN."""
-    if device.type != "cuda":
-        return {"device_type": device.type}
-    major, minor = torch.cuda.get_device_capability(device)
-    return {"device_type": "cuda", "sm": 10 * major + minor, "cudnn_version": torch.backends.cudnn.version()}
-
-
-def _with_world_size(cfg: BenchConfig) -> BenchConfig:
-    """In a torchrun worker the world size is the number of processes torchrun started."""
-    if "WORLD_SIZE" in os.environ:
-        return replace(cfg, nproc=int(os.environ["WORLD_SIZE"]))
-    return cfg
-
-
-def run_bench(cfg: BenchConfig, log=print) -> dict | None:
-    """Run the benchmark in this process (a torchrun worker or the only process).
+def run_bench(plan: GPTPlan, log=print) -> dict | None:
+    """Run the benchmark of `plan` in this process (a torchrun worker or the only process).
 
     Returns the summary on rank 0 and None on other ranks; writes --json / --out on rank 0. A rank with
     peers leaves its process group as it is: the worker ends by `launch.end_worker` (barrier, os._exit).
     """
-    cfg = _with_world_size(cfg)
-    model_cfg, spec, seq = cfg.validate()
-    tf32 = set_tf32(cfg.tf32)
-    info = init_distributed(device=None if cfg.device == "auto" else cfg.device)
+    tf32 = set_tf32(plan.tf32)
+    info = init_distributed(device=plan.device)
     main = info.rank == 0
     say = log if main else (lambda *a, **k: None)
     run, finished = None, False
     rec = None
     try:
-        run = RunDir.claim(cfg.out, overwrite=cfg.overwrite, resumable=False) if main and cfg.out else None
-        config = {**asdict(cfg), "seq": seq, "strategy": spec.text, "world_size": info.world_size,
-                  "dist_timeout": describe_timeout(None)}
+        run = RunDir.claim(plan.out, overwrite=plan.overwrite, resumable=False) if main and plan.out else None
+        config = {**plan.to_dict(), "dist_timeout": describe_timeout(None)}
         env = collect_env(info.device)
         say(format_header(config, env))
-        engine, build_s = _build_engine(cfg, model_cfg, spec, seq, info)
-        rec = StepRecorder(cfg, model_cfg, seq, info, run, say)
-        say(f"built {spec.text} on {info.world_size} rank(s) of {device_name(info.device)} in {build_s:.1f} s; "
+        engine, build_s = _build_engine(plan, info)
+        rec = StepRecorder(plan, info, run, say)
+        say(f"built {plan.strategy.text} on {info.world_size} rank(s) of {device_name(info.device)} in {build_s:.1f} s; "
             f"params {rec.params:,}; peak {rec.peak if rec.peak else 'n/a'} TFLOPS ({rec.peak_src})")
         rec.start(config, env)
-        tokens = _timed_steps(engine, cfg, model_cfg, seq, info, rec)
+        tokens = _timed_steps(engine, plan, info, rec)
         rec.finish_busy(env)
-        all_mem = _peak_memory_per_rank(engine, tokens, cfg, info, say)
+        all_mem = _peak_memory_per_rank(engine, tokens, plan, info, say)
         if not main:
             finished = True
             return None
-        summary = _summary(cfg, model_cfg, spec, seq, engine, info, rec, all_mem, build_s, tf32, config, env)
+        summary = _summary(plan, engine, info, rec, all_mem, build_s, tf32, config, env)
         _say_summary(summary, all_mem, say)
-        if cfg.json:
-            atomic_write_json(cfg.json, summary)
+        if plan.json:
+            write_json_output(plan.json, summary)
         if run is not None:
             run.write_json("summary.json", summary)
         finished = True
@@ -138,7 +106,8 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
         if not is_out_of_memory(e):
             raise
         # one line, not a failed row or "a bug in trainlab": what the planner expected, what was free
-        raise HardwareError(out_of_memory_line(predicted_bytes(cfg), free_memory(info.device), f"{info.device}, at run time")) from None
+        raise HardwareError(out_of_memory_line(plan.predicted_peak_bytes, free_memory(info.device),
+                                               f"{info.device}, at run time")) from None
     finally:
         if rec is not None:
             rec.close()
@@ -147,12 +116,9 @@ def run_bench(cfg: BenchConfig, log=print) -> dict | None:
         release_group()  # a group of one; a rank with peers ends by launch.end_worker
 
 
-def _build_engine(cfg: BenchConfig, model_cfg, spec, seq: int, info) -> tuple[GPTEngine, float]:
+def _build_engine(plan: GPTPlan, info) -> tuple[GPTEngine, float]:
     t0 = time.perf_counter()
-    engine = GPTEngine(model_cfg, spec, info, lr=cfg.lr, seed=cfg.seed, global_batch=cfg.global_batch,
-                       micro_batch=cfg.micro_batch, seq_len=seq, impl=cfg.impl, tp=cfg.tp, pp=cfg.pp,
-                       pp_schedule=cfg.pp_schedule, microbatches=cfg.microbatches,
-                       fused_optimizer=cfg.fused_optimizer)
+    engine = GPTEngine(plan, info)
     keep_alive(engine)  # its DDP/FSDP destructors can block on gloo once a peer has gone (launch.keep_alive)
     return engine, time.perf_counter() - t0
 
@@ -161,13 +127,13 @@ class StepRecorder:
     """Everything a benchmark step reports, kept out of the timed loop: the step line, metrics.jsonl and
     TensorBoard (rank 0 with --out), the peak-memory reset and the nvidia-smi snapshot of busy steps."""
 
-    def __init__(self, cfg: BenchConfig, model_cfg, seq: int, info, run: RunDir | None, say):
-        self.cfg, self.run, self.say, self.main = cfg, run, say, info.rank == 0
+    def __init__(self, plan: GPTPlan, info, run: RunDir | None, say):
+        self.cfg, self.run, self.say, self.main = plan, run, say, info.rank == 0
         self.device, self.world = torch.device(info.device), info.world_size
-        self.params = count_params(model_cfg)
+        self.params = count_params(plan.model)
         self.peak, self.peak_src = peak_tflops(self.device)
-        self.model_fpt = flops_per_token(model_cfg, seq, checkpointing=False)
-        self.tokens_per_step = cfg.global_batch * seq
+        self.model_fpt = flops_per_token(plan.model, plan.seq, checkpointing=False)
+        self.tokens_per_step = plan.global_batch * plan.seq
         self.losses, self.times, self.warm_times = [], [], []
         self.busy = BusySnapshot()   # nvidia-smi during the timed steps (env.json's is taken idle)
         self.writer = None
@@ -220,11 +186,12 @@ class StepRecorder:
             self.writer.close()
 
 
-def _timed_steps(engine: GPTEngine, cfg: BenchConfig, model_cfg, seq: int, info, rec: StepRecorder) -> torch.Tensor:
+def _timed_steps(engine: GPTEngine, cfg: GPTPlan, info, rec: StepRecorder) -> torch.Tensor:
     """`warmup` + `steps` steps, each timed from a barrier to the returned loss; the slowest rank's time
     is the step's. Returns the last batch (for --track-memory)."""
     device, world = torch.device(info.device), info.world_size
-    for i, tokens in enumerate(token_batches(model_cfg.vocab_size, cfg.global_batch, seq, cfg.warmup + cfg.steps, cfg.seed)):
+    batches = token_batches(cfg.model.vocab_size, cfg.global_batch, cfg.seq, cfg.warmup + cfg.steps, cfg.seed)
+    for i, tokens in enumerate(batches):
         rec.before_step(i)
         if world > 1:
             dist.barrier()
@@ -245,7 +212,7 @@ def _timed_steps(engine: GPTEngine, cfg: BenchConfig, model_cfg, seq: int, info,
     return tokens
 
 
-def _peak_memory_per_rank(engine: GPTEngine, tokens, cfg: BenchConfig, info, say) -> list[dict]:
+def _peak_memory_per_rank(engine: GPTEngine, tokens, cfg: GPTPlan, info, say) -> list[dict]:
     """Every rank's peaks (gathered on all ranks); with --track-memory, live tensor bytes of one more step."""
     device = torch.device(info.device)
     rank_mem = _rank_peak(device)
@@ -263,9 +230,10 @@ def _peak_memory_per_rank(engine: GPTEngine, tokens, cfg: BenchConfig, info, say
     return all_mem
 
 
-def _summary(cfg: BenchConfig, model_cfg, spec, seq: int, engine: GPTEngine, info, rec: StepRecorder, all_mem: list[dict],
-             build_s: float, tf32, config: dict, env: dict) -> dict:
+def _summary(cfg: GPTPlan, engine: GPTEngine, info, rec: StepRecorder, all_mem: list[dict], build_s: float, tf32,
+             config: dict, env: dict) -> dict:
     device, world, params, tokens_per_step = torch.device(info.device), info.world_size, rec.params, rec.tokens_per_step
+    model_cfg, spec, seq = cfg.model, cfg.strategy, cfg.seq
     st = summarize(rec.times)
     med = st["median"]
     tok_s = tokens_per_step / med
@@ -273,9 +241,9 @@ def _summary(cfg: BenchConfig, model_cfg, spec, seq: int, engine: GPTEngine, inf
     hw_fpt = hardware_flops_per_token(model_cfg, seq, spec.ckpt)
     return {
         "strategy": spec.text,
-        "predicted_peak_bytes": _predicted_peak(cfg, model_cfg, spec, engine, seq, device),
+        "predicted_peak_bytes": cfg.predicted_peak_bytes,  # the plan's: the pre-flight check used the same
         "impl": cfg.impl,
-        "model": cfg.model,
+        "model": cfg.model_name,
         "world_size": world,
         "degrees": {"dp": engine.degrees.dp, "tp": engine.degrees.tp, "pp": engine.degrees.pp},
         "params": params,
@@ -335,21 +303,31 @@ def _say_summary(summary: dict, all_mem: list[dict], say) -> None:
             + (f", live tensors {_fmt_bytes(m['peak_tensor_bytes'])}" if m.get("peak_tensor_bytes") else ""))
 
 
-def bench_command(cfg: BenchConfig) -> int:
-    """CLI entry: validate, start --nproc workers under torchrun (the config as JSON), else run here."""
-    cfg.validate()  # fail before launching N processes
-    shortfall = memory_shortfall(cfg)  # the planner's estimate against free memory, before building anything
+def bench_command(cfg: GPTBenchConfig) -> int:
+    """CLI entry: resolve the plan (every check, the planner's prediction), refuse a run that will not fit,
+    then start --nproc workers under torchrun (the plan as JSON), else run here."""
+    if under_torchrun() and "WORLD_SIZE" in os.environ:  # a user's own torchrun: its world is the run's
+        cfg = replace(cfg, nproc=int(os.environ["WORLD_SIZE"]))
+    plan = cfg.plan()  # fail before launching N processes
+    shortfall = memory_shortfall(plan)  # the planner's estimate against free memory, before building anything
     if shortfall:
         raise HardwareError(shortfall)
-    if cfg.out:
-        check_run_dir(cfg.out, overwrite=cfg.overwrite, resumable=False)
-    if needs_launch(cfg.nproc):
-        return launch_workers(cfg.nproc, "gpt-bench", config=cfg.to_dict())
-    run_bench(cfg, log=lambda *a: print(*a, flush=True))
+    if plan.out:
+        check_run_dir(plan.out, overwrite=plan.overwrite, resumable=False)
+    if needs_launch(plan.world_size):
+        return launch_workers(plan.world_size, "gpt-bench", plan=plan.to_dict())
+    run_bench(plan, log=_log_for(plan))
     return 0
+
+
+def _log_for(plan: GPTPlan):
+    """Progress lines go to stdout, or to stderr when stdout carries the JSON (`--json -`)."""
+    stream = sys.stderr if plan.json == "-" else sys.stdout
+    return lambda *a: print(*a, file=stream, flush=True)
 
 
 def bench_worker(spec: dict) -> int:
     """`trainlab worker SPEC.json` for "gpt-bench": one process (or torchrun rank) of a benchmark."""
-    run_bench(BenchConfig.from_dict(spec["config"], source="gpt bench spec"), log=lambda *a: print(*a, flush=True))
+    plan = GPTPlan.from_dict(spec.get("plan"), source="gpt bench spec")
+    run_bench(plan, log=_log_for(plan))
     return 0  # the dispatcher ends the process (launch.end_worker)

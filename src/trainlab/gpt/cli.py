@@ -3,31 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from trainlab.flags import add_command, add_flags, explicit_values
 from trainlab.gpt.bench import bench_command
 from trainlab.gpt.compare import run_compare
-from trainlab.gpt.config import COMPARE_EXCLUDED_BENCH_FLAGS, BenchConfig, CompareConfig, PlanConfig
+from trainlab.gpt.config import COMPARE_EXCLUDED_BENCH_FLAGS, CompareConfig, GPTBenchConfig, PlanConfig
 from trainlab.gpt.model import get_preset
 from trainlab.gpt.planner import format_plan, parse_bytes, plan
+from trainlab.io import write_json_output
 
 
 def _bench(args: argparse.Namespace) -> int:
-    return bench_command(BenchConfig(**explicit_values(args, BenchConfig)))
+    return bench_command(GPTBenchConfig(**explicit_values(args, GPTBenchConfig)))
 
 
 def _plan(args: argparse.Namespace) -> int:
     pc = PlanConfig(**explicit_values(args, PlanConfig))
     pc.validate()
-    result = plan(get_preset(pc.model), pc.gpus, parse_bytes(pc.gpu_mem), pc.micro_batch, pc.seq, pc.strategy_list,
-                  optimizer=pc.optimizer, model_name=pc.model, sm=pc.sm)
-    print(json.dumps(result, indent=2) if pc.json else format_plan(result))
+    get_preset(pc.model)  # an unknown preset is one error, not one per strategy
+    result = plan(pc.resolver(), pc.gpus, parse_bytes(pc.gpu_mem), pc.micro_batch, pc.strategy_list, model_name=pc.model)
+    if pc.json:
+        write_json_output(pc.json, result)
+    if pc.json != "-":
+        print(format_plan(result))
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
-    bench = BenchConfig(**explicit_values(args, BenchConfig, exclude=COMPARE_EXCLUDED_BENCH_FLAGS))
+    bench = GPTBenchConfig(**explicit_values(args, GPTBenchConfig, exclude=COMPARE_EXCLUDED_BENCH_FLAGS))
     cc = CompareConfig(bench=bench, **explicit_values(args, CompareConfig))
     cc.validate()
     run_compare(cc, log=lambda *a: print(*a, flush=True), command=args.command_line)
@@ -39,8 +42,8 @@ def add_parser(subparsers) -> None:
     sub = gpt.add_subparsers(dest="gpt_command", metavar="{bench,plan,compare}")
     sub.required = True
 
-    add_command(sub, "bench", "time one strategy (tokens/s, TFLOPS, MFU, peak memory)", BenchConfig, _bench)
+    add_command(sub, "bench", "time one strategy (tokens/s, TFLOPS, MFU, peak memory)", GPTBenchConfig, _bench)
     add_command(sub, "plan", "predict per-device memory of every strategy", PlanConfig, _plan)
     c = add_command(sub, "compare", "run a matrix of strategies on the same tokens, one subprocess each",
                     CompareConfig, _compare)
-    add_flags(c, BenchConfig, exclude=COMPARE_EXCLUDED_BENCH_FLAGS)  # the settings every strategy shares
+    add_flags(c, GPTBenchConfig, exclude=COMPARE_EXCLUDED_BENCH_FLAGS)  # the settings every strategy shares

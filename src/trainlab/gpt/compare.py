@@ -21,9 +21,10 @@ import torch
 from trainlab.device import OOM_MARKERS
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError
-from trainlab.gpt.config import BenchConfig, CompareConfig
+from trainlab.gpt.config import CompareConfig, GPTBenchConfig
 from trainlab.gpt.model import get_preset
-from trainlab.gpt.planner import memory_shortfall, predicted_bytes
+from trainlab.gpt.plan import GPTPlan, Machine
+from trainlab.gpt.planner import memory_shortfall
 from trainlab.gpt.strategy import parse_strategy
 from trainlab.io import atomic_write_text, read_json, record_written, refuse_foreign
 from trainlab.telemetry.env import collect_env, format_header
@@ -70,7 +71,7 @@ def _error_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[-1][:200]
 
 
-def _strategy_run(bench: BenchConfig, strategy: str) -> BenchConfig:
+def _strategy_run(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
     """Per-strategy settings: parallel strategies use all `nproc` ranks, single-device ones one;
     accumulation gets a micro-batch half the per-rank batch; the tokens stay identical."""
     spec = parse_strategy(strategy)
@@ -85,12 +86,12 @@ def _strategy_run(bench: BenchConfig, strategy: str) -> BenchConfig:
                    track_memory=bench.track_memory or on_cpu)
 
 
-def _child_env(run: BenchConfig) -> dict:
+def _child_env(run: GPTPlan) -> dict:
     """On CPU every process gets one thread — a "device" is one core, as torchrun's workers get
     (OMP_NUM_THREADS=1). Two threads per process on a busy 2-core box measured 30× slower steps
     (OpenMP spin-waiting), which would compare thread contention instead of strategies."""
     env = dict(os.environ)
-    if run.device == "cpu" or (run.device == "auto" and not torch.cuda.is_available()):
+    if run.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
     return env
 
@@ -120,21 +121,22 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
         atomic_write_text(os.path.join(cc.out, "compare.csv"), to_csv(rows))
         return result
 
-    for run in runs:
-        slug = run.strategy.replace("+", "_")
+    machine = Machine.detect()
+    for cfg in runs:
+        slug = cfg.strategy.replace("+", "_")
         json_path = os.path.join(cc.out, f"{slug}.json")
         log_path = os.path.join(cc.out, f"{slug}.log")
-        row = {"strategy": run.strategy, "nproc": run.nproc, "micro_batch": run.micro_batch,
-               "predicted_bytes": predicted_bytes(run)}
+        row = {"strategy": cfg.strategy, "nproc": cfg.nproc, "micro_batch": cfg.micro_batch, "predicted_bytes": None}
         try:
-            run.validate()
+            run = replace(cfg, json=json_path).plan(machine)  # every check and the prediction, as `gpt bench` does
         except ConfigError as e:
             row.update(status="invalid", error=str(e))
             rows.append(row)
-            lines.append(f"{run.strategy:<22} invalid: {e}")
+            lines.append(f"{cfg.strategy:<22} invalid: {e}")
             log(lines[-1])
             write_tables(rows)
             continue
+        row["predicted_bytes"] = run.predicted_peak_bytes
         shortfall = memory_shortfall(run)  # the planner's estimate against free memory, before building anything
         if shortfall:
             row.update(status="OOM", error=shortfall)
@@ -144,8 +146,8 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
             continue
         if os.path.exists(json_path):  # this command's own result from an earlier run (checked up front)
             os.remove(json_path)
-        spec = write_spec(os.path.join(cc.out, f"{slug}.spec.json"), "gpt-bench", config=replace(run, json=json_path).to_dict())
-        cmd = worker_command(run.nproc, spec)
+        spec = write_spec(os.path.join(cc.out, f"{slug}.spec.json"), "gpt-bench", plan=run.to_dict())
+        cmd = worker_command(run.world_size, spec)
         with tempfile.TemporaryFile("w+", errors="replace") as output:  # a file: no pipe a stuck rank could hold
             rc, row["wall_s"] = run_limited(cmd, cc.timeout_s, stdout=output, stderr=subprocess.STDOUT,
                                             env=_child_env(run))

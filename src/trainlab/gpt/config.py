@@ -1,25 +1,28 @@
 """The configs of `trainlab gpt bench|compare|plan`: one dataclass each, flags derived from the fields.
 
-`CompareConfig` holds a `BenchConfig` (the settings every strategy shares) instead of repeating its
+What the user asked, nothing more: `GPTBenchConfig.plan()` resolves it on this machine into the
+frozen `gpt.plan.GPTPlan` (with the planner's prediction attached) that everything downstream takes.
+`CompareConfig` holds a `GPTBenchConfig` (the settings every strategy shares) instead of repeating its
 fields; `gpt compare` takes the bench flags except --strategy/--json/--out, which are per run there.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainlab.device import TF32_MODES
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, one_of, opt, output_dir, output_file, positive, seed_value
-from trainlab.gpt.model import PRESETS, get_preset
-from trainlab.gpt.planner import parse_bytes
-from trainlab.gpt.strategy import parse_strategy, validate_strategy
+from trainlab.flags import Config, at_least, json_output, one_of, opt, output_dir, positive, seed_value
+from trainlab.gpt.model import PRESETS
+from trainlab.gpt.plan import GPTPlan, Machine, resolve
+from trainlab.gpt.planner import Resolver, parse_bytes, predicted_peak
+from trainlab.gpt.strategy import parse_strategy, resolve_degrees
 
 MODEL_HELP = "preset: " + ", ".join(PRESETS)
 
 
 @dataclass
-class BenchConfig(Config):
+class GPTBenchConfig(Config):
     """One strategy, timed on seeded random tokens (`trainlab gpt bench`)."""
 
     model: str = opt("gpt2-1.6b", MODEL_HELP)
@@ -42,29 +45,23 @@ class BenchConfig(Config):
     tf32: str = opt("off", "TF32 tensor cores for fp32 matmuls on Ampere+ GPUs (recorded in the summary)",
                     choices=TF32_MODES)
     track_memory: bool = opt(False, "one extra, untimed step counting live tensor bytes (CPU: the exact peak)")
-    json: str | None = opt(None, "write the summary JSON here", check=output_file)
+    json: str | None = opt(None, "write the summary JSON to PATH ('-': print it to stdout, the log goes to stderr)",
+                           metavar="PATH", check=json_output)
     out: str | None = opt(None, "run directory: config, env, metrics.jsonl, TensorBoard, summary (new or empty "
                                       "unless --overwrite)")
     overwrite: bool = opt(False, "replace the run already in --out (its files are deleted when this run starts writing)")
 
-    def validate(self):
-        """Everything checkable before launching processes; returns (model config, strategy spec, seq).
-        The strategy, sizes and device are checked by `gpt.strategy.validate_strategy`, their one owner."""
-        super().validate()  # every field's declared range
-        model_cfg = get_preset(self.model)
-        spec = parse_strategy(self.strategy)
-        seq = self.seq if self.seq is not None else model_cfg.n_positions
-        validate_strategy(spec, model_cfg, self.nproc, self.global_batch, self.micro_batch, self.device, tp=self.tp,
-                          pp=self.pp, microbatches=self.microbatches, impl=self.impl, seq_len=seq,
-                          pp_schedule=self.pp_schedule)
-        return model_cfg, spec, seq
+    def plan(self, machine: Machine | None = None, model=None) -> GPTPlan:
+        """This run resolved on `machine` (default: this one) with the planner's predicted peak attached;
+        every check of a run happens here (`gpt.plan.resolve`), before anything launches."""
+        return resolve(self, machine or Machine.detect(), model=model, predict=predicted_peak)
 
 
 @dataclass
 class CompareConfig(Config):
     """A matrix of strategies on the same tokens, one process each (`trainlab gpt compare`)."""
 
-    bench: BenchConfig = opt(None, "the settings every strategy shares", cli=False)
+    bench: GPTBenchConfig = opt(None, "the settings every strategy shares", cli=False)
     strategies: str | None = opt(None, "comma-separated list (default: the handout's list and combinations)")
     out: str = opt("runs/gpt_compare", "directory for tables, plots and logs", check=output_dir)
     timeout_s: float = opt(1800.0, "seconds per strategy", flag="--timeout", check=positive)
@@ -73,7 +70,7 @@ class CompareConfig(Config):
 
     def __post_init__(self):
         if self.bench is None:
-            self.bench = BenchConfig()
+            self.bench = GPTBenchConfig()
 
     @property
     def strategy_list(self) -> list[str] | None:
@@ -105,9 +102,32 @@ class PlanConfig(Config):
     strategies: str | None = opt(None, "comma-separated list (default: a matrix for --gpus)")
     optimizer: str = opt("foreach", "AdamW implementation (its temporaries differ)",
                          choices=("foreach", "fused", "forloop"))
-    sm: int = opt(90, "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs")
-    json: bool = opt(False, "print JSON instead of a table")
+    sm: int = opt(90, "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs",
+                  check=at_least(1))
+    json: str | None = opt(None, "write the plan as JSON to PATH ('-': print it instead of the table)",
+                           metavar="PATH", check=json_output)
 
     @property
     def strategy_list(self) -> list[str] | None:
         return [s for s in self.strategies.split(",") if s] if self.strategies else None
+
+    def resolver(self) -> Resolver:
+        """strategy, micro-batch → the plan of that run on --gpus GPUs of compute capability --sm: the
+        planner sees exactly what `gpt bench` would run (single-device strategies on one GPU; no
+        accumulation; pp with 2 micro-batches per stage to keep the bubble small)."""
+        machine = Machine(gpus=self.gpus, sm=self.sm)
+
+        def plan_of(strategy: str, micro_batch: int) -> GPTPlan:
+            spec = parse_strategy(strategy)
+            world = self.gpus if spec.distributed else 1
+            deg = resolve_degrees(spec, world)
+            n_mb = 2 * deg.pp if spec.pp else 1
+            run = GPTBenchConfig(model=self.model, strategy=strategy, nproc=world, device="cuda",
+                                 global_batch=micro_batch * n_mb * (deg.dp if spec.data_parallel else 1),
+                                 micro_batch=micro_batch, seq=self.seq, fused_optimizer=self.optimizer == "fused")
+            p = run.plan(machine)
+            if self.optimizer == "forloop" and p.optimizer_kernel != "forloop":  # no bench flag asks for it
+                p = replace(p, optimizer_kernel="forloop")
+                p = replace(p, predicted_peak_bytes=predicted_peak(p))
+            return p
+        return plan_of

@@ -7,11 +7,13 @@ Construction order (the same for all strategies, so the same seed gives the same
 3. model parallelism: cut this rank's pipeline stage, then tensor-parallel split of its blocks;
 4. `torch.compile` of each block's forward (module hooks — FSDP's — stay eager outside it);
 5. data parallelism: DDP / FSDP2 / DeepSpeed;
-6. AdamW (betas 0.9/0.95, weight decay 0 by default so equivalence tests are exact).
+6. AdamW (betas 0.9/0.95, weight decay 0 by default so equivalence tests are exact);
+7. the step (`gpt.step.make_step`): how forward/backward run for this plan.
 
+Everything comes from one resolved `gpt.plan.GPTPlan`; nothing is re-derived or re-checked here.
 `train_step` takes the *global* batch on every rank, keeps this rank's data-parallel slice, runs the
-micro-steps (gradients synchronized only on the last) and one optimizer step, and returns the global
-mean loss, identical on all ranks.
+step (micro-steps with gradients synchronized only on the last, one optimizer step) and returns the
+global mean loss, identical on all ranks.
 """
 
 from __future__ import annotations
@@ -24,17 +26,18 @@ from torch.distributed.tensor import DTensor
 
 from trainlab.distributed.failure import raise_if_peer_failure
 from trainlab.distributed.launch import DistInfo, ensure_process_group
-from trainlab.distributed.wrappers import gradient_sync, unwrap, wrap_ddp
+from trainlab.distributed.wrappers import unwrap, wrap_ddp
 from trainlab.errors import ConfigError
-from trainlab.gpt.model import (build_gpt, build_hf_model, gpt_state_dict_from_hf, lm_loss,
-                                set_activation_checkpointing, transformer_blocks)
+from trainlab.gpt.model import (build_gpt, build_hf_model, gpt_state_dict_from_hf, set_activation_checkpointing,
+                                transformer_blocks)
 from trainlab.gpt.parallel import nvme
 from trainlab.gpt.parallel.amp import Precision
 from trainlab.gpt.parallel.fsdp import apply_fsdp
 from trainlab.gpt.parallel.pipeline import PipelineRunner, split_stage
 from trainlab.gpt.parallel.tensor import apply_tensor_parallel
 from trainlab.gpt.parallel.zero1 import build_zero1_optimizer
-from trainlab.gpt.strategy import StrategySpec, parse_strategy, validate_strategy
+from trainlab.gpt.plan import LOSSES, GPTPlan
+from trainlab.gpt.step import make_step, train_step
 
 BETAS = (0.9, 0.95)
 EPS = 1e-8
@@ -43,59 +46,44 @@ EPS = 1e-8
 class GPTEngine:
     """Model + optimizer + strategy for one rank. See the module docstring for the order of set-up."""
 
-    def __init__(self, model_cfg, spec: StrategySpec | str, dist_info: DistInfo, *, lr: float = 5e-4, seed: int = 0,
-                 global_batch: int, micro_batch: int, seq_len: int, impl: str = "ours", tp: int = 1, pp: int = 1,
-                 pp_schedule: str = "1f1b", microbatches: int | None = None, fused_optimizer: bool = False,
-                 weight_decay: float = 0.0, nvme_path: str | None = None, optimizer: str = "adamw",
-                 model: nn.Module | None = None):
-        self.spec = parse_strategy(spec) if isinstance(spec, str) else spec
+    def __init__(self, plan: GPTPlan, dist_info: DistInfo, *, model: nn.Module | None = None):
+        if dist_info.world_size != plan.world_size:
+            raise ConfigError(f"the plan is for {plan.world_size} rank(s), this process is one of {dist_info.world_size}")
+        self.plan, self.spec, self.degrees = plan, plan.strategy, plan.degrees
         self.dist = dist_info
         self.device = torch.device(dist_info.device)
-        self.model_cfg = model_cfg
-        if optimizer not in ("adamw", "sgd"):
-            raise ConfigError(f"--optimizer {optimizer!r}: expected adamw or sgd")
-        self.optimizer_name = optimizer
-        self.impl = impl
-        self.global_batch, self.micro_batch, self.seq_len = global_batch, micro_batch, seq_len
-        self.degrees = validate_strategy(self.spec, model_cfg, dist_info.world_size, global_batch, micro_batch,
-                                         self.device.type, tp=tp, pp=pp, microbatches=microbatches, impl=impl,
-                                         seq_len=seq_len, pp_schedule=pp_schedule)
-        if self.spec.data_parallel == "nvme" and optimizer != "adamw":
-            raise ConfigError(f"--optimizer {optimizer}: nvme (DeepSpeed) runs AdamW only")
-        self.data_parallel_size = self.degrees.dp
+        self.model_cfg, self.impl = plan.model, plan.impl
         self.dp_rank = dist_info.rank if self.spec.data_parallel else 0
-        self.per_rank_batch = global_batch // self.degrees.dp
-        self.micro_steps = self.per_rank_batch // micro_batch
         if self.spec.distributed:
             ensure_process_group(dist_info)
         self.precision = Precision(self.spec.amp, self.device, sharded=self.spec.uses_fsdp)
         self._pipe = None
         self._ds_engine = None
 
-        model = self._build_full_model(seed) if model is None else self._adopt(model)
+        model = self._build_full_model() if model is None else self._adopt(model)
         if self.spec.data_parallel == "nvme":
-            self._setup_nvme(model, lr, weight_decay, nvme_path)
+            self._setup_nvme(model)
+            self.step = make_step(plan, self._ds_engine, self.optimizer, self.precision)
             return
         if self.spec.pp or self.spec.tp:
-            model = self._setup_model_parallel(model, pp_schedule, microbatches)
+            model = self._setup_model_parallel(model)
         else:
             model = model.to(self.device) if not self.spec.uses_fsdp else model
         if self.spec.compile:
             for block in transformer_blocks(unwrap(model)):
                 block.forward = torch.compile(block.forward)
-        model = self._wrap_data_parallel(model)
-        self.model = model
-        self.optimizer = self._build_optimizer(lr, weight_decay, fused_optimizer)
-        if self._pipe is not None:
-            self.micro_steps = self._pipe.n_microbatches
+        self.model = self._wrap_data_parallel(model)
+        self.optimizer = self._build_optimizer()
+        self.step = make_step(plan, self.model, self.optimizer, self.precision, self._pipe)
 
     # ---------------------------------------------------------------- set-up
 
-    def _build_full_model(self, seed: int) -> nn.Module:
+    def _build_full_model(self) -> nn.Module:
         # On the target device: a 1.6B model built and initialised on the CPU took ~60 s (ours) and
         # ~100 s (HF) of single-threaded fills before every GPU step (issue 18). DeepSpeed takes a
         # CPU model and places it itself.
         device = torch.device("cpu") if self.spec.data_parallel == "nvme" else self.device
+        seed = self.plan.seed
         if self.impl == "hf":
             return build_hf_model(self.model_cfg, gradient_checkpointing=self.spec.ckpt != "none", seed=seed, device=device)
         model = build_gpt(self.model_cfg, seed, device)
@@ -113,7 +101,7 @@ class GPTEngine:
         set_activation_checkpointing(model, self.spec.ckpt)
         return model.to(self.device)
 
-    def _setup_model_parallel(self, model: nn.Module, pp_schedule: str, microbatches: int | None) -> nn.Module:
+    def _setup_model_parallel(self, model: nn.Module) -> nn.Module:
         deg = self.degrees
         if deg.pp > 1 and deg.tp > 1:
             mesh = init_device_mesh(self.device.type, (deg.pp, deg.tp), mesh_dim_names=("pp", "tp"))
@@ -132,9 +120,9 @@ class GPTEngine:
         if tp_mesh is not None:
             apply_tensor_parallel(model, tp_mesh)
         if pp_mesh is not None:
-            n_mb = microbatches if microbatches is not None else self.per_rank_batch // self.micro_batch
-            self._pipe = PipelineRunner(model, stage, deg.pp, self.device, pp_mesh, ranks, n_mb, pp_schedule,
-                                        loss_fn=lm_loss, autocast_factory=self.precision.autocast)
+            self._pipe = PipelineRunner(model, stage, deg.pp, self.device, pp_mesh, ranks, self.plan.micro_steps,
+                                        self.plan.pp_schedule, loss_fn=LOSSES[self.plan.loss],
+                                        autocast_factory=self.precision.autocast)
         return model
 
     def _wrap_data_parallel(self, model: nn.Module) -> nn.Module:
@@ -145,41 +133,38 @@ class GPTEngine:
             return apply_fsdp(model, self.device, reshard_after_forward=kind == "zero3", offload=self.spec.offload)
         return model
 
-    def _build_optimizer(self, lr: float, weight_decay: float, fused: bool) -> torch.optim.Optimizer:
+    def _build_optimizer(self) -> torch.optim.Optimizer:
         # SGD exists for the equivalence tests: its update is linear in the gradient, so a gradient
         # that is wrongly scaled (summed instead of averaged over ranks or micro-steps) shows up,
         # whereas AdamW's update m/sqrt(v) is invariant to that scale.
+        # The kernel is the plan's (`plan.optimizer_kernel`: tp's mix of DTensors and plain tensors
+        # takes the per-parameter loop, which foreach/fused kernels cannot replace).
+        plan = self.plan
         params = [p for p in self.model.parameters() if p.requires_grad]
-        opt_cls = torch.optim.SGD if self.optimizer_name == "sgd" else torch.optim.AdamW
-        kwargs = dict(lr=lr, weight_decay=weight_decay)
+        opt_cls = torch.optim.SGD if plan.optimizer == "sgd" else torch.optim.AdamW
+        kwargs = dict(lr=plan.lr, weight_decay=plan.weight_decay)
         if opt_cls is torch.optim.AdamW:
             kwargs.update(betas=BETAS, eps=EPS)
+        fused = plan.optimizer_kernel == "fused"
         if self.spec.data_parallel == "zero1":
             return build_zero1_optimizer(params, optimizer_class=opt_cls, fused=fused, **kwargs)
-        if self.spec.tp:
-            # foreach/fused kernels cannot take a list mixing DTensor (split layers) and plain tensors
-            # (replicated embeddings/LayerNorms): use the per-parameter loop.
+        if plan.optimizer_kernel == "forloop" and self.spec.tp:
             kwargs["foreach"] = False
         elif fused:
             kwargs["fused"] = True
-        return opt_cls(params, **kwargs)
+        return opt_cls(params, **kwargs)  # foreach: torch's own default on CUDA
 
-    def _setup_nvme(self, model: nn.Module, lr: float, weight_decay: float, nvme_path: str | None) -> None:
-        cfg = nvme.deepspeed_config(micro_batch=self.micro_batch, accumulation_steps=self.micro_steps,
-                               world_size=self.dist.world_size, lr=lr, betas=BETAS, eps=EPS, weight_decay=weight_decay,
-                               amp=self.spec.amp, nvme_path=nvme_path or nvme.DEFAULT_NVME_PATH)
+    def _setup_nvme(self, model: nn.Module) -> None:
+        plan = self.plan
+        cfg = nvme.deepspeed_config(micro_batch=plan.micro_batch, accumulation_steps=plan.micro_steps,
+                                    world_size=self.dist.world_size, lr=plan.lr, betas=BETAS, eps=EPS,
+                                    weight_decay=plan.weight_decay, amp=self.spec.amp,
+                                    nvme_path=plan.nvme_path or nvme.DEFAULT_NVME_PATH)
         self._ds_engine = nvme.build_deepspeed_engine(model, cfg)
         self.model = self._ds_engine
         self.optimizer = self._ds_engine.optimizer
 
     # ---------------------------------------------------------------- training
-
-    def _forward_loss(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.impl == "hf":
-            logits = self.model(input_ids=tokens, use_cache=False).logits
-        else:
-            logits = self.model(tokens)
-        return lm_loss(logits, tokens)
 
     def train_step(self, tokens: torch.Tensor) -> float:
         """One optimizer step on the global batch `tokens` [global_batch, seq_len]; returns the global mean loss.
@@ -195,38 +180,15 @@ class GPTEngine:
             raise
 
     def _train_step(self, tokens: torch.Tensor) -> float:
-        if tuple(tokens.shape) != (self.global_batch, self.seq_len):
-            raise ConfigError(f"train_step: expected tokens of shape ({self.global_batch}, {self.seq_len}), got {tuple(tokens.shape)}")
-        start = self.dp_rank * self.per_rank_batch
-        local = tokens[start:start + self.per_rank_batch].to(self.device, non_blocking=True)
-
-        if self._pipe is not None:
-            loss = self._pipe.step(local)
-            self.precision.step(self.optimizer)
-            self.optimizer.zero_grad(set_to_none=True)
-            return float(loss)
-
-        total = torch.zeros((), device=self.device)
-        for i, mb in enumerate(local.split(self.micro_batch)):
-            last = i == self.micro_steps - 1
-            if self._ds_engine is not None:  # DeepSpeed scales and skips sync on its own
-                loss = self._forward_loss(mb)  # DeepSpeed's bf16/fp16 config casts the model itself
-                self._ds_engine.backward(loss)
-                self._ds_engine.step()
-                total += loss.detach().float() / self.micro_steps
-                continue
-            with gradient_sync(self.model, last):
-                with self.precision.autocast():
-                    # mean of equal-size micro-batch means = mean over the whole batch
-                    loss = self._forward_loss(mb) / self.micro_steps
-                self.precision.backward(loss)
-            total += loss.detach().float()
-        if self._ds_engine is None:
-            self.precision.step(self.optimizer)
-            self.optimizer.zero_grad(set_to_none=True)
-        if self.data_parallel_size > 1:
+        plan = self.plan
+        if tuple(tokens.shape) != (plan.global_batch, plan.seq):
+            raise ConfigError(f"train_step: expected tokens of shape ({plan.global_batch}, {plan.seq}), got {tuple(tokens.shape)}")
+        start = self.dp_rank * plan.per_rank_batch
+        local = tokens[start:start + plan.per_rank_batch].to(self.device, non_blocking=True)
+        total = train_step(self.step, local)
+        if self.degrees.dp > 1:
             dist.all_reduce(total)  # SUM (gloo has no AVG)
-            total /= self.data_parallel_size
+            total /= self.degrees.dp
         return float(total)
 
     # ---------------------------------------------------------------- results
@@ -268,14 +230,7 @@ class GPTEngine:
 
     def describe(self) -> dict:
         """The resolved set-up, for the run's config log."""
-        return {
-            "strategy": self.spec.text, "impl": self.impl, "world_size": self.dist.world_size,
-            "dp": self.degrees.dp, "tp": self.degrees.tp, "pp": self.degrees.pp,
-            "global_batch": self.global_batch, "per_rank_batch": self.per_rank_batch,
-            "micro_batch": self.micro_batch, "micro_steps": self.micro_steps, "seq_len": self.seq_len,
-            "amp": self.spec.amp, "activation_checkpointing": self.spec.ckpt, "offload": self.spec.offload,
-            "compile": self.spec.compile, "optimizer": self.optimizer_name, "device": str(self.device),
-        }
+        return {**self.plan.describe(), "device": str(self.device)}
 
     @property
     def core_model(self) -> nn.Module:

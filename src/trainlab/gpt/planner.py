@@ -38,11 +38,13 @@ Peak memory is predicted as the largest of three moments of the step:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from trainlab.errors import ConfigError
+from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.attention_backend import AttentionChoice, choose
 from trainlab.gpt.model import GPTConfig, count_params
 from trainlab.gpt.parallel.pipeline import stage_layer_ranges
+from trainlab.gpt.plan import GPTPlan
 from trainlab.gpt.strategy import StrategySpec, parse_strategy, resolve_degrees
 
 GiB = 1024**3
@@ -325,11 +327,35 @@ def default_strategies(gpus: int) -> list[str]:
     return multi
 
 
-def largest_micro_batch(cfg: GPTConfig, strategy, world_size: int, budget: int, seq_len: int, limit: int = 4096,
-                        **kw) -> int:
+def predict_plan(plan: GPTPlan) -> dict:
+    """`predict_memory` for a resolved run: the one translation from a plan into the planner, used
+    before a run (the out-of-memory check, `gpt plan`, compare's table) and in it (the summary)."""
+    return predict_memory(plan.model, plan.strategy, plan.world_size, plan.micro_batch, plan.seq,
+                          plan.degrees.tp, plan.degrees.pp, microbatches=plan.micro_steps if plan.pipeline else None,
+                          pp_schedule=plan.pp_schedule, accumulation_steps=1 if plan.pipeline else plan.micro_steps,
+                          optimizer=plan.optimizer_kernel, attention=plan.attention)
+
+
+def predicted_peak(plan: GPTPlan) -> int | None:
+    """The plan's predicted per-device peak, or None where the planner has no model of the run: the
+    HF implementation (its activations differ), nvme (DeepSpeed swaps to NVMe). A compiled step is
+    predicted as the eager one (inductor fuses and frees earlier: an upper bound)."""
+    if plan.impl != "ours" or plan.strategy.data_parallel == "nvme":
+        return None
+    return predict_plan(plan)["total_bytes"]
+
+
+# strategy, micro-batch → the plan of that run on the planned machine (`PlanConfig.resolver`)
+Resolver = Callable[[str, int], GPTPlan]
+
+
+def largest_micro_batch(resolver: Resolver, strategy: str, budget: int, limit: int = 4096) -> int:
     """Largest micro-batch whose predicted peak fits `budget` bytes (0 if even 1 does not)."""
     def fits(b):
-        return predict_memory(cfg, strategy, world_size, b, seq_len, **kw)["total_bytes"] <= budget
+        try:
+            return predict_plan(resolver(strategy, b))["total_bytes"] <= budget
+        except ConfigError:  # e.g. a micro-batch the pipeline cannot split
+            return False
 
     if not fits(1):
         return 0
@@ -343,48 +369,46 @@ def largest_micro_batch(cfg: GPTConfig, strategy, world_size: int, budget: int, 
     return lo
 
 
-def plan(cfg: GPTConfig, gpus: int, gpu_mem: int, micro_batch: int = 1, seq_len: int | None = None,
-         strategies: list[str] | None = None, optimizer: str = "foreach", model_name: str = "", sm: int = 90,
-         cudnn_version: int | None = None) -> dict:
-    """Predictions for every strategy on `gpus` devices of `gpu_mem` bytes each, compute capability
-    `sm` × 10 (it decides the attention kernel; 90 = H100/H200, 80 = A100)."""
+def plan(resolver: Resolver, gpus: int, gpu_mem: int, micro_batch: int = 1, strategies: list[str] | None = None,
+         model_name: str = "") -> dict:
+    """Predictions for every strategy on `gpus` devices of `gpu_mem` bytes each; `resolver` turns a
+    strategy and a micro-batch into the run's plan on that machine (its device, compute capability
+    and optimizer kernel decide the attention kernel and the temporaries)."""
     if gpus < 1:
         raise ConfigError(f"--gpus {gpus}: expected >= 1")
     if micro_batch < 1:
         raise ConfigError(f"--micro-batch {micro_batch}: expected >= 1")
-    seq = seq_len or cfg.n_positions
-    if not 1 < seq <= cfg.n_positions:
-        raise ConfigError(f"--seq {seq}: expected 2..{cfg.n_positions} (the model's n_positions)")
+    resolver("none", micro_batch)  # a flag wrong for every strategy (--seq, --model) is one error, not one per row
     budget = usable_bytes(gpu_mem)
-    rows = []
+    rows, first = [], None
     for name in strategies or default_strategies(gpus):
         spec = _spec(name)
-        world = gpus if spec.distributed else 1
         if spec.distributed and gpus == 1 and (spec.tp or spec.pp or spec.data_parallel in ("ddp", "zero1")):
             continue  # nothing to split on one device
-        kw = dict(optimizer=optimizer, sm=sm, cudnn_version=cudnn_version)
-        if spec.pp:
-            kw["microbatches"] = max(1, 2 * gpus)  # enough micro-batches to keep the bubble small
         try:
-            pred = predict_memory(cfg, spec, world, micro_batch, seq, **kw)
-        except ConfigError as e:
+            p = resolver(name, micro_batch)
+            if predicted_peak(p) is None:
+                raise ConfigError(f"--strategy {spec.text}: the planner does not model it (nvme, or --impl hf)")
+        except (ConfigError, HardwareError) as e:
             rows.append({"strategy": spec.text, "error": str(e), "fits": False, "total_bytes": None})
             continue
+        first = first or p
+        pred = predict_plan(p)
         pred["fits"] = pred["total_bytes"] <= budget
-        pred["max_micro_batch"] = largest_micro_batch(cfg, spec, world, budget, seq, **kw)
+        pred["max_micro_batch"] = largest_micro_batch(resolver, name, budget)
         rows.append(pred)
     return {
         "model": model_name,
-        "params": count_params(cfg),
+        "params": count_params(first.model) if first else None,
         "gpus": gpus,
         "gpu_mem_bytes": gpu_mem,
         "usable_bytes": budget,
         "micro_batch": micro_batch,
-        "seq_len": seq,
-        "sm": sm,
+        "seq_len": first.seq if first else None,
+        "sm": first.sm if first else None,
         "assumptions": {
             "master_weights": "fp32 (autocast for amp)",
-            "optimizer": f"AdamW fp32 m and v, {optimizer} step",
+            "optimizer": f"AdamW fp32 m and v, {first.optimizer_kernel if first else '-'} step",
             "fragmentation_margin": FRAGMENTATION_MARGIN,
             "context_reserve_bytes": CONTEXT_RESERVE_BYTES,
             "activations": "Korthikanti et al. 2022 bookkeeping, no dropout, with the SDPA kernel PyTorch picks "
@@ -493,25 +517,6 @@ def measure_step_peak_bytes(engine, tokens, warm: bool = False) -> int:
 
 # ----------------------------------------------------------------------------- before a run builds anything
 
-def predicted_bytes(run) -> int | None:
-    """The planner's per-device peak for a `gpt bench` config (`BenchConfig`), or None where it has no
-    model of the run (the HF implementation, an invalid combination)."""
-    from trainlab.gpt.model import get_preset
-
-    if run.impl != "ours":
-        return None
-    cfg = get_preset(run.model)
-    spec = parse_strategy(run.strategy)
-    per_rank = run.global_batch // max(1, run.nproc // (run.tp * run.pp) if spec.data_parallel else 1)
-    try:
-        return predict_memory(cfg, spec, run.nproc, run.micro_batch, run.seq, tp=run.tp, pp=run.pp,
-                              microbatches=run.microbatches or (per_rank // run.micro_batch if spec.pp else None),
-                              pp_schedule=run.pp_schedule, accumulation_steps=max(1, per_rank // run.micro_batch),
-                              optimizer="fused" if run.fused_optimizer else ("foreach" if run.device.startswith("cuda") else "forloop"))["total_bytes"]
-    except ConfigError:
-        return None
-
-
 def out_of_memory_line(need: int | None, free: int | None, where: str) -> str:
     """The one line for a run that does not fit: "out of memory: needs ≈X, has Y; see `trainlab gpt plan`"."""
     needs = f"needs ≈{need / 2**30:.1f} GiB" if need is not None else "needs more"
@@ -519,20 +524,20 @@ def out_of_memory_line(need: int | None, free: int | None, where: str) -> str:
     return f"out of memory: {needs}, {has} ({where}); see `trainlab gpt plan`"
 
 
-def memory_shortfall(run) -> str | None:
-    """`out_of_memory_line` when the planner's estimate for `run` exceeds the free memory of its device(s),
+def memory_shortfall(plan: GPTPlan) -> str | None:
+    """`out_of_memory_line` when the plan's predicted peak exceeds the free memory of its device(s),
     checked before anything is built or launched; None when it fits or cannot be predicted. CPU ranks
     share the host's memory; each GPU rank has its own device."""
     import torch
 
-    from trainlab.device import free_memory, resolve_device
+    from trainlab.device import free_memory
 
-    need = predicted_bytes(run)
-    dev = resolve_device(run.device)
+    need = plan.predicted_peak_bytes
     if need is None:
         return None
-    ranks = run.nproc if dev.type == "cpu" else 1
-    devices = [dev] if dev.type == "cpu" else [torch.device("cuda", i) for i in range(min(run.nproc, torch.cuda.device_count()))] or [dev]
+    cpu = plan.device == "cpu"
+    ranks = plan.world_size if cpu else 1
+    devices = [torch.device("cpu")] if cpu else [torch.device("cuda", i) for i in range(plan.world_size)]
     for d in devices:
         free = free_memory(d)
         if free is not None and need * ranks > free:

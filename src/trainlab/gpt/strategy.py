@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from trainlab.errors import ConfigError, HardwareError
-from trainlab.gpt.parallel.nvme import check_nvme_available
+from trainlab.errors import ConfigError
 
 # name → one-line meaning (shown in errors and --help).
 STRATEGY_HELP = {
@@ -171,7 +168,6 @@ def validate_strategy(
     world_size: int,
     global_batch: int,
     micro_batch: int,
-    device: str = "cpu",
     tp: int = 1,
     pp: int = 1,
     microbatches: int | None = None,
@@ -179,9 +175,10 @@ def validate_strategy(
     seq_len: int | None = None,
     pp_schedule: str = "1f1b",
 ) -> Degrees:
-    """Raise ConfigError/HardwareError for anything that cannot run; return the resolved degrees.
+    """Raise ConfigError for a strategy and sizes that cannot run together; return the resolved degrees.
 
-    Called by the CLI in the parent process (before torchrun) and again by the engine in each rank.
+    Called by `gpt.plan.resolve` (which checks the device against the machine), once, in the process
+    that resolves the run: the parent, before torchrun starts anything.
     """
     if world_size < 1:
         raise ConfigError(f"--nproc {world_size}: expected >= 1")
@@ -189,24 +186,12 @@ def validate_strategy(
         raise ConfigError(f"--global-batch {global_batch} / --micro-batch {micro_batch}: expected positive integers")
     if pp_schedule not in ("gpipe", "1f1b"):
         raise ConfigError(f"--pp-schedule {pp_schedule!r}: expected gpipe or 1f1b")
-    device = str(device)
-    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
-        raise ConfigError(f"--device {device!r}: expected auto, cpu or cuda")
-    dev_type = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device.split(":")[0]
-    if dev_type == "cuda":
-        have = torch.cuda.device_count()
-        if have == 0:
-            raise HardwareError("--device cuda: no CUDA GPU is available on this machine")
-        if world_size > have:
-            raise HardwareError(f"--nproc {world_size}: only {have} CUDA device(s) visible (one rank per GPU)")
     if impl not in ("ours", "hf"):
         raise ConfigError(f"--impl {impl!r}: expected ours or hf")
     if impl == "hf" and (spec.tp or spec.pp):
         raise ConfigError("--impl hf: HF GPT2 uses Conv1D layers that DTensor tp and our pp split cannot take; use --impl ours")
     if impl == "hf" and spec.ckpt == "selective":
         raise ConfigError("--strategy ckpt-selective: only for --impl ours (HF has whole-block checkpointing only)")
-    if spec.data_parallel == "nvme":
-        check_nvme_available(dev_type)
 
     if not spec.distributed and world_size != 1:
         raise ConfigError(f"--nproc {world_size}: strategy {spec.text!r} is single-process; use --nproc 1 or a parallel strategy")

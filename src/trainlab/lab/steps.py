@@ -163,8 +163,8 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     sm = str(hw.sm or 90)
     add("gpt_plan", "gpt", "GPT-2 1.6B memory plan for this device (every strategy)",
         _pick(size, 15, 15, 10), _tl("gpt", "plan", "--model", GPT_GPU_MODEL, "--gpus", str(max(1, hw.gpus)), "--gpu-mem", mem,
-                                   "--micro-batch", "8", "--optimizer", "fused", "--sm", sm, "--json"),
-        stdout_file="plan.json", sizes={"model": GPT_GPU_MODEL, "gpus": max(1, hw.gpus), "memory": mem})
+                                   "--micro-batch", "8", "--optimizer", "fused", "--sm", sm, "--json", "{out}/plan.json"),
+        sizes={"model": GPT_GPU_MODEL, "gpus": max(1, hw.gpus), "memory": mem})
     common = ["--model", model, "--device", dev] + (["--global-batch", "16"] if gpu else ["--global-batch", "8", "--seq", "64"])
     steps_w = ["--steps", "8", "--warmup", "3"] if gpu else ["--steps", _pick(size, "2", "5", "5"), "--warmup", "1"]
     best = ["--strategy", "amp+compile+accum", "--micro-batch", "8", "--fused-optimizer"] if gpu else \

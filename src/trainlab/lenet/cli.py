@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 from pathlib import Path
 
 from trainlab.distributed.launch import launch_workers, needs_launch
 from trainlab.errors import ConfigError
 from trainlab.flags import (add_command, add_flags, add_list_flags, at_least, check_value, explicit_values, flag_name,
-                            list_values)
-from trainlab.io import read_json
+                            json_output, list_values)
+from trainlab.io import read_json, write_json_output
 from trainlab.lenet.compare import CompareConfig, run_compare
 from trainlab.lenet.config import RESUME_OVERRIDES, TrainConfig, apply_preset
 from trainlab.lenet.data_parallel import check_launch
@@ -92,10 +91,12 @@ def _train_and_report(cfg: TrainConfig, resume: str | None) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    if args.json is not None:
+        check_value(args.json, json_output, "--json")
     result = evaluate_checkpoint(args.checkpoint, device=args.device, data_dir=args.data_dir)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
+    if args.json is not None:
+        write_json_output(args.json, result)
+    if args.json != "-":
         print(f"data: {result['data']}")
         print(f"{args.checkpoint}: test accuracy {result['test_accuracy']:.2f}%  test loss {result['test_loss']:.4f}  "
               f"({result['test_samples']} images, {result['weights']} weights, device {result['device']})")
@@ -131,7 +132,8 @@ def add_parser(subparsers) -> None:
     e.add_argument("--device", default="auto", help="auto (CUDA if available) | cpu | cuda | cuda:N")
     e.add_argument("--data-dir", default=None, help="MNIST IDX folder or pack file to test on (default: the checkpoint's "
                                                     "own --data-dir, else the embedded MNIST)")
-    e.add_argument("--json", action="store_true", help="print JSON")
+    e.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON to PATH ('-': print it "
+                                                                  "instead of the text)")
     e.set_defaults(func=run_eval)
 
     s = subparsers.add_parser("sweep", help="train over a grid of flag values and seeds (each a run directory)",

@@ -33,10 +33,10 @@ import torch.nn as nn
 
 from trainlab.errors import ConfigError
 from trainlab.lenet.activations import OWN_ACTIVATIONS, make_activation, make_own_activation
-from trainlab.ops.conv import Conv2d as OwnConv2d
-from trainlab.ops.conv_relu_pool import ConvReluPool2d
+from trainlab.ops.conv2d import Conv2d as OwnConv2d
+from trainlab.ops.conv_relu_pool2d import ConvReluPool2d
 from trainlab.ops.linear import Linear as OwnLinear
-from trainlab.ops.pool import MaxPool2d as OwnMaxPool2d
+from trainlab.ops.max_pool2d import MaxPool2d as OwnMaxPool2d
 
 POOLS = {"max": nn.MaxPool2d, "avg": nn.AvgPool2d}
 OPS_IMPLS = ("python", "cpp", "triton", "cuda")

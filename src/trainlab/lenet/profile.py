@@ -35,7 +35,6 @@ Perfetto, https://ui.perfetto.dev, or chrome://tracing).
 from __future__ import annotations
 
 import bisect
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -50,14 +49,14 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device, synchronize
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, check_value, one_of, opt, seed_value
-from trainlab.io import record_written
+from trainlab.flags import Config, at_least, check_value, json_output, one_of, opt, seed_value
+from trainlab.io import record_written, write_json_output
 from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.batches import build_train_batches, to_device
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.model import check_model_options
 from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, use_channels_last
-from trainlab.ops.conv_relu_pool import ConvReluPool2d
+from trainlab.ops.conv_relu_pool2d import ConvReluPool2d
 from trainlab.stats import summarize, time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
@@ -94,7 +93,8 @@ class ProfileConfig(Config):
     trace: bool = opt(True, "write the Chrome trace (trace.json.gz, every variant's steps)")
     out: str | None = opt(None, "run directory (default runs/profile-<timestamp>); new or empty unless --overwrite")
     overwrite: bool = opt(False, "replace what --out holds (its files go when this run starts writing)")
-    json: bool = opt(False, "print the result as JSON instead of the table")
+    json: str | None = opt(None, "write the result as JSON to PATH ('-': print it instead of the table, the log "
+                                 "goes to stderr)", metavar="PATH", check=json_output)
 
     @property
     def variants(self) -> list[str]:
@@ -413,10 +413,10 @@ def run_profile(cfg: ProfileConfig, command: str = "trainlab profile", log=print
 
 
 def run_profile_cmd(cfg: ProfileConfig, command: str) -> int:
-    result = run_profile(cfg, command, log=(lambda *a, **k: print(*a, file=sys.stderr, **k)) if cfg.json else print)
+    result = run_profile(cfg, command, log=(lambda *a, **k: print(*a, file=sys.stderr, **k)) if cfg.json == "-" else print)
     if cfg.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "table"}, indent=2))
-    else:
+        write_json_output(cfg.json, {k: v for k, v in result.items() if k != "table"})
+    if cfg.json != "-":
         print(result["table"])
         print(f"wrote {result['run_dir']}/profile.{{json,md,log}}" + (f", {result['trace']}" if result["trace"] else ""))
     return 0

@@ -1,6 +1,7 @@
-"""Our operators, each a ladder of five rungs (ops/ladder.py: aten, python, cpp, triton, cuda):
-gelu (gelu.py), conv2d (conv.py), max_pool2d (pool.py), linear (linear.py), relu (relu.py); one
-check (check.py), one benchmark (bench.py), one build for the C++/CUDA extensions (build.py).
+"""Our operators, one folder each (ops/registry.py lists them): gelu, conv2d, max_pool2d, linear,
+relu, conv_relu_pool2d. Each is a ladder of five rungs (ops/ladder.py: aten, python, cpp, triton,
+cuda) checked by one harness (check.py), timed by one benchmark (bench.py) and built by one
+extension builder (build.py).
 
     from trainlab.ops import gelu, GELU, IMPLS
     y = gelu(x, impl="cpp", approximate="none")

@@ -10,9 +10,11 @@ bytes a fused kernel must move: forward reads x and writes y (2 N element-bytes)
 grad and x and writes dx (3 N), so forward+backward is 5 N. On a GPU the measured device copy
 bandwidth (y.copy_(x), 2 N) is reported as the ceiling.
 
-Layers: every layer of LeNet-5 (conv1 … fc3 and the activations between them, at its real shape),
-for every batch size, its forward and — separately, in the same run — its backward (the gradients
-training needs: conv1's input is data and gets none).
+Layers: every layer of LeNet-5 (conv1 … fc3 and the activations between them, at its real shape;
+each operator's folder lists its own, `BENCH`, gathered through ops/registry.py), for every batch
+size, its forward and — separately, in the same run — its backward (the gradients training needs:
+conv1's input is data and gets none). The totals add the layers every rung timed, so each ratio
+compares the same work.
 
 The `python` rung is timed like the others: its cost (several unfused passes over memory) is the
 lesson. Triton on a CPU only runs under the interpreter, whose speed means nothing, so `triton` is
@@ -26,20 +28,14 @@ with the error, and the others are still timed.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from trainlab.device import synchronize
 from trainlab.errors import ConfigError, UserError
-from trainlab.ops.conv import conv2d
-from trainlab.ops.conv_relu_pool import conv_relu_pool2d
+from trainlab.ops import registry
 from trainlab.ops.gelu import APPROXIMATIONS, gelu
-from trainlab.ops.ladder import DTYPES, IMPLS, canonical_impls
-from trainlab.ops.linear import linear
-from trainlab.ops.pool import max_pool2d
-from trainlab.ops.relu import relu
+from trainlab.ops.ladder import DTYPES, Layer, canonical_impls
 from trainlab.stats import time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
@@ -192,56 +188,8 @@ def format_gelu_table(result: dict) -> str:
 
 # ---- layers: LeNet-5's layers x batch sizes x rungs, forward and backward ----------------------------
 
-@dataclass(frozen=True)
-class Layer:
-    """A LeNet-5 layer at batch `b`: `inputs(b, gen)` makes its tensors, `run(t, impl)` its forward."""
-
-    name: str
-    op: str
-    inputs: Callable
-    run: Callable
-    input_needs_grad: bool = True
-    in_step: bool = True   # False: a fused stage that repeats layers already timed (left out of the totals)
-
-
-def _conv(name, c, h, oc, pad, first=False):
-    def inputs(b, gen):
-        return {"x": torch.randn(b, c, h, h, generator=gen), "weight": torch.randn(oc, c, 5, 5, generator=gen) * 0.2,
-                "bias": torch.randn(oc, generator=gen)}
-    return Layer(name, "conv2d", inputs, lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], pad, impl=impl),
-                 input_needs_grad=not first)
-
-
-def _pool(name, c, h):
-    return Layer(name, "max_pool2d", lambda b, gen: {"x": torch.randn(b, c, h, h, generator=gen)},
-                 lambda t, impl: max_pool2d(t["x"], 2, impl=impl))
-
-
-def _relu(name, *shape):
-    return Layer(name, "relu", lambda b, gen: {"x": torch.randn(b, *shape, generator=gen)},
-                 lambda t, impl: relu(t["x"], impl=impl))
-
-
-def _fc(name, fin, fout):
-    def inputs(b, gen):
-        return {"x": torch.randn(b, fin, generator=gen), "weight": torch.randn(fout, fin, generator=gen) * 0.05,
-                "bias": torch.randn(fout, generator=gen)}
-    return Layer(name, "linear", inputs, lambda t, impl: linear(t["x"], t["weight"], t["bias"], impl=impl))
-
-
-def _stage1():
-    """conv1 → ReLU → max-pool as one operator (the cpp rung is fused; the others run the three layers)."""
-    conv1 = _conv("conv1", 1, 28, 6, 2)
-    return Layer("stage1", "conv_relu_pool2d", conv1.inputs,
-                 lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], 2, impl=impl),
-                 input_needs_grad=False, in_step=False)
-
-
-LAYERS = (
-    _conv("conv1", 1, 28, 6, 2, first=True), _relu("relu1", 6, 28, 28), _pool("pool1", 6, 28), _stage1(),
-    _conv("conv2", 6, 14, 16, 0), _relu("relu2", 16, 10, 10), _pool("pool2", 16, 10),
-    _fc("fc1", 400, 120), _relu("relu3", 120), _fc("fc2", 120, 84), _relu("relu4", 84), _fc("fc3", 84, 10),
-)
+# Every operator's LeNet-5 layers (its folder's BENCH), in LeNet-5's order.
+LAYERS = tuple(sorted((layer for op in registry.OPS for layer in registry.module(op).BENCH), key=lambda layer: layer.order))
 LAYER_NAMES = tuple(layer.name for layer in LAYERS)
 
 
@@ -301,12 +249,13 @@ def run_layer_bench(batches=DEFAULT_BATCHES, impls=None, layers=None, device: st
     device = torch.device(device)
     impls, skipped = _impls(impls, device, extra=("cuda-atomic",))
     if "cuda-atomic" in impls:
-        from trainlab.ops.layers_cpp import EXTENSION
+        from trainlab.ops.layers.layers_cpp import EXTENSION
 
         EXTENSION.require_cuda()
-    unknown = set(layers or ()) - set(LAYER_NAMES)
+    names = [layer.name for layer in LAYERS]
+    unknown = set(layers or ()) - set(names)
     if unknown:
-        raise ConfigError(f"--layer {sorted(unknown)[0]!r}: choose from {', '.join(LAYER_NAMES)}")
+        raise ConfigError(f"--layer {sorted(unknown)[0]!r}: choose from {', '.join(names)}")
     if any(b < 1 for b in batches):
         raise ConfigError(f"--batch {','.join(map(str, batches))}: batch sizes must be positive")
     chosen = [layer for layer in LAYERS if not layers or layer.name in layers]
@@ -331,19 +280,34 @@ def run_layer_bench(batches=DEFAULT_BATCHES, impls=None, layers=None, device: st
             "totals": _totals(rows)}
 
 
+PARTIAL = {"cuda-atomic": "max_pool2d"}   # rungs that time one operator's layers only, by design
+
+
 def _totals(rows: list[dict]) -> list[dict]:
-    """Per batch and rung, the sum of the layers' medians: a LeNet-5 step's layer time (the unfused layers)."""
-    out = {}
-    for r in rows:
-        if not next(layer.in_step for layer in LAYERS if layer.name == r["layer"]):
-            continue
-        t = out.setdefault((r["batch"], r["impl"]), {"batch": r["batch"], "impl": r["impl"], "fwd_s": 0.0, "bwd_s": 0.0})
-        t["fwd_s"] += r["fwd_median_s"]
-        t["bwd_s"] += r["bwd_median_s"]
-    for t in out.values():
-        base = out.get((t["batch"], "aten"))
-        t["ratio_to_aten"] = (t["fwd_s"] + t["bwd_s"]) / (base["fwd_s"] + base["bwd_s"]) if base else None
-    return list(out.values())
+    """Per batch and rung, the sum of the layers' medians: a LeNet-5 step's layer time (the unfused
+    layers). Every total sums the same layers as the aten total it is divided by: the layers every
+    rung timed at that batch (a rung that failed at one layer shrinks them for all), and for a rung
+    that times one operator only by design (cuda-atomic: the pools), that operator's layers."""
+    in_step = {layer.name for layer in LAYERS if layer.in_step}
+    out = []
+    for batch in dict.fromkeys(r["batch"] for r in rows):
+        timed: dict[str, dict[str, dict]] = {}
+        for r in rows:
+            if r["batch"] == batch and r["layer"] in in_step:
+                timed.setdefault(r["impl"], {})[r["layer"]] = r
+        full = [impl for impl in timed if impl not in PARTIAL]
+        common = set.intersection(*(set(timed[i]) for i in full)) if full else set()
+        for impl, by_layer in timed.items():
+            layers = common if impl not in PARTIAL else set(by_layer) & set(timed.get("aten", {}))
+            if not layers:
+                continue
+            fwd, bwd = (sum(by_layer[n][k] for n in layers) for k in ("fwd_median_s", "bwd_median_s"))
+            base = timed.get("aten", {})
+            base_s = sum(base[n]["fwd_median_s"] + base[n]["bwd_median_s"] for n in layers) if layers <= set(base) else None
+            out.append({"batch": batch, "impl": impl, "fwd_s": fwd, "bwd_s": bwd,
+                        "layers": [layer.name for layer in LAYERS if layer.name in layers],
+                        "ratio_to_aten": (fwd + bwd) / base_s if base_s else None})
+    return out
 
 
 def _ms(s: float) -> str:
@@ -359,11 +323,14 @@ def format_layer_table(result: dict) -> str:
         bwd = f"{_ms(r['bwd_median_s'])} [{_ms(r['bwd_p10_s'])}–{_ms(r['bwd_p90_s'])}]"
         lines.append(f"{r['batch']:>5}  {r['layer']:<6} {r['impl']:<11} {fwd:>26} {r['fwd_ratio_to_aten']:>7.2f} "
                      f"{bwd:>26} {r['bwd_ratio_to_aten']:>7.2f}")
-    lines += ["", "all layers (sum of medians), per batch and impl:"]
+    lines += ["", "layers summed (sum of medians; each ratio over the same layers for aten), per batch and impl:"]
+    common = {t["batch"]: t.get("layers") for t in result["totals"] if t["impl"] == "aten"}
     for t in result["totals"]:
         ratio = f"{t['ratio_to_aten']:.2f}x aten" if t["ratio_to_aten"] is not None else ""
+        which = t.get("layers")
+        label = "" if which is None or which == common.get(t["batch"]) else f"  ({', '.join(which)} only)"
         lines.append(f"{t['batch']:>5}  {t['impl']:<11} fwd {_ms(t['fwd_s']):>8} ms  bwd {_ms(t['bwd_s']):>8} ms  "
-                     f"total {_ms(t['fwd_s'] + t['bwd_s']):>8} ms  {ratio}")
+                     f"total {_ms(t['fwd_s'] + t['bwd_s']):>8} ms  {ratio}{label}")
     return "\n".join(lines + [f"skipped {impl}: {why}" for impl, why in result["skipped"].items()])
 
 

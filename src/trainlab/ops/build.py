@@ -28,7 +28,7 @@ import torch
 
 from trainlab.errors import HardwareError
 
-CSRC = Path(__file__).resolve().parent / "csrc"
+OPS_DIR = Path(__file__).resolve().parent   # sources are named relative to it: "<op>/<file>.cpp"
 
 # Compiler flags per CPU capability that torch itself detected (and would use for its own kernels).
 # The CPU_CAPABILITY_* macros select the matching at::vec::Vectorized specialisation.
@@ -79,7 +79,8 @@ def check_toolchain(with_cuda: bool) -> None:
 
 def build_extension(stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sources: tuple[str, ...],
                     verbose: bool = False) -> dict:
-    """Compile (or reuse) `trainlab_<stem>_<capability>[_cuda]` from csrc/ sources and load it;
+    """Compile (or reuse) `trainlab_<stem>_<capability>[_cuda]` from sources under ops/ (each in its
+    operator's folder, e.g. "gelu/gelu_cpu.cpp") and load it;
     returns {'name', 'build_dir', 'cuda', 'cpu_capability'}. `what` names it in the error line."""
     from torch.utils import cpp_extension
 
@@ -89,7 +90,7 @@ def build_extension(stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sou
     name = f"trainlab_{stem}_{cap.lower()}" + ("_cuda" if with_cuda else "")
     build_dir = cache_dir() / name
     build_dir.mkdir(parents=True, exist_ok=True)
-    sources = [str(CSRC / s) for s in cpu_sources + (cuda_sources if with_cuda else ())]
+    sources = [str(OPS_DIR / s) for s in cpu_sources + (cuda_sources if with_cuda else ())]
     try:
         cpp_extension.load(name=name, sources=sources, build_directory=str(build_dir), with_cuda=with_cuda,
                            extra_cflags=["-O3", *CAPABILITY_FLAGS.get(cap, [])],
@@ -106,22 +107,31 @@ def build_extension(stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sou
 
 
 class Extension:
-    """One extension, loaded at most once per process. `register(with_cuda)` runs after the first
-    successful load (autograd formulas, fakes)."""
+    """One extension, loaded at most once per process. `register(with_cuda)` (and any `also_register`)
+    runs after the first successful load (autograd formulas, fakes)."""
 
     def __init__(self, stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sources: tuple[str, ...],
                  register: Callable[[bool], None]):
         self.stem, self.what, self.cpu_sources, self.cuda_sources = stem, what, cpu_sources, cuda_sources
-        self.register = register
+        self.registrations = [register]
         self.loaded: dict | None = None
         self._lock = threading.Lock()
+
+    def also_register(self, register: Callable[[bool], None]) -> None:
+        """One more registration, for an operator whose kernels are compiled into this library from
+        its own folder (conv_relu_pool2d into the layer extension): run after loading, or now if loaded."""
+        with self._lock:
+            self.registrations.append(register)
+            if self.loaded is not None:
+                register(self.loaded["cuda"])
 
     def load(self, verbose: bool = False) -> dict:
         """Build (once) and load; HardwareError (one line) when the toolchain is missing or the build fails."""
         with self._lock:
             if self.loaded is None:
                 info = build_extension(self.stem, self.what, self.cpu_sources, self.cuda_sources, verbose)
-                self.register(info["cuda"])
+                for register in self.registrations:
+                    register(info["cuda"])
                 self.loaded = info
             return self.loaded
 

@@ -1,4 +1,4 @@
-"""`trainlab ops check|bench --op gelu,conv2d,max_pool2d,linear,relu,conv_relu_pool2d`: flags into the command's config
+"""`trainlab ops check|bench --op <operators of ops/registry.py>`: flags into the command's config
 (ops.config), then ops.check / ops.bench. `trainlab gelu check|bench` is the same command with the
 operator fixed to gelu (and only GELU's flags): it runs through the same two functions below.
 """
@@ -11,17 +11,16 @@ import sys
 import torch
 
 from trainlab.device import resolve_device
-from trainlab.errors import HardwareError
+from trainlab.errors import ConfigError, HardwareError
 from trainlab.flags import add_command, explicit_values
-from trainlab.ops import bench, check
+from trainlab.ops import bench, check, registry
 from trainlab.ops.config import BenchConfig, CheckConfig, OpsBenchConfig, OpsCheckConfig
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("ops", help="our operators (gelu, conv2d, max_pool2d, linear, relu, conv_relu_pool2d): check and benchmark "
-                                          "every rung vs aten")
+    p = subparsers.add_parser("ops", help=f"our operators ({', '.join(registry.OPS)}): check and benchmark every rung vs aten")
     sub = p.add_subparsers(dest="ops_command", metavar="{check,bench}")
     sub.required = True
     add_command(sub, "check", "every rung against a float64 reference: errors, gradcheck, opcheck, edge values",
@@ -38,34 +37,37 @@ def add_parser(subparsers) -> None:
 
 
 def _progress(r: dict) -> None:
-    what = r["approximate"] if r["op"] == "gelu" else r["case"]
     status = r["status"] if r["status"] != "skipped" else f"skipped ({r['reason']})"
-    print(f"  {r['op']:<10} {what:<17} {r['impl']:<7} {r['dtype']:<9} {status}", file=sys.stderr, flush=True)
+    print(f"  {r['op']:<10} {r['case']:<17} {r['impl']:<7} {r['dtype']:<9} {status}", file=sys.stderr, flush=True)
+
+
+def nothing_ran(rows: list[dict], what: str, hint: str) -> None:
+    """A command that measured or checked nothing must not pass: HardwareError (one line) naming why
+    when every requested row was skipped (also when none was produced)."""
+    if all(r["skipped"] for r in rows):
+        why = "; ".join(sorted({f"{r['impl']}: {r['reason']}" for r in rows})) or "no row matched the selection"
+        raise HardwareError(f"nothing was {what}: every requested row was skipped ({why}); {hint}")
 
 
 def run_check_cmd(args) -> int:
-    alias = args.command == "gelu"   # `trainlab gelu check`: the GELU part of the result is the result
+    alias = args.command == "gelu"   # `trainlab gelu check`: `ops check --op gelu` with GELU's flags
     cls = CheckConfig if alias else OpsCheckConfig
     cc = cls(**explicit_values(args, cls))
     ops = ["gelu"] if alias else cc.validate()
     if alias:
         cc.validate()
     result = check.run_check(ops=ops, impls=cc.impl or check.IMPLS, dtypes=cc.dtype, cases=getattr(cc, "case", None),
-                             approximations=cc.approximate or check.APPROXIMATIONS, n=cc.n,
-                             batch=getattr(cc, "batch", 8), progress=None if cc.json else _progress)
-    shown = result["gelu"] if alias else result
-    table = check.format_gelu_table(shown) if alias else check.format_table(result)
+                             variants=cc.approximate, n=cc.n, batch=getattr(cc, "batch", 8),
+                             progress=None if cc.json else _progress)
+    table = check.format_table(result)
     if getattr(cc, "out", None):
         env = collect_env("cpu")
         text = f"{format_header({'command': args.command_line}, env)}\n\n{table}"
         write_results(cc.out, "ops_check", result, f"# Operator check\n\n```\n{text}\n```", [text],
                       args.command_line, env=env)
-    print(json.dumps(shown, indent=2) if cc.json else table)
-    rows = result["rows"] + result["autograd_rows"] + (result["gelu"]["rows"] if result["gelu"] else [])
-    if rows and all(r["skipped"] for r in rows):   # a check that checked nothing must not pass
-        why = "; ".join(sorted({f"{r['impl']}: {r['reason']}" for r in rows}))
-        raise HardwareError(f"nothing was checked: every requested row was skipped ({why}); "
-                            "ask for rungs that can run here, e.g. --impl cpp")
+    print(json.dumps(result, indent=2) if cc.json else table)
+    # the case rows are what was asked for (the autograd table is float64 whatever --dtype says)
+    nothing_ran(result["rows"], "checked", "ask for rungs and dtypes that can run here, e.g. --impl cpp --dtype float32")
     return 0 if result["ok"] else 1
 
 
@@ -81,12 +83,25 @@ def run_bench_cmd(args) -> int:
     device = resolve_device(bc.device)
     quiet = bc.json
     results, tables = {}, []
-    layer_ops = [op for op in ops if op != "gelu"]
+    layer_ops = [op for op in ops if registry.module(op).BENCH]
+    chosen_layers = getattr(bc, "layer", None)   # the alias `gelu bench` has no --layer, --batch, --threads
+    if chosen_layers:
+        unknown = sorted(set(chosen_layers) - set(bench.LAYER_NAMES))
+        if unknown:
+            raise ConfigError(f"--layer {unknown[0]!r}: choose from {', '.join(bench.LAYER_NAMES)}")
+        theirs = {op: [layer.name for layer in bench.LAYERS if layer.op == op] for op in layer_ops}
+        if not any(name in chosen_layers for names in theirs.values() for name in names):
+            have = "; ".join(f"{op}: {', '.join(names)}" for op, names in theirs.items()) or "none (gelu is timed over sizes)"
+            raise ConfigError(f"--layer {','.join(chosen_layers)}: not a layer of the chosen operators ({have})")
+    batches = bc.batches(explicit_batch="batch" in explicit) if layer_ops else []
+    asked = [i for i in bc.impl or [] if i != "aten"]   # aten is always timed: the baseline
+    if asked and device.type != "cuda" and all(i in ("cuda", "cuda-atomic") for i in asked):   # before timing aten
+        nothing_ran([{"impl": i, "skipped": True, "reason": f"runs on a CUDA GPU, the device is {device}"} for i in asked],
+                    "timed", "ask for rungs that run here, e.g. --impl cpp on a CPU")
     if layer_ops:
-        layers = [layer.name for layer in bench.LAYERS if layer.op in layer_ops and (not bc.layer or layer.name in bc.layer)]
-        unknown = set(bc.layer or ()) - set(bench.LAYER_NAMES)
+        layers = [layer.name for layer in bench.LAYERS if layer.op in layer_ops and (not chosen_layers or layer.name in chosen_layers)]
         result = bench.run_layer_bench(
-            batches=bc.batches(explicit_batch="batch" in explicit), impls=bc.impl, layers=sorted(unknown) or layers,
+            batches=batches, impls=bc.impl, layers=layers,
             device=device, budget_s=0.1 if bc.quick else bc.budget, min_runs=3 if bc.quick else 5,
             progress=None if quiet else (lambda r: print(
                 f"  {r['batch']:>5} {r['layer']:<6} {r['impl']:<11} fwd {r['fwd_median_s'] * 1e3:9.3f} ms  "
@@ -108,4 +123,10 @@ def run_bench_cmd(args) -> int:
         print(json.dumps(next(iter(docs.values())) if len(docs) == 1 else docs, indent=2))
     else:
         print("\n\n".join(tables))
+    # what was asked for is the rungs besides aten (or aten alone): at least one of them must have been timed
+    rows = [{"impl": r["impl"], "skipped": False, "reason": None} for result, _, _ in results.values()
+            for r in result["rows"] if not asked or r["impl"] in asked]
+    skipped = [{"impl": i, "skipped": True, "reason": why} for result, _, _ in results.values()
+               for i, why in result["skipped"].items() if not asked or i in asked]
+    nothing_ran(rows + skipped, "timed", "ask for rungs that run here, e.g. --impl cpp on a CPU")
     return 0

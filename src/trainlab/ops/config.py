@@ -10,13 +10,23 @@ import torch
 
 from trainlab.device import resolve_device, total_memory_bytes
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, one_of, opt, output_dir, positive
+from trainlab.flags import Config, at_least, one_of, opt, output_dir, positive, thread_count
 from trainlab.ops.bench import DEFAULT_BATCHES, DEFAULT_SIZES, LAYER_NAMES, QUICK_SIZES, format_size, parse_size
-from trainlab.ops.check import OPS
 from trainlab.ops.gelu import APPROXIMATIONS
 from trainlab.ops.ladder import DTYPES, canonical_impls
+from trainlab.ops.registry import OPS
 
 BENCH_COPIES = 8  # tensors of --sizes elements alive at once in the GELU bench (x, grad, per-impl inputs, outputs)
+MAX_CHECK_N = 2**24   # --n: a correctness row keeps ~10 float64 copies of its input (2.5 GiB at this size)
+MAX_BATCH = 65536     # --batch of `ops bench`: conv1's activations and gradients alone are ~40 MiB per 1K samples
+
+
+def count(lo: int, hi: int, why: str):
+    """A flag check: an integer in [lo, hi], the upper bound named with why — before anything is allocated."""
+    def check(v) -> str | None:
+        problem = at_least(lo)(v)
+        return problem if problem is not None or v <= hi else f"expected an integer >= {lo} and <= {hi:,} ({why})"
+    return check
 
 
 def parse_ops(ops: list[str] | None) -> list[str]:
@@ -44,13 +54,15 @@ def gelu_bench_sizes(sizes: str | None, quick: bool, dtype: str, device: str) ->
 
 @dataclass
 class CheckConfig(Config):
-    """Correctness table of every GELU rung (`trainlab gelu check`, the same as `trainlab ops check --op gelu`)."""
+    """Correctness table of every GELU rung: `trainlab gelu check`, an alias of `trainlab ops check --op gelu`
+    (--approximate picks GELU's cases of those approximations)."""
 
     json: bool = opt(False, "print one JSON document instead of the table")
     impl: list[str] | None = opt(None, "only these rungs (repeatable): aten, python, cpp, triton, cuda (default: all)")
     approximate: list[str] | None = opt(None, "only these approximations (repeatable)", choices=APPROXIMATIONS)
     dtype: list[str] | None = opt(None, "only these dtypes (repeatable)", choices=tuple(DTYPES))
-    n: int = opt(4096, "random elements per row besides the edge values", check=at_least(1))
+    n: int = opt(4096, "random elements per row besides the edge values",
+                 check=count(1, MAX_CHECK_N, "a correctness row, not a benchmark"))
 
     def validate(self) -> None:
         super().validate()
@@ -110,7 +122,8 @@ class OpsBenchConfig(BenchConfig):
     impl: list[str] | None = opt(None, "only these rungs (repeatable; aten is always included; "
                                        "cuda-atomic: the naive pool backward, GPU only)")
     layer: list[str] | None = opt(None, f"only these layers: {' '.join(LAYER_NAMES)}")
-    threads: int | None = opt(None, "torch CPU threads (default: torch's choice)", check=at_least(1))
+    threads: int | None = opt(None, "torch CPU threads (default: torch's choice; at most this machine's CPUs)",
+                              check=thread_count)
     budget: float = opt(1.0, "seconds of timed runs per layer and rung (at least 5 runs)", check=positive)
     out: str | None = opt(None, "also write ops_bench.json/.md/.log (gelu_bench.* for gelu) into this directory",
                           check=output_dir)
@@ -126,6 +139,6 @@ class OpsBenchConfig(BenchConfig):
             batches = [int(b) for b in self.batch.split(",") if b.strip()]
         except ValueError:
             raise ConfigError(f"--batch {self.batch!r}: expected comma-separated integers, e.g. 256,4096") from None
-        if not batches or any(b < 1 for b in batches):
-            raise ConfigError(f"--batch {self.batch!r}: expected positive batch sizes, e.g. 256,4096")
+        if not batches or any(b < 1 or b > MAX_BATCH for b in batches):
+            raise ConfigError(f"--batch {self.batch!r}: expected batch sizes from 1 to {MAX_BATCH:,}, e.g. 256,4096")
         return batches

@@ -28,6 +28,7 @@ IMPLS = ("aten", "python", "cpp", "triton", "cuda")
 # Older spellings accepted on the command line (`trainlab gelu check --impl torch`, in earlier docs).
 IMPL_ALIASES = {"torch": "aten"}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}   # checked in
+DEFAULT_DTYPES = ("float32", "bfloat16")   # `ops check`'s default for an operator without DTYPES of its own
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)   # what every rung accepts
 REDUCED = (torch.bfloat16, torch.float16)
 
@@ -127,7 +128,7 @@ def triton_interpreter_if_cpu(impl: str):
 
 @dataclass(frozen=True)
 class Case:
-    """One shape case: `make(batch, gen)` returns float64 inputs (name -> tensor, or a non-tensor
+    """One shape case: `make(size, gen)` returns float64 inputs (name -> tensor, or a non-tensor
     argument), `view` turns the cast inputs into the layouts under test, `call(inputs, impl)` runs
     the operator. `bilinear` ops get S from |inputs|; selections from the reference's own routing."""
 
@@ -138,17 +139,35 @@ class Case:
     bilinear: bool
     view: Callable | None = None
     edge: bool = False   # contains NaN/inf: compare the non-finite pattern too
-    # (inputs64, dy64) -> (S of the output, {input name: S of its gradient}) for an op that is
-    # neither a plain sum of products nor a plain selection (a fused conv → relu → pool)
+    # (inputs64, dy64, grad) -> (S of the output, {input name: S of its gradient}) for an op that is
+    # neither a plain sum of products nor a plain selection (a fused conv → relu → pool, GELU).
+    # inputs64 and dy64 live on the rung's device; take gradients with `grad` (autograd.grad that
+    # checks every tensor is on that device, ops/check.py)
     bound: Callable | None = None
     # the rungs checked in bfloat16/float16 (None: all). A rung that composes three ops rounds the
     # intermediate results, which moves a pooling's winners: its reduced-precision rows are skipped
     # with that reason rather than compared against a float64 routing they cannot follow.
     reduced_impls: tuple[str, ...] | None = None
+    tolerance: str = "sum"      # the TOLERANCES family: "sum" (sums of products, selections) or "elementwise"
+    sized_by: str = "batch"     # what `make` gets as its size: the check's --batch, or --n (elements)
+    variant: str | None = None  # an operator's named variant the case runs (GELU's approximation)
+    # (impl, dtype, device) -> {name: value, ..., "ok": bool}: checks of the case's own, in the row's `checks`
+    extra: Callable | None = None
 
 
-def _randn(gen, *shape):
-    return torch.randn(*shape, dtype=torch.float64, generator=gen)
+@dataclass(frozen=True)
+class Layer:
+    """A LeNet-5 layer that `ops bench` times, at batch `b`: `inputs(b, gen)` makes its tensors,
+    `run(t, impl)` its forward. Each operator's folder lists its own (`BENCH`); `order` is the
+    layer's place in LeNet-5, which the bench table follows."""
+
+    name: str
+    op: str
+    inputs: Callable
+    run: Callable
+    order: int
+    input_needs_grad: bool = True
+    in_step: bool = True   # False: a fused stage that repeats layers already timed (left out of the totals)
 
 
 def randn64(gen, *shape) -> torch.Tensor:

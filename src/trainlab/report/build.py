@@ -262,13 +262,15 @@ def result_section(res: ResultFile, out: Path, index: int, reuse_figures: bool =
     blocks = [Block("h2", title), para("Source: ", code(res.path))]
     if res.kind == "gelu_check":
         # A row that could not run here (no GPU, no Triton) is "skipped", never "ok" (older files: ok + skipped)
-        rows = [{**r, "status": "skipped: " + str(r.get("reason")) if r.get("skipped")
+        # ops check rows keep a case's own checks (the handout's recipe) under "checks"
+        rows = [{**r, **(r.get("checks") if isinstance(r.get("checks"), dict) else {}),
+                 "status": "skipped: " + str(r.get("reason")) if r.get("skipped")
                  else r.get("status") or ("ok" if r.get("ok") else "FAIL")} for r in rows]
         failed = [r for r in rows if r["status"] == "FAIL"]
         skipped = [r for r in rows if r["status"].startswith("skipped")]
         blocks.append(para(f"{len(rows)} rows: {len(rows) - len(failed) - len(skipped)} ok, {len(failed)} failing, "
                            f"{len(skipped)} skipped (could not run on the machine that made the file)."))
-        blocks.append(Block("table", rows=table_from_rows(rows, ["impl", "approximate", "dtype", "fwd_max_abs_err", "grad_max_abs_err",
+        blocks.append(Block("table", rows=table_from_rows(rows, ["case", "impl", "approximate", "dtype", "fwd_max_abs_err", "grad_max_abs_err",
                                                                  "recipe_loss_diff", "recipe_grad_mse", "gradcheck",
                                                                  "gradgradcheck", "status"])))
         if any("recipe_loss_diff" in r for r in rows):

@@ -161,8 +161,8 @@ def classify(data: Any) -> str | None:
     first = rows[0] if rows and isinstance(rows[0], dict) else {}
     if {"variant", "layer", "fwd_ms_median"} <= set(first):
         return "lenet_profile"
-    if {"op", "case", "impl", "worst_ratio_to_tol"} <= set(first):
-        return "ops_check"
+    if {"op", "case", "impl", "worst_ratio_to_tol"} <= set(first):   # every operator's rows (GELU's too)
+        return "gelu_check" if all(isinstance(r, dict) and r.get("op") == "gelu" for r in rows) else "ops_check"
     if {"layer", "impl", "fwd_median_s"} <= set(first):
         return "ops_bench"
     if {"impl", "fwd_max_abs_err"} <= set(first):

@@ -1,0 +1,97 @@
+"""The C++ (and, with a GPU, CUDA) layer extension: conv2d, max_pool2d, linear, relu as `trainlab::` ops.
+
+`EXTENSION.load()` JIT-builds `layers_cpu.cpp` (+ `layers_cuda.cu` and its ATen glue
+`layers_cuda_glue.cpp` when torch has CUDA and a GPU is visible) through ops/build.py, as the
+library `trainlab_layers_<capability>[_cuda]`. After loading, `register` (below) adds what C++
+cannot: the autograd formulas and the fake kernels, so that `torch.library.opcheck` passes and
+`torch.compile(fullgraph=True)` traces through the ops. The Triton rung (layers_triton.py) defines
+the same nine ops as `trainlab::triton_*` and registers them with the same `register`.
+
+The ops (schemas in layers_cpu.cpp):
+    conv2d_fwd(x, weight, bias?, padding)                         -> out
+    conv2d_bwd_input(grad, weight, padding)                       -> dx
+    conv2d_bwd_weight(grad, x, weight, padding, bias)             -> (dweight, dbias)
+    max_pool2d_fwd(x, kernel, stride, padding)                    -> (out, window-local argmax)
+    max_pool2d_bwd(grad, indices, input_hw, kernel, stride, padding) -> dx
+    max_pool2d_bwd_atomic(...)   CUDA builds only: the naive atomicAdd scatter, kept for the benchmark
+    linear_fwd(x, weight, bias?)                                  -> out
+    linear_bwd(grad, x, weight, bias)                             -> (dx, dweight, dbias)
+    relu_fwd(x) -> out;  relu_bwd(grad, out) -> dx
+    conv_relu_pool2d_fwd(x, weight, bias?, padding)               -> (out, one code byte per output)
+        CPU only (ops/conv_relu_pool2d/conv_relu_pool_cpu.cpp): LeNet's first stage fused, compiled
+        into this library (it reuses the layer kernels' headers and one build); registered there
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+import torch
+
+from trainlab.ops.build import Extension
+from trainlab.ops.ladder import check_impl
+from trainlab.ops.layers.layer_args import register
+
+# conv_relu_pool2d's C++ file is compiled into this library (one build, the layers' headers); its
+# folder registers its ops' fakes and autograd with EXTENSION.also_register.
+EXTENSION = Extension("layers", "layer", ("layers/layers_cpu.cpp", "conv_relu_pool2d/conv_relu_pool_cpu.cpp"),
+                      ("layers/layers_cuda.cu", "layers/layers_cuda_glue.cpp"),
+                      register=lambda with_cuda: register("", with_atomic_pool=with_cuda))
+
+
+def load(verbose: bool = False) -> dict:
+    """Build (once) and load the extension; returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
+    return EXTENSION.load(verbose)
+
+
+# ---- dispatch to a compiled rung ---------------------------------------------------------------------
+
+def compiled_rung(impl: str) -> ModuleType:
+    """The module that runs layer impl 'cpp', 'cuda' or 'triton' (conv2d, max_pool2d, linear, relu,
+    each with the same signature, so an operator's dispatch is one line per rung). `cpp` and `cuda`
+    are the same extension ops (CPU kernels for CPU tensors, CUDA kernels for CUDA tensors); Triton
+    is imported only when asked for."""
+    if impl == "triton":
+        from trainlab.ops.layers import layers_triton  # heavy optional dependency
+
+        return layers_triton
+    if impl == "cuda":
+        EXTENSION.require_cuda()
+    return sys.modules[__name__]
+
+
+def prepare(layer: str, impl: str) -> str:
+    """Check `impl` for an nn.Module and build the extension now when it will be needed: outside any
+    torch.compile region (the build takes a lock Dynamo cannot trace) and before training starts."""
+    check_impl(layer, impl)
+    if impl in ("cpp", "cuda"):
+        EXTENSION.load()
+    return impl
+
+
+# ---- entry points used by the cpp / cuda rungs (arguments already validated by layer_args) ------
+
+def conv2d(x, weight, bias, padding) -> torch.Tensor:
+    EXTENSION.ensure()
+    return torch.ops.trainlab.conv2d_fwd(x, weight, bias, list(padding))
+
+
+def max_pool2d(x, kernel, stride, padding) -> torch.Tensor:
+    EXTENSION.ensure()
+    return torch.ops.trainlab.max_pool2d_fwd(x, list(kernel), list(stride), list(padding))[0]
+
+
+def linear(x, weight, bias) -> torch.Tensor:
+    EXTENSION.ensure()
+    return torch.ops.trainlab.linear_fwd(x, weight, bias)
+
+
+def relu(x) -> torch.Tensor:
+    EXTENSION.ensure()
+    return torch.ops.trainlab.relu_fwd(x)
+
+
+def conv_relu_pool2d(x, weight, bias, padding) -> torch.Tensor:
+    EXTENSION.ensure()
+    return torch.ops.trainlab.conv_relu_pool2d_fwd(x, weight, bias, list(padding))[0]

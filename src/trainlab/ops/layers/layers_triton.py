@@ -1,0 +1,536 @@
+"""LeNet-5's layers as Triton kernels — conv2d, max_pool2d, linear, relu, forward and backward —
+registered as torch.library custom ops `trainlab::triton_*` (fakes + autograd from layer_args.register).
+
+What the Triton rung teaches that the C++ one does not:
+  * implicit GEMM: the convolution never writes its im2col matrix. Each program computes a
+    BM x BN tile of outputs (pixels x channels) and, for every BK slice of the C*KH*KW reduction,
+    gathers the patch entries it needs straight from x into registers (masked loads produce the
+    zero padding) and feeds them to `tl.dot`. The two backward convolutions are implicit GEMMs too:
+    dx gathers dy with the kernel flipped; dW contracts over the N*OH*OW axis, split into SPLIT
+    slices across programs (split-K) so that a 16 x 150 result still fills a GPU.
+  * epilogue fusion: the bias is added in the GEMM's epilogue, and the bias gradient is one more
+    column of the weight-gradient GEMM (a column of ones appended to its right operand, in
+    registers) — no extra pass over dy, no separate reduction.
+  * the pool backward as a gather: one program lane per *input* element visits the (at most
+    ceil(K/S)^2) windows that contain it and adds the gradient of those that chose it; no atomics,
+    deterministic even when windows overlap.
+
+Where the kernels run (as in gelu_triton.py): CUDA tensors → compiled with triton.jit; CPU tensors →
+Triton's interpreter when TRITON_INTERPRET=1 (slow; for tests); otherwise a HardwareError.
+
+Precision: float32 products use `input_precision="ieee"` (no TF32: the check compares with float64
+at float32 tolerances); bfloat16/float16 products accumulate in float32 and round once; float64 is
+float64 throughout. Pooling and relu only select values: exact in any dtype. Triton's interpreter
+does not handle bfloat16 inside kernels faithfully (see _kernel_inputs), so interpreted runs widen
+bf16/fp16 to float32 first: the CPU tests check the kernels' logic and float32/float64 numerics,
+the bf16 loads and stores are checked by compiling the kernels (tests/test_ops_layers_triton.py).
+Offsets into the batch dimension are computed in int64 (batch 4096 x 6 x 28 x 28 already passes
+2^24 elements; a larger image would pass 2^31).
+"""
+
+# No `from __future__ import annotations`: Triton reads `tl.constexpr` annotations as objects.
+from typing import Optional
+
+import torch
+
+from trainlab.ops.gelu.gelu_triton import launch, run_mode
+from trainlab.ops.ladder import widen
+from trainlab.ops.layers.layer_args import conv2d_output_hw, pool_index_dtype, pool_output_hw, register
+
+try:  # optional dependency: without it impl="triton" raises a HardwareError naming the fix
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where triton is absent (gelu_triton.run_mode says so)
+    triton = tl = None
+
+if tl is not None:
+    # Plain functions, wrapped per mode (JITFunction or InterpretedFunction) by gelu_triton.kernel_object.
+
+    def _conv2d_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, C, H, W, OC, OH, OW, sxn, sxc, sxh, sxw,
+                           KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, F64: tl.constexpr, IEEE: tl.constexpr,
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        # y[n, o, i, j] = b[o] + sum_k x[n, c, i+p-PH, j+q-PW] * w[o, k],  k = (c, p, q).
+        # GEMM rows m = (n, i, j) (output pixels), columns o, reduction k; w is contiguous [OC, K].
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        K = C * KH * KW
+        m_ok = rm < N * OH * OW
+        n_ok = rn < OC
+        img = rm // (OH * OW)
+        oh = (rm // OW) % OH
+        ow = rm % OW
+        x_base = img.to(tl.int64) * sxn
+        if F64:
+            acc = tl.full((BM, BN), 0.0, tl.float64)
+        else:
+            acc = tl.full((BM, BN), 0.0, tl.float32)
+        for k0 in range(0, K, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < K
+            c = rk // (KH * KW)
+            p = (rk // KW) % KH
+            q = rk % KW
+            ih = oh[:, None] + p[None, :] - PH
+            iw = ow[:, None] + q[None, :] - PW
+            a_ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a = tl.load(x_ptr + x_base[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw, mask=a_ok, other=0.0)
+            b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)   # float64 for gradcheck (triton 3.7 wants it named)
+        if HAS_BIAS:   # epilogue: the bias is added while the tile is still in registers
+            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(acc.dtype)[None, :]
+        y_off = img.to(tl.int64)[:, None] * (OC * OH * OW) + rn[None, :] * (OH * OW) + (oh * OW + ow)[:, None]
+        tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+    def _conv2d_bwd_weight_kernel(g_ptr, x_ptr, dw_ptr, N, C, H, W, OC, OH, OW,
+                                  sgn, sgc, sgh, sgw, sxn, sxc, sxh, sxw, K_PER_SPLIT,
+                                  KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+                                  BIAS_COL: tl.constexpr, F64: tl.constexpr, IEEE: tl.constexpr,
+                                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        # dw[o, (c, p, q)] = sum_r dy[n, o, i, j] * x[n, c, i+p-PH, j+q-PW],  r = (n, i, j).
+        # Rows o, columns (c, p, q), reduction r split into slices of K_PER_SPLIT (program axis 2):
+        # each program writes its partial sum to dw_ptr[split]; torch adds the slices in order.
+        # BIAS_COL: one more column, (c, p, q) = C*KH*KW, whose "input" is 1 — its result is
+        # sum_r dy[n, o, i, j], the bias gradient, computed by the same tl.dot (as in the C++ rung).
+        pid_n = tl.program_id(1)
+        split = tl.program_id(2)
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        CKK = C * KH * KW
+        NCOL = CKK + BIAS_COL
+        R = N * OH * OW
+        m_ok = rm < OC
+        n_ok = rn < CKK
+        c = rn // (KH * KW)
+        p = (rn // KW) % KH
+        q = rn % KW
+        if F64:
+            acc = tl.full((BM, BN), 0.0, tl.float64)
+        else:
+            acc = tl.full((BM, BN), 0.0, tl.float32)
+        r_begin = split * K_PER_SPLIT
+        for r0 in range(r_begin, r_begin + K_PER_SPLIT, BK):
+            rk = r0 + tl.arange(0, BK)
+            k_ok = (rk < R) & (rk < r_begin + K_PER_SPLIT)
+            img = rk // (OH * OW)
+            oh = (rk // OW) % OH
+            ow = rk % OW
+            a_off = img.to(tl.int64)[None, :] * sgn + rm[:, None] * sgc + (oh * sgh + ow * sgw)[None, :]
+            a = tl.load(g_ptr + a_off, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            ih = oh[:, None] + p[None, :] - PH
+            iw = ow[:, None] + q[None, :] - PW
+            b_ok = k_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            b = tl.load(x_ptr + img.to(tl.int64)[:, None] * sxn + c[None, :] * sxc + ih * sxh + iw * sxw,
+                        mask=b_ok, other=0.0)
+            if BIAS_COL:
+                ones = tl.full((BK, BN), 1.0, b.dtype)
+                b = tl.where(k_ok[:, None] & (rn == CKK)[None, :], ones, b)
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)   # float64 for gradcheck (triton 3.7 wants it named)
+        out = split.to(tl.int64) * OC * NCOL + rm[:, None] * NCOL + rn[None, :]
+        tl.store(dw_ptr + out, acc, mask=m_ok[:, None] & (rn < NCOL)[None, :])
+
+    def _matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, sam, sak, sbk, sbn, K_PER_SPLIT,
+                       HAS_BIAS: tl.constexpr, BIAS_COL: tl.constexpr, F64: tl.constexpr, IEEE: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        # c[split, m, n] = sum over this split's k of a[m, k] b[k, n] (+ bias[n]); a and b by strides,
+        # so transposed operands cost nothing. BIAS_COL appends a column of ones to b: c[:, N] is then
+        # sum_k a[m, k] — the linear layer's bias gradient when a = dy^T — from the same tl.dot.
+        pid_n = tl.program_id(1)
+        split = tl.program_id(2)
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        NCOL = N + BIAS_COL
+        m_ok = rm < M
+        n_ok = rn < N
+        if F64:
+            acc = tl.full((BM, BN), 0.0, tl.float64)
+        else:
+            acc = tl.full((BM, BN), 0.0, tl.float32)
+        k_begin = split * K_PER_SPLIT
+        for k0 in range(k_begin, k_begin + K_PER_SPLIT, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = (rk < K) & (rk < k_begin + K_PER_SPLIT)
+            a = tl.load(a_ptr + rm.to(tl.int64)[:, None] * sam + rk[None, :] * sak,
+                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptr + rk.to(tl.int64)[:, None] * sbk + rn[None, :] * sbn,
+                        mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            if BIAS_COL:
+                ones = tl.full((BK, BN), 1.0, b.dtype)
+                b = tl.where(k_ok[:, None] & (rn == N)[None, :], ones, b)
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)   # float64 for gradcheck (triton 3.7 wants it named)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(acc.dtype)[None, :]
+        out = split.to(tl.int64) * M * NCOL + rm.to(tl.int64)[:, None] * NCOL + rn[None, :]
+        tl.store(c_ptr + out, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & (rn < NCOL)[None, :])
+
+    def _max_pool2d_fwd_kernel(x_ptr, y_ptr, idx_ptr, TOTAL, C, H, W, OH, OW, sxn, sxc, sxh, sxw,
+                               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+                               PH: tl.constexpr, PW: tl.constexpr, F64: tl.constexpr, BLOCK: tl.constexpr):
+        # One lane per output (n, c, i, j): the window's maximum and its window-local index p*KW + q.
+        # ATen's rules: scan p then q, take v when v > best or v is NaN; a window with no taker
+        # (all -inf) reports its first element inside the image.
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < TOTAL
+        j = offs % OW
+        i = (offs // OW) % OH
+        c = (offs // (OW * OH)) % C
+        n = offs // (OW * OH * C)
+        h0 = i * SH - PH
+        w0 = j * SW - PW
+        base = n * sxn + c * sxc
+        if F64:
+            best = tl.full((BLOCK,), float("-inf"), tl.float64)
+        else:
+            best = tl.full((BLOCK,), float("-inf"), tl.float32)
+        first = tl.maximum(-h0, 0) * KW + tl.maximum(-w0, 0)
+        k_best = first.to(tl.int32)
+        for p in tl.static_range(KH):
+            for q in tl.static_range(KW):
+                ih = h0 + p
+                iw = w0 + q
+                inside = ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                v = tl.load(x_ptr + base + ih * sxh + iw * sxw, mask=inside, other=float("-inf")).to(best.dtype)
+                take = inside & ((v > best) | (v != v))
+                best = tl.where(take, v, best)
+                k_best = tl.where(take, p * KW + q, k_best)
+        tl.store(y_ptr + offs, best.to(y_ptr.dtype.element_ty), mask=ok)   # exact: best is one of the inputs
+        tl.store(idx_ptr + offs, k_best.to(idx_ptr.dtype.element_ty), mask=ok)
+
+    def _max_pool2d_bwd_kernel(g_ptr, idx_ptr, dx_ptr, TOTAL, C, H, W, OH, OW, sgn, sgc, sgh, sgw,
+                               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+                               PH: tl.constexpr, PW: tl.constexpr, NWH: tl.constexpr, NWW: tl.constexpr,
+                               F64: tl.constexpr, BLOCK: tl.constexpr):
+        # One lane per input element (n, c, h, w): the windows containing row h are i = i_hi - d for
+        # d < NWH = ceil(KH/SH), i_hi = (h + PH) // SH (likewise for columns); add dy[n, c, i, j] for
+        # each window whose saved winner is (h, w). A gather: no two lanes write the same element.
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < TOTAL
+        w = offs % W
+        h = (offs // W) % H
+        c = (offs // (W * H)) % C
+        n = offs // (W * H * C)
+        i_hi = (h + PH) // SH
+        j_hi = (w + PW) // SW
+        if F64:
+            acc = tl.full((BLOCK,), 0.0, tl.float64)
+        else:
+            acc = tl.full((BLOCK,), 0.0, tl.float32)
+        plane = (n * C + c) * (OH * OW)
+        for di in tl.static_range(NWH):
+            for dj in tl.static_range(NWW):
+                i = i_hi - di
+                j = j_hi - dj
+                p = h + PH - i * SH
+                q = w + PW - j * SW
+                valid = ok & (i >= 0) & (i < OH) & (p < KH) & (j >= 0) & (j < OW) & (q < KW)
+                k = tl.load(idx_ptr + plane + i * OW + j, mask=valid, other=0).to(tl.int32)
+                chosen = valid & (k == (p * KW + q).to(tl.int32))
+                g = tl.load(g_ptr + n * sgn + c * sgc + i * sgh + j * sgw, mask=chosen, other=0.0)
+                acc += g.to(acc.dtype)
+        tl.store(dx_ptr + offs, acc.to(dx_ptr.dtype.element_ty), mask=ok)
+
+    # relu compares in float32 (float64 for float64); the result is selected from the input itself.
+    def _relu_fwd_kernel(x_ptr, y_ptr, TOTAL, F64: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < TOTAL
+        x = tl.load(x_ptr + offs, mask=ok, other=0.0)
+        if F64:
+            v = x
+        else:
+            v = x.to(tl.float32)
+        keep = (v > 0) | (v != v)   # NaN kept
+        tl.store(y_ptr + offs, tl.where(keep, x, tl.full((BLOCK,), 0.0, x.dtype)), mask=ok)
+
+    def _relu_bwd_kernel(g_ptr, y_ptr, dx_ptr, TOTAL, F64: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < TOTAL
+        g = tl.load(g_ptr + offs, mask=ok, other=0.0)
+        y = tl.load(y_ptr + offs, mask=ok, other=0.0)
+        if F64:
+            v = y
+        else:
+            v = y.to(tl.float32)
+        tl.store(dx_ptr + offs, tl.where(v <= 0, tl.full((BLOCK,), 0.0, g.dtype), g), mask=ok)   # NaN passes
+
+
+KERNELS = ("_conv2d_fwd_kernel", "_conv2d_bwd_weight_kernel", "_matmul_kernel",
+           "_max_pool2d_fwd_kernel", "_max_pool2d_bwd_kernel", "_relu_fwd_kernel", "_relu_bwd_kernel")
+
+
+def aot_specs(dtype: str = "fp32") -> dict:
+    """{kernel name: (signature, constexprs)} for compiling every kernel ahead of time with
+    `kernel_check.triton_ptx` (no GPU needed), with the launch parameters used on a GPU for
+    LeNet-like shapes. `dtype` is the tensors' Triton type: fp32, bf16 or fp64."""
+    ptr, acc = f"*{dtype}", "*fp64" if dtype == "fp64" else "*fp32"
+    prec = {"F64": dtype == "fp64", "IEEE": dtype == "fp32"}
+    tiles = {"BM": 64, "BN": 16, "BK": 32}
+    conv = {"KH": 5, "KW": 5, "PH": 2, "PW": 2}
+    pool = {"KH": 2, "KW": 2, "SH": 2, "SW": 2, "PH": 0, "PW": 0}
+
+    def sig(names, types):
+        return dict(zip(names, types))
+
+    shape7 = ["N", "C", "H", "W", "OC", "OH", "OW"]
+    return {
+        "_conv2d_fwd_kernel": (
+            sig(["x_ptr", "w_ptr", "b_ptr", "y_ptr", *shape7, "sxn", "sxc", "sxh", "sxw"], [ptr] * 4 + ["i32"] * 11)
+            | dict.fromkeys([*conv, "HAS_BIAS", "F64", "IEEE", *tiles], "constexpr"),
+            {**conv, "HAS_BIAS": True, **prec, **tiles}),
+        "_conv2d_bwd_weight_kernel": (
+            sig(["g_ptr", "x_ptr", "dw_ptr", *shape7, "sgn", "sgc", "sgh", "sgw", "sxn", "sxc", "sxh", "sxw",
+                 "K_PER_SPLIT"], [ptr, ptr, acc] + ["i32"] * 16)
+            | dict.fromkeys([*conv, "BIAS_COL", "F64", "IEEE", *tiles], "constexpr"),
+            {**conv, "BIAS_COL": True, **prec, **tiles, "BM": 16}),
+        "_matmul_kernel": (
+            sig(["a_ptr", "b_ptr", "c_ptr", "bias_ptr", "M", "N", "K", "sam", "sak", "sbk", "sbn", "K_PER_SPLIT"],
+                [ptr] * 4 + ["i32"] * 8)
+            | dict.fromkeys(["HAS_BIAS", "BIAS_COL", "F64", "IEEE", *tiles], "constexpr"),
+            {"HAS_BIAS": True, "BIAS_COL": True, **prec, **tiles}),
+        "_max_pool2d_fwd_kernel": (
+            sig(["x_ptr", "y_ptr", "idx_ptr", "TOTAL", "C", "H", "W", "OH", "OW", "sxn", "sxc", "sxh", "sxw"],
+                [ptr, ptr, "*u8"] + ["i32"] * 10) | dict.fromkeys([*pool, "F64", "BLOCK"], "constexpr"),
+            {**pool, "F64": dtype == "fp64", "BLOCK": 256}),
+        "_max_pool2d_bwd_kernel": (
+            sig(["g_ptr", "idx_ptr", "dx_ptr", "TOTAL", "C", "H", "W", "OH", "OW", "sgn", "sgc", "sgh", "sgw"],
+                [ptr, "*u8", ptr] + ["i32"] * 10) | dict.fromkeys([*pool, "NWH", "NWW", "F64", "BLOCK"], "constexpr"),
+            {**pool, "NWH": 1, "NWW": 1, "F64": dtype == "fp64", "BLOCK": 256}),
+        "_relu_fwd_kernel": ({"x_ptr": ptr, "y_ptr": ptr, "TOTAL": "i32", "F64": "constexpr", "BLOCK": "constexpr"},
+                             {"F64": dtype == "fp64", "BLOCK": 1024}),
+        "_relu_bwd_kernel": ({"g_ptr": ptr, "y_ptr": ptr, "dx_ptr": ptr, "TOTAL": "i32", "F64": "constexpr",
+                              "BLOCK": "constexpr"}, {"F64": dtype == "fp64", "BLOCK": 1024}),
+    }
+
+
+# ---- mode, launch geometry ----------------------------------------------------------------------------
+
+def _launch(name: str, interpreted: bool, grid, *args, **meta) -> None:
+    launch(globals()[name], interpreted, grid, *args, **meta)
+
+
+def _precision(dtype: torch.dtype) -> dict:
+    return {"F64": dtype == torch.float64, "IEEE": dtype == torch.float32}
+
+
+def _kernel_inputs(interpreted: bool, *tensors):
+    """The tensors the kernels see. Interpreted, bfloat16/float16 are widened to float32 by torch
+    (exact): the interpreter stores them as raw 16-bit words, compares those bits, flushes
+    subnormals and narrows by truncation. The caller rounds the results back once with torch
+    (round-to-nearest-even) — the single rounding the compiled bf16 kernels do in registers."""
+    if not interpreted:
+        return tensors
+    return tuple(widen(t) for t in tensors)
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _tiles(interpreted: bool, n_cols: int) -> dict:
+    """Tile sizes. Compiled: 64-row tiles, as many columns as the layer has (LeNet: 6..16 channels)
+    rounded up to tl.dot's minimum of 16. Interpreted: big tiles, since the interpreter's cost is
+    per program and per loop iteration, not per element."""
+    bn = max(16, min(64, triton.next_power_of_2(max(1, n_cols))))
+    return {"BM": 128, "BN": bn, "BK": 64} if interpreted else {"BM": 64, "BN": bn, "BK": 32}
+
+
+def _splits(reduction: int, bk: int, other_programs: int, interpreted: bool) -> tuple[int, int]:
+    """(split count, reduction length per split) for split-K: enough programs to fill a GPU (~4 per
+    SM of an H100) without slices shorter than 8 tiles; one split when interpreted."""
+    if interpreted:
+        return 1, max(1, reduction)
+    want = max(1, min(-(-reduction // (8 * bk)), -(-528 // max(1, other_programs))))
+    per = -(-reduction // want)
+    per = -(-per // bk) * bk
+    return -(-reduction // per), per
+
+
+def _grid_1d(total: int, block: int):
+    return (max(1, -(-total // block)),)
+
+
+# ---- the ops: eager launchers registered as torch.library custom ops ----------------------------------
+
+@torch.library.custom_op("trainlab::triton_conv2d_fwd", mutates_args=())
+def conv2d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: list[int]) -> torch.Tensor:
+    interpreted, dtype = run_mode(x), x.dtype
+    x, weight, bias = _kernel_inputs(interpreted, x, weight, bias)
+    n, c, h, w = x.shape
+    oc, _, kh, kw = weight.shape
+    oh, ow = conv2d_output_hw(h, w, kh, kw, padding)
+    y = torch.empty((n, oc, oh, ow), dtype=x.dtype, device=x.device)
+    if y.numel():
+        t = _tiles(interpreted, oc)
+        grid = (-(-n * oh * ow // t["BM"]), -(-oc // t["BN"]))
+        _launch("_conv2d_fwd_kernel", interpreted, grid, x, weight.contiguous(), bias if bias is not None else y, y,
+                n, c, h, w, oc, oh, ow, *x.stride(), KH=kh, KW=kw, PH=padding[0], PW=padding[1],
+                HAS_BIAS=bias is not None, **_precision(x.dtype), **t)
+    return y.to(dtype)
+
+
+@torch.library.custom_op("trainlab::triton_conv2d_bwd_input", mutates_args=())
+def conv2d_bwd_input(grad: torch.Tensor, weight: torch.Tensor, padding: list[int]) -> torch.Tensor:
+    # For stride 1, dx[n, c, h, w] = sum_{o,p,q} dy[n, o, h+PH-p, w+PW-q] w[o, c, p, q] is itself a
+    # convolution: of dy with the kernel flipped in space and transposed in channels, padded by
+    # K-1-P. So the forward's implicit-GEMM kernel computes it, with no kernel of its own.
+    kh, kw = weight.shape[2], weight.shape[3]
+    flipped = weight.flip(2, 3).transpose(0, 1).contiguous()   # [C, OC, KH, KW]: 2.4k numbers for LeNet's conv2
+    return conv2d_fwd(grad, flipped, None, [kh - 1 - padding[0], kw - 1 - padding[1]])
+
+
+@torch.library.custom_op("trainlab::triton_conv2d_bwd_weight", mutates_args=())
+def conv2d_bwd_weight(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, padding: list[int],
+                      bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    interpreted = run_mode(x)
+    grad, x = _kernel_inputs(interpreted, grad, x)
+    n, c, h, w = x.shape
+    oc, _, kh, kw = weight.shape
+    oh, ow = grad.shape[2], grad.shape[3]
+    ckk, r = c * kh * kw, n * oh * ow
+    t = _tiles(interpreted, ckk)
+    t["BM"] = 16 if not interpreted else t["BM"]   # rows are output channels: 6 or 16 in LeNet
+    tiles = -(-oc // t["BM"]) * -(-(ckk + 1) // t["BN"])
+    splits, per = _splits(r, t["BK"], tiles, interpreted)
+    ncol = ckk + int(bias)
+    parts = torch.zeros((splits, oc, ncol), dtype=_acc_dtype(x.dtype), device=x.device)
+    if r:
+        grid = (-(-oc // t["BM"]), -(-ncol // t["BN"]), splits)
+        _launch("_conv2d_bwd_weight_kernel", interpreted, grid, grad, x, parts, n, c, h, w, oc, oh, ow,
+                *grad.stride(), *x.stride(), per, KH=kh, KW=kw, PH=padding[0], PW=padding[1], BIAS_COL=bool(bias),
+                **_precision(x.dtype), **t)
+    total = parts.sum(0)   # the split-K slices, added in order
+    dw = total[:, :ckk].reshape(weight.shape).to(weight.dtype)
+    db = total[:, ckk].to(weight.dtype).contiguous() if bias else weight.new_empty((0,))
+    return dw, db
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], bias_col: bool,
+            interpreted: bool, split: bool) -> torch.Tensor:
+    """a [M, K] @ b [K, N] (+ bias), operands by strides; with `bias_col` the result has one more
+    column, sum_k a[m, k]. With `split`, the K axis is split across programs and the partial
+    products are added by torch (in the accumulation dtype)."""
+    m, k = a.shape
+    n = b.shape[1]
+    ncol = n + int(bias_col)
+    t = _tiles(interpreted, ncol)
+    tiles = -(-m // t["BM"]) * -(-ncol // t["BN"])
+    splits, per = _splits(k, t["BK"], tiles, interpreted) if split else (1, max(1, k))
+    out_dtype = _acc_dtype(a.dtype) if splits > 1 else a.dtype
+    c = torch.zeros((splits, m, ncol), dtype=out_dtype, device=a.device)
+    if m and ncol:
+        grid = (-(-m // t["BM"]), -(-ncol // t["BN"]), splits)
+        _launch("_matmul_kernel", interpreted, grid, a, b, c, bias if bias is not None else c, m, n, k,
+                a.stride(0), a.stride(1), b.stride(0), b.stride(1), per, HAS_BIAS=bias is not None,
+                BIAS_COL=bias_col, **_precision(a.dtype), **t)
+    return c.sum(0) if splits > 1 else c[0]
+
+
+@torch.library.custom_op("trainlab::triton_linear_fwd", mutates_args=())
+def linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    interpreted, dtype = run_mode(x), x.dtype
+    x, weight, bias = _kernel_inputs(interpreted, x, weight, bias)
+    y = _matmul(x, weight.t(), bias, False, interpreted, split=False)   # W^T by strides: no copy
+    return y.to(dtype).contiguous()
+
+
+@torch.library.custom_op("trainlab::triton_linear_bwd", mutates_args=())
+def linear_bwd(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+               bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    interpreted, dtype = run_mode(x), x.dtype
+    grad, x, weight = _kernel_inputs(interpreted, grad, x, weight)
+    fin = x.shape[1]
+    dx = _matmul(grad, weight, None, False, interpreted, split=False)                 # dy W
+    dwb = _matmul(grad.t(), x, None, bias, interpreted, split=True)                   # [dy^T x | dy^T 1]
+    db = dwb[:, fin].to(dtype).contiguous() if bias else torch.empty((0,), dtype=dtype, device=x.device)
+    return dx.to(dtype).contiguous(), dwb[:, :fin].to(dtype).contiguous(), db
+
+
+@torch.library.custom_op("trainlab::triton_max_pool2d_fwd", mutates_args=())
+def max_pool2d_fwd(x: torch.Tensor, kernel: list[int], stride: list[int],
+                   padding: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    interpreted, dtype = run_mode(x), x.dtype
+    (x,) = _kernel_inputs(interpreted, x)
+    n, c, h, w = x.shape
+    oh, ow = pool_output_hw(h, w, kernel, stride, padding)
+    y = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device)
+    idx = torch.empty((n, c, oh, ow), dtype=pool_index_dtype(kernel), device=x.device)
+    block = 4096 if interpreted else 256
+    if y.numel():
+        _launch("_max_pool2d_fwd_kernel", interpreted, _grid_1d(y.numel(), block), x, y, idx, y.numel(), c, h, w, oh, ow,
+                *x.stride(), KH=kernel[0], KW=kernel[1], SH=stride[0], SW=stride[1], PH=padding[0], PW=padding[1],
+                F64=x.dtype == torch.float64, BLOCK=block)
+    return y.to(dtype), idx
+
+
+@torch.library.custom_op("trainlab::triton_max_pool2d_bwd", mutates_args=())
+def max_pool2d_bwd(grad: torch.Tensor, indices: torch.Tensor, input_hw: list[int], kernel: list[int],
+                   stride: list[int], padding: list[int]) -> torch.Tensor:
+    interpreted, dtype = run_mode(grad), grad.dtype
+    (grad,) = _kernel_inputs(interpreted, grad)
+    n, c, oh, ow = grad.shape
+    h, w = input_hw
+    dx = torch.empty((n, c, h, w), dtype=grad.dtype, device=grad.device)
+    block = 4096 if interpreted else 256
+    if dx.numel():
+        _launch("_max_pool2d_bwd_kernel", interpreted, _grid_1d(dx.numel(), block), grad, indices.contiguous(), dx,
+                dx.numel(), c, h, w, oh, ow, *grad.stride(), KH=kernel[0], KW=kernel[1], SH=stride[0], SW=stride[1],
+                PH=padding[0], PW=padding[1], NWH=-(-kernel[0] // stride[0]), NWW=-(-kernel[1] // stride[1]),
+                F64=grad.dtype == torch.float64, BLOCK=block)
+    return dx.to(dtype)
+
+
+@torch.library.custom_op("trainlab::triton_relu_fwd", mutates_args=())
+def relu_fwd(x: torch.Tensor) -> torch.Tensor:
+    interpreted, dtype = run_mode(x), x.dtype
+    (xc,) = _kernel_inputs(interpreted, x.contiguous())
+    y = torch.empty_like(xc)
+    block = 8192 if interpreted else 1024
+    if y.numel():
+        _launch("_relu_fwd_kernel", interpreted, _grid_1d(y.numel(), block), xc, y, y.numel(),
+                F64=x.dtype == torch.float64, BLOCK=block)
+    return y.to(dtype)
+
+
+@torch.library.custom_op("trainlab::triton_relu_bwd", mutates_args=())
+def relu_bwd(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    interpreted, dtype = run_mode(grad), grad.dtype
+    gc, yc = _kernel_inputs(interpreted, grad.contiguous(), out.contiguous())
+    dx = torch.empty_like(gc)
+    block = 8192 if interpreted else 1024
+    if dx.numel():
+        _launch("_relu_bwd_kernel", interpreted, _grid_1d(dx.numel(), block), gc, yc, dx, dx.numel(),
+                F64=grad.dtype == torch.float64, BLOCK=block)
+    return dx.to(dtype)
+
+
+register("triton_")
+
+
+# ---- entry points used by the triton rung (arguments already validated by layer_args) ----------------
+
+def conv2d(x, weight, bias, padding) -> torch.Tensor:
+    run_mode(x)   # fail before autograd records anything
+    return torch.ops.trainlab.triton_conv2d_fwd(x, weight, bias, list(padding))
+
+
+def max_pool2d(x, kernel, stride, padding) -> torch.Tensor:
+    run_mode(x)
+    return torch.ops.trainlab.triton_max_pool2d_fwd(x, list(kernel), list(stride), list(padding))[0]
+
+
+def linear(x, weight, bias) -> torch.Tensor:
+    run_mode(x)
+    return torch.ops.trainlab.triton_linear_fwd(x, weight, bias)
+
+
+def relu(x) -> torch.Tensor:
+    run_mode(x)
+    return torch.ops.trainlab.triton_relu_fwd(x)
