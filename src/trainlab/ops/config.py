@@ -98,7 +98,7 @@ class BenchConfig(Config):
     quick: bool = opt(False, "a smoke run: GELU sizes 1K,64K,1M, layer batch 256 only, a short time budget")
     impl: list[str] | None = opt(None, "only these rungs (repeatable; aten is always included)")
     dtype: str = opt("float32", "GELU: float32 | bfloat16 | float64", check=one_of(("float32", "bfloat16", "float64")))
-    approximate: str = opt("none", "GELU: none | tanh", check=one_of(APPROXIMATIONS))
+    approximate: str = opt("none", "GELU: " + " | ".join(APPROXIMATIONS), check=one_of(APPROXIMATIONS))
     device: str = opt("auto", "auto | cpu | cuda")
     budget: float = opt(0.5, "seconds of timed runs per measurement (min 5 runs)", check=positive)
     out: str | None = opt(None, "also write gelu_bench.json/.md/.log (ops_bench.* for the layers) into this directory",
