@@ -18,6 +18,11 @@ OUTPUTS = ("index.html", "report.md", "report.pdf")
 def run_report(args) -> int:
     check_value(args.out, output_dir, "-o/--out")
     refuse_foreign([Path(args.out) / name for name in OUTPUTS], "-o/--out")
+    if args.pdf:
+        from trainlab.report.pdf import chromium, no_chromium
+
+        if chromium() is None:  # before any work: one line, nothing written
+            raise no_chromium("run without --pdf for the HTML report alone")
     lab = load_lab(Path(args.inputs[0])) if len(args.inputs) == 1 and Path(args.inputs[0]).is_dir() else None
     if lab is not None:
         index = build_lab_report(Path(args.inputs[0]), lab, Path(args.out))

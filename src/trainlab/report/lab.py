@@ -27,13 +27,25 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-from trainlab.errors import UserError
+from trainlab.errors import ConfigError, UserError
 from trainlab.io import atomic_write_text, read_json
 from trainlab.report import format as fmt
 from trainlab.report import plots
 from trainlab.report.ablation import ablation_blocks, bench_rows
-from trainlab.report.build import (GELU_RECIPE_NOTE, Block, _figure, busy_snapshot, code, fold, para, result_section,
-                                   run_section, table_from_rows, to_html, to_markdown)
+from trainlab.report.build import (
+    GELU_RECIPE_NOTE,
+    Block,
+    _figure,
+    busy_snapshot,
+    code,
+    fold,
+    para,
+    result_section,
+    run_section,
+    table_from_rows,
+    to_html,
+    to_markdown,
+)
 from trainlab.report.inputs import ResultFile, TrainingRun, classify, load_run
 
 TARGET_ACCURACY = 98.0  # the handout's bar for LeNet-5 (§4.1.5)
@@ -112,7 +124,7 @@ def _status_line(name: str, rec: dict | None, root: Path) -> str | None:
     return f"{name}: {status}"
 
 
-ERROR_WORDS = re.compile(r"error|fail|exception|traceback|killed|abort|refus|cannot|can't|not found", re.I)
+ERROR_WORDS = re.compile(r"error|fail|exception|traceback|killed|abort|refus|cannot|can't|not found", re.IGNORECASE)
 
 
 def last_error_line(log: Path, limit: int = 240) -> str | None:
@@ -285,7 +297,7 @@ def lenet_architecture(config: dict) -> list[list[str]] | None:
     try:  # the shapes and parameters do not depend on whose GELU or whose layers: build PyTorch's
         model = LeNet5(act="relu", pool=config.get("pool", "max"), batchnorm=bool(config.get("batchnorm")),
                        batchnorm_conv1=bool(config.get("batchnorm_conv1", True)))
-    except Exception:  # a config this version cannot build: no table, not a broken report
+    except (ConfigError, ValueError, TypeError):  # a config this version cannot build: no table, not a broken report
         return None
     rows = [["layer", "output (C×H×W)", "parameters"], ["input: a 28×28 grey image", "1×28×28", "0"]]
 

@@ -22,19 +22,22 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
+def no_chromium(then: str) -> UserError:
+    return UserError(f"--pdf: no headless Chromium on PATH (Debian/Ubuntu: apt-get install chromium); {then}")
+
+
 def write_pdf(page: Path, pdf: Path | None = None) -> Path:
     """Print `page` (an index.html) to `pdf` (default: report.pdf beside it); returns the PDF's path."""
     page = Path(page).resolve()
     pdf = page.with_name("report.pdf") if pdf is None else Path(pdf).resolve()
     exe = chromium()
     if exe is None:
-        raise UserError(f"--pdf: no headless Chromium on PATH (Debian/Ubuntu: apt-get install chromium); the HTML report "
-                        f"is written: {page}")
+        raise no_chromium(f"the HTML report is written: {page}")
     with tempfile.TemporaryDirectory(prefix="trainlab_chromium_") as tmp:
         printed = Path(tmp) / "page.pdf"   # printed aside, then written in one step (and recorded as trainlab's)
         try:
             proc = subprocess.run([exe, *FLAGS, f"--user-data-dir={Path(tmp) / 'profile'}", f"--print-to-pdf={printed}",
-                                   page.as_uri()], capture_output=True, text=True, timeout=TIMEOUT_S)
+                                   page.as_uri()], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
             raise UserError(f"--pdf: Chromium did not print {page} within {TIMEOUT_S} s; the HTML report is written") from None
         data = printed.read_bytes() if printed.exists() else b""
