@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from trainlab.report import format as fmt
 
-COLUMNS = ["row", "group", "tokens", "throughput", "step time", "total time", "peak memory", "TFLOP/s (6N + attention)",
-           "TFLOP/s (handout's 8·N·B·T)", "MFU", "speed-up"]
+COLUMNS = ["row", "group", "tokens", "tokens/s", "step time", "total time", "peak memory", "TFLOP/s, 6N + attention",
+           "TFLOP/s, 8·N·B·T (handout)", "MFU", "speed-up"]
 
 
 def _speedup(tps, ref) -> str:
@@ -58,7 +58,8 @@ def _table(rows: list[dict], tokens_key: str) -> list[list[str]]:
             continue
         tflops_8n = r.get("tflops_per_device_handout", r.get("tflops_per_device_8n"))
         table.append([str(r.get("label")), str(r.get("group", fmt.MISSING)), fmt.count(r.get(tokens_key)),
-                      fmt.value("tokens_per_s", r.get("tokens_per_s")), fmt.seconds(r.get("step_seconds_median")),
+                      fmt.count(round(r["tokens_per_s"])) if fmt.is_number(r.get("tokens_per_s")) else fmt.MISSING,
+                      fmt.seconds(r.get("step_seconds_median")),
                       fmt.seconds(r.get("total_seconds")), fmt.value("peak_memory_bytes", r.get("peak_memory_bytes")),
                       fmt.number(r.get("tflops_per_device")), fmt.number(tflops_8n), fmt.value("mfu", r.get("mfu")),
                       _speedup(r.get("tokens_per_s"), ref)])

@@ -409,6 +409,7 @@ pre{background:#f6f6f6;padding:.6em;font-size:.8em;margin:0}code{overflow-wrap:a
 figure{margin:0}figcaption{font-size:.85em;color:#555}ul.toc{columns:2}
 .row{display:grid;grid-template-columns:repeat(auto-fit,minmax(340px,1fr));gap:1em;align-items:start}
 .row>*{min-width:0}.row pre{font-size:.6em}table.text td,table.text th{text-align:left}
+td{white-space:nowrap}table.text td,td:first-child{white-space:normal}
 details.fold{margin:.4em 0;border-left:3px solid #ddd;padding-left:.6em}details.fold>summary{cursor:pointer;color:#245}
 h5{font-size:.95em;margin:.8em 0 .3em}
 @media print{details.fold{border:0;padding:0}}"""

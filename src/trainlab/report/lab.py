@@ -61,11 +61,13 @@ TOC = (("lenet", "1. LeNet-5 on MNIST, trained on the GPU"), ("gelu", "2. GELU i
 HEADING = dict(TOC)
 
 # (name in a strategy, what it is, reference key): the words a GPT row's strategy is made of
-STRATEGY_WORDS = (("amp", "bf16 autocast", "amp"), ("ckpt", "activation checkpointing", "ckpt"),
-                  ("compile", "torch.compile", None), ("accum", "gradient accumulation", None),
-                  ("offload", "optimizer state and step on the CPU", None), ("zero1/2/3", "ZeRO stages", "zero"),
-                  ("tp", "tensor parallelism", "tp"), ("pp", "pipeline parallelism", "pp"),
-                  ("flash", "SDPA's flash-attention kernel, where the planner's attention column says so", "flash"))
+# (name in a strategy, what it is, reference key, the words that show a row uses it)
+STRATEGY_WORDS = (("amp", "bf16 autocast", "amp", {"amp"}), ("ckpt", "activation checkpointing", "ckpt", {"ckpt", "ckpt-selective"}),
+                  ("compile", "torch.compile", None, {"compile"}), ("accum", "gradient accumulation", None, {"accum"}),
+                  ("offload", "optimizer state and step on the CPU", None, {"offload"}),
+                  ("zero1/2/3", "ZeRO stages", "zero", {"zero1", "zero2", "zero3"}), ("tp", "tensor parallelism", "tp", {"tp"}),
+                  ("pp", "pipeline parallelism", "pp", {"pp"}),
+                  ("flash", "SDPA's flash-attention kernel, where the planner's attention column says so", "flash", {"flash"}))
 
 GELU_FORMULAS = """GELU(x)  = x·Φ(x) = ½·x·(1 + erf(x/√2))                      Φ: the standard normal CDF
 GELU'(x) = Φ(x) + x·φ(x),   φ(x) = exp(−x²/2)/√(2π)               φ: its density
@@ -200,11 +202,17 @@ class Lab:
              "limit_s": r.get("limit_s"), "sizes": r.get("sizes") or {}} for n, r in self.recs.items()]
         self._outputs: dict = {}
         self._refs: list[str] | None = None
+        self._words: set[str] | None = None
 
     def refs(self) -> list[str]:
         if self._refs is None:
             self._refs = _used_references(self)
         return self._refs
+
+    def strategy_words(self) -> set[str]:
+        if self._words is None:
+            self._words = _strategy_words(self)
+        return self._words
 
     def cite(self, key: str) -> str:
         """"[n]": the reference's number in this page's list."""
@@ -604,8 +612,8 @@ def _gpt(lab: Lab) -> list[Block]:
         f"{lab.cite('gpt2')} trained on random tokens, as the handout's baseline does. The baseline is the handout's own code path: HF "
         "GPT2LMHeadModel in fp32 with gradient checkpointing. Ours is trainlab's GPT-2 (", code("src/trainlab/gpt/model.py"),
         ") with the strategies named in each row: " + "; ".join(
-            f"{name} = {what}" + (f" {lab.cite(key)}" if key else "") for name, what, key in STRATEGY_WORDS
-            if key is None or lab.cite(key)) + "."))
+            f"{name} = {what}" + (f" {lab.cite(key)}" if key else "") for name, what, key, marks in STRATEGY_WORDS
+            if lab.strategy_words() & marks) + "."))
     ablation = next((r for s in lab.steps("gpt") for r in lab.outputs(s["name"])[1] if r.kind == "gpt_ablation"), None)
     if ablation is not None:
         blocks += ablation_blocks(ablation.data)
@@ -646,10 +654,8 @@ def _extra(lab: Lab) -> list[Block]:
     return blocks + _details(lab, "ops") + _details(lab, "dp")
 
 
-def _used_references(lab: Lab) -> list[str]:
-    """The references this page uses: always PyTorch, LeNet, GELU; the GPT ones when a GPT step ran,
-    each technique's only when a row or the plan uses it."""
-    keys = ["pytorch", "lenet", "gelu"]
+def _strategy_words(lab: Lab) -> set[str]:
+    """The words of every strategy (and attention kernel) a GPT step's rows name: amp, ckpt, flash, …"""
     names: set[str] = set()
     for step in lab.steps("gpt"):
         for res in lab.outputs(step["name"])[1]:
@@ -658,14 +664,15 @@ def _used_references(lab: Lab) -> list[str]:
         for _path, data in lab.outputs(step["name"])[2]:
             rows = data["rows"] if isinstance(data, dict) else data
             names |= {str(r.get("strategy", "")) + "+" + str(r.get("attention", "")) for r in rows if isinstance(r, dict)}
-    if names:
-        keys.append("gpt2")
-    words = {w for n in names for w in re.split(r"[+,\s()]+", n.lower())}
-    for key, marks in (("amp", {"amp", "bf16", "fp16"}), ("ckpt", {"ckpt", "ckpt-selective"}), ("flash", {"flash"}),
-                       ("zero", {"zero1", "zero2", "zero3"}), ("tp", {"tp"}), ("pp", {"pp"})):
-        if words & marks:
-            keys.append(key)
-    return keys
+    return {w for n in names for w in re.split(r"[+,\s()]+", n.lower()) if w}
+
+
+def _used_references(lab: Lab) -> list[str]:
+    """The references this page uses: always PyTorch, LeNet, GELU; GPT-2's when a GPT step ran, each
+    technique's only when a row names it."""
+    words = lab.strategy_words()
+    keys = ["pytorch", "lenet", "gelu"] + (["gpt2"] if words else [])
+    return keys + [key for _, _, key, marks in STRATEGY_WORDS if key and words & marks]
 
 
 def _references(lab: Lab) -> list[Block]:
