@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from trainlab.cli import main
+from trainlab.io import atomic_write_json
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
 
@@ -107,7 +108,7 @@ def make_lab(root: Path, run_template: Path) -> Path:
              "hardware": {"kind": "cuda", "gpus": 1, "name": "NVIDIA H100 80GB HBM3", "cpus": 16},
              "calls": [{"command": "trainlab lab --out /tmp/lab --budget 9m", "started_utc": "2026-11-25T17:07:54Z",
                         "budget_s": 540, "used_s": 206.0}]}
-    _write(root / "results.json", state)
+    atomic_write_json(root / "results.json", state)  # as the lab writes it: a file trainlab owns
     return root
 
 
@@ -266,3 +267,25 @@ def test_report_pdf_without_chromium_is_one_line(built, tmp_path, monkeypatch, c
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Chromium" in err and "apt-get install chromium" in err
     assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_the_lab_prints_its_report_to_pdf_at_the_end_of_a_call(run_template, tmp_path, monkeypatch):
+    """lab/run.py's last write: the PDF beside the page, or one line saying why there is none."""
+    from browser import chromium_or_skip
+
+    from trainlab.lab.run import write_outputs
+
+    lab = make_lab(tmp_path / "lab", run_template)
+    state = json.loads((lab / "results.json").read_text())
+    lines: list[str] = []
+    with monkeypatch.context() as mp:
+        mp.setenv("PATH", str(tmp_path / "empty"))
+        write_outputs(lab, state, pdf_log=lines.append)
+    assert lines == [f"lab: no report PDF: --pdf: no headless Chromium on PATH (Debian/Ubuntu: apt-get install chromium); "
+                     f"the HTML report is written: {(lab / 'report' / 'index.html').resolve()}"]
+    assert (lab / "report" / "index.html").exists() and (lab / "lab.tar.gz").exists()
+    chromium_or_skip()
+    lines.clear()
+    write_outputs(lab, state, pdf_log=lines.append)
+    pdf = lab / "report" / "report.pdf"
+    assert lines == [f"lab: report PDF {pdf.resolve()}"] and pdf.read_bytes()[:5] == b"%PDF-"
