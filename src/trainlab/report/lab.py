@@ -629,9 +629,10 @@ def _gpt(lab: Lab) -> list[Block]:
 
 def _pretrained(lab: Lab) -> list[Block]:
     return [Block("h2", HEADING["pretrained"], anchor="pretrained"),
-            para("Every network here starts from random weights drawn from the run's seed: LeNet-5 by PyTorch's default "
-                 "initialisation, GPT-2 (ours and the HF baseline, built with GPT2LMHeadModel(config), never from_pretrained) "
-                 "likewise. No trained weights or architectures are downloaded.")]
+            para("Every network here starts from random weights drawn from the run's seed: LeNet-5 with PyTorch's default "
+                 "initialisation; GPT-2, ours and the HF baseline (GPT2LMHeadModel(config), never from_pretrained), with "
+                 "GPT-2's normal(0, 0.02) initialisation (", code("src/trainlab/gpt/model.py"), "). No trained weights are "
+                 "downloaded; the architectures are written here (LeNet-5, our GPT-2) or are the handout's own baseline.")]
 
 
 def _sources(lab: Lab) -> list[Block]:
