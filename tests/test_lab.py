@@ -202,7 +202,7 @@ def test_tiny_lab_end_to_end_killed_mid_step_resumed_and_reported(tmp_path):
     for s in state["steps"].values():
         assert s["status"] == "ok" or s["reason"].startswith(("budget (needs ≈", "trains to 99 %")), s
     page = html.unescape((out / "report" / "index.html").read_text())  # the page's text, entities decoded
-    from trainlab.report.lab import TOC
+    from trainlab.report.lab_text import TOC
 
     for _, heading in TOC:  # the handout's §6, in its order, and what the lab does beyond it
         assert heading in page

@@ -163,7 +163,7 @@ def built(tmp_path_factory, run_template):
 
 
 def test_the_lab_report_is_rebuilt_from_its_folder_in_the_handouts_order(built):
-    from trainlab.report.lab import TOC
+    from trainlab.report.lab_text import TOC
 
     lab, md = built["lab"], built["md"]
     assert _files(lab) == built["before"]  # rebuilt elsewhere: nothing in the lab folder written or touched
@@ -212,7 +212,7 @@ def test_figures_in_their_units(built):
 def test_a_failed_step_says_why_in_one_line(built, tmp_path):
     line = next(ln for ln in built["page"].splitlines() if "ops_check: failed" in ln)
     assert "12 of 159 row(s) failed" in line and "exit 1" in line
-    from trainlab.report.lab import last_error_line
+    from trainlab.report.lab_folder import last_error_line
 
     log = tmp_path / "log.txt"
     log.write_text(f"{OPS_ERROR}\nfinished\n\n")

@@ -10,7 +10,8 @@ from trainlab.errors import UserError
 from trainlab.flags import check_value, output_dir
 from trainlab.io import refuse_foreign
 from trainlab.report.build import build_report
-from trainlab.report.lab import build_lab_report, load_lab
+from trainlab.report.lab import build_lab_report
+from trainlab.report.lab_folder import load_lab
 
 OUTPUTS = ("index.html", "report.md", "report.pdf")
 

@@ -18,24 +18,23 @@ Every step's whole output — the tables and figures `trainlab report` makes of 
 its title (<details>), so the page stays short (≤ 8 screens of 1200×800 px for the H100 lab); a
 step that did not finish says why in one line (a failed step: the last error line of its log).
 `build_lab_report(root, state, out)` rebuilds the page from the lab folder alone, on any machine
-(`trainlab report LABDIR -o OUT`); nothing is rerun.
+(`trainlab report LABDIR -o OUT`); nothing is rerun. The folder is read by `report.lab_folder`; the
+fixed text (sections, formulas, PyTorch's source locations, references) is `report.lab_text`.
 """
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from pathlib import Path
 
-from trainlab.errors import ConfigError, UserError
-from trainlab.io import atomic_write_text, read_json
+from trainlab.errors import ConfigError
+from trainlab.io import atomic_write_text
 from trainlab.report import format as fmt
 from trainlab.report import plots
 from trainlab.report.ablation import ablation_blocks, bench_rows
 from trainlab.report.build import (
     GELU_RECIPE_NOTE,
     Block,
-    _figure,
     busy_snapshot,
     code,
     fold,
@@ -46,132 +45,17 @@ from trainlab.report.build import (
     to_html,
     to_markdown,
 )
-from trainlab.report.inputs import ResultFile, TrainingRun, classify, load_run
+from trainlab.report.inputs import ResultFile
+from trainlab.report.lab_folder import Lab, status_line
+from trainlab.report.lab_text import (
+    GELU_FORMULAS,
+    GELU_SOURCE,
+    HEADING,
+    REFERENCES,
+    STRATEGY_WORDS,
+)
 
 TARGET_ACCURACY = 98.0  # the handout's bar for LeNet-5 (§4.1.5)
-RESULTS = "results.json"
-
-# (anchor, heading) of the table of contents, in the handout's §6 order
-TOC = (("lenet", "1. LeNet-5 on MNIST, trained on the GPU"), ("gelu", "2. GELU in Python, C++ and on the GPU, used in LeNet-5"),
-       ("handin", "3. What is handed in"), ("procedure", "3.2.1 Procedure"), ("gpu", "3.2.2 GPU utilization during training"),
-       ("tensorboard", "3.2.3 TensorBoard: loss and accuracy curves"), ("accuracy", "3.2.4 LeNet-5 test accuracy"),
-       ("gpt", "3.2.5 Bonus: GPT-2 training time, strategies and speed-up"), ("pretrained", "4. No pretrained networks"),
-       ("sources", "5. Code we drew on; where GELU lives in PyTorch"), ("extra", "Beyond the handout: our own operators, data parallel"),
-       ("references", "References"))
-HEADING = dict(TOC)
-
-# (name in a strategy, what it is, reference key): the words a GPT row's strategy is made of
-# (name in a strategy, what it is, reference key, the words that show a row uses it)
-STRATEGY_WORDS = (("amp", "bf16 autocast", "amp", {"amp"}), ("ckpt", "activation checkpointing", "ckpt", {"ckpt", "ckpt-selective"}),
-                  ("compile", "torch.compile", None, {"compile"}), ("accum", "gradient accumulation", None, {"accum"}),
-                  ("offload", "optimizer state and step on the CPU", None, {"offload"}),
-                  ("zero1/2/3", "ZeRO stages", "zero", {"zero1", "zero2", "zero3"}), ("tp", "tensor parallelism", "tp", {"tp"}),
-                  ("pp", "pipeline parallelism", "pp", {"pp"}),
-                  ("flash", "SDPA's flash-attention kernel, where the planner's attention column says so", "flash", {"flash"}))
-
-GELU_FORMULAS = """GELU(x)  = x·Φ(x) = ½·x·(1 + erf(x/√2))                      Φ: the standard normal CDF
-GELU'(x) = Φ(x) + x·φ(x),   φ(x) = exp(−x²/2)/√(2π)               φ: its density
-tanh form (approximate='tanh'):  ½·x·(1 + tanh(u)),   u = √(2/π)·(x + 0.044715·x³)
-its derivative:  ½·(1 + tanh u) + ½·x·(1 − tanh² u)·√(2/π)·(1 + 3·0.044715·x²)"""
-
-# Where F.gelu is implemented in PyTorch's source (pytorch/pytorch; checked in docs/gelu-in-pytorch.md)
-GELU_SOURCE = [
-    ["what", "file in pytorch/pytorch", "function"],
-    ["Python entry: no Python body", "torch/nn/functional.py", "gelu = _add_docstr(torch._C._nn.gelu, …)"],
-    ["operator schema, CPU/CUDA dispatch", "aten/src/ATen/native/native_functions.yaml", "gelu.out → gelu_out_cpu, gelu_out_cuda"],
-    ["derivative", "tools/autograd/derivatives.yaml", "gelu: self: gelu_backward(grad, self, approximate)"],
-    ["CPU operator", "aten/src/ATen/native/Activation.cpp", "TORCH_IMPL_FUNC(gelu_out_cpu): oneDNN or GeluKernel"],
-    ["CPU kernels", "aten/src/ATen/native/cpu/Activation.cpp", "GeluKernelImpl, GeluBackwardKernelImpl"],
-    ["CUDA operator", "aten/src/ATen/native/cuda/Activation.cpp", "TORCH_IMPL_FUNC(gelu_out_cuda) → GeluCUDAKernelImpl"],
-    ["CUDA kernels", "aten/src/ATen/native/cuda/ActivationGeluKernel.cu", "GeluCUDAKernelImpl, GeluBackwardCUDAKernelImpl"],
-]
-
-# (key, text): cited where the report uses what they describe
-REFERENCES = {
-    "pytorch": "PyTorch documentation, https://pytorch.org/docs/stable/ — torch.nn, torch.autograd.Function (“Extending "
-               "PyTorch”), C++ extensions (torch.utils.cpp_extension), torch.utils.tensorboard.",
-    "lenet": "Y. LeCun, L. Bottou, Y. Bengio, P. Haffner. Gradient-based learning applied to document recognition. "
-             "Proceedings of the IEEE 86(11), 1998 (LeNet-5, MNIST).",
-    "gelu": "D. Hendrycks, K. Gimpel. Gaussian Error Linear Units (GELUs). arXiv:1606.08415, 2016.",
-    "gpt2": "A. Radford et al. Language Models are Unsupervised Multitask Learners (GPT-2). OpenAI, 2019.",
-    "amp": "P. Micikevicius et al. Mixed Precision Training. ICLR 2018.",
-    "ckpt": "T. Chen, B. Xu, C. Zhang, C. Guestrin. Training Deep Nets with Sublinear Memory Cost. arXiv:1604.06174, 2016.",
-    "flash": "T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré. FlashAttention: Fast and Memory-Efficient Exact Attention "
-             "with IO-Awareness. NeurIPS 2022.",
-    "zero": "S. Rajbhandari, J. Rasley, O. Ruwase, Y. He. ZeRO: Memory Optimizations Toward Training Trillion Parameter "
-            "Models. SC 2020.",
-    "tp": "M. Shoeybi et al. Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism. "
-          "arXiv:1909.08053, 2019.",
-    "pp": "Y. Huang et al. GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism. NeurIPS 2019.",
-}
-
-
-# ------------------------------------------------------------------------------------ reading the folder
-
-def _status_line(name: str, rec: dict | None, root: Path) -> str | None:
-    """None when the step ran and finished ok; else the one line that says why there is nothing."""
-    if rec is None:
-        return f"{name}: not run (not reached yet: run the same `trainlab lab` command again, or include its part in --parts)"
-    status = rec.get("status")
-    if status == "ok":
-        return None
-    if status == "not run":
-        return f"{name}: not run: {rec.get('reason')}"
-    if status in ("failed", "timed out"):
-        why = f"exit {rec.get('rc')}" if status == "failed" else f"at {fmt.seconds(rec.get('limit_used_s'))}"
-        reason = last_error_line(root / "steps" / name / "log.txt") if status == "failed" else None
-        return f"{name}: {status} ({why})" + (f": {reason}" if reason else "") + f" — its log: {rec.get('log')}"
-    if status in ("running", "killed", "stopped"):
-        return f"{name}: not finished ({status}{': ' + rec['reason'] if rec.get('reason') else ''}); the next call runs it again"
-    return f"{name}: {status}"
-
-
-ERROR_WORDS = re.compile(r"error|fail|exception|traceback|killed|abort|refus|cannot|can't|not found", re.IGNORECASE)
-
-
-def last_error_line(log: Path, limit: int = 240) -> str | None:
-    """The last line of a step's log that names an error (else its last non-empty line), cut to `limit`."""
-    try:
-        with log.open("rb") as f:  # the tail only: a log can be large
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return None
-    if not lines:
-        return None
-    line = next((ln for ln in reversed(lines) if ERROR_WORDS.search(ln)), lines[-1])
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def _results_in(folder: Path) -> tuple[list[TrainingRun], list[ResultFile], list[tuple[Path, dict]]]:
-    """The training runs, the known result files and the other result tables (benchmark scripts'
-    {rows: [...]}) a step wrote."""
-    runs, known, other = [], [], []
-    if not folder.is_dir():
-        return runs, known, other
-    for p in sorted(folder.rglob("summary.json")):
-        try:
-            s = read_json(p)
-            if isinstance(s, dict) and "test_accuracy" in s:
-                runs.append(load_run(p.parent, s))
-        except UserError:
-            continue  # a damaged run costs its own section only
-    for p in sorted(folder.rglob("*.json")):
-        if p.name in ("summary.json", "config.json", "env.json") or p.name.endswith(".spec.json") \
-                or any(r.path in p.parents for r in runs):
-            continue
-        try:
-            data = read_json(p)
-        except UserError:
-            continue
-        kind = classify(data)
-        if kind is not None:
-            known.append(ResultFile(p, kind, data))
-        elif isinstance(data, dict) and isinstance(data.get("rows"), list) or isinstance(data, list):
-            other.append((p, data))
-    return runs, known, other
-
 
 def _scalar_table(rows: list[dict], preferred: list[str] | None = None) -> list[list[str]]:
     """A table of the rows' scalar columns (nested dicts and lists stay in the raw file)."""
@@ -191,69 +75,13 @@ def _demote(blocks: list[Block], by: int = 1) -> list[Block]:
     return blocks
 
 
-class Lab:
-    """A lab folder as the report reads it: results.json's records and plan, the steps' outputs."""
-
-    def __init__(self, root: Path, state: dict, out: Path):
-        self.root, self.state, self.out = Path(root), state, Path(out)
-        self.recs: dict = state.get("steps") or {}
-        self.plan: list[dict] = state.get("plan") or [
-            {"name": n, "part": r.get("part"), "title": r.get("title", n), "estimate_s": r.get("estimate_s"),
-             "limit_s": r.get("limit_s"), "sizes": r.get("sizes") or {}} for n, r in self.recs.items()]
-        self._outputs: dict = {}
-        self._refs: list[str] | None = None
-        self._words: set[str] | None = None
-
-    def refs(self) -> list[str]:
-        if self._refs is None:
-            self._refs = _used_references(self)
-        return self._refs
-
-    def strategy_words(self) -> set[str]:
-        if self._words is None:
-            self._words = _strategy_words(self)
-        return self._words
-
-    def cite(self, key: str) -> str:
-        """"[n]": the reference's number in this page's list."""
-        return f"[{self.refs().index(key) + 1}]" if key in self.refs() else ""
-
-    def ok(self, name: str) -> bool:
-        return (self.recs.get(name) or {}).get("status") == "ok"
-
-    def outputs(self, name: str):
-        if name not in self._outputs:
-            self._outputs[name] = _results_in(self.root / "steps" / name) if self.ok(name) else ([], [], [])
-        return self._outputs[name]
-
-    def runs(self, name: str) -> list[TrainingRun]:
-        return self.outputs(name)[0]
-
-    def result(self, name: str, kind: str) -> ResultFile | None:
-        return next((r for r in self.outputs(name)[1] if r.kind == kind), None)
-
-    def bench(self, name: str) -> dict | None:
-        res = self.result(name, "gpt_bench")
-        return res.data if res else None
-
-    def steps(self, part: str) -> list[dict]:
-        return [s for s in self.plan if s.get("part") == part]
-
-    def index(self, name: str) -> int:
-        return next((i for i, s in enumerate(self.plan) if s["name"] == name), len(self.plan))
-
-    def figure(self, name: str, run: TrainingRun, draw) -> Path | None:
-        """A figure of `run` in the report folder, drawn again only when the run is newer."""
-        return _figure(self.out / f"{name}.png", run.path / "summary.json", lambda path: draw(run, path))
-
-
 # ------------------------------------------------------------------------------------ pieces
 
 def _step_detail(lab: Lab, step: dict) -> list[Block]:
     """A step's whole output folded under its title, or the one line that says why there is none."""
     name, rec = step["name"], lab.recs.get(step["name"])
     title = (rec or {}).get("title") or step.get("title") or name
-    line = _status_line(name, rec, lab.root)
+    line = status_line(name, rec, lab.root)
     if line:
         return [para(f"{title}: "), Block("status", line)]
     index = lab.index(name)
@@ -387,7 +215,7 @@ def _lenet(lab: Lab) -> list[Block]:
     blocks = [Block("h2", HEADING["lenet"], anchor="lenet")]
     runs = lab.runs("lenet_train")
     if not runs:
-        blocks.append(Block("status", _status_line("lenet_train", lab.recs.get("lenet_train"), lab.root) or "lenet_train: no run found"))
+        blocks.append(Block("status", status_line("lenet_train", lab.recs.get("lenet_train"), lab.root) or "lenet_train: no run found"))
         return blocks + _details(lab, "lenet")
     run = runs[0]
     c, s = run.config, run.summary
@@ -655,27 +483,6 @@ def _extra(lab: Lab) -> list[Block]:
     return blocks + _details(lab, "ops") + _details(lab, "dp")
 
 
-def _strategy_words(lab: Lab) -> set[str]:
-    """The words of every strategy (and attention kernel) a GPT step's rows name: amp, ckpt, flash, …"""
-    names: set[str] = set()
-    for step in lab.steps("gpt"):
-        for res in lab.outputs(step["name"])[1]:
-            rows = res.rows if res.kind != "gpt_bench" else [res.data]
-            names |= {str(r.get("strategy", "")) + "+" + str(r.get("attention", "")) for r in rows if isinstance(r, dict)}
-        for _path, data in lab.outputs(step["name"])[2]:
-            rows = data["rows"] if isinstance(data, dict) else data
-            names |= {str(r.get("strategy", "")) + "+" + str(r.get("attention", "")) for r in rows if isinstance(r, dict)}
-    return {w for n in names for w in re.split(r"[+,\s()]+", n.lower()) if w}
-
-
-def _used_references(lab: Lab) -> list[str]:
-    """The references this page uses: always PyTorch, LeNet, GELU; GPT-2's when a GPT step ran, each
-    technique's only when a row names it."""
-    words = lab.strategy_words()
-    keys = ["pytorch", "lenet", "gelu"] + (["gpt2"] if words else [])
-    return keys + [key for _, _, key, marks in STRATEGY_WORDS if key and words & marks]
-
-
 def _references(lab: Lab) -> list[Block]:
     keys = lab.refs()
     return [Block("h2", HEADING["references"], anchor="references"),
@@ -698,14 +505,3 @@ def build_lab_report(root: Path, state: dict, out: Path | None = None) -> Path:
     atomic_write_text(out / "index.html", to_html(blocks, blocks[0].text))
     atomic_write_text(out / "report.md", to_markdown(blocks))
     return out / "index.html"
-
-
-def load_lab(root: Path) -> dict | None:
-    """results.json of a lab folder, or None when `root` is not one."""
-    f = Path(root) / RESULTS
-    if not f.is_file():
-        return None
-    state = read_json(f)
-    if not (isinstance(state, dict) and isinstance(state.get("steps"), dict)):
-        raise UserError(f"{f}: not a trainlab lab's results.json (no \"steps\" object)")
-    return state
