@@ -522,6 +522,10 @@ CASES = [
     Case("report-folder-skips-bad-renders-gpt", "report {ws}/runs -o {ws}/rep", r"^report: \S+index.html \(1 runs, 1 result files",
          code=0, setup=_runs_folder, creates=("rep", "rep/*"), check=_report_renders_good_and_gpt),
     Case("report-nowhere", "report {ws}/nowhere -o {ws}/rep", r"nowhere: no such file or directory"),
+    Case("report-pdf-without-chromium", "report {run} -o {ws}/rep --pdf",
+         r"--pdf: no headless Chromium on PATH \(Debian/Ubuntu: apt-get install chromium\)", env={"PATH": "/nonexistent"}),
+    Case("report-lab-results-not-a-lab", "report {ws}/lab -o {ws}/rep", r"lab/results.json: not a trainlab lab's results.json",
+         setup=lambda ws: ((ws / "lab").mkdir(), (ws / "lab" / "results.json").write_text('{"steps": []}'))),
 
     # == round 2 =================================================================================================
     # -- 1: trainlab deletes or replaces only what it wrote ----------------------------------------------------

@@ -106,7 +106,8 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     try:
         with tel:
             for epoch in range(s.start_epoch, cfg.epochs):
-                tel.epoch_starts(first=epochs_run == 0)
+                # nvidia-smi in the second epoch of this call when there is one: the first pays the warm-up
+                tel.epoch_starts(snapshot=epochs_run == min(1, cfg.epochs - s.start_epoch - 1))
                 epoch_seconds, losses, accuracies, train_accuracy = _train_epoch(cfg, s, model, par, epoch)
                 s.train_seconds += epoch_seconds
                 tel.epoch_trained()
@@ -328,7 +329,7 @@ class Telemetry:
         self.par = par
         self.gpu = (GPUSampler(indices=sampled_devices(par.mode, device), log=log)  # every rank its own GPU(s)
                     if cfg.gpu_telemetry and device.type == "cuda" else None)
-        self.busy = BusySnapshot()   # nvidia-smi while the first epoch trains (env.json's is taken idle)
+        self.busy = BusySnapshot()   # nvidia-smi while an epoch trains (env.json's is taken idle)
         if cfg.gpu_telemetry and device.type != "cuda":
             log("gpu telemetry: skipped — training on the CPU")
 
@@ -347,9 +348,9 @@ class Telemetry:
             if self.writer is not None:
                 log_gpu_tags(self.writer, per_rank)
 
-    def epoch_starts(self, first: bool) -> None:
-        if first and self.gpu is not None and self.par.is_main:
-            self.busy.start()  # in the background: nvidia-smi answers while the first steps run
+    def epoch_starts(self, snapshot: bool) -> None:
+        if snapshot and self.gpu is not None and self.par.is_main:
+            self.busy.start()  # in the background: nvidia-smi answers while the epoch's steps run
 
     def epoch_trained(self) -> None:
         snapshot = self.busy.finish()
