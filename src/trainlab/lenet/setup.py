@@ -67,20 +67,20 @@ def build_optimizer(plan: LeNetPlan, model: torch.nn.Module, lr: float | None = 
     return torch.optim.SGD(params, lr=lr, momentum=plan.momentum, nesterov=True, weight_decay=plan.weight_decay, **fused)
 
 
-def build_scheduler(cfg: TrainConfig, optimizer, lr: float, steps_per_epoch: int, total_steps: int | None = None):
+def build_scheduler(plan: LeNetPlan, optimizer, lr: float, steps_per_epoch: int, total_steps: int | None = None):
     """The per-step LR schedule; `total_steps` when the epochs differ in length (batch-size warm-up), and
     then `steps_per_epoch` is the first epoch's (the one --warmup-epochs counts in)."""
-    total = max(1, total_steps if total_steps is not None else cfg.epochs * steps_per_epoch)
-    if cfg.schedule == "onecycle" and total >= 4:
+    total = max(1, total_steps if total_steps is not None else plan.epochs * steps_per_epoch)
+    if plan.schedule == "onecycle" and total >= 4:
         # OneCycle warms up for 25% of training then anneals: the fastest route to 99% for small nets.
         # torch's OneCycleLR divides by zero when the warm-up is shorter than 2 steps (tiny runs).
         return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total, pct_start=max(0.25, 2.0 / total))
-    if cfg.schedule == "onecycle":  # fewer than 4 steps in all: nothing to schedule
+    if plan.schedule == "onecycle":  # fewer than 4 steps in all: nothing to schedule
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    warmup = int(cfg.warmup_epochs * steps_per_epoch)
-    if cfg.schedule == "cosine":
+    warmup = int(plan.warmup_epochs * steps_per_epoch)
+    if plan.schedule == "cosine":
         f = lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup)))  # noqa: E731
-    elif cfg.schedule == "linear":
+    elif plan.schedule == "linear":
         # Up to the peak, then straight down to 0 at the last step: for a one-epoch run every step
         # counts, and the last ones, at a tiny lr, settle the weights (and BatchNorm statistics).
         f = lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))  # noqa: E731
