@@ -30,7 +30,7 @@ SECTIONS = (  # part → (heading, what the handout asks for)
     ("dp", "5. Data parallel", "DataParallel, DDP, a hand-written and a ring all-reduce on the same batches, the "
                                "DataLoader-workers study, torch.compile / CUDA graphs and asynchronous timing."),
 )
-TARGET_ACCURACY = 98.0  # the handout's bar for LeNet-5
+HANDOUT_PASS_BAR = 98.0  # the handout's pass bar for LeNet-5 test accuracy (not the 99 % time-to-accuracy target, lenet.loop)
 
 
 def _demote(blocks: list[Block], by: int = 1) -> list[Block]:
@@ -99,10 +99,10 @@ def _scalar_table(rows: list[dict], preferred: list[str] | None = None) -> list[
 def _lenet_headline(run: TrainingRun) -> list[Block]:
     s = run.summary
     acc = s.get("test_accuracy")
-    met = "met" if isinstance(acc, (int, float)) and acc >= TARGET_ACCURACY else "missed"
+    met = "met" if isinstance(acc, (int, float)) and acc >= HANDOUT_PASS_BAR else "missed"
     gpu = "its GPU utilization figure is below" if run.gpu else "GPU utilization: not measured (no GPU record: a CPU run)"
     return [para(f"Test accuracy {fmt.pct(acc)} after {fmt.count(s.get('epochs'))} epochs in {fmt.seconds(s.get('train_seconds'))} "
-                 f"— the handout's {TARGET_ACCURACY:.0f} % bar: {met}; {gpu}.")]
+                 f"— the handout's {HANDOUT_PASS_BAR:.0f} % bar: {met}; {gpu}.")]
 
 
 def _gpt_speedup(base: dict | None, best: dict | None) -> list[Block]:
@@ -165,8 +165,8 @@ def _headline(root: Path, part: str, state: dict) -> str:
         runs, _, _ = _results_in(root / "steps" / "lenet_train") if (state["steps"].get("lenet_train") or {}).get("status") == "ok" else ([], 0, 0)
         if runs:
             acc = runs[0].summary.get("test_accuracy")
-            met = "met" if isinstance(acc, (int, float)) and acc >= TARGET_ACCURACY else "missed"
-            return f"test accuracy {fmt.pct(acc)} ({TARGET_ACCURACY:.0f} % bar {met})"
+            met = "met" if isinstance(acc, (int, float)) and acc >= HANDOUT_PASS_BAR else "missed"
+            return f"test accuracy {fmt.pct(acc)} ({HANDOUT_PASS_BAR:.0f} % bar {met})"
     if part == "gpt":
         base, best = _bench(root, "gpt_baseline", state), _bench(root, "gpt_best", state)
         if base and best and base.get("tokens_per_s") and best.get("tokens_per_s"):
