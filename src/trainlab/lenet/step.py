@@ -121,9 +121,10 @@ class Step:
         """Capture forward + backward + optimizer step on static buffers shaped like (x, y)."""
         self.static_x, self.static_y = x.clone(), y.clone()  # clone keeps x's memory format (channels-last)
         for group in self.optimizer.param_groups:
-            # The graph must read the lr from a device tensor the scheduler fills in place; a float (e.g.
-            # restored from a checkpoint) would be frozen into the graph at its capture-time value.
-            if not torch.is_tensor(group["lr"]):
+            # The graph must read the lr from a device tensor the scheduler fills in place; a float would
+            # be frozen into the graph at its capture-time value, and a checkpoint's lr may come back
+            # as a float or a CPU tensor.
+            if not torch.is_tensor(group["lr"]) or group["lr"].device.type != "cuda":
                 group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=self.device)
         saved_model = copy.deepcopy(self.module.state_dict())
         saved_state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
