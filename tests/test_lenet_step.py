@@ -68,8 +68,8 @@ def test_a_cudagraph_request_the_recipe_cannot_honour_names_the_flag(changes, ne
 def test_cudagraph_on_a_cpu_is_one_line_and_no_run_directory(tmp_path, capsys):
     assert main(["train", "--device", "cpu", "--step-mode", "cudagraph", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["trainlab: error: --step-mode cudagraph: CUDA graphs need a CUDA device, not cpu "
-                   "(use --step-mode eager or compile)"]
+    assert err == ["trainlab: error: --step-mode cudagraph: CUDA graphs need a CUDA device, not cpu (use --step-mode eager "
+                   + "or compile)"]
     assert not (tmp_path / "r").exists()
 
 
