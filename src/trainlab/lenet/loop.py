@@ -211,7 +211,7 @@ def _summarize(cfg: TrainConfig, plan: LeNetPlan, s, par, run: RunDir, tel, env:
         "flops_per_image": s.flops,
         "model": cfg.model,
         "dataset": cfg.dataset,
-        "amp": "bf16" if plan.precision == "bf16" else "off",
+        "amp": "bfloat16" if plan.precision == "bf16" else "off",  # the autocast dtype, as before the plan
         "channels_last": plan.channels_last,
         "ops": plan.ops_spec,   # --ops auto resolved
         "plan": plan.to_dict(),  # the resolved recipe (lenet/plan.py)
