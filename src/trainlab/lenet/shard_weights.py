@@ -7,7 +7,8 @@ The shares change only *where* each image of the global batch is computed: each 
 weighted by W·n_r/n (`DeviceLoader.shard_weights`), so the averaged gradient, and with it every loss,
 equals the single-process run on the same global batches.
 
-`auto` measures each rank's own throughput before training: training steps (`lenet.step`, eager) of the
+`auto` measures each rank's own throughput before training: the training step's forward+backward
+(`lenet.step`, eager; the optimizer update costs every rank the same whatever its share) of the
 plain (unwrapped) model (≥ 5 steps and ≥ 0.5 s, median rate) on its share of an even split, no communication (a collective would make
 every rank wait for the slowest and hide the difference), weights, BatchNorm statistics and optimizer state restored
 afterwards; the rates are all-gathered and become the shares.
@@ -99,8 +100,8 @@ def install_slowdown(model: torch.nn.Module, rank: int) -> float:
 
 
 def measure_shares(step, batches) -> tuple[list[float], float]:
-    """(every rank's measured images/s, this rank's): the library's training step (`lenet.step`, eager,
-    on the plain model) on this rank's batches of an even split, weights/buffers/grads/optimizer state
+    """(every rank's measured images/s, this rank's): the library's training step's forward+backward
+    (`lenet.step`, eager, on the plain model) on this rank's batches of an even split, weights/buffers/grads/optimizer state
     restored; the rates all-gathered (rank order).
 
     The rate is the median over steps of images/step-time, timed for at least AUTO_STEPS steps and
@@ -121,8 +122,9 @@ def measure_shares(step, batches) -> tuple[list[float], float]:
                 it = iter(batches)
                 x, y = next(it)
             t0 = time.perf_counter()
-            loss, _ = step(x, y)
-            float(loss)  # the step's end (a sync on a GPU)
+            # the step's forward/backward only: it scales with a rank's share, the optimizer update does not
+            loss, _ = step.forward_backward(x, y)
+            float(loss)  # the work's end (a sync on a GPU)
             if i:  # the first step is a warm-up
                 rates.append(len(y) / (time.perf_counter() - t0))
             else:

@@ -55,7 +55,8 @@ class Step:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     # ---- the step ------------------------------------------------------------------------------
-    def _forward_backward(self, x, y, scale=None, cache: bool = True):
+    def forward_backward(self, x, y, scale=None, cache: bool = True):
+        """The seam (torchtitan's forward_backward_step): autocast forward, loss, backward → (loss, correct)."""
         with autocast(self.device, self.precision, cache):
             logits = self.model(x)
         with record_function("loss") if self.annotate else nullcontext():
@@ -67,7 +68,7 @@ class Step:
     def eager(self, x, y, scale=None):
         """One step, op by op (the eager and compile modes, and a graph's odd-shaped batch)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss, correct = self._forward_backward(x, y, scale)
+        loss, correct = self.forward_backward(x, y, scale)
         if self.after_backward is not None:
             self.after_backward(self.model)  # hand-written all-reduce; DDP/DP reduce inside backward
         self.optimizer.step()
@@ -97,7 +98,7 @@ class Step:
             self._capture(x, y)
         elif self.needs_prepare:
             with self.preserved():
-                self._forward_backward(x, y)
+                self.forward_backward(x, y)
         synchronize(self.device)
         return time.perf_counter() - t0
 
@@ -148,7 +149,7 @@ class Step:
         self.optimizer.zero_grad(set_to_none=True)  # backward inside the graph allocates .grad from its pool
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.static_loss, self.static_correct = self._forward_backward(self.static_x, self.static_y, cache=False)
+            self.static_loss, self.static_correct = self.forward_backward(self.static_x, self.static_y, cache=False)
             self.optimizer.step()
 
 
