@@ -55,7 +55,7 @@ from trainlab.report.lab_text import (
     STRATEGY_WORDS,
 )
 
-TARGET_ACCURACY = 98.0  # the handout's bar for LeNet-5 (§4.1.5)
+HANDOUT_PASS_BAR = 98.0  # the handout's pass bar for LeNet-5 test accuracy (§4.1.5; not the 99 % time-to-accuracy target, lenet.loop)
 
 def _scalar_table(rows: list[dict], preferred: list[str] | None = None) -> list[list[str]]:
     """A table of the rows' scalar columns (nested dicts and lists stay in the raw file)."""
@@ -114,9 +114,9 @@ def _details(lab: Lab, part: str, skip: tuple = ()) -> list[Block]:
 
 def _accuracy_line(s: dict) -> str:
     acc = s.get("test_accuracy")
-    met = "met" if fmt.is_number(acc) and acc >= TARGET_ACCURACY else "missed"
+    met = "met" if fmt.is_number(acc) and acc >= HANDOUT_PASS_BAR else "missed"
     return (f"test accuracy {fmt.pct(acc)} after {fmt.count(s.get('epochs'))} epochs ({fmt.seconds(s.get('train_seconds'))} "
-            f"of training) — the handout's {TARGET_ACCURACY:.0f} % bar: {met}")
+            f"of training) — the handout's {HANDOUT_PASS_BAR:.0f} % bar: {met}")
 
 
 def lenet_architecture(config: dict) -> list[list[str]] | None:
@@ -416,14 +416,14 @@ def _tensorboard(lab: Lab) -> list[Block]:
 
 def _accuracy(lab: Lab) -> list[Block]:
     blocks = [Block("h4", HEADING["accuracy"], anchor="accuracy")]
-    table = [["run", "activation", "layers", "epochs", "test accuracy", f"≥ {TARGET_ACCURACY:.0f} %", "time to 99 %",
+    table = [["run", "activation", "layers", "epochs", "test accuracy", f"≥ {HANDOUT_PASS_BAR:.0f} %", "time to 99 %",
               "train time", "throughput"]]
     for step in ("lenet_train", "gelu_train", "ops_train"):
         for run in lab.runs(step):
             s, c = run.summary, run.config
             acc = s.get("test_accuracy")
             table.append([run.name, str(s.get("act", c.get("act"))), str(s.get("ops", c.get("ops", "aten"))), fmt.count(s.get("epochs")),
-                          fmt.pct(acc), "yes" if fmt.is_number(acc) and acc >= TARGET_ACCURACY else "no",
+                          fmt.pct(acc), "yes" if fmt.is_number(acc) and acc >= HANDOUT_PASS_BAR else "no",
                           fmt.seconds(s.get("time_to_99_seconds")) if s.get("time_to_99_seconds") is not None else "not reached",
                           fmt.seconds(s.get("train_seconds")), fmt.rate(s.get("images_per_s_median"))])
     if len(table) == 1:
