@@ -8,8 +8,8 @@ batch size, LeNet-5 trains the same number of steps (Adam, constant lr, the same
 set, and the test accuracy (on --test images) is recorded every --eval-every steps: accuracy/step
 curves. A batch drawn from the repeated set holds at most --distinct different images however large
 it grows, so from some batch size on it brings no new information per step; the diverse set keeps
-giving each larger batch new images. This is a benchmark's own small loop (no checkpoints or run
-directories): the quantity of interest is accuracy per optimizer step, nothing else.
+giving each larger batch new images. This is a benchmark's own small loop around trainlab's training
+step (no checkpoints or run directories): the quantity of interest is accuracy per optimizer step, nothing else.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import argparse
 import time
 
 import torch
-import torch.nn.functional as F
 
 from _common import add_output_args, check_output, save
 from trainlab.data.datasets import load_dataset
 from trainlab.data.mnist import normalize
-from trainlab.lenet.models import make_model
+from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.plan import resolve
+from trainlab.lenet.setup import build_model, build_optimizer
+from trainlab.lenet.step import make_step
 
 
 @torch.no_grad()
@@ -63,12 +65,14 @@ def main() -> None:
     sets = {"diverse": torch.arange(args.size),
             "repeated": torch.arange(args.distinct).repeat(args.size // args.distinct)}  # same size, fewer distinct
     batches = [int(b) for b in args.batches.split(",")]
+    # trainlab's step (lenet.step) with this benchmark's recipe: Adam at a constant lr, no weight decay, fp32
+    plan = resolve(TrainConfig(model=args.model, optimizer="adam", lr=args.lr, weight_decay=0.0, schedule="constant",
+                               amp="off", channels_last="off", device="cpu", seed=args.seed), torch.device("cpu"))
     rows, log_lines = [], []
     for batch in batches:
         for name, index in sets.items():   # interleaved: the two sets of one batch size run back to back
-            torch.manual_seed(args.seed)
-            model = make_model(args.model)
-            opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+            model = build_model(plan)  # seeded: the same initial weights in every run
+            train_step = make_step(plan, model, build_optimizer(plan, model))
             g = torch.Generator().manual_seed(args.seed)
             order, pos, curve, distinct_seen = torch.randperm(len(index), generator=g), 0, [], set()
             t0 = time.perf_counter()
@@ -78,10 +82,7 @@ def main() -> None:
                 rows_ = index[order[pos:pos + batch]]
                 pos += batch
                 distinct_seen.update(rows_.tolist())
-                loss = F.cross_entropy(model(x_all[rows_]), y_all[rows_])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+                loss, _ = train_step(x_all[rows_], y_all[rows_])
                 if step % args.eval_every == 0 or step == 1:
                     curve.append({"step": step, "test_accuracy": accuracy(model, x_test, y_test), "train_loss": loss.item(),
                                   "distinct_images_seen": len(distinct_seen)})

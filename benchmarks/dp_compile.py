@@ -3,12 +3,13 @@
     python benchmarks/dp_compile.py --device cpu --steps 50 [--batch-size 128] [--threads 2]
     python benchmarks/dp_compile.py --device cuda --steps 200          # adds the GPU-only rows
 
-Rows (median and p10–p90 over individually synchronized steps; compile/capture time reported apart):
-- eager                  the plain step (forward, backward, AdamW)
-- compile                torch.compile(model) (inductor), as `trainlab train --compile` does
-- compile-reduce-overhead   [CUDA only] torch.compile(mode="reduce-overhead"): inductor + CUDA graphs
-- cudagraph              [CUDA only] the whole step (forward, backward, capturable AdamW) captured
-                         once with torch.cuda.graph and replayed: one launch instead of ~100 kernels
+Every row times trainlab's own training step (trainlab.lenet.step, fused AdamW, fp32, NCHW) in one
+of its modes (median and p10–p90 over individually synchronized steps; compile/capture time reported apart):
+- eager                  the plain step (forward, backward, AdamW), `--step-mode eager`
+- compile                torch.compile(model) (inductor), `--step-mode compile` (= `trainlab train --compile`)
+- compile-reduce-overhead   [CUDA only] the compile step with torch.compile(mode="reduce-overhead"): inductor + CUDA graphs
+- cudagraph              [CUDA only] `--step-mode cudagraph`: the whole step (forward, backward, capturable
+                         fused AdamW, lr on the device) captured once and replayed: one launch instead of ~100 kernels
 Then the asynchronous-execution demo: N steps timed without a synchronize (what the host *queued*)
 and with one (what the device *finished*). On a CPU both are the same — the CPU runs each op before
 returning — so the demo only means something on CUDA, where the first number can be many times
@@ -21,80 +22,39 @@ import argparse
 import os
 import time
 
+from dataclasses import replace
+
 import torch
-import torch.nn.functional as F
 
 from _common import add_output_args, check_output, save
 from trainlab.stats import format_spread, summarize
 from trainlab.data.loader import DeviceLoader
 from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device, synchronize
-from trainlab.lenet.model import LeNet5
-
-
-def make_model(device, seed=0):
-    torch.manual_seed(seed)
-    return LeNet5().to(device)
-
-
-def eager_step(model, opt):
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-    return step
-
-
-def cuda_graph_step(model, opt, x0, y0):
-    """[CUDA only] Capture forward + backward + optimizer step into one CUDA graph.
-
-    Static input buffers are filled by copy before each replay; the optimizer must be `capturable`
-    (its step counter lives on the GPU). Warm-up runs on a side stream, as torch.cuda.graph requires.
-    """
-    static_x, static_y = x0.clone(), y0.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(static_x), static_y).backward()
-            opt.step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        static_loss = F.cross_entropy(model(static_x), static_y)
-        static_loss.backward()
-        opt.step()
-
-    def step(x, y):
-        static_x.copy_(x, non_blocking=True)
-        static_y.copy_(y, non_blocking=True)
-        graph.replay()
-        return static_loss
-    return step
+from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.plan import STEP_MODES, resolve
+from trainlab.lenet.setup import build_model, build_optimizer
+from trainlab.lenet.step import make_step
 
 
 def build(variant, device, x0, y0):
-    """(step function, setup seconds): compile/capture cost is paid here, outside the timed steps."""
-    model = make_model(device)
-    capturable = variant == "cudagraph"
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, capturable=capturable)
+    """(trainlab's training step in the variant's mode, setup seconds): compile/capture is paid here,
+    outside the timed steps. compile-reduce-overhead is the compile mode with torch.compile's
+    mode="reduce-overhead" (a plan field, not a trainlab flag)."""
+    mode = "compile" if variant == "compile-reduce-overhead" else variant
+    if mode not in STEP_MODES:
+        raise SystemExit(f"unknown variant {variant}")
+    cfg = TrainConfig(device=str(device), lr=3e-3, schedule="constant", amp="off", channels_last="off", step_mode=mode)
+    plan = resolve(cfg, device)
+    if variant == "compile-reduce-overhead":
+        plan = replace(plan, compile_mode="reduce-overhead")
+    model = build_model(plan)
+    step = make_step(plan, model, build_optimizer(plan, model))
     synchronize(device)
     t0 = time.perf_counter()
-    if variant == "eager":
-        step = eager_step(model, opt)
-    elif variant == "compile":
-        step = eager_step(torch.compile(model), opt)
-    elif variant == "compile-reduce-overhead":
-        step = eager_step(torch.compile(model, mode="reduce-overhead"), opt)
-    elif variant == "cudagraph":
-        step = cuda_graph_step(model, opt, x0, y0)
-    else:
-        raise SystemExit(f"unknown variant {variant}")
-    # The first steps compile (inductor traces forward and backward; reduce-overhead records graphs).
+    step.prepare(x0, y0)  # the capture (cudagraph), or one forward/backward that compiles
+    # The first steps of a compiled step compile the rest (inductor traces forward and backward;
+    # reduce-overhead records its graphs).
     for _ in range(3):
         step(x0, y0)
     synchronize(device)
@@ -156,7 +116,9 @@ def main() -> None:
         queued, finished = async_demo(step, batches, device)
         s = summarize([t * 1e3 for t in times])
         row = {"variant": variant, "device": str(device), "batch_size": args.batch_size, "steps": len(times),
-               "step_ms": s, "setup_seconds": setup_s, "images_per_s": args.batch_size / (s["median"] / 1e3),
+               # throughput of steps run back to back, as training runs them: the synced column's rate (a
+               # step synchronized on its own also pays the launch latency the next step would hide)
+               "step_ms": s, "setup_seconds": setup_s, "images_per_s": args.batch_size / finished,
                "unsynced_ms_per_step": queued * 1e3, "synced_ms_per_step": finished * 1e3}
         rows.append(row)
         line = (f"{variant:<24} step {format_spread(s, unit=' ms')}  setup (compile/capture + 3 steps) {setup_s:.1f} s  "
@@ -164,7 +126,7 @@ def main() -> None:
         print(line, flush=True)
         lines.append(line)
     eager = next((r for r in rows if r["variant"] == "eager"), None)
-    md = ["| variant | step ms, median [p10–p90] | speed-up vs eager | images/s | compile/capture s | "
+    md = ["| variant | step ms, median [p10–p90] | speed-up vs eager | images/s (back to back: batch / synced ms) | compile/capture s | "
           "unsynced ms/step (queued) | synced ms/step (finished) |",
           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:

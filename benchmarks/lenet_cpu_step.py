@@ -31,10 +31,12 @@ import argparse
 import time
 
 import torch
-import torch.nn.functional as F
 
 from _common import add_output_args, check_output, save
+from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.model import LeNet5
+from trainlab.lenet.plan import resolve
+from trainlab.lenet.step import make_step
 from trainlab.stats import time_interleaved
 
 SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach", "actpool", "fused1", "cl2"}
@@ -69,18 +71,29 @@ def build_model(v: dict) -> torch.nn.Module:
     return model
 
 
+def plan_of(v: dict):
+    """The variant's settings as trainlab resolves them (precision, memory format, step mode); the
+    layer surgeries (actpool, cl2) and the optimizer implementation stay the variant's own."""
+    cfg = TrainConfig(device="cpu", batch_size=v["batch_size"], lr=1e-3, amp="bf16" if v.get("bf16") else "off",
+                      channels_last="on" if v.get("cl") else "off", step_mode="compile" if v.get("compile") else "eager")
+    return resolve(cfg, torch.device("cpu"))
+
+
 class Variant:
+    """One variant's model, optimizer and batch, stepped by trainlab's own training step (lenet.step)."""
+
     def __init__(self, v: dict):
         self.v = v
+        plan = plan_of(v)
         self.model = build_model(v)
         self.x = torch.randn(v["batch_size"], 1, 28, 28)
         self.y = torch.randint(0, 10, (v["batch_size"],))
-        if v.get("cl"):
+        if plan.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
             self.x = self.x.contiguous(memory_format=torch.channels_last)   # as trainlab's loader does
         kw = {"fused": True} if v.get("fused") else {"foreach": True} if v.get("foreach") else {}
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, **kw)
-        self.forward = torch.compile(self.model) if v.get("compile") else self.model
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=plan.lr, **kw)
+        self.training_step = make_step(plan, self.model, self.optimizer)
         t0 = time.perf_counter()
         for _ in range(3):  # compilation, oneDNN primitive creation, allocator warm-up
             self.step()
@@ -88,15 +101,7 @@ class Variant:
 
     def step(self) -> None:
         with _threads(self.v["threads"]):
-            self._step()
-
-    def _step(self) -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(self.v.get("bf16"))):
-            logits = self.forward(self.x)
-        loss = F.cross_entropy(logits.float(), self.y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+            self.training_step(self.x, self.y)
 
 
 def training_flops_per_image(model: torch.nn.Module) -> int:

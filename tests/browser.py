@@ -35,7 +35,8 @@ window.addEventListener('load', () => {
   if (sw > W + 1) bad.push('the page scrolls sideways: ' + sw + ' px > ' + W);
   const out = document.createElement('pre');
   out.id = 'overflow-result';
-  out.textContent = JSON.stringify({width: W, bad: bad});
+  // the page's height with every <details> closed, as it first shows
+  out.textContent = JSON.stringify({width: W, bad: bad, height: document.documentElement.scrollHeight});
   document.body.appendChild(out);
 });
 </script>"""
@@ -60,14 +61,15 @@ def chromium_or_skip() -> str:
     return exe
 
 
-def overflow(page: Path, width: int = 1000) -> dict:
-    """{"width": the viewport's width in CSS px, "bad": what overflows} for `page` at `width`."""
+def overflow(page: Path, width: int = 1000, height: int = 900) -> dict:
+    """{"width": the viewport's width in CSS px, "bad": what overflows, "height": the page's height in CSS
+    px} for `page` in a `width`×`height` window."""
     exe = chromium_or_skip()
     probe = page.with_name(".overflow_probe.html")
     probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
     try:
         with tempfile.TemporaryDirectory(prefix="chromium_") as profile:
-            proc = subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},900",
+            proc = subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
                                    "--virtual-time-budget=10000", "--dump-dom", probe.resolve().as_uri()],
                                   capture_output=True, text=True, timeout=180)
     finally:

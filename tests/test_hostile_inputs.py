@@ -323,6 +323,12 @@ CASES = [
     Case("seed-negative", f"{NEW} --seed -1", r"--seed -1: expected an integer >= 0"),
     Case("dist-timeout-zero", f"{NEW} --dist-timeout 0", r"--dist-timeout 0: expected a finite number > 0"),
     Case("optimizer-unknown", f"{NEW} --optimizer lion", r"--optimizer 'lion': expected one of adamw, adam, sgd"),
+    Case("train-step-mode-unknown", f"{NEW} --step-mode turbo", r"--step-mode 'turbo': expected one of auto, eager, compile, cudagraph"),
+    Case("train-step-mode-empty", f"{NEW} --step-mode=", r"--step-mode '': expected one of auto, eager, compile, cudagraph"),
+    Case("train-step-mode-cudagraph-on-cpu", f"{NEW} --step-mode cudagraph",
+         r"--step-mode cudagraph: CUDA graphs need a CUDA device, not cpu \(use --step-mode eager or compile\)"),
+    Case("train-step-mode-conflicts-with-compile", f"{NEW} --compile --step-mode eager",
+         r"--step-mode eager: conflicts with --compile"),
     Case("act-unknown", f"{NEW} --act swishy", r"--act 'swishy': expected one of relu"),
     Case("name-escapes", f"train {RUN_ARGS} --name ../escape", r"--name '../escape': expected a plain name"),
     Case("ema-one", f"{NEW} --ema 1", r"--ema 1: expected a finite number >= 0 and < 1"),
@@ -522,6 +528,10 @@ CASES = [
     Case("report-folder-skips-bad-renders-gpt", "report {ws}/runs -o {ws}/rep", r"^report: \S+index.html \(1 runs, 1 result files",
          code=0, setup=_runs_folder, creates=("rep", "rep/*"), check=_report_renders_good_and_gpt),
     Case("report-nowhere", "report {ws}/nowhere -o {ws}/rep", r"nowhere: no such file or directory"),
+    Case("report-pdf-without-chromium", "report {run} -o {ws}/rep --pdf",
+         r"--pdf: no headless Chromium on PATH \(Debian/Ubuntu: apt-get install chromium\)", env={"PATH": "/nonexistent"}),
+    Case("report-lab-results-not-a-lab", "report {ws}/lab -o {ws}/rep", r"lab/results.json: not a trainlab lab's results.json",
+         setup=lambda ws: ((ws / "lab").mkdir(), (ws / "lab" / "results.json").write_text('{"steps": []}'))),
 
     # == round 2 =================================================================================================
     # -- 1: trainlab deletes or replaces only what it wrote ----------------------------------------------------

@@ -152,6 +152,7 @@ def test_dataparallel_matches_single_gpu(tmp_path):
 
 def test_scale_lr_rules_and_warmup():
     # --batch-size is the global batch: W ranks × b per rank scale the lr by W·b/128.
+    from trainlab.lenet.plan import resolve
     from trainlab.lenet.setup import build_optimizer, build_scheduler, scaled_lr
 
     assert scaled_lr(TrainConfig(batch_size=512, lr=0.1, scale_lr="linear")) == pytest.approx(0.4)
@@ -161,8 +162,10 @@ def test_scale_lr_rules_and_warmup():
         TrainConfig(scale_lr="cubic").validate()  # the one owner of the check (setup.py trusts it)
     cfg = TrainConfig(batch_size=512, lr=0.1, scale_lr="linear", schedule="cosine", warmup_epochs=1, epochs=3, optimizer="sgd")
     model = LeNet5()
-    opt = build_optimizer(cfg, model, scaled_lr(cfg))
-    sched = build_scheduler(cfg, opt, scaled_lr(cfg), steps_per_epoch=10)
+    plan = resolve(cfg, torch.device("cpu"))
+    assert plan.lr == pytest.approx(scaled_lr(cfg))
+    opt = build_optimizer(plan, model)
+    sched = build_scheduler(plan, opt, plan.lr, steps_per_epoch=10)
     lrs = []
     for _ in range(30):
         lrs.append(opt.param_groups[0]["lr"])

@@ -86,9 +86,10 @@ def test_two_ranks_match_single_process_training(runs, mode):
 def test_training_actually_moved_the_parameters(runs):
     # Guards the test above against comparing two untrained models.
     tmp, _, _ = runs
+    from trainlab.lenet.plan import resolve
     from trainlab.lenet.setup import build_model
 
-    init = build_model(TrainConfig(**BASE), torch.device("cpu")).state_dict()
+    init = build_model(resolve(TrainConfig(**BASE), torch.device("cpu"))).state_dict()
     trained = _params(tmp / "ddp")
     assert max((trained[k] - init[k]).abs().max().item() for k in init) > 1e-3
 

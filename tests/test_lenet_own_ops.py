@@ -258,20 +258,20 @@ def test_config_rejects_a_non_string_ops_in_json():
 def test_ops_auto_falls_back_to_pytorch_layers_without_a_compiler(monkeypatch):
     """`auto` (the fast preset) is a speed choice: no C++ toolchain means PyTorch's layers, not a failure;
     an explicit --ops fused still says what is missing."""
-    from trainlab.lenet import setup
+    from trainlab.lenet import plan
     from trainlab.errors import HardwareError
 
     def no_compiler(with_cuda):
         raise HardwareError("impl='cpp': no C++ compiler found")
 
-    monkeypatch.setattr(setup, "check_toolchain", no_compiler)
+    monkeypatch.setattr(plan, "check_toolchain", no_compiler)
     cfg = TrainConfig(device="cpu", batchnorm=True, batchnorm_conv1=False, ops="auto")
-    assert setup.model_ops(cfg, torch.device("cpu")) == "aten"
+    assert plan.resolve(cfg, torch.device("cpu")).ops == "aten"
     cfg.ops = "fused"
-    assert setup.model_ops(cfg, torch.device("cpu")) == "fused"
+    assert plan.resolve(cfg, torch.device("cpu")).ops == "fused"
     monkeypatch.undo()
-    assert setup.model_ops(TrainConfig(device="cpu", batchnorm=True, batchnorm_conv1=False, ops="auto"),
-                           torch.device("cpu")) == "fused"
+    assert plan.resolve(TrainConfig(device="cpu", batchnorm=True, batchnorm_conv1=False, ops="auto"),
+                        torch.device("cpu")).ops == "fused"
 
 
 def test_profile_names_the_fused_stage_and_keeps_the_later_names():

@@ -206,11 +206,12 @@ def test_bad_recipe_flags_are_one_line_errors(tmp_path, capsys, argv, needle):
 # ----------------------------------------------------------------------------- one-epoch recipe: schedule, validation split
 
 def test_linear_schedule_warms_up_then_decays_to_zero():
+    from trainlab.lenet.plan import resolve
     from trainlab.lenet.setup import build_scheduler
 
     cfg = TrainConfig(schedule="linear", warmup_epochs=0.2, epochs=1, lr=1.0)
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    sched = build_scheduler(cfg, opt, 1.0, steps_per_epoch=10)
+    sched = build_scheduler(resolve(cfg, torch.device("cpu")), opt, 1.0, steps_per_epoch=10)
     lrs = []
     for _ in range(10):
         lrs.append(opt.param_groups[0]["lr"])

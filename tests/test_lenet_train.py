@@ -60,6 +60,7 @@ def test_resume_equals_uninterrupted(tmp_path):
 def test_resume_with_more_epochs_rebuilds_the_schedule_and_a_plain_resume_still_works(tmp_path, capsys):
     """`--resume DIR --epochs 5` on a 3-epoch run used to crash in OneCycleLR after two epochs and to
     leave a config.json that crashed every later plain --resume too."""
+    from trainlab.lenet.plan import resolve
     from trainlab.lenet.setup import build_optimizer, build_scheduler
 
     _, d = run(tmp_path, "x", epochs=3, stop_after=3)  # a finished 3-epoch run (8 steps per epoch)
@@ -72,7 +73,8 @@ def test_resume_with_more_epochs_rebuilds_the_schedule_and_a_plain_resume_still_
     assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5]
     # The LR after each epoch is the 5-epoch OneCycle's at that step (the first 3 epochs ran the 3-epoch one).
     cfg = TrainConfig(**{**SMALL, "epochs": 5})
-    sched = build_scheduler(cfg, build_optimizer(cfg, torch.nn.Linear(1, 1), cfg.lr), cfg.lr, 8)
+    plan = resolve(cfg, torch.device("cpu"))
+    sched = build_scheduler(plan, build_optimizer(plan, torch.nn.Linear(1, 1)), plan.lr, 8)
     expected = []
     for _ in range(40):
         sched.optimizer.step()
@@ -122,6 +124,7 @@ def test_train_accuracy_is_the_batches_accuracy_before_each_update(tmp_path):
     # Independent reference: the initial model (same seed) on the first training batch (same order).
     from trainlab.data.loader import DeviceLoader
     from trainlab.data.mnist import load_mnist
+    from trainlab.lenet.plan import resolve
     from trainlab.lenet.setup import build_model
 
     summary, d = run(tmp_path, "acc", epochs=1)
@@ -131,7 +134,7 @@ def test_train_accuracy_is_the_batches_accuracy_before_each_update(tmp_path):
     loader = DeviceLoader(data.train_images[:1024], data.train_labels[:1024], 128, "cpu", seed=cfg.seed)
     loader.set_epoch(0)
     x, y = next(iter(loader))
-    model = build_model(cfg, torch.device("cpu")).train()
+    model = build_model(resolve(cfg, torch.device("cpu"))).train()
     with torch.no_grad():
         first = 100.0 * (model(x).argmax(1) == y).sum().item() / len(y)
     assert record["step_accuracies"][0] == pytest.approx(first)
@@ -146,6 +149,7 @@ def test_misclassified_images_are_the_ones_the_checkpoint_gets_wrong(tmp_path):
 
     from trainlab.data.mnist import load_mnist
     from trainlab.data.loader import DeviceLoader
+    from trainlab.lenet.plan import resolve
     from trainlab.lenet.setup import build_model
 
     summary, d = run(tmp_path, "wrong", epochs=1)
@@ -153,7 +157,7 @@ def test_misclassified_images_are_the_ones_the_checkpoint_gets_wrong(tmp_path):
     cm = torch.tensor(summary["confusion_matrix"])
     assert int(z["total"]) == int(cm.sum() - cm.diag().sum()) and int(z["tested"]) == 500
     cfg = TrainConfig(**SMALL)
-    model = build_model(cfg, torch.device("cpu"))
+    model = build_model(resolve(cfg, torch.device("cpu")))
     model.load_state_dict(torch.load(d / "checkpoint.pt", weights_only=False)["model"])
     data = load_mnist(None)
     x, y = next(iter(DeviceLoader(data.test_images[:500], data.test_labels[:500], 500, "cpu", shuffle=False)))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from browser import overflow
+
 from trainlab.cli import main
 
 LONG = "/very/long/path/" + "x" * 150 + "/result.json"
@@ -45,3 +45,27 @@ def test_the_checker_catches_a_page_that_overflows(tmp_path):
     page.write_text(f"<!doctype html><html><body><table><tr>{cells}</tr></table></body></html>")
     result = overflow(page, width=800)
     assert any("TABLE ends at" in b for b in result["bad"]) and any("scrolls sideways" in b for b in result["bad"])
+
+
+SCREEN = (1200, 800)   # a laptop's browser window: the lab report must fit in 8 such screens, details folded
+
+
+def test_the_lab_report_fits_eight_screens_and_prints_to_pdf(tmp_path):
+    from browser import chromium_or_skip
+    from test_report_lab import make_lab
+
+    from trainlab.lenet.config import TrainConfig
+    from trainlab.lenet.loop import train
+
+    chromium_or_skip()  # the PDF needs it as much as the measurement
+    run = tmp_path / "run"
+    train(TrainConfig(epochs=1, train_subset=256, test_subset=200, device="cpu", progress=False, seed=0, out=str(run)),
+          log=lambda *_: None)
+    lab = make_lab(tmp_path / "lab", run)
+    out = tmp_path / "report"
+    assert main(["report", str(lab), "-o", str(out), "--pdf"]) == 0
+    pdf = out / "report.pdf"
+    assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 10_000
+    result = overflow(out / "index.html", width=SCREEN[0], height=SCREEN[1])
+    assert result["width"] == SCREEN[0] and not result["bad"], result
+    assert result["height"] <= 8 * SCREEN[1], result

@@ -13,7 +13,8 @@ Budget: a step starts only if its estimate fits in what is left; otherwise it is
 killed at its own hard limit (`Step.limit_s`) or when the call's budget runs out, whichever is first:
 the budget of a call is a hard wall, so a 9-minute GPU lease call never overruns.
 
-After every step: results.json, the report (DIR/report/index.html, `trainlab.report.lab`) and one
+After every step: results.json, the report (DIR/report/index.html, `trainlab.report.lab`; at the end of a call
+also DIR/report/report.pdf, where headless Chromium is installed) and one
 archive of it all (DIR/lab.tar.gz, ≤ ARCHIVE_MAX_BYTES) for copying off a remote machine. Extension
 builds and the Triton cache go to DIR/cache (TRAINLAB_CACHE for every step), so a resumed call does
 not rebuild them.
@@ -241,11 +242,20 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
 
 # ------------------------------------------------------------------------------ after every step
 
-def write_outputs(root: Path, state: dict) -> None:
+def write_outputs(root: Path, state: dict, pdf_log=None) -> None:
+    """results.json, the report, the archive; with `pdf_log` (the call's last write) also the report's
+    PDF, its outcome in one line to pdf_log."""
     from trainlab.report.lab import build_lab_report
 
     save_state(root, state)
-    build_lab_report(root, state)
+    page = build_lab_report(root, state)
+    if pdf_log is not None:
+        from trainlab.report.pdf import write_pdf
+
+        try:
+            pdf_log(f"lab: report PDF {write_pdf(page)}")
+        except UserError as e:
+            pdf_log(f"lab: no report PDF: {e}")
     write_archive(root)
 
 
@@ -346,7 +356,7 @@ def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[st
         write_outputs(root, state)
         reserve = max(reserve, 2.0 * (_now() - t0))
     call["used_s"] = round(_now() - start, 1)
-    write_outputs(root, state)
+    write_outputs(root, state, pdf_log=log)
     done = sum(1 for s in state["steps"].values() if s.get("status") == "ok")
     log(f"lab: {done} of {len(steps)} steps ok; results {root / RESULTS}, report {root / 'report' / 'index.html'}, "
         f"archive {root / ARCHIVE}")

@@ -20,6 +20,7 @@ from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.data_parallel import MODES
 from trainlab.lenet.model import POOLS, check_model_options
 from trainlab.lenet.models import MODELS, check_model_choice
+from trainlab.lenet.plan import STEP_MODES
 from trainlab.lenet.shard_weights import parse_shard_weights
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -99,7 +100,11 @@ class TrainConfig(Config):
     device: str = opt("auto", "auto (CUDA if available) | cpu | cuda | cuda:N")
     amp: str = opt("auto", "auto (bf16 autocast on CUDA) | bf16 | off", check=one_of(("auto", "bf16", "off")))
     channels_last: str = opt("auto", "auto (on CUDA) | on | off", check=one_of(("auto", "on", "off")))
-    compile: bool = opt(False, "torch.compile the model (compile time reported separately)")
+    compile: bool = opt(False, "torch.compile the model (compile time reported separately); the same as --step-mode compile")
+    step_mode: str = opt("auto", "the training step (trainlab.lenet.step): eager | compile (torch.compile) | cudagraph "
+                                 "(forward, backward and optimizer captured as one CUDA graph; CUDA only) | auto "
+                                 "(cudagraph on CUDA where the recipe permits, else eager)",
+                         check=one_of(("auto",) + STEP_MODES))
     tf32: str = opt("off", "TF32 tensor cores for fp32 matmuls/convolutions on Ampere+ GPUs (recorded in the summary)",
                     choices=("on", "off"))
     parallel: str = opt("none", "none | dp | ddp | allreduce | ring (see `trainlab dp`)", check=one_of(MODES))

@@ -15,7 +15,8 @@ from trainlab.device import resolve_device
 from trainlab.lenet.batches import build_test_batches
 from trainlab.lenet.checkpoint import checkpoint_config, load_checkpoint, load_model_state
 from trainlab.lenet.data_parallel import DataParallelContext
-from trainlab.lenet.setup import amp_dtype, autocast, build_model
+from trainlab.lenet.plan import resolve
+from trainlab.lenet.setup import autocast, build_model
 
 NUM_CLASSES = 10
 
@@ -66,13 +67,15 @@ def evaluate_checkpoint(path, device: str = "auto", data_dir: str | None = None)
     ckpt = load_checkpoint(path)
     cfg = checkpoint_config(ckpt, path)
     cfg.device, cfg.test_subset = device, None
+    cfg.step_mode, cfg.compile = "eager", False  # no training step runs here (and `cudagraph` needs CUDA)
     if data_dir is not None:
         cfg.data_dir = data_dir
     dev = resolve_device(device)
-    model = build_model(cfg, dev)
+    plan = resolve(cfg, dev)
+    model = build_model(plan)
     # A run with --ema was evaluated (and reported) with its averaged weights: re-test those.
     load_model_state(model, ckpt["ema"]["model"] if ckpt.get("ema") else ckpt["model"], path)
     data = load_mnist(cfg.data_dir)
-    result = evaluate(model, build_test_batches(cfg, data, dev), dev, amp_dtype(cfg, dev))
+    result = evaluate(model, build_test_batches(cfg, data, dev), dev, plan.amp_dtype)
     return {**result, "data": describe_source(data), "device": str(dev), "epochs_done": ckpt["epochs_done"], "checkpoint": str(path),
             "weights": "ema" if ckpt.get("ema") else "live"}

@@ -43,7 +43,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from trainlab.data.mnist import load_mnist
@@ -55,7 +54,9 @@ from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.batches import build_train_batches, to_device
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.model import check_model_options
-from trainlab.lenet.setup import amp_dtype, autocast, build_model, build_optimizer, use_channels_last
+from trainlab.lenet.plan import resolve
+from trainlab.lenet.setup import build_model, build_optimizer
+from trainlab.lenet.step import make_step
 from trainlab.ops.conv_relu_pool2d import ConvReluPool2d
 from trainlab.stats import summarize, time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
@@ -236,12 +237,14 @@ class Variant:
     def __init__(self, name: str, settings: dict, cfg: ProfileConfig, data, device: torch.device):
         train_settings = {"act": cfg.act, "batch_size": cfg.batch_size, "amp": "off", "channels_last": "off",
                           **{k: v for k, v in settings.items() if k != "threads"}}
-        tcfg = TrainConfig(**train_settings, seed=cfg.seed, train_subset=cfg.train_subset, device=str(device))
+        # the profiled step is the eager one: torch.compile and CUDA graphs would hide the layers
+        tcfg = TrainConfig(**train_settings, seed=cfg.seed, train_subset=cfg.train_subset, device=str(device),
+                           step_mode="eager")
+        plan = resolve(tcfg, device)
         self.name, self.settings, self.batch_size = name, settings, tcfg.batch_size
-        self.threads, self.device = settings.get("threads"), device
-        self.model = build_model(tcfg, device)   # every variant starts from the same weights (the seed)
-        self.optimizer = build_optimizer(tcfg, self.model, tcfg.lr)
-        self.precision, self.channels_last = amp_dtype(tcfg, device), use_channels_last(tcfg, device)
+        self.threads, self.device, self.channels_last = settings.get("threads"), device, plan.channels_last
+        self.model = build_model(plan)   # every variant starts from the same weights (the seed)
+        self.training_step = make_step(plan, self.model, build_optimizer(plan, self.model), annotate=True)
         self.batches = build_train_batches(tcfg, data, device)
         self.layers = list(layer_names(self.model))
         self.handles = instrument(self.model)
@@ -263,13 +266,7 @@ class Variant:
             torch.set_num_threads(self.threads)
         try:
             with record_function(STEP + self.name):
-                with autocast(self.device, self.precision):
-                    logits = self.model(x)
-                with record_function("loss"):
-                    loss = F.cross_entropy(logits.float(), y)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                self.optimizer.step()
+                self.training_step(x, y)   # the library's step (lenet.step), the loss in its own range
         finally:
             torch.set_num_threads(before)
 

@@ -1,4 +1,4 @@
-"""The parts a training run is assembled from: model, optimizer, schedule, precision.
+"""The parts a training run is assembled from its plan (`lenet.plan`): model, optimizer, schedule.
 
 Every choice here was checked by `TrainConfig.validate()` (each field's `check=`), the one owner of
 those checks, so a value that reaches these functions is one of the listed choices."""
@@ -12,91 +12,75 @@ from contextlib import nullcontext
 import torch
 
 from trainlab.errors import HardwareError, UserError
-from trainlab.ops.build import check_toolchain
 from trainlab.lenet.config import TrainConfig
-from trainlab.lenet.model import resolve_ops
 from trainlab.lenet.models import make_model
+from trainlab.lenet.plan import LeNetPlan, scaled_lr as _scaled_lr
 
 
-def build_model(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
-    torch.manual_seed(cfg.seed)  # the initial weights depend on the seed alone
-    model = make_model(cfg.model, act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm, ops=model_ops(cfg, device),
-                       batchnorm_conv1=cfg.batchnorm_conv1).to(device)
-    if use_channels_last(cfg, device):
-        model = model.to(memory_format=torch.channels_last)
-    return model
-
-
-def model_ops(cfg: TrainConfig, device: torch.device) -> str:
-    """--ops with `auto` resolved for this device: fused on a CPU where it applies and a C++ toolchain
-    can build it (else PyTorch's layers: `auto` is a speed choice, never a reason to fail), aten
-    elsewhere. The resolved value is recorded in summary.json (`ops`)."""
-    if cfg.model not in ("lenet5", "lenet5-bn"):
-        return "aten" if cfg.ops == "auto" else cfg.ops
-    ops = resolve_ops(cfg.ops, device, cfg.act, cfg.pool, cfg.batchnorm or cfg.model == "lenet5-bn", cfg.batchnorm_conv1)
-    if cfg.ops == "auto" and ops == "fused":
-        try:
-            check_toolchain(with_cuda=False)
-        except HardwareError:
-            return "aten"
-    return ops
-
-
-def check_model_runs(cfg: TrainConfig, device: torch.device) -> None:
-    """Build the model on `device` and run one tiny forward pass: an implementation this device cannot run
-    (`--act gelu-cuda` on a CPU, `--ops own=triton` without Triton) fails here, naming the flag, before
-    a run directory is created or data is loaded, instead of after the first batch."""
-    ops = model_ops(cfg, device)
-    flag = f"--ops {cfg.ops}" if ops != "aten" else f"--act {cfg.act}"
+def build_model(plan: LeNetPlan) -> torch.nn.Module:
+    """The plan's model on its device, seeded, in its memory format; probed with one tiny forward pass so
+    that an implementation this device cannot run (`--act gelu-cuda` on a CPU, `--ops own=triton`
+    without Triton) fails here, naming the flag, before a run directory is created or data is loaded."""
+    device = plan.torch_device
+    flag = f"--ops {plan.ops_spec}" if plan.ops != "aten" else f"--act {plan.act}"
     try:
-        model = build_model(cfg, device)
-        with torch.no_grad():
+        torch.manual_seed(plan.seed)  # the initial weights depend on the seed alone
+        model = make_model(plan.model, act=plan.act, pool=plan.pool, batchnorm=plan.batchnorm, ops=plan.ops_spec,
+                           batchnorm_conv1=plan.batchnorm_conv1).to(device)
+        if plan.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        was_training = model.training
+        with torch.no_grad():  # eval: the probe must not move BatchNorm's running statistics
             model.eval()(torch.zeros(2, 1, 28, 28, device=device))
+        model.train(was_training)
     except UserError as e:
         # the operator's message names its Python argument (impl='cuda'); keep its reason, name the flag
         reason = re.sub(r"^.*?impl='?\w+'?: ", "", str(e)).split("; ")[0]
         raise HardwareError(f"{flag}: cannot run on {device}: {reason}; choose another {flag.split()[0]} "
                             f"(`trainlab train --help` lists them)") from None
+    return model
 
 
-def scaled_lr(cfg: TrainConfig, world_size: int = 1) -> float:
-    """Scale the learning rate with the global batch relative to the reference batch of 128."""
-    ratio = cfg.batch_size / 128
-    if cfg.scale_lr == "linear":
-        return cfg.lr * ratio
-    if cfg.scale_lr == "sqrt":
-        return cfg.lr * math.sqrt(ratio)
-    return cfg.lr  # none
+def scaled_lr(cfg: TrainConfig) -> float:
+    """The learning rate scaled with the global batch relative to the reference batch of 128 (--scale-lr)."""
+    return _scaled_lr(cfg.lr, cfg.batch_size, cfg.scale_lr)
 
 
-def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(plan: LeNetPlan, model: torch.nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
+    """The plan's optimizer at `lr` (default: the plan's peak lr). With a captured step (`plan.capturable`)
+    its state and its learning rate live on the device: the scheduler writes the lr tensor in place, and
+    the graph reads it at every replay."""
     params = list(model.parameters())
+    lr = plan.lr if lr is None else lr
     # The fused kernels update every parameter in one pass instead of ~13 tensor ops per parameter:
     # on CUDA one launch instead of one per op (for a 10-tensor LeNet the launches are the cost); on
     # a CPU, where torch's default is the per-tensor loop, 6 % of the `fast` step
     # (benchmarks/lenet_cpu_step.py, `+fused`).
-    fused = {"fused": True} if params[0].device.type in ("cuda", "cpu") else {}
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, **fused)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=cfg.weight_decay, **fused)
-    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=True, weight_decay=cfg.weight_decay, **fused)
+    fused = {"fused": True} if plan.fused_optimizer and params[0].device.type in ("cuda", "cpu") else {}
+    if plan.capturable:
+        lr = torch.tensor(lr, dtype=torch.float32, device=params[0].device)
+        fused["capturable"] = True
+    if plan.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=plan.weight_decay, **fused)
+    if plan.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=plan.weight_decay, **fused)
+    return torch.optim.SGD(params, lr=lr, momentum=plan.momentum, nesterov=True, weight_decay=plan.weight_decay, **fused)
 
 
-def build_scheduler(cfg: TrainConfig, optimizer, lr: float, steps_per_epoch: int, total_steps: int | None = None):
+def build_scheduler(plan: LeNetPlan, optimizer, lr: float, steps_per_epoch: int, total_steps: int | None = None):
     """The per-step LR schedule; `total_steps` when the epochs differ in length (batch-size warm-up), and
     then `steps_per_epoch` is the first epoch's (the one --warmup-epochs counts in)."""
-    total = max(1, total_steps if total_steps is not None else cfg.epochs * steps_per_epoch)
-    if cfg.schedule == "onecycle" and total >= 4:
+    total = max(1, total_steps if total_steps is not None else plan.epochs * steps_per_epoch)
+    if plan.schedule == "onecycle" and total >= 4:
         # OneCycle warms up for 25% of training then anneals: the fastest route to 99% for small nets.
         # torch's OneCycleLR divides by zero when the warm-up is shorter than 2 steps (tiny runs).
         return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total, pct_start=max(0.25, 2.0 / total))
-    if cfg.schedule == "onecycle":  # fewer than 4 steps in all: nothing to schedule
+    if plan.schedule == "onecycle":  # fewer than 4 steps in all: nothing to schedule
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    warmup = int(cfg.warmup_epochs * steps_per_epoch)
-    if cfg.schedule == "cosine":
+    warmup = int(plan.warmup_epochs * steps_per_epoch)
+    if plan.schedule == "cosine":
         f = lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup)))  # noqa: E731
-    elif cfg.schedule == "linear":
+    elif plan.schedule == "linear":
         # Up to the peak, then straight down to 0 at the last step: for a one-epoch run every step
         # counts, and the last ones, at a tiny lr, settle the weights (and BatchNorm statistics).
         f = lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))  # noqa: E731
@@ -105,19 +89,7 @@ def build_scheduler(cfg: TrainConfig, optimizer, lr: float, steps_per_epoch: int
     return torch.optim.lr_scheduler.LambdaLR(optimizer, f)
 
 
-def amp_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
-    if cfg.amp == "off":
-        return None
-    if cfg.amp == "auto":
-        return torch.bfloat16 if device.type == "cuda" else None
-    return torch.bfloat16  # bf16
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None):
-    return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else nullcontext()
-
-
-def use_channels_last(cfg: TrainConfig, device: torch.device) -> bool:
-    if cfg.channels_last == "auto":   # our operators (--ops own) compute in NCHW
-        return device.type == "cuda" and model_ops(cfg, device) in ("aten", "fused")
-    return cfg.channels_last == "on"
+def autocast(device: torch.device, dtype: torch.dtype | None, cache: bool = True):
+    """bf16 autocast when `dtype` is set; `cache=False` inside a CUDA-graph capture (PyTorch requires it)."""
+    return (torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache) if dtype is not None
+            else nullcontext())

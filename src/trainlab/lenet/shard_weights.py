@@ -7,9 +7,10 @@ The shares change only *where* each image of the global batch is computed: each 
 weighted by W·n_r/n (`DeviceLoader.shard_weights`), so the averaged gradient, and with it every loss,
 equals the single-process run on the same global batches.
 
-`auto` measures each rank's own throughput before training: forward+backward passes of the
+`auto` measures each rank's own throughput before training: the training step's forward+backward
+(`lenet.step`, eager; the optimizer update costs every rank the same whatever its share) of the
 plain (unwrapped) model (≥ 5 steps and ≥ 0.5 s, median rate) on its share of an even split, no communication (a collective would make
-every rank wait for the slowest and hide the difference), weights and BatchNorm statistics restored
+every rank wait for the slowest and hide the difference), weights, BatchNorm statistics and optimizer state restored
 afterwards; the rates are all-gathered and become the shares.
 
 To show the effect on one CPU, `TRAINLAB_SLOW_RANKS="1:2"` makes rank 1 run at half speed: after
@@ -19,14 +20,12 @@ each forward pass that rank sleeps (f−1)·3× the pass's time, about (f−1)×
 
 from __future__ import annotations
 
-import copy
 import os
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from trainlab.data.loader import shard_bounds
 from trainlab.errors import ConfigError
@@ -100,38 +99,36 @@ def install_slowdown(model: torch.nn.Module, rank: int) -> float:
     return factor
 
 
-def measure_shares(model: torch.nn.Module, batches, autocast_ctx) -> tuple[list[float], float]:
-    """(every rank's measured images/s, this rank's): forward+backward of the plain model on this rank's
-    batches of an even split, weights/buffers/grads restored; the rates all-gathered (rank order).
+def measure_shares(step, batches) -> tuple[list[float], float]:
+    """(every rank's measured images/s, this rank's): the library's training step's forward+backward
+    (`lenet.step`, eager, on the plain model) on this rank's batches of an even split, weights/buffers/grads/optimizer state
+    restored; the rates all-gathered (rank order).
 
     The rate is the median over steps of images/step-time, timed for at least AUTO_STEPS steps and
     AUTO_SECONDS: a LeNet step takes milliseconds, and on a shared machine one preempted step would
     otherwise decide the whole split."""
-    state = copy.deepcopy(model.state_dict())
     batches.set_shares(None)
     batches.set_epoch(0)
     it = iter(batches)
     rates: list[float] = []
     started = time.perf_counter()
-    for i in range(AUTO_MAX_STEPS + 1):
-        if i > AUTO_STEPS and time.perf_counter() - started >= AUTO_SECONDS:
-            break
-        try:
-            x, y = next(it)
-        except StopIteration:
-            it = iter(batches)
-            x, y = next(it)
-        t0 = time.perf_counter()
-        with autocast_ctx():
-            loss = F.cross_entropy(model(x).float(), y)
-        loss.backward()
-        if i:  # the first step is a warm-up
-            rates.append(len(y) / (time.perf_counter() - t0))
-        else:
-            started = time.perf_counter()
-    model.load_state_dict(state)
-    for p in model.parameters():
-        p.grad = None
+    with step.preserved():
+        for i in range(AUTO_MAX_STEPS + 1):
+            if i > AUTO_STEPS and time.perf_counter() - started >= AUTO_SECONDS:
+                break
+            try:
+                x, y = next(it)
+            except StopIteration:
+                it = iter(batches)
+                x, y = next(it)
+            t0 = time.perf_counter()
+            # the step's forward/backward only: it scales with a rank's share, the optimizer update does not
+            loss, _ = step.forward_backward(x, y)
+            float(loss)  # the work's end (a sync on a GPU)
+            if i:  # the first step is a warm-up
+                rates.append(len(y) / (time.perf_counter() - t0))
+            else:
+                started = time.perf_counter()
     mine = statistics.median(rates)
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [mine], mine
@@ -142,20 +139,21 @@ def measure_shares(model: torch.nn.Module, batches, autocast_ctx) -> tuple[list[
     return [float(p) for p in parts], mine
 
 
-def setup_shards(spec: str | None, model: torch.nn.Module, batches, par, autocast_ctx, log=print) -> dict | None:
-    """Apply $TRAINLAB_SLOW_RANKS and `--shard-weights` to this rank's `batches` (before the model is
-    wrapped); returns what the summary records (None for a single process with even shards)."""
+def setup_shards(spec: str | None, step, batches, par, log=print) -> dict | None:
+    """Apply $TRAINLAB_SLOW_RANKS and `--shard-weights` to this rank's `batches`, with `step` the eager
+    step over the plain (not yet wrapped) model; returns what the summary records (None for a single
+    process with even shards)."""
     if not par.multi_process:
         if spec is not None:
             check_shard_weights(spec, par.mode, par.world_size, batches.batch_size)  # raises: one process
         return None
-    factor = install_slowdown(model, par.rank)
+    factor = install_slowdown(step.module, par.rank)
     weights = parse_shard_weights(spec)
     if weights is not None and weights != "auto":
         check_shard_weights(spec, par.mode, par.world_size, batches.batch_size)
     measured = None
     if weights == "auto":
-        measured, _ = measure_shares(model, batches, autocast_ctx)
+        measured, _ = measure_shares(step, batches)
         weights = tuple(measured)
         log("shard weights (auto): measured " + ", ".join(f"rank {r} {t:,.0f} img/s" for r, t in enumerate(measured))
             + " → rows per global batch " + ", ".join(

@@ -25,7 +25,7 @@ from trainlab.report.inputs import ResultFile, TrainingRun, load_inputs
 
 @dataclass
 class Block:
-    kind: str            # h1..h4 | p | table | img | pre | note | status | details | toc
+    kind: str            # h1..h4 | p | table | img | pre | note | status | details | toc | fold | row
     text: str = ""
     rows: list[list[str]] | None = None   # table: first row is the header
     src: str = ""        # img: path relative to the report directory
@@ -33,6 +33,8 @@ class Block:
     segments: list[tuple[str, str, str]] = field(default_factory=list)  # p: (text|code|link, text, anchor)
     anchor: str = ""     # headings: the id a link or the table of contents points at
     links: list[tuple[str, str]] = field(default_factory=list)  # toc: (text, anchor)
+    children: list["Block"] = field(default_factory=list)  # fold: shown when opened (<details>); row: side by side
+    text_table: bool = False   # table: a table of words (left-aligned), not of numbers
 
 
 def para(*parts) -> Block:
@@ -49,10 +51,22 @@ def link(text, anchor: str) -> tuple[str, str, str]:
     return ("link", str(text), anchor)
 
 
+def fold(summary: str, children: list[Block]) -> Block:
+    """Blocks folded away under a one-line summary (<details>): detail tables stay on the page
+    without making it long."""
+    return Block("fold", summary, children=children)
+
+
 def plain(block: Block) -> str:
     """A paragraph's text without markup (Markdown rendering, tests)."""
     return "".join(f"`{t}`" if k == "code" else t for k, t, _ in block.segments)
 
+
+# What the |Δloss| and gradient-MSE columns of `gelu check` measure (ops/check.py, _gelu_recipe)
+GELU_RECIPE_NOTE = ("|Δloss| and gradient MSE: the handout's check (§4.2.1). A = torch.randn(100) and a target "
+                    "c = torch.randn(100) go through F.gelu and through this implementation in the row's dtype; "
+                    "|Δloss| is the difference of the two MSE losses against c, gradient MSE the mean squared "
+                    "difference of the two input gradients.")
 
 # Above this many runs the summary shows groups (mean ± sd) instead of one row per run.
 SUMMARY_MAX_RUN_ROWS = 12
@@ -67,6 +81,14 @@ def _gpu_util(run: TrainingRun) -> str:
         if utils:
             return f"{fmt.pct(sum(utils) / len(utils), 0)} mean, {fmt.pct(max(utils), 0)} max"
     return fmt.MISSING
+
+
+def busy_snapshot(env: dict) -> dict | None:
+    """The nvidia-smi text taken while the run trained ({"text", "taken_utc"}), if the run has one."""
+    busy = env.get("nvidia_smi_busy")
+    if isinstance(busy, dict) and isinstance(busy.get("text"), str) and busy["text"].strip():
+        return {"text": busy["text"], "taken_utc": str(busy.get("taken_utc") or fmt.MISSING)}
+    return None
 
 
 def _device(run: TrainingRun) -> str:
@@ -176,7 +198,9 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
-def run_section(run: TrainingRun, out: Path, index: int, reuse_figures: bool = False) -> list[Block]:
+def run_section(run: TrainingRun, out: Path, index: int, reuse_figures: bool = False, curves: bool = True) -> list[Block]:
+    """A training run's facts, configuration, environment and figures; `curves=False` leaves out the
+    loss, accuracy and GPU figures (a page that shows them elsewhere)."""
     s, cfg, env = run.summary, run.config, run.env
     blocks = [Block("h2", f"Training run: {run.name}"), para("Run directory: ", code(run.path))]
     facts = [
@@ -204,12 +228,17 @@ def run_section(run: TrainingRun, out: Path, index: int, reuse_figures: bool = F
         gpus = ", ".join(env.get("gpus") or []) or "none"
         blocks.append(para(f"python {env.get('python')}, torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), "
                            f"CPU {env.get('cpu')} × {env.get('cpu_count')}, GPUs: {gpus}, {env.get('time_utc')}"))
-        if env.get("nvidia_smi"):
+        busy = busy_snapshot(env)
+        if busy:
+            blocks.append(para(f"nvidia-smi during training (taken {busy['taken_utc']}):"))
+            blocks.append(Block("pre", busy["text"]))
+        elif env.get("nvidia_smi"):
+            blocks.append(para("nvidia-smi at start-up, before training (the run has no snapshot taken during training):"))
             blocks.append(Block("pre", env["nvidia_smi"]))
     prefix = f"run{index}_"
     source = run.path / "summary.json" if reuse_figures else None
     for title, fn in (("Loss", plots.loss_curves), ("Accuracy: train (running) and test", plots.accuracy_curve),
-                      ("GPU", plots.gpu_timeline)):
+                      ("GPU", plots.gpu_timeline)) if curves else ():
         png = _figure(out / f"{prefix}{fn.__name__}.png", source, lambda path, fn=fn: fn(run, path))
         if png is not None:
             blocks.append(Block("img", title, src=png.name))
@@ -237,6 +266,27 @@ def run_section(run: TrainingRun, out: Path, index: int, reuse_figures: bool = F
     return blocks
 
 
+DP_COMPILE_NOTE = ("Step time: each step synchronized on its own (median). Queued / finished: the same steps run "
+                   "back to back, timed without and with a final synchronize — what the host queued against what the "
+                   "GPU finished. Throughput = batch / finished ms per step, the rate of training's back-to-back steps.")
+
+
+def dp_compile_table(rows: list[dict]) -> list[list[str]]:
+    """benchmarks/dp_compile.py's rows. The throughput is computed from the column beside it (batch /
+    synced ms per step): the file's own images_per_s was batch / the median of singly synchronized
+    steps before that script was fixed, which matches neither timing column shown."""
+    table = [["variant", "batch", "compile / capture", "step time (median, each synchronized)",
+              "queued ms/step (no sync)", "finished ms/step (synced)", "throughput (batch / finished)"]]
+    for r in rows:
+        step = r.get("step_ms") if isinstance(r.get("step_ms"), dict) else {}
+        batch, synced = r.get("batch_size"), r.get("synced_ms_per_step")
+        tput = batch / (synced / 1e3) if fmt.is_number(batch) and fmt.is_number(synced) and synced > 0 else None
+        table.append([str(r.get("variant")), fmt.value("batch", batch), fmt.value("setup_seconds", r.get("setup_seconds")),
+                      fmt.millis(step.get("median")), fmt.millis(r.get("unsynced_ms_per_step")),
+                      fmt.millis(synced), fmt.rate(tput)])
+    return table
+
+
 def table_from_rows(rows: list[dict], preferred: list[str]) -> list[list[str]]:
     """The preferred columns that the rows have, in that order, one table row per input row, each
     value formatted by what its key says it is."""
@@ -256,6 +306,8 @@ def result_section(res: ResultFile, out: Path, index: int, reuse_figures: bool =
         "lenet_profile": "LeNet-5 per-layer profile (trainlab profile)",
         "ops_check": "Layer operators vs ATen (trainlab ops check)",
         "ops_bench": "Layer operators, time per LeNet-5 layer (trainlab ops bench)",
+        "dp_compile": "LeNet-5 step: eager, torch.compile and CUDA graphs (benchmarks/dp_compile.py)",
+        "gpt_ablation": "GPT-2: the speed-up broken down, from the handout's baseline",
     }[res.kind]
     if res.kind == "dp_compare" and res.path.name.endswith(".loaders.json"):
         title = "DataLoader workers study (trainlab dp compare --workers)"
@@ -274,9 +326,7 @@ def result_section(res: ResultFile, out: Path, index: int, reuse_figures: bool =
                                                                  "recipe_loss_diff", "recipe_grad_mse", "gradcheck",
                                                                  "gradgradcheck", "status"])))
         if any("recipe_loss_diff" in r for r in rows):
-            blocks.append(para("|Δloss| and gradient MSE: the handout's check — the same LeNet-5 batch through F.gelu and "
-                               "through this implementation, the difference of the losses and the mean squared difference "
-                               "of the gradients."))
+            blocks.append(para(GELU_RECIPE_NOTE))
     elif res.kind == "gelu_bench":
         blocks.append(Block("table", rows=table_from_rows(rows, ["size", "impl", "pass", "dtype", "approximate", "median_s", "p10_s", "p90_s",
                                                                  "gbps", "ratio_to_torch", "pct_of_copy_bw"])))
@@ -293,6 +343,13 @@ def result_section(res: ResultFile, out: Path, index: int, reuse_figures: bool =
         png = _figure(out / f"result{index}_dp.png", res.path if reuse_figures else None, lambda path: plots.bars(
             labels, [float(r.get("images_per_s") or 0) for r in rows], path, "Throughput by mode", "images/s"))
         blocks.append(Block("img", "Throughput by mode", src=png.name))
+    elif res.kind == "dp_compile":
+        blocks.append(Block("table", rows=dp_compile_table(rows)))
+        blocks.append(para(DP_COMPILE_NOTE))
+    elif res.kind == "gpt_ablation":
+        from trainlab.report.ablation import ablation_blocks
+
+        blocks += ablation_blocks(res.data)
     elif res.kind == "gpt_bench":
         d = res.data
         blocks.append(Block("table", rows=[["metric", "value"]] + [[fmt.header(k), fmt.value(k, d[k])] for k in
@@ -337,8 +394,8 @@ def result_section(res: ResultFile, out: Path, index: int, reuse_figures: bool =
             mem = [r for r in ok if r.get(key)]
             if mem:
                 png = _figure(out / f"result{index}_gpt_mem.png", res.path if reuse_figures else None, lambda path: plots.bars(
-                    [r["strategy"] for r in mem], [r[key] / 2**20 for r in mem], path,
-                    f"Peak memory per strategy ({key.replace('_', ' ')})", "MiB"))
+                    [r["strategy"] for r in mem], [r[key] / 2**30 for r in mem], path,
+                    f"Peak memory per strategy ({fmt.header(key)}, GiB)", "GiB"))
                 blocks.append(Block("img", "Peak memory per strategy", src=png.name))
     return blocks
 
@@ -351,7 +408,13 @@ td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f
 td:first-child,th:first-child{text-align:left}img{max-width:100%;height:auto;display:block;margin:.5em 0}
 .note{color:#8a6d3b;background:#fcf8e3;padding:.3em .6em}.status{color:#555;font-style:italic}
 pre{background:#f6f6f6;padding:.6em;font-size:.8em;margin:0}code{overflow-wrap:anywhere}
-figure{margin:0}figcaption{font-size:.85em;color:#555}ul.toc{columns:2}"""
+figure{margin:0}figcaption{font-size:.85em;color:#555}ul.toc{columns:2}
+.row{display:grid;grid-template-columns:repeat(auto-fit,minmax(340px,1fr));gap:1em;align-items:start}
+.row>*{min-width:0}.row pre{font-size:.6em}table.text td,table.text th{text-align:left}
+td{white-space:nowrap}table.text td,td:first-child{white-space:normal}
+details.fold{margin:.4em 0;border-left:3px solid #ddd;padding-left:.6em}details.fold>summary{cursor:pointer;color:#245}
+h5{font-size:.95em;margin:.8em 0 .3em}
+@media print{details.fold{border:0;padding:0}}"""
 
 
 def _template():
@@ -371,7 +434,11 @@ def to_html(blocks: list[Block], title: str) -> str:
 def to_markdown(blocks: list[Block]) -> str:
     lines = []
     for b in blocks:
-        if b.kind in ("h1", "h2", "h3", "h4"):
+        if b.kind == "fold":
+            lines += [f"<details><summary>{b.text}</summary>", "", to_markdown(b.children), "</details>", ""]
+        elif b.kind == "row":
+            lines += [to_markdown(b.children)]
+        elif b.kind in ("h1", "h2", "h3", "h4", "h5"):
             lines += ["#" * int(b.kind[1]) + " " + b.text, ""]
         elif b.kind == "p":
             lines += [plain(b), ""]

@@ -13,6 +13,11 @@ import re
 MISSING = "–"
 
 
+def is_number(v) -> bool:
+    """A real number (not a bool, not NaN or ±inf): what arithmetic on a file's value needs."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
@@ -120,11 +125,13 @@ def value(key: str, v) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return number(v)
     k = key.lower()
-    if k == "mfu":  # a fraction in the files; a percentage everywhere people read it (as the CLI prints it)
+    if k in ("mfu", "pct_of_copy_bw"):
+        # fractions in the files (gelu bench's pct_of_copy_bw is one too, despite its name: 0.97 is 97 %);
+        # a percentage everywhere people read them, as the CLIs print them
         return pct(100.0 * v, 1)
     if "bytes" in k:
         return nbytes(v) + ("/step" if "per_step" in k else "")
-    if "accuracy" in k or k.endswith(("_pct", "pct_of_link", "pct_of_copy_bw")) or k == "mfu_pct":
+    if "accuracy" in k or k.endswith(("_pct", "pct_of_link")) or k == "mfu_pct":
         return pct(v)
     if re.search(r"per_s(_|$)", k):  # before the durations: "images_per_s" also ends with "_s"
         return rate(v, "tokens/s" if "tokens" in k else "img/s" if "image" in k else "/s")

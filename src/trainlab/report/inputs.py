@@ -40,7 +40,7 @@ class TrainingRun:
 @dataclass
 class ResultFile:
     path: Path
-    kind: str            # gelu_check | gelu_bench | dp_compare | gpt_bench | gpt_plan | gpt_compare | lenet_profile | ops_check | ops_bench
+    kind: str            # gelu_check | gelu_bench | dp_compare | dp_compile | gpt_bench | gpt_plan | gpt_compare | gpt_ablation | lenet_profile | ops_check | ops_bench
     data: Any
 
     @property
@@ -157,6 +157,8 @@ def classify(data: Any) -> str | None:
         return "gpt_bench"
     if isinstance(data, dict) and "params" in data and isinstance(data.get("strategies"), list):
         return "gpt_plan"
+    if isinstance(data, dict) and "total_tokens" in data and isinstance(data.get("rows"), list):
+        return "gpt_ablation"  # schema: trainlab.report.ablation
     rows = ResultFile(Path(), "", data).rows
     first = rows[0] if rows and isinstance(rows[0], dict) else {}
     if {"variant", "layer", "fwd_ms_median"} <= set(first):
@@ -169,6 +171,8 @@ def classify(data: Any) -> str | None:
         return "gelu_check"
     if {"impl", "size", "median_s"} <= set(first):
         return "gelu_bench"
+    if {"variant", "unsynced_ms_per_step", "synced_ms_per_step"} <= set(first):
+        return "dp_compile"
     if {"mode", "world_size", "epoch_seconds"} <= set(first):
         return "dp_compare"
     if {"strategy", "status"} <= set(first):

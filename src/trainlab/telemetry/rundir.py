@@ -1,7 +1,7 @@
 """The run directory: everything a run produced, each file written atomically, and who owns it.
 
 runs/<name>/ config.json  env.json  metrics.jsonl  events.out.tfevents.*  checkpoint.pt  summary.json  gpu.csv
-             nvidia-smi-busy.txt (on a GPU: nvidia-smi taken during the first timed epoch/steps)
+             nvidia-smi-busy.txt (on a GPU: nvidia-smi taken during training: LeNet-5 its second epoch, GPT the timed steps)
 
 Ownership (`RunDir.claim`): a run directory belongs to one writer at a time. The writer holds an
 exclusive `flock` on `.trainlab.lock` inside it for the life of the run (the kernel drops it when the

@@ -1,0 +1,160 @@
+"""`resolve(config, device) → LeNetPlan`: a LeNet-5 run's recipe, resolved once on the machine it runs on.
+
+`TrainConfig` is what the user asked for, `auto`s included; the plan is what will run: the layers
+(`--ops auto` → fused or aten), the precision, the memory format, the step mode (`--step-mode auto` →
+cudagraph, compile or eager) and the optimizer as built, with no `auto` left and nothing left to parse.
+Every machine-dependent check lives here, so a setting that cannot run fails before a run directory or
+any data exists; the model, the optimizer, the step (`lenet.step`), the loop, `trainlab profile` and
+the benchmarks read the plan instead of re-deriving a setting. summary.json records it (`plan`).
+
+This module sits below `lenet.config` (which imports its STEP_MODES): `resolve` takes the config by
+its fields and imports nothing from the command layer, so the import graph stays acyclic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from trainlab.errors import ConfigError, HardwareError
+from trainlab.lenet.model import parse_ops, resolve_ops
+from trainlab.ops.build import check_toolchain
+
+STEP_MODES = ("eager", "compile", "cudagraph")
+LENET_MODELS = ("lenet5", "lenet5-bn")
+# Activations made of PyTorch's own kernels: safe to capture in a CUDA graph. Ours (gelu-cpp, -triton,
+# -cuda) launch through extensions whose capture-safety nobody has checked, so `auto` does not graph them.
+CAPTURE_SAFE_ACTS = ("relu", "tanh", "sigmoid", "silu", "gelu", "gelu-tanh")
+
+
+@dataclass(frozen=True)
+class LeNetPlan:
+    """What a LeNet-5 run computes and how, every choice made (summary.json's `plan`)."""
+
+    device: str                 # "cpu", "cuda:0", …
+    # the model
+    model: str
+    act: str
+    pool: str
+    batchnorm: bool             # lenet5-bn resolved to batchnorm=True
+    batchnorm_conv1: bool
+    ops: str                    # aten | fused | own (whose layers, --ops auto resolved)
+    ops_impl: str | None        # with own: python | cpp | triton | cuda
+    # execution
+    precision: str              # bf16 (autocast) | fp32
+    channels_last: bool
+    tf32: bool
+    step_mode: str              # eager | compile | cudagraph (lenet.step)
+    compile_mode: str           # torch.compile's mode in the compile step: "default" (benchmarks may ask for others)
+    # the optimization
+    batch_size: int             # global
+    epochs: int
+    optimizer: str              # adamw | adam | sgd
+    lr: float                   # the peak lr after --scale-lr
+    weight_decay: float
+    momentum: float
+    fused_optimizer: bool       # torch's fused kernel: one pass over all parameters
+    capturable: bool            # optimizer state and lr on the device (cudagraph needs it)
+    schedule: str
+    warmup_epochs: float
+    label_smoothing: float
+    seed: int
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.precision == "bf16" else None
+
+    @property
+    def ops_spec(self) -> str:
+        """The layers as `make_model` takes them (own at a rung is `own=IMPL`)."""
+        return f"own={self.ops_impl}" if self.ops == "own" else self.ops
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def resolve(cfg, device: torch.device) -> LeNetPlan:
+    """The plan for `cfg` (a validated TrainConfig) on `device`; raises ConfigError/HardwareError naming the flag."""
+    device = torch.device(device)
+    batchnorm = cfg.batchnorm or cfg.model == "lenet5-bn"
+    ops = _ops(cfg, device, batchnorm)
+    impl = parse_ops(ops)
+    precision = "bf16" if cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda") else "fp32"
+    # our operators (--ops own) compute in NCHW, so `auto` keeps them there
+    channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and device.type == "cuda"
+                                                  and ops in ("aten", "fused"))
+    step_mode = _step_mode(cfg, device, ops)
+    lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.scale_lr)
+    return LeNetPlan(
+        device=str(device), model=cfg.model, act=cfg.act, pool=cfg.pool, batchnorm=batchnorm,
+        batchnorm_conv1=cfg.batchnorm_conv1, ops="own" if impl is not None else ops, ops_impl=impl,
+        precision=precision, channels_last=channels_last, tf32=cfg.tf32 == "on", step_mode=step_mode,
+        compile_mode="default", batch_size=cfg.batch_size, epochs=cfg.epochs, optimizer=cfg.optimizer, lr=lr,
+        weight_decay=cfg.weight_decay, momentum=cfg.momentum, fused_optimizer=device.type in ("cuda", "cpu"),
+        capturable=step_mode == "cudagraph", schedule=cfg.schedule, warmup_epochs=cfg.warmup_epochs,
+        label_smoothing=cfg.label_smoothing, seed=cfg.seed)
+
+
+def scaled_lr(lr: float, batch_size: int, rule: str) -> float:
+    """--scale-lr: multiply the lr by (global batch / 128), or its square root."""
+    ratio = batch_size / 128
+    return lr * ratio if rule == "linear" else lr * ratio ** 0.5 if rule == "sqrt" else lr
+
+
+def _ops(cfg, device: torch.device, batchnorm: bool) -> str:
+    """--ops with `auto` resolved for this device: fused on a CPU where it applies and a C++ toolchain
+    can build it (else PyTorch's layers: `auto` is a speed choice, never a reason to fail), aten elsewhere."""
+    if cfg.model not in LENET_MODELS:
+        return "aten" if cfg.ops == "auto" else cfg.ops
+    ops = resolve_ops(cfg.ops, device, cfg.act, cfg.pool, batchnorm, cfg.batchnorm_conv1)
+    if cfg.ops == "auto" and ops == "fused":
+        try:
+            check_toolchain(with_cuda=False)
+        except HardwareError:
+            return "aten"
+    return ops
+
+
+def _graph_blockers(cfg, ops: str) -> list[str]:
+    """Why this recipe cannot run as one captured CUDA graph (empty: it can)."""
+    why = []
+    if cfg.parallel != "none":
+        why.append(f"--parallel {cfg.parallel} (collectives and hooks outside the graph)")
+    if cfg.optimizer == "sgd":
+        why.append("--optimizer sgd (only Adam/AdamW are capturable here)")
+    if cfg.schedule == "onecycle":
+        # OneCycleLR also cycles Adam's beta1 and writes it back as a float, which a graph would freeze
+        why.append("--schedule onecycle (it cycles Adam's beta1 as a host float; use linear, cosine or constant)")
+    if cfg.warmup_batch_size is not None:
+        why.append("--warmup-batch-size (one graph has one batch shape)")
+    if cfg.compile:
+        why.append("--compile")
+    return why
+
+
+def _step_mode(cfg, device: torch.device, ops: str) -> str:
+    """--step-mode (and the older --compile) resolved: `auto` is cudagraph on CUDA when the recipe
+    permits (and the layers are PyTorch's), else compile with --compile, else eager."""
+    mode = cfg.step_mode
+    if cfg.compile and mode not in ("auto", "compile"):
+        raise ConfigError(f"--step-mode {mode}: conflicts with --compile (which is --step-mode compile)")
+    if mode == "cudagraph":
+        if device.type != "cuda":
+            raise ConfigError(f"--step-mode cudagraph: CUDA graphs need a CUDA device, not {device} "
+                              "(use --step-mode eager or compile)")
+        blockers = _graph_blockers(cfg, ops)
+        if blockers:
+            raise ConfigError(f"--step-mode cudagraph: not with {blockers[0]}")
+        return mode
+    if mode != "auto":
+        return mode
+    if (device.type == "cuda" and not _graph_blockers(cfg, ops) and ops in ("aten", "fused")
+            and cfg.act in CAPTURE_SAFE_ACTS):
+        return "cudagraph"
+    return "compile" if cfg.compile else "eager"

@@ -1,0 +1,170 @@
+"""A `trainlab lab` folder as its report reads it: results.json (the plan and each step's record), the
+steps' outputs found by what they are, a failed step's reason from its log, and which references the
+page cites (those whose technique a GPT row names). Reading only: nothing here writes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from trainlab.errors import UserError
+from trainlab.io import read_json
+from trainlab.report import format as fmt
+from trainlab.report.build import _figure
+from trainlab.report.inputs import ResultFile, TrainingRun, classify, load_run
+from trainlab.report.lab_text import STRATEGY_WORDS
+
+RESULTS = "results.json"
+
+
+def status_line(name: str, rec: dict | None, root: Path) -> str | None:
+    """None when the step ran and finished ok; else the one line that says why there is nothing."""
+    if rec is None:
+        return f"{name}: not run (not reached yet: run the same `trainlab lab` command again, or include its part in --parts)"
+    status = rec.get("status")
+    if status == "ok":
+        return None
+    if status == "not run":
+        return f"{name}: not run: {rec.get('reason')}"
+    if status in ("failed", "timed out"):
+        why = f"exit {rec.get('rc')}" if status == "failed" else f"at {fmt.seconds(rec.get('limit_used_s'))}"
+        reason = last_error_line(root / "steps" / name / "log.txt") if status == "failed" else None
+        return f"{name}: {status} ({why})" + (f": {reason}" if reason else "") + f" — its log: {rec.get('log')}"
+    if status in ("running", "killed", "stopped"):
+        return f"{name}: not finished ({status}{': ' + rec['reason'] if rec.get('reason') else ''}); the next call runs it again"
+    return f"{name}: {status}"
+
+
+ERROR_WORDS = re.compile(r"error|fail|exception|traceback|killed|abort|refus|cannot|can't|not found", re.IGNORECASE)
+
+
+def last_error_line(log: Path, limit: int = 240) -> str | None:
+    """The last line of a step's log that names an error (else its last non-empty line), cut to `limit`."""
+    try:
+        with log.open("rb") as f:  # the tail only: a log can be large
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+    if not lines:
+        return None
+    line = next((ln for ln in reversed(lines) if ERROR_WORDS.search(ln)), lines[-1])
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def results_in(folder: Path) -> tuple[list[TrainingRun], list[ResultFile], list[tuple[Path, dict]]]:
+    """The training runs, the known result files and the other result tables (benchmark scripts'
+    {rows: [...]}) a step wrote."""
+    runs, known, other = [], [], []
+    if not folder.is_dir():
+        return runs, known, other
+    for p in sorted(folder.rglob("summary.json")):
+        try:
+            s = read_json(p)
+            if isinstance(s, dict) and "test_accuracy" in s:
+                runs.append(load_run(p.parent, s))
+        except UserError:
+            continue  # a damaged run costs its own section only
+    for p in sorted(folder.rglob("*.json")):
+        if p.name in ("summary.json", "config.json", "env.json") or p.name.endswith(".spec.json") \
+                or any(r.path in p.parents for r in runs):
+            continue
+        try:
+            data = read_json(p)
+        except UserError:
+            continue
+        kind = classify(data)
+        if kind is not None:
+            known.append(ResultFile(p, kind, data))
+        elif isinstance(data, dict) and isinstance(data.get("rows"), list) or isinstance(data, list):
+            other.append((p, data))
+    return runs, known, other
+
+
+class Lab:
+    """A lab folder as the report reads it: results.json's records and plan, the steps' outputs."""
+
+    def __init__(self, root: Path, state: dict, out: Path):
+        self.root, self.state, self.out = Path(root), state, Path(out)
+        self.recs: dict = state.get("steps") or {}
+        self.plan: list[dict] = state.get("plan") or [
+            {"name": n, "part": r.get("part"), "title": r.get("title", n), "estimate_s": r.get("estimate_s"),
+             "limit_s": r.get("limit_s"), "sizes": r.get("sizes") or {}} for n, r in self.recs.items()]
+        self._outputs: dict = {}
+        self._refs: list[str] | None = None
+        self._words: set[str] | None = None
+
+    def refs(self) -> list[str]:
+        if self._refs is None:
+            self._refs = used_references(self)
+        return self._refs
+
+    def strategy_words(self) -> set[str]:
+        if self._words is None:
+            self._words = strategy_words(self)
+        return self._words
+
+    def cite(self, key: str) -> str:
+        """"[n]": the reference's number in this page's list."""
+        return f"[{self.refs().index(key) + 1}]" if key in self.refs() else ""
+
+    def ok(self, name: str) -> bool:
+        return (self.recs.get(name) or {}).get("status") == "ok"
+
+    def outputs(self, name: str):
+        if name not in self._outputs:
+            self._outputs[name] = results_in(self.root / "steps" / name) if self.ok(name) else ([], [], [])
+        return self._outputs[name]
+
+    def runs(self, name: str) -> list[TrainingRun]:
+        return self.outputs(name)[0]
+
+    def result(self, name: str, kind: str) -> ResultFile | None:
+        return next((r for r in self.outputs(name)[1] if r.kind == kind), None)
+
+    def bench(self, name: str) -> dict | None:
+        res = self.result(name, "gpt_bench")
+        return res.data if res else None
+
+    def steps(self, part: str) -> list[dict]:
+        return [s for s in self.plan if s.get("part") == part]
+
+    def index(self, name: str) -> int:
+        return next((i for i, s in enumerate(self.plan) if s["name"] == name), len(self.plan))
+
+    def figure(self, name: str, run: TrainingRun, draw) -> Path | None:
+        """A figure of `run` in the report folder, drawn again only when the run is newer."""
+        return _figure(self.out / f"{name}.png", run.path / "summary.json", lambda path: draw(run, path))
+
+
+def strategy_words(lab: Lab) -> set[str]:
+    """The words of every strategy (and attention kernel) a GPT step's rows name: amp, ckpt, flash, …"""
+    names: set[str] = set()
+    for step in lab.steps("gpt"):
+        for res in lab.outputs(step["name"])[1]:
+            rows = res.rows if res.kind != "gpt_bench" else [res.data]
+            names |= {str(r.get("strategy", "")) + "+" + str(r.get("attention", "")) for r in rows if isinstance(r, dict)}
+        for _path, data in lab.outputs(step["name"])[2]:
+            rows = data["rows"] if isinstance(data, dict) else data
+            names |= {str(r.get("strategy", "")) + "+" + str(r.get("attention", "")) for r in rows if isinstance(r, dict)}
+    return {w for n in names for w in re.split(r"[+,\s()]+", n.lower()) if w}
+
+
+def used_references(lab: Lab) -> list[str]:
+    """The references this page uses: always PyTorch, LeNet, GELU; GPT-2's when a GPT step ran, each
+    technique's only when a row names it."""
+    words = lab.strategy_words()
+    keys = ["pytorch", "lenet", "gelu"] + (["gpt2"] if words else [])
+    return keys + [key for _, _, key, marks in STRATEGY_WORDS if key and words & marks]
+
+
+def load_lab(root: Path) -> dict | None:
+    """results.json of a lab folder, or None when `root` is not one."""
+    f = Path(root) / RESULTS
+    if not f.is_file():
+        return None
+    state = read_json(f)
+    if not (isinstance(state, dict) and isinstance(state.get("steps"), dict)):
+        raise UserError(f"{f}: not a trainlab lab's results.json (no \"steps\" object)")
+    return state

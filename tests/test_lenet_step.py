@@ -1,0 +1,206 @@
+"""The LeNet plan (lenet/plan.py) and the one training step (lenet/step.py).
+
+- The plan: no `auto` survives resolution; `auto` picks cudagraph on CUDA only where the recipe
+  permits; summary.json records the plan; a cudagraph request on a CPU is one line naming the flag.
+- The step's modes against the eager step, the independent reference: compile on the CPU here, the
+  CUDA graph on a GPU (marker `gpu`: skipped without one, and it fails, never skips, with one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from trainlab.cli import main
+from trainlab.errors import ConfigError
+from trainlab.lenet.config import TrainConfig, apply_preset
+from trainlab.lenet.plan import LeNetPlan, resolve
+from trainlab.lenet.setup import build_model, build_optimizer, build_scheduler
+from trainlab.lenet.step import make_step
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def _values(plan: LeNetPlan) -> list:
+    return list(plan.to_dict().values())
+
+
+# ----------------------------------------------------------------------------- the plan
+
+@pytest.mark.parametrize("preset", ["default", "fast", "best"])
+@pytest.mark.parametrize("device", [CPU, CUDA])
+def test_no_auto_survives_the_plan(preset, device):
+    # resolve() reads the device's type only (no CUDA call), so the CUDA plan can be checked here
+    plan = resolve(apply_preset(TrainConfig(device=str(device)), preset), device)
+    assert "auto" not in _values(plan)
+    assert plan.step_mode in ("eager", "compile", "cudagraph") and plan.precision in ("bf16", "fp32")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.step_mode = "eager"  # frozen: nothing re-decides it later
+
+
+def test_auto_step_mode_is_cudagraph_for_the_fast_recipe_on_cuda_only():
+    fast = apply_preset(TrainConfig(), "fast")
+    cuda = resolve(fast, CUDA)
+    assert (cuda.step_mode, cuda.capturable, cuda.ops, cuda.precision, cuda.channels_last) == ("cudagraph", True, "aten", "bf16", True)
+    assert resolve(fast, CPU).step_mode == "eager" and not resolve(fast, CPU).capturable
+    # the default recipe's OneCycle cycles Adam's beta1 as a host float, which a graph would freeze
+    assert resolve(TrainConfig(), CUDA).step_mode == "eager"
+    assert resolve(TrainConfig(compile=True), CUDA).step_mode == "compile"
+    assert resolve(dataclasses.replace(fast, parallel="ddp"), CUDA).step_mode == "eager"
+    assert resolve(dataclasses.replace(fast, act="gelu-cuda"), CUDA).step_mode == "eager"  # our kernels: not graphed by auto
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"device": "cpu"}, "--step-mode cudagraph: CUDA graphs need a CUDA device"),
+    ({"schedule": "onecycle"}, "--step-mode cudagraph: not with --schedule onecycle"),
+    ({"optimizer": "sgd"}, "--step-mode cudagraph: not with --optimizer sgd"),
+    ({"compile": True}, "--step-mode cudagraph: conflicts with --compile"),
+])
+def test_a_cudagraph_request_the_recipe_cannot_honour_names_the_flag(changes, needle):
+    cfg = dataclasses.replace(TrainConfig(schedule="linear", step_mode="cudagraph"), **changes)
+    with pytest.raises(ConfigError, match=needle):
+        resolve(cfg, torch.device(cfg.device) if cfg.device == "cpu" else CUDA)
+
+
+def test_cudagraph_on_a_cpu_is_one_line_and_no_run_directory(tmp_path, capsys):
+    assert main(["train", "--device", "cpu", "--step-mode", "cudagraph", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["trainlab: error: --step-mode cudagraph: CUDA graphs need a CUDA device, not cpu (use --step-mode eager "
+                   + "or compile)"]
+    assert not (tmp_path / "r").exists()
+
+
+def test_summary_records_the_resolved_plan(tmp_path):
+    from trainlab.lenet.loop import train
+
+    cfg = apply_preset(TrainConfig(device="cpu", train_subset=192, test_subset=100, progress=False, tensorboard=False,
+                                   gpu_telemetry=False, out=str(tmp_path / "r")), "fast")
+    cfg.ops = "aten"  # the fused C++ stage would build its extension: not what this test is about
+    summary = train(cfg, log=lambda *a: None)
+    recorded = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert recorded["plan"] == resolve(cfg, CPU).to_dict() == summary["plan"]
+    assert "auto" not in recorded["plan"].values() and recorded["ops"] == recorded["plan"]["ops"]
+    assert recorded["step_mode"] == "eager" and recorded["steps"] == 2 and recorded["batch_size"] == 96
+    # data loading, preparation and evaluation are reported apart from the timed training
+    assert all(recorded[k] >= 0 for k in ("data_seconds", "warmup_seconds", "eval_seconds", "train_seconds"))
+    assert recorded["ms_per_step"] == pytest.approx(1e3 * recorded["train_seconds"] / 2)
+
+
+# ----------------------------------------------------------------------------- the step's modes
+
+def _run(plan: LeNetPlan, batches, steps_per_epoch: int) -> tuple[list[float], dict]:
+    """Train `plan`'s model through the library's step on `batches` → (per-step losses, final weights)."""
+    model = build_model(plan)
+    optimizer = build_optimizer(plan, model)
+    scheduler = build_scheduler(plan, optimizer, plan.lr, steps_per_epoch)
+    step = make_step(plan, model, optimizer)
+    step.prepare(*batches[0])
+    losses, correct = [], []
+    for x, y in batches:
+        loss, n = step(x, y)
+        scheduler.step()
+        losses.append(loss)
+        correct.append(n)
+    return [float(v) for v in losses], {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+
+
+def _batches(device, n: int, batch: int, channels_last: bool):
+    from trainlab.data.loader import DeviceLoader
+    from trainlab.data.mnist import load_mnist
+
+    data = load_mnist(None)
+    loader = DeviceLoader(data.train_images[:n], data.train_labels[:n], batch, device, shuffle=False)
+    return [(x.contiguous(memory_format=torch.channels_last) if channels_last else x, y) for x, y in loader]
+
+
+# eager and compile run the same arithmetic in different kernels (inductor fuses and reorders): after 6
+# AdamW steps at lr 1e-2 the float32 results agree to ~1e-6; 1e-4 leaves room and still catches a
+# step that differs (a missed update moves a weight by ~lr = 1e-2).
+COMPILE_TOL = 1e-4
+
+
+@pytest.mark.slow
+def test_compile_step_matches_the_eager_step_on_cpu():
+    base = TrainConfig(device="cpu", batchnorm=True, schedule="linear", warmup_epochs=0.5, lr=1e-2, label_smoothing=0.1,
+                       amp="off", channels_last="off", epochs=1)
+    batches = _batches(CPU, 6 * 32, 32, channels_last=False)
+    eager_losses, eager_w = _run(resolve(base, CPU), batches, len(batches))
+    compiled_losses, compiled_w = _run(resolve(dataclasses.replace(base, step_mode="compile"), CPU), batches, len(batches))
+    assert eager_losses == pytest.approx(compiled_losses, rel=COMPILE_TOL, abs=COMPILE_TOL)
+    assert eager_losses[0] != pytest.approx(eager_losses[-1], abs=1e-3)  # it trained
+    for k in eager_w:
+        torch.testing.assert_close(compiled_w[k], eager_w[k], rtol=COMPILE_TOL, atol=COMPILE_TOL, msg=k)
+
+
+def test_eager_step_equals_the_written_out_step():
+    """The step against an independent hand-written one: forward, smoothed cross-entropy, backward, AdamW."""
+    import torch.nn.functional as F
+
+    cfg = TrainConfig(device="cpu", label_smoothing=0.1, amp="off", channels_last="off")
+    plan = resolve(cfg, CPU)
+    batches = _batches(CPU, 3 * 16, 16, channels_last=False)
+    model, ref = build_model(plan), build_model(plan)
+    step = make_step(plan, model, build_optimizer(plan, model))
+    opt = torch.optim.AdamW(ref.parameters(), lr=plan.lr, weight_decay=plan.weight_decay)
+    for x, y in batches:
+        loss, correct = step(x, y)
+        logits = ref(x)
+        ref_loss = F.cross_entropy(logits, y, label_smoothing=0.1)
+        opt.zero_grad()
+        ref_loss.backward()
+        opt.step()
+        assert float(loss) == pytest.approx(ref_loss.item(), rel=1e-5)
+        assert int(correct) == int((logits.argmax(1) == y).sum())
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_prepare_leaves_model_and_optimizer_as_they_were():
+    plan = resolve(TrainConfig(device="cpu", step_mode="compile", batchnorm=True, amp="off", channels_last="off"), CPU)
+    model = build_model(plan)
+    step = make_step(plan, model, build_optimizer(plan, model))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with step.preserved():  # what prepare() wraps its warm-up in, here around full optimizer steps
+        for x, y in _batches(CPU, 64, 32, channels_last=False):
+            step.eager(x, y)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not step.optimizer.state and all(p.grad is None for p in model.parameters())
+
+
+# A CUDA graph replays the eager step's kernels: the same arithmetic, so the results agree to float32
+# rounding (cuDNN may pick another algorithm during capture). 1e-4 over 12 steps at lr 1e-2, and a
+# missed or stale update (a frozen lr, an un-copied batch) is off by ~1e-2.
+GRAPH_TOL = 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("amp, tol", [("off", GRAPH_TOL), ("bf16", 2e-2)])
+def test_cudagraph_steps_match_eager_steps(amp, tol):
+    base = TrainConfig(device="cuda", batchnorm=True, batchnorm_conv1=False, schedule="linear", warmup_epochs=0.3,
+                       lr=1e-2, label_smoothing=0.1, amp=amp, channels_last="on", epochs=1)
+    # 11 full batches of 64 and a last one of 32: graphed, then the short one eagerly through the same step
+    batches = _batches(CUDA, 11 * 64 + 32, 64, channels_last=True)
+    eager = resolve(dataclasses.replace(base, step_mode="eager"), CUDA)
+    graphed = resolve(dataclasses.replace(base, step_mode="cudagraph"), CUDA)
+    assert graphed.capturable and graphed.step_mode == "cudagraph"
+    eager_losses, eager_w = _run(eager, batches, len(batches))
+    graph_losses, graph_w = _run(graphed, batches, len(batches))
+    assert graph_losses == pytest.approx(eager_losses, rel=tol, abs=tol)
+    assert eager_losses[0] != pytest.approx(eager_losses[-1], abs=1e-2)  # it trained
+    for k in eager_w:
+        torch.testing.assert_close(graph_w[k], eager_w[k], rtol=tol, atol=tol, msg=k)
+
+
+@pytest.mark.gpu
+def test_fast_preset_on_cuda_trains_with_the_graphed_step(tmp_path):
+    from trainlab.lenet.loop import train
+
+    cfg = apply_preset(TrainConfig(device="cuda", train_subset=96 * 20 + 40, test_subset=1000, progress=False,
+                                   tensorboard=False, gpu_telemetry=False, out=str(tmp_path / "r")), "fast")
+    summary = train(cfg, log=lambda *a: None)
+    assert summary["step_mode"] == "cudagraph" and summary["steps"] == 21
+    assert summary["test_accuracy"] > 50  # ~2,000 images, one epoch: it learned (chance is 10 %)
+    assert summary["warmup_seconds"] > 0  # the capture, reported apart
