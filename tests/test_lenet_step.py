@@ -19,7 +19,7 @@ from trainlab.errors import ConfigError
 from trainlab.lenet.config import TrainConfig, apply_preset
 from trainlab.lenet.plan import LeNetPlan, resolve
 from trainlab.lenet.setup import build_model, build_optimizer, build_scheduler
-from trainlab.lenet.step import make_step
+from trainlab.lenet.step import Step, make_step
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -46,8 +46,13 @@ def test_auto_step_mode_is_cudagraph_for_the_fast_recipe_on_cuda_only():
     cuda = resolve(fast, CUDA)
     assert (cuda.step_mode, cuda.capturable, cuda.ops, cuda.precision, cuda.channels_last) == ("cudagraph", True, "aten", "bf16", True)
     assert resolve(fast, CPU).step_mode == "eager" and not resolve(fast, CPU).capturable
-    # the default recipe's OneCycle cycles Adam's beta1 as a host float, which a graph would freeze
-    assert resolve(TrainConfig(), CUDA).step_mode == "eager"
+    assert cuda.optimizer_in_graph
+    # the default recipe graphs too: forward + backward captured, the fused AdamW step after each replay
+    # (OneCycle's beta1 is a host float the fused kernel takes as an argument, frozen if captured)
+    default = resolve(TrainConfig(), CUDA)
+    assert (default.step_mode, default.capturable, default.fused_optimizer, default.optimizer_in_graph) == \
+        ("cudagraph", False, True, False)
+    assert resolve(TrainConfig(), CPU).step_mode == "eager"
     assert resolve(TrainConfig(compile=True), CUDA).step_mode == "compile"
     assert resolve(dataclasses.replace(fast, parallel="ddp"), CUDA).step_mode == "eager"
     assert resolve(dataclasses.replace(fast, act="gelu-cuda"), CUDA).step_mode == "eager"  # our kernels: not graphed by auto
@@ -55,7 +60,6 @@ def test_auto_step_mode_is_cudagraph_for_the_fast_recipe_on_cuda_only():
 
 @pytest.mark.parametrize("changes, needle", [
     ({"device": "cpu"}, "--step-mode cudagraph: CUDA graphs need a CUDA device"),
-    ({"schedule": "onecycle"}, "--step-mode cudagraph: not with --schedule onecycle"),
     ({"optimizer": "sgd"}, "--step-mode cudagraph: not with --optimizer sgd"),
     ({"compile": True}, "--step-mode cudagraph: conflicts with --compile"),
 ])
@@ -170,6 +174,62 @@ def test_prepare_leaves_model_and_optimizer_as_they_were():
     assert not step.optimizer.state and all(p.grad is None for p in model.parameters())
 
 
+class _ReplayOnCPU:
+    """Stands in for a captured CUDA graph with the optimizer outside it (OneCycle): `replay()` runs
+    forward + backward on the step's static buffers and writes the loss, the correct count and the
+    gradients INTO the tensors the capture left (as a replay does), never touching `p.grad`."""
+
+    def __init__(self, step):
+        self.step = step
+        params = [p for p in step.module.parameters()]
+        step.static_loss, step.static_correct = torch.zeros(()), torch.zeros((), dtype=torch.long)
+        self.grads = [torch.zeros_like(p) for p in params]
+        step.graph_grads = list(zip(params, self.grads))
+
+    def replay(self):
+        s = self.step
+        logits = s.model(s.static_x)
+        loss = torch.nn.functional.cross_entropy(logits.float(), s.static_y, label_smoothing=s.plan.label_smoothing)
+        with torch.no_grad():
+            for g, new in zip(self.grads, torch.autograd.grad(loss, [p for p, _ in s.graph_grads])):
+                g.copy_(new)
+            s.static_loss.copy_(loss)
+            s.static_correct.copy_((logits.argmax(1) == s.static_y).sum())
+
+
+def test_onecycle_graph_step_runs_the_optimizer_after_each_replay_like_eager():
+    """The default recipe's graphed step (optimizer outside the graph) against the eager step, on the CPU:
+    a replay stand-in writes the gradients where a graph would, the fused AdamW step runs after it under
+    torch's own OneCycleLR (beta1 cycled per step), and a short batch between replays (which sets .grad
+    to None) must not leave the next replays' updates unapplied."""
+    cfg = TrainConfig(device="cpu", amp="off", channels_last="off", epochs=1, label_smoothing=0.1)
+    plan = resolve(cfg, CPU)
+    graphed = dataclasses.replace(plan, step_mode="cudagraph")
+    assert plan.schedule == "onecycle" and not graphed.optimizer_in_graph and not graphed.capturable
+    batches = _batches(CPU, 5 * 32 + 16, 32, channels_last=False)
+    batches = batches[:3] + batches[-1:] + batches[3:-1]  # a short batch between full ones
+    runs = {}
+    for name, p in (("eager", plan), ("graphed", graphed)):
+        model = build_model(p)
+        optimizer = build_optimizer(p, model)
+        scheduler = build_scheduler(p, optimizer, p.lr, len(batches))
+        step = Step(p, model, optimizer)  # make_step refuses cudagraph on a CPU
+        if name == "graphed":
+            step.static_x, step.static_y = batches[0][0].clone(), batches[0][1].clone()
+            step.graph = _ReplayOnCPU(step)
+        losses, beta1 = [], []
+        for x, y in batches:
+            loss, _ = step(x, y)
+            scheduler.step()
+            losses.append(float(loss))
+            beta1.append(optimizer.param_groups[0]["betas"][0])
+        runs[name] = losses, beta1, [q.detach().clone() for q in model.parameters()]
+    assert runs["graphed"][0] == pytest.approx(runs["eager"][0], rel=1e-5)
+    assert runs["graphed"][1] == runs["eager"][1] and len(set(runs["eager"][1])) > 3  # beta1 cycled, same values
+    for a, b in zip(runs["graphed"][2], runs["eager"][2]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 # A CUDA graph replays the eager step's kernels: the same arithmetic, so the results agree to float32
 # rounding (cuDNN may pick another algorithm during capture). 1e-4 over 12 steps at lr 1e-2, and a
 # missed or stale update (a frozen lr, an un-copied batch) is off by ~1e-2.
@@ -186,6 +246,23 @@ def test_cudagraph_steps_match_eager_steps(amp, tol):
     eager = resolve(dataclasses.replace(base, step_mode="eager"), CUDA)
     graphed = resolve(dataclasses.replace(base, step_mode="cudagraph"), CUDA)
     assert graphed.capturable and graphed.step_mode == "cudagraph"
+    eager_losses, eager_w = _run(eager, batches, len(batches))
+    graph_losses, graph_w = _run(graphed, batches, len(batches))
+    assert graph_losses == pytest.approx(eager_losses, rel=tol, abs=tol)
+    assert eager_losses[0] != pytest.approx(eager_losses[-1], abs=1e-2)  # it trained
+    for k in eager_w:
+        torch.testing.assert_close(graph_w[k], eager_w[k], rtol=tol, atol=tol, msg=k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("amp, tol", [("off", GRAPH_TOL), ("bf16", 2e-2)])
+def test_default_recipe_cudagraph_matches_eager(amp, tol):
+    """The default recipe (OneCycle AdamW, beta1 cycled): graphed forward + backward, the fused step after."""
+    base = TrainConfig(device="cuda", amp=amp, channels_last="on", epochs=1)
+    batches = _batches(CUDA, 11 * 64 + 32, 64, channels_last=True)
+    eager = resolve(dataclasses.replace(base, step_mode="eager"), CUDA)
+    graphed = resolve(base, CUDA)  # auto
+    assert graphed.step_mode == "cudagraph" and not graphed.optimizer_in_graph
     eager_losses, eager_w = _run(eager, batches, len(batches))
     graph_losses, graph_w = _run(graphed, batches, len(batches))
     assert graph_losses == pytest.approx(eager_losses, rel=tol, abs=tol)

@@ -56,7 +56,7 @@ class LeNetPlan:
     weight_decay: float
     momentum: float
     fused_optimizer: bool       # torch's fused kernel: one pass over all parameters
-    capturable: bool            # optimizer state and lr on the device (cudagraph needs it)
+    capturable: bool            # optimizer state and lr on the device: the optimizer step inside the CUDA graph
     schedule: str
     warmup_epochs: float
     label_smoothing: float
@@ -69,6 +69,14 @@ class LeNetPlan:
     @property
     def amp_dtype(self) -> torch.dtype | None:
         return torch.bfloat16 if self.precision == "bf16" else None
+
+    @property
+    def optimizer_in_graph(self) -> bool:
+        """cudagraph captures the optimizer step too, except under OneCycle: OneCycleLR cycles Adam's
+        beta1 as a Python float, which torch's fused kernel takes as an argument and a graph would freeze
+        at its capture-time value. There the graph holds forward + backward and the same fused AdamW
+        kernel runs after each replay, one launch reading this step's beta1 (lenet.step)."""
+        return self.step_mode == "cudagraph" and self.capturable
 
     @property
     def ops_spec(self) -> str:
@@ -97,7 +105,7 @@ def resolve(cfg, device: torch.device) -> LeNetPlan:
         precision=precision, channels_last=channels_last, tf32=cfg.tf32 == "on", step_mode=step_mode,
         compile_mode="default", batch_size=cfg.batch_size, epochs=cfg.epochs, optimizer=cfg.optimizer, lr=lr,
         weight_decay=cfg.weight_decay, momentum=cfg.momentum, fused_optimizer=device.type in ("cuda", "cpu"),
-        capturable=step_mode == "cudagraph", schedule=cfg.schedule, warmup_epochs=cfg.warmup_epochs,
+        capturable=step_mode == "cudagraph" and cfg.schedule != "onecycle", schedule=cfg.schedule, warmup_epochs=cfg.warmup_epochs,
         label_smoothing=cfg.label_smoothing, seed=cfg.seed)
 
 
@@ -128,9 +136,6 @@ def _graph_blockers(cfg, ops: str) -> list[str]:
         why.append(f"--parallel {cfg.parallel} (collectives and hooks outside the graph)")
     if cfg.optimizer == "sgd":
         why.append("--optimizer sgd (only Adam/AdamW are capturable here)")
-    if cfg.schedule == "onecycle":
-        # OneCycleLR also cycles Adam's beta1 and writes it back as a float, which a graph would freeze
-        why.append("--schedule onecycle (it cycles Adam's beta1 as a host float; use linear, cosine or constant)")
     if cfg.warmup_batch_size is not None:
         why.append("--warmup-batch-size (one graph has one batch shape)")
     if cfg.compile:

@@ -14,6 +14,9 @@ mode here, not another copy of the loop body:
   state and learning rate live on the device (the scheduler writes the lr tensor in place), and the
   loss and correct count left in static outputs. LeNet-5's step is launch-bound on a GPU, ~100 small
   kernels; replaying them as one graph measured 5.0x faster on an H100 (benchmarks/dp_compile.py).
+  Under OneCycle (the default recipe) the graph holds forward + backward only, and the fused AdamW
+  step runs after each replay as in eager mode (`LeNetPlan.optimizer_in_graph`: OneCycle's beta1 is
+  a host float the fused kernel takes as an argument); one launch, its host work overlapping the replay.
   Only batches of the captured shape replay the graph: a shorter last batch runs the same step
   eagerly (same optimizer, same lr tensor), so every image is trained on and the result is the eager
   run's; dropping it would change the recipe, padding it would change the loss.
@@ -80,6 +83,11 @@ class Step:
         self.static_x.copy_(x)
         self.static_y.copy_(y)
         self.graph.replay()
+        if not self.plan.optimizer_in_graph:
+            # the gradients the replay wrote, bound again: an eager (odd-shaped) step set .grad to None
+            for p, g in self.graph_grads:
+                p.grad = g
+            self.optimizer.step()
         # the next replay overwrites the static outputs: keep this step's (device copies, no sync)
         return self.static_loss.clone(), self.static_correct.clone()
 
@@ -121,7 +129,8 @@ class Step:
     def _capture(self, x, y) -> None:
         """Capture forward + backward + optimizer step on static buffers shaped like (x, y)."""
         self.static_x, self.static_y = x.clone(), y.clone()  # clone keeps x's memory format (channels-last)
-        for group in self.optimizer.param_groups:
+        in_graph = self.plan.optimizer_in_graph
+        for group in self.optimizer.param_groups if in_graph else ():
             # The graph must read the lr from a device tensor the scheduler fills in place; a float would
             # be frozen into the graph at its capture-time value, and a checkpoint's lr may come back
             # as a float or a CPU tensor.
@@ -150,7 +159,9 @@ class Step:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.static_loss, self.static_correct = self.forward_backward(self.static_x, self.static_y, cache=False)
-            self.optimizer.step()
+            if in_graph:
+                self.optimizer.step()
+        self.graph_grads = [(p, p.grad) for p in self.module.parameters() if p.grad is not None]
 
 
 def make_step(plan: LeNetPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, after_backward=None,
@@ -159,7 +170,7 @@ def make_step(plan: LeNetPlan, model: torch.nn.Module, optimizer: torch.optim.Op
     if plan.step_mode == "cudagraph":
         if plan.torch_device.type != "cuda":
             raise ConfigError(f"--step-mode cudagraph: CUDA graphs need a CUDA device, not {plan.device}")
-        if not optimizer.param_groups[0].get("capturable"):
+        if plan.optimizer_in_graph and not optimizer.param_groups[0].get("capturable"):
             raise ConfigError("--step-mode cudagraph: the optimizer must be capturable (build it with "
                               "lenet.setup.build_optimizer from the same plan)")
     return Step(plan, model, optimizer, after_backward=after_backward, annotate=annotate)
