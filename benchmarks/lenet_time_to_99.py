@@ -243,7 +243,7 @@ def main() -> None:
     for spec in loops:
         parse_loop(spec)
     seeds = [int(s) for s in args.seeds.split(",")]
-    baseline_seeds = set(int(s) for s in args.baseline_seeds.split(",")) if args.baseline_seeds else set(seeds)
+    baseline_seeds = {int(s) for s in args.baseline_seeds.split(",")} if args.baseline_seeds else set(seeds)
     fast_variant = None
     if args.fast_variant:
         from lenet_accuracy import VARIANTS
