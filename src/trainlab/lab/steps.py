@@ -12,9 +12,10 @@ Sizes (recorded in results.json with each step):
 
 Estimates are seconds: `small` = measured by the full CPU lab of `benchmarks/lab_cpu.md` on a loaded
 2-core box (a quiet machine is faster: the safe direction); `tiny` = the tiny lab of
-`tests/test_lab.py` on the same box; `full` = the GPU lease plan of `benchmarks/gpu_lease.md`, not yet
-measured. A budget is only as good as them: recalibrate from a run's results.json ("seconds" against
-"estimate_s").
+`tests/test_lab.py` on the same box; `full` = measured on one H100 (benchmarks/results/gpu/h100/lab/
+results.json, "seconds"; `tests/test_lab_estimates.py` keeps them within ±30 % of it), so a 1-GPU lab
+fits two 9-minute calls (`--parts gpt,lenet`, then `--parts gelu,ops,dp`). A budget is only as good as
+them: recalibrate from a run's results.json ("seconds" against "estimate_s").
 """
 
 from __future__ import annotations
@@ -63,11 +64,12 @@ class Step:
     stdout_file: str | None = None   # also keep stdout alone in {out}/<this> (a command's --json output)
     sizes: dict = field(default_factory=dict)  # what was chosen for this hardware (recorded)
     cannot_run: str | None = None    # why this step cannot run here at all (recorded as "not run: …")
+    min_limit_s: float = 60.0        # a floor under the limit, for a step whose time varies by GPU far more than 3×
 
     @property
     def limit_s(self) -> float:
         """The hard limit: a step that takes three times its estimate is broken, not slow."""
-        return max(60.0, 3.0 * self.estimate_s)
+        return max(self.min_limit_s, 3.0 * self.estimate_s)
 
 
 def repo_root() -> Path:
@@ -105,26 +107,36 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     # take ~12 min of a 30-min lab)
     lenet_sub = _pick(size, ["--epochs", "1", "--train-subset", "2048", "--test-subset", "1024"], ["--epochs", "2"], [])
     add("lenet_train", "lenet", "LeNet-5, default recipe: curves, accuracy, telemetry",
-        _pick(size, 25, 450, 40), _tl("train", "--device", dev, "--no-progress", *lenet_sub, "--out", "{out}/lenet-default"),
+        _pick(size, 25, 450, 15), _tl("train", "--device", dev, "--no-progress", *lenet_sub, "--out", "{out}/lenet-default"),
         sizes={"epochs": _pick(size, "1 (2,048 images)", "2", "default (5)")})
+    # On a GPU: the fast recipe's CUDA-graph step on 10 seeds (issue 29: ≥ 99 % on ≥ 9 of 10), the
+    # seed-style loop (~30 s a seed there) on 3 of them for the ratio.
+    gpu_seeds = ["--seeds", "0,1,2,3,4,5,6,7,8,9", "--baseline-seeds", "0,1,2"]
     add("lenet_time_to_99", "lenet", "Time to 99 % test accuracy: fast recipe vs the seed-style loop",
         _pick(size, 0, 750, 120),
         _bench("lenet_time_to_99.py", "--device", dev, "--loops", "fast,seed-style",
-               "--seeds", "0" if hw.kind == "cpu" else "0,1,2", "--max-epochs", "8", "--out", "{out}"),
-        sizes={"seeds": 1 if hw.kind == "cpu" else 3},
+               *(["--seeds", "0"] if hw.kind == "cpu" else gpu_seeds), "--max-epochs", "8", "--out", "{out}"),
+        sizes={"seeds": 1 if hw.kind == "cpu" else 10, "seed-style seeds": 1 if hw.kind == "cpu" else 3},
         cannot_run="trains to 99 % on full MNIST: no tiny size" if size == "tiny" else None)
+    no_tf32 = ("TF32 does not apply: a tensor-core mode of NVIDIA GPUs (Ampere+), not of a CPU"
+               if hw.kind != "cuda" else None)
+    add("lenet_tf32", "lenet", "TF32 off/on: the LeNet-5 default recipe in fp32",
+        _pick(size, 0, 0, 30), _bench("lenet_tf32.py", "--device", dev, "--out", "{out}"),
+        sizes={"epochs": 2, "rounds": 2}, cannot_run=no_tf32)
     # ---------------------------------------------------------------- GELU
     gelu_impls = _pick(size, ["--impl", "aten", "--impl", "python", "--dtype", "float32", "--n", "256"], [], [])
     add("gelu_check", "gelu", "GELU: Python / C++ / GPU implementations against a float64 reference",
-        _pick(size, 20, 120, 100), _tl("gelu", "check", "--json", *gelu_impls), stdout_file="gelu_check.json")
-    bench = _pick(size, ["--sizes", "1K", "--impl", "python", "--budget", "0.01"], ["--quick"], ["--budget", "0.2"])
+        _pick(size, 20, 120, 45), _tl("gelu", "check", "--json", *gelu_impls), stdout_file="gelu_check.json")
+    # full: up to 256M elements, where issue 29's bandwidth goal is set (far above the 50 MB L2)
+    bench = _pick(size, ["--sizes", "1K", "--impl", "python", "--budget", "0.01"], ["--quick"],
+                  ["--sizes", "1K,1M,16M,64M,256M", "--budget", "0.2"])
     add("gelu_bench", "gelu", "GELU speed: forward and backward against F.gelu",
-        _pick(size, 15, 30, 90), _tl("gelu", "bench", "--device", dev, *bench, "--out", "{out}"),
-        sizes={"tensor sizes": _pick(size, "1K", "1K, 64K, 1M", "default (up to 64M elements)")})
+        _pick(size, 15, 30, 25), _tl("gelu", "bench", "--device", dev, *bench, "--out", "{out}"),
+        sizes={"tensor sizes": _pick(size, "1K", "1K, 64K, 1M", "1K to 256M elements")})
     gelu_act = _pick(size, "gelu-python", "gelu-cpp", "gelu-cuda")
     gelu_train = _pick(size, ["--epochs", "1", "--train-subset", "1024", "--test-subset", "512"], ["--epochs", "1"], [])
     add("gelu_train", "gelu", f"LeNet-5 trained with our GELU ({gelu_act})",
-        _pick(size, 25, 290, 50),
+        _pick(size, 25, 290, 20),
         _tl("train", "--device", dev, "--act", gelu_act, "--no-progress", *gelu_train, "--out", "{out}/lenet-" + gelu_act),
         sizes={"act": gelu_act, "epochs": _pick(size, 1, 1, 5)})
     # ---------------------------------------------------------------- own operators
@@ -136,12 +148,12 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
         _pick(size, 25, 125, 120), _tl("ops", "check", *ops_impls, "--no-gelu", "--out", "{out}"))
     ops_bench = _pick(size, ["--impl", "python", "--layer", "pool1", "--quick"], ["--quick"], [])
     add("ops_bench", "ops", "Own operators: time per LeNet-5 layer against ATen",
-        _pick(size, 20, 95, 60), _tl("ops", "bench", "--device", dev, *ops_bench, "--out", "{out}"))
+        _pick(size, 20, 95, 45), _tl("ops", "bench", "--device", dev, *ops_bench, "--out", "{out}"))
     own = _pick(size, "own=python", "own=cpp", "own=cuda")
     ops_train = _pick(size, ["--epochs", "1", "--train-subset", "512", "--test-subset", "256"],
                       ["--epochs", "1", "--train-subset", "16384"], [])
     add("ops_train", "ops", f"LeNet-5 trained on our operators ({own})",
-        _pick(size, 35, 320, 60), _tl("train", "--device", dev, "--ops", own, "--no-progress", *ops_train, "--out", "{out}/lenet-ops-" + own.replace("=", "-")),
+        _pick(size, 35, 320, 20), _tl("train", "--device", dev, "--ops", own, "--no-progress", *ops_train, "--out", "{out}/lenet-ops-" + own.replace("=", "-")),
         sizes={"ops": own, "epochs": _pick(size, "1 (512 images)", "1 (16,384 images)", 5)})
     # ---------------------------------------------------------------- data parallel
     modes = _pick(size, "none,ddp", "none,ddp,allreduce,ring", "none,dp,ddp,allreduce,ring" if hw.gpus > 1 else "none,ddp")
@@ -149,20 +161,22 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
                    ["--train-subset", "8192", "--test-subset", "2048", "--workers", "0,1,2", "--threads", "1"], [])
     add("dp_compare", "dp", "Data parallel: single process, DataParallel, DDP, hand-written and ring all-reduce, "
         "and the DataLoader-workers study",
-        _pick(size, 65, 185, 90), _tl("dp", "compare", "--device", dev, "--modes", modes, "--nproc", str(ranks), "--epochs", "1",
+        _pick(size, 65, 185, 105), _tl("dp", "compare", "--device", dev, "--modes", modes, "--nproc", str(ranks), "--epochs", "1",
                                       *dp_sub, "--json", "{out}/dp_compare.json", "--md", "{out}/dp_compare.md"),
         sizes={"ranks": ranks, "modes": modes, "backend": "gloo" if hw.kind == "cpu" else "nccl"})
     compile_args = _pick(size, ["--steps", "3", "--variants", "eager"], ["--steps", "30", "--threads", "2"], ["--steps", "200"])
     add("dp_compile", "dp", "Eager vs torch.compile vs CUDA graphs, and the asynchronous-timing demo",
-        _pick(size, 25, 180, 120), _bench("dp_compile.py", "--device", dev, *compile_args, "--out", "{out}"),
+        _pick(size, 25, 180, 40), _bench("dp_compile.py", "--device", dev, *compile_args, "--out", "{out}"),
         sizes={"steps": compile_args[1]})
+    add("compile_breaks", "dp", "What breaks under torch.compile: graph breaks and recompiles, counted by TorchDynamo",
+        _pick(size, 25, 30, 25), _bench("compile_breaks.py", "--out", "{out}"))
     # ---------------------------------------------------------------- GPT-2
     gpu = hw.kind == "cuda"
     model = GPT_GPU_MODEL if gpu else GPT_CPU_MODEL
     mem = str(hw.memory_bytes) if hw.memory_bytes else "80GiB"
     sm = str(hw.sm or 90)
     add("gpt_plan", "gpt", "GPT-2 1.6B memory plan for this device (every strategy)",
-        _pick(size, 15, 15, 10), _tl("gpt", "plan", "--model", GPT_GPU_MODEL, "--gpus", str(max(1, hw.gpus)), "--gpu-mem", mem,
+        _pick(size, 15, 15, 14), _tl("gpt", "plan", "--model", GPT_GPU_MODEL, "--gpus", str(max(1, hw.gpus)), "--gpu-mem", mem,
                                    "--micro-batch", "8", "--optimizer", "fused", "--sm", sm, "--json", "{out}/plan.json"),
         sizes={"model": GPT_GPU_MODEL, "gpus": max(1, hw.gpus), "memory": mem})
     common = ["--model", model, "--device", dev] + (["--global-batch", "16"] if gpu else ["--global-batch", "8", "--seq", "64"])
@@ -170,27 +184,33 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     best = ["--strategy", "amp+compile+accum", "--micro-batch", "8", "--fused-optimizer"] if gpu else \
         ["--strategy", "none", "--micro-batch", "4"]
     add("gpt_best", "gpt", "GPT-2: our fastest single-device configuration",
-        _pick(size, 20, 40, 150), _tl("gpt", "bench", *common, *best, *steps_w, "--json", "{out}/bench.json"),
+        _pick(size, 20, 40, 40), _tl("gpt", "bench", *common, *best, *steps_w, "--json", "{out}/bench.json"),
         sizes={"model": model, "strategy": best[1], "micro_batch": best[3]})
     base_steps = ["--steps", "4", "--warmup", "1"] if gpu else ["--steps", _pick(size, "2", "5", "5"), "--warmup", "1"]
     # fp32 without TF32, checkpointing: the handout's setting. Its limit is generous: fp32 on the GPU is
-    # ~6x slower per step than bf16, and the old suite's 150 s cut it off (issue 18).
+    # ~6x slower per step than bf16, and the old suite's 150 s cut it off (issue 18); 51 s on an H100,
+    # an A100's fp32 rate is a third of it.
     add("gpt_baseline", "gpt", "GPT-2: the handout's baseline (HF GPT2LMHeadModel, fp32, checkpointing)",
-        _pick(size, 35, 70, 120), _tl("gpt", "bench", *common, "--impl", "hf", "--strategy", "ckpt", "--tf32", "off",
+        _pick(size, 35, 70, 50), _tl("gpt", "bench", *common, "--impl", "hf", "--strategy", "ckpt", "--tf32", "off",
                                       "--micro-batch", "8" if gpu else "4", *base_steps, "--json", "{out}/bench.json"),
-        sizes={"model": model, "impl": "hf", "strategy": "ckpt", "tf32": "off"})
+        sizes={"model": model, "impl": "hf", "strategy": "ckpt", "tf32": "off"}, min_limit_s=300)
+    # the same baseline with TF32 on (report 000's trick): the row beside it
+    add("gpt_baseline_tf32", "gpt", "GPT-2: the handout's baseline with TF32 on",
+        _pick(size, 0, 0, 45), _tl("gpt", "bench", *common, "--impl", "hf", "--strategy", "ckpt", "--tf32", "on",
+                                   "--micro-batch", "8" if gpu else "4", *base_steps, "--json", "{out}/bench.json"),
+        sizes={"model": model, "impl": "hf", "strategy": "ckpt", "tf32": "on"}, cannot_run=no_tf32, min_limit_s=300)
     strategies = ("amp,ckpt,amp+ckpt" if gpu and hw.gpus <= 1 else
                   "ddp,zero2,zero3,tp,pp,zero3+amp+ckpt" if gpu else
                   _pick(size, "none,ddp", "none,ckpt,ddp,zero3,tp,pp", ""))
     nproc = str(hw.gpus if gpu and hw.gpus > 1 else 1 if gpu else 2)
     add("gpt_strategies", "gpt", "GPT-2: parallel and memory strategies side by side",
-        _pick(size, 60, 115, 200), _tl("gpt", "compare", "--strategies", strategies, *common, "--nproc", nproc,
+        _pick(size, 60, 115, 75), _tl("gpt", "compare", "--strategies", strategies, *common, "--nproc", nproc,
                                        "--micro-batch", "8" if gpu else "4", *(["--steps", "3", "--warmup", "1"] if gpu else steps_w),
                                        "--timeout", "240", "--out", "{out}"),
         sizes={"model": model, "strategies": strategies, "ranks": int(nproc)})
     # Last: one build of the model, one row written as each strategy finishes (issue 18).
     add("gpt_planner_error", "gpt", "GPT-2: the planner's predicted peak memory against the measured one",
-        _pick(size, 30, 25, 120),
+        _pick(size, 30, 25, 20),
         _bench("gpt_planner_error.py", "--model", model, "--device", dev, "--strategies",
                "amp+ckpt,amp,none" if gpu else "none,ckpt", "--micro-batches", "2", *(["--fused"] if gpu else []),
                "--name", "gpt_planner_error", "--out", "{out}"),
