@@ -244,6 +244,8 @@ def main() -> None:
         parse_loop(spec)
     seeds = [int(s) for s in args.seeds.split(",")]
     baseline_seeds = {int(s) for s in args.baseline_seeds.split(",")} if args.baseline_seeds else set(seeds)
+    if not baseline_seeds <= set(seeds):
+        raise SystemExit(f"--baseline-seeds {args.baseline_seeds}: expected a subset of --seeds {args.seeds}")
     fast_variant = None
     if args.fast_variant:
         from lenet_accuracy import VARIANTS
