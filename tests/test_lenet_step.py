@@ -268,3 +268,16 @@ def test_fast_preset_on_cuda_trains_with_the_graphed_step(tmp_path):
     assert summary["step_mode"] == "cudagraph" and summary["steps"] == 21
     assert summary["test_accuracy"] > 50  # ~2,000 images, one epoch: it learned (chance is 10 %)
     assert summary["warmup_seconds"] > 0  # the capture, reported apart
+
+
+@pytest.mark.gpu
+def test_default_recipe_on_cuda_trains_with_the_graphed_step(tmp_path):
+    """OneCycle's graphed step through the loop: a short last batch each epoch runs eagerly (setting .grad to
+    None) between replays, and the next epoch's replays must still update the weights."""
+    from trainlab.lenet.loop import train
+
+    cfg = TrainConfig(device="cuda", epochs=2, train_subset=256 * 8 + 40, test_subset=1000, progress=False,
+                      tensorboard=False, gpu_telemetry=False, out=str(tmp_path / "r"))
+    summary = train(cfg, log=lambda *a: None)
+    assert summary["step_mode"] == "cudagraph" and not summary["plan"]["capturable"] and summary["steps"] == 18
+    assert summary["test_accuracy"] > 60  # ~2,000 images, two epochs of OneCycle: it learned (chance is 10 %)
