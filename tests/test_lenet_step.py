@@ -281,3 +281,25 @@ def test_default_recipe_on_cuda_trains_with_the_graphed_step(tmp_path):
     summary = train(cfg, log=lambda *a: None)
     assert summary["step_mode"] == "cudagraph" and not summary["plan"]["capturable"] and summary["steps"] == 18
     assert summary["test_accuracy"] > 40  # ~2,000 images, two epochs of OneCycle: ~70 % on a CPU in eager mode (chance 10 %)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["fast", "default"])
+def test_graphed_steps_never_sync_the_host(preset):
+    """Issue 29: the time-to-99 step runs with no host sync per step (a sync makes the GPU wait for Python)."""
+    plan = resolve(apply_preset(TrainConfig(device="cuda"), preset), CUDA)
+    assert plan.step_mode == "cudagraph"
+    batches = _batches(CUDA, 6 * plan.batch_size, plan.batch_size, channels_last=plan.channels_last)
+    model = build_model(plan)
+    optimizer = build_optimizer(plan, model)
+    scheduler = build_scheduler(plan, optimizer, plan.lr, len(batches))
+    step = make_step(plan, model, optimizer)
+    step.prepare(*batches[0])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronizing call below raises
+    try:
+        for x, y in batches:
+            step(x, y)
+            scheduler.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
