@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from trainlab.distributed.wrappers import gradient_sync
 from trainlab.gpt.parallel.amp import Precision
-from trainlab.gpt.plan import LOSSES, GPTPlan
+from trainlab.gpt.plan import HIDDEN_STATE_LOSSES, LOSSES, GPTPlan
 
 
 def logits_of(impl: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
@@ -50,13 +50,24 @@ class EagerStep:
         with gradient_sync(self.model, last):
             with self.precision.autocast():
                 # mean of equal-size micro-batch means = mean over the whole batch
-                loss = self.loss_fn(self.logits(self.model, tokens), tokens) / self.micro_steps
+                loss = self.loss(tokens) / self.micro_steps
             self.precision.backward(loss)
         return loss.detach().float()
+
+    def loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.logits(self.model, tokens), tokens)
 
     def optimizer_step(self) -> None:
         self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
+
+
+class HiddenLossStep(EagerStep):
+    """A loss on the hidden states and the LM head (`plan.HIDDEN_STATE_LOSSES`, e.g. the chunked
+    cross-entropy): the model runs it inside its forward, so the whole [B, T, V] logits never exist."""
+
+    def loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens, targets=tokens, hidden_loss=self.loss_fn)
 
 
 class PipelineStep(EagerStep):
@@ -98,6 +109,8 @@ def make_step(plan: GPTPlan, model: nn.Module, optimizer, precision: Precision, 
         return DeepSpeedStep(plan, model)
     if pipe is not None:
         return PipelineStep(plan, pipe, optimizer, precision)
+    if plan.loss in HIDDEN_STATE_LOSSES:
+        return HiddenLossStep(plan, model, optimizer, precision)
     return EagerStep(plan, model, optimizer, precision)
 
 
