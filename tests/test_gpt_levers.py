@@ -244,3 +244,109 @@ def test_auto_micro_batch_is_the_largest_that_fits_with_no_accumulation_when_it_
     assert _auto(2**40, strategy="accum").micro_batch == 8     # accum asks for 2+ micro-steps
     with pytest.raises(HardwareError, match="--micro-batch-auto: no micro-batch fits"):
         _auto(peaks[1] // 2)
+
+
+# ---------------------------------------------------------------------------------------------- distributed
+
+def _levers_under(info, cases):
+    out = {}
+    for name, strategy in cases:
+        plan = make_plan("tiny", strategy, world=info.world_size, global_batch=4, micro_batch=2, seq_len=16,
+                         optimizer="sgd", vocab_multiple=100, fused_qkv=True, loss="chunked")
+        engine = GPTEngine(plan, info)
+        gen = torch.Generator().manual_seed(1)
+        losses = [engine.train_step(torch.randint(512, (4, 16), generator=gen)) for _ in range(2)]
+        out[name] = (losses, engine.full_state_dict())
+    return out
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_levers_under_ddp_and_zero3_train_like_the_plain_single_process():
+    """The chunked loss runs inside the model's forward, so DDP's and FSDP2's hooks see it (2 gloo ranks, SGD)."""
+    from trainlab.distributed.spawn import spawn_for_test
+
+    results = spawn_for_test(_levers_under, 2, [("ddp", "ddp"), ("zero3", "zero3")], timeout_s=240)[0]  # rank 0
+    plain = make_plan("tiny", "none", global_batch=4, micro_batch=4, seq_len=16, optimizer="sgd")
+    engine = GPTEngine(plain, DistInfo())
+    gen = torch.Generator().manual_seed(1)
+    ref_losses = [engine.train_step(torch.randint(512, (4, 16), generator=gen)) for _ in range(2)]
+    ref = gpt_state_dict_to_hf(engine.full_state_dict())
+    for name in ("ddp", "zero3"):
+        losses, sd = results[name]
+        assert losses == pytest.approx(ref_losses, rel=1e-5), name
+        got = gpt_state_dict_to_hf(sd, vocab_size=512)
+        for k in ref:
+            torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name} {k}: {m}")
+
+
+# ---------------------------------------------------------------------------------------------- on a GPU
+
+def _cuda_step(cfg: GPTConfig, chunked: bool, b: int = 4, seq: int = 256):
+    """One bf16-autocast forward/backward of `cfg` on the GPU: loss, grads (plain layout), peak bytes."""
+    torch.cuda.reset_peak_memory_stats()
+    model = build_gpt(cfg, seed=0, device="cuda")
+    tokens = torch.randint(cfg.vocab_size, (b, seq), generator=torch.Generator().manual_seed(0)).cuda()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = (model(tokens, targets=tokens, hidden_loss=chunked_lm_loss) if chunked
+                else lm_loss(model(tokens), tokens))
+    loss.backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    grads = _unfused({n: p.grad.float().cpu() for n, p in model.named_parameters()}, cfg)
+    return loss.item(), grads, peak
+
+
+@pytest.mark.gpu
+def test_levers_on_cuda_bf16_match_the_plain_model_and_the_chunked_loss_saves_memory():
+    """GPT-2's real vocabulary (50257 → 50304) and width on 2 layers, bf16 autocast on the GPU: the three
+    model levers together give the plain model's loss and gradients within bf16, and the chunked loss
+    keeps less than the plain one (the [B, T, V] fp32 log-softmax and its gradients never exist whole)."""
+    plain_cfg = GPTConfig(n_embd=768, n_layer=2, n_head=12, n_positions=256)
+    levers = replace(plain_cfg, vocab_multiple=64, fused_qkv=True)
+    loss0, g0, peak_plain = _cuda_step(plain_cfg, chunked=False, b=8)
+    loss1, g1, peak_chunked = _cuda_step(levers, chunked=True, b=8)
+    assert loss1 == pytest.approx(loss0, rel=2e-3)
+    for n in g0:
+        err = (g1[n] - g0[n]).abs().max() / g0[n].abs().max().clamp_min(1e-12)
+        assert err < 0.03, (n, float(err))
+    # 8·256 tokens × 50257 × ≥ 10 bytes (fp32 log-softmax, fp32 and bf16 gradients) ≈ 200 MB
+    assert peak_plain - peak_chunked > 100 * 2**20, (peak_plain, peak_chunked)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["amp", "amp+ckpt"])
+def test_lever_plan_prediction_matches_cuda_allocator_peak(strategy):
+    """The planner with the levers (padded vocabulary, fused QKV, chunked loss) against
+    torch.cuda.max_memory_allocated of the engine's step: GPT-2 small, seq 256, micro-batch 4; 15 %."""
+    from trainlab.gpt.plan import Machine as M
+
+    plan = make_plan("gpt2", strategy, device="cuda", global_batch=4, micro_batch=4, seq_len=256,
+                     vocab_multiple=64, fused_qkv=True, loss="chunked", machine=M.detect())
+    tokens = torch.randint(50257, (4, 256))
+    engine = GPTEngine(plan, DistInfo(device=torch.device("cuda", 0)))
+    engine.train_step(tokens)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    engine.train_step(tokens)
+    torch.cuda.synchronize()
+    predicted, measured = predict_plan(plan)["total_bytes"], torch.cuda.max_memory_allocated()
+    assert abs(predicted / measured - 1) < 0.15, (predicted, measured)
+
+
+@pytest.mark.gpu
+def test_auto_micro_batch_on_this_gpu_fits_and_runs():
+    """--micro-batch-auto on the real GPU (GPT-2 small, seq 1024, global batch 32): the chosen plan runs one
+    step without running out of memory, under the planner's budget."""
+    from trainlab.gpt.planner import usable_bytes
+
+    machine = Machine.detect()
+    plan = GPTBenchConfig(model="gpt2", strategy="amp", device="cuda", global_batch=32, micro_batch_auto=True,
+                          vocab_multiple=64, fused_qkv=True, loss="chunked").plan(machine)
+    assert plan.micro_batch_auto and plan.predicted_peak_bytes <= usable_bytes(machine.memory_bytes)
+    engine = GPTEngine(plan, DistInfo(device=torch.device("cuda", 0)))
+    torch.cuda.reset_peak_memory_stats()
+    engine.train_step(torch.randint(50257, (32, 1024)))
+    assert torch.cuda.max_memory_allocated() <= machine.memory_bytes
