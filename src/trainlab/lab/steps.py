@@ -203,6 +203,14 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
                                        *(["--steps", "4", "--warmup", "1"] if gpu else steps_w), *ablation,
                                         "--timeout", "300", "--out", "{out}"),
         sizes={"model": model, "rows": " ".join(ablation), "tokens_per_row": "global batch × seq × steps"})
+    if gpu:
+        # issue 30, goal 4: CPU offload on one GPU, its CPU AdamW step the fused (vectorised, multi-threaded)
+        # kernel; NVMe through DeepSpeed, or the one line why not (a row of its own)
+        offload = "amp+offload,amp+ckpt+offload,amp+nvme"
+        add("gpt_offload", "gpt", "GPT-2: parameters and optimizer offloaded to the CPU (and NVMe) on one GPU",
+            200, _tl("gpt", "compare", "--strategies", offload, *common, "--nproc", "1", "--micro-batch", "8",
+                     "--fused-optimizer", "--steps", "3", "--warmup", "1", "--timeout", "240", "--out", "{out}"),
+            sizes={"model": model, "strategies": offload, "optimizer": "AdamW(fused=True) on the CPU"})
     # Last: one build of the model, one row written as each strategy finishes (issue 18).
     add("gpt_planner_error", "gpt", "GPT-2: the planner's predicted peak memory against the measured one",
         _pick(size, 30, 25, 120),
