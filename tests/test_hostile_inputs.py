@@ -468,6 +468,7 @@ CASES = [
          r"--changes 'warp': expected some of"),
     Case("gpt-ablation-unknown-group", "gpt ablation --model tiny --device cpu --groups nope",
          r"--groups 'nope': expected some of"),
+    Case("gpt-plan-vocab-multiple-zero", "gpt plan --vocab-multiple 0", r"--vocab-multiple 0: expected an integer >= 1"),
     Case("gpt-plan-gpu-mem-overflow", "gpt plan --gpu-mem 1e400GiB", r"--gpu-mem '1e400GiB': expected a size such as 80GiB"),
     Case("gpt-plan-gpu-mem-nan", "gpt plan --gpu-mem nanGiB", r"--gpu-mem 'nanGiB': expected a size"),
     Case("gpt-plan-gpus-zero", "gpt plan --gpus 0", r"--gpus 0: expected an integer >= 1"),

@@ -111,6 +111,9 @@ class PlanConfig(Config):
                          choices=("foreach", "fused", "forloop"))
     sm: int = opt(90, "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs",
                   check=at_least(1))
+    vocab_multiple: int = opt(1, "as gpt bench: embedding rows padded to a multiple of this", check=at_least(1))
+    fused_qkv: bool = opt(False, "as gpt bench: q, k, v as one Linear")
+    loss: str = opt("cross_entropy", "as gpt bench: cross_entropy | chunked", choices=tuple(LOSSES))
     json: str | None = opt(None, "write the plan as JSON to PATH ('-': print it instead of the table)",
                            metavar="PATH", check=json_output)
 
@@ -131,7 +134,9 @@ class PlanConfig(Config):
             n_mb = 2 * deg.pp if spec.pp else 1
             run = GPTBenchConfig(model=self.model, strategy=strategy, nproc=world, device="cuda",
                                  global_batch=micro_batch * n_mb * (deg.dp if spec.data_parallel else 1),
-                                 micro_batch=micro_batch, seq=self.seq, fused_optimizer=self.optimizer == "fused")
+                                 micro_batch=micro_batch, seq=self.seq, fused_optimizer=self.optimizer == "fused",
+                                 vocab_multiple=self.vocab_multiple, fused_qkv=self.fused_qkv and not spec.tp,
+                                 loss=self.loss if not spec.pp else "cross_entropy")
             p = run.plan(machine)
             if self.optimizer == "forloop" and p.optimizer_kernel != "forloop":  # no bench flag asks for it
                 p = replace(p, optimizer_kernel="forloop")
