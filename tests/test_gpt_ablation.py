@@ -51,3 +51,10 @@ def test_ablation_runs_on_cpu_same_tokens_report_schema(tmp_path, capsys):
 def test_bad_change_is_one_line(capsys):
     assert main(["gpt", "ablation", "--model", "tiny", "--device", "cpu", "--changes", "tf32,warp-drive"]) == 2
     assert "--changes 'warp-drive'" in capsys.readouterr().err
+
+
+def test_the_peer_rows_hf_model_runs_sdpa():
+    """The peer row claims HF's model with SDPA attention: transformers' default for GPT-2, checked here."""
+    from trainlab.gpt.model import build_hf_model, get_preset
+
+    assert build_hf_model(get_preset("tiny"), seed=0).config._attn_implementation == "sdpa"
