@@ -229,7 +229,8 @@ def test_chunked_loss_prediction_matches_measured_peak(strategy, b):
 # ---------------------------------------------------------------------------------------------- micro-batch
 
 def _auto(mem, **kw):
-    cfg = GPTBenchConfig(model="tiny", device="cpu", global_batch=16, seq=64, micro_batch_auto=True, **kw)
+    kw = {"seq": 64, **kw}
+    cfg = GPTBenchConfig(model="tiny", device="cpu", global_batch=16, micro_batch_auto=True, **kw)
     return cfg.plan(Machine(memory_bytes=mem))
 
 
@@ -374,3 +375,8 @@ def test_offload_with_the_fused_cpu_adamw_trains_like_the_default_kernel():
     assert losses1 == pytest.approx(losses0, rel=1e-5)
     for k in sd0:   # Adam's ≈ lr·sign(g) first steps: within a fraction of lr, as test_gpt_parallel's AdamW cases
         assert (sd1[k] - sd0[k]).abs().max() <= 0.2 * 5e-4, k
+
+
+def test_auto_micro_batch_says_a_flags_problem_not_no_fit():
+    with pytest.raises(ConfigError, match="--seq 999"):
+        _auto(2**40, seq=999)

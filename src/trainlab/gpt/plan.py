@@ -166,7 +166,8 @@ class GPTPlan:
                 "micro_steps": self.micro_steps, "seq_len": self.seq, "amp": self.amp,
                 "activation_checkpointing": self.checkpointing, "offload": self.offload,
                 "compile": self.strategy.compile, "optimizer": self.optimizer, "device": self.device,
-                "attention": self.attention.label}
+                "attention": self.attention.label, "vocab_rows": self.model.padded_vocab,
+                "fused_qkv": self.model.fused_qkv, "loss": self.loss, "micro_batch_auto": self.micro_batch_auto}
 
 
 def _device_type(flag: str, world_size: int, machine: Machine) -> str:
@@ -252,11 +253,12 @@ def largest_fitting(config, machine: Machine, model: GPTConfig | None, predict, 
         raise HardwareError(f"--micro-batch-auto: the memory of {device} is unknown; give --micro-batch")
     budget = usable(machine.memory_bytes) if device == "cuda" else machine.memory_bytes // max(1, config.nproc)
     fixed = dataclasses.replace(config, micro_batch_auto=False)
-    tried = []
-    for mb in (d for d in range(config.global_batch, 0, -1) if config.global_batch % d == 0):
+    tried, refused = [], None
+    for mb in _divisors_descending(config.global_batch):
         try:
             plan = resolve(dataclasses.replace(fixed, micro_batch=mb), machine, model=model, predict=predict)
-        except ConfigError:
+        except ConfigError as e:
+            refused = e
             continue  # not a micro-batch this strategy can run (accum needs 2+ micro-steps, dp's slice, …)
         peak = plan.predicted_peak_bytes
         if peak is None:
@@ -266,5 +268,12 @@ def largest_fitting(config, machine: Machine, model: GPTConfig | None, predict, 
         if peak <= budget:
             return dataclasses.replace(plan, micro_batch_auto=True)
         tried.append(f"{mb}: {peak / 2**30:.1f} GiB")
+    if not tried and refused is not None:
+        raise refused  # no micro-batch was valid: the reason is a flag's, say it
     raise HardwareError(f"--micro-batch-auto: no micro-batch fits {budget / 2**30:.1f} GiB usable on {device} "
                         f"(predicted {'; '.join(tried) or 'none valid'})")
+
+
+def _divisors_descending(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]), reverse=True)
