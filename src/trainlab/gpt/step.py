@@ -15,7 +15,7 @@ A new lever is a plan field and a class or a table entry here, not an `if` in th
 the planner: a loss is one more entry in `plan.LOSSES` (`HiddenLossStep` if it needs the hidden states
 rather than the logits), a CUDA-graph wrapper would wrap `EagerStep.forward_backward_step` as
 torchtitan's wraps its own. None is written for GPT (issue 30): the 1.6B step is GEMM-bound (~0.5 s of
-GPU work per optimizer step at micro-batch 16) and the host queues its ~10^4 launches far ahead of the
+GPU work per optimizer step at micro-batch 16) and the host queues its few thousand launches ahead of the
 GPU, so there is little launch time to save, while a captured step would pin its own memory pool on a
 GPU the step already fills to ~70 GiB.
 """
