@@ -19,17 +19,18 @@ and each run's json/log.
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from trainlab.errors import ConfigError
+from trainlab.errors import ConfigError, UserError
 from trainlab.flags import Config, opt, output_dir, positive
 from trainlab.gpt.compare import _row_line, run_one
 from trainlab.gpt.config import GPTBenchConfig
 from trainlab.gpt.model import get_preset
 from trainlab.gpt.plan import Machine
 from trainlab.gpt.strategy import parse_strategy
-from trainlab.io import refuse_foreign
+from trainlab.io import read_json, refuse_foreign
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
@@ -153,7 +154,7 @@ class AblationConfig(Config):
 ABLATION_EXCLUDED_BENCH_FLAGS = ("strategy", "impl", "tf32", "fused_optimizer", "vocab_multiple", "fused_qkv", "loss",
                                  "micro_batch_auto", "json", "out", "overwrite")
 ROW_KEYS = ("status", "tokens", "tokens_per_s", "step_seconds_median", "step_ms_median", "total_seconds", "peak_memory_bytes",
-            "peak_memory_kind", "tflops_per_device", "tflops_per_device_handout", "tflops_per_device_8n", "mfu",
+            "peak_memory_kind", "device_name", "peak_tflops", "peak_tflops_source", "tflops_per_device", "tflops_per_device_handout", "tflops_per_device_8n", "mfu",
             "micro_batch", "predicted_bytes", "first_loss", "last_loss", "error", "strategy")
 
 
@@ -180,10 +181,8 @@ def run_ablation(ac: AblationConfig, log=print, command: str = "trainlab gpt abl
     ac.validate()
     get_preset(ac.bench.model)
     rows = rows_for(ac.bench, ac.change_list, ac.group_list)
-    slugs = {}
-    for r in rows:
-        if r["config"] is not None:
-            slugs.setdefault(_key(r["config"]), f"row{len(slugs):02d}")
+    # a row's files are named by its settings: a resumed run with other --changes never reuses a name
+    slugs = {_key(r["config"]): f"row-{zlib.crc32(_key(r['config']).encode()):08x}" for r in rows if r["config"] is not None}
     refuse_foreign([os.path.join(ac.out, f"{s}{ext}") for s in slugs.values() for ext in (".json", ".log", ".spec.json")]
                    + [os.path.join(ac.out, f"ablation.{ext}") for ext in ("json", "md", "log")], "--out")
     os.makedirs(ac.out, exist_ok=True)
@@ -192,7 +191,7 @@ def run_ablation(ac: AblationConfig, log=print, command: str = "trainlab gpt abl
     log(header)
     lines = header.splitlines()
     seq = ac.bench.seq or get_preset(ac.bench.model).n_positions
-    machine, done = Machine.detect(), {}
+    machine, done = Machine.detect(), _finished(ac.out)
     result = {"model": ac.bench.model, "total_tokens": ac.bench.global_batch * seq * ac.bench.steps,
               "baseline": "HF GPT2LMHeadModel, fp32, TF32 off, activation checkpointing (the handout's)",
               "config": ac.bench.to_dict(), "rows": []}
@@ -200,11 +199,14 @@ def run_ablation(ac: AblationConfig, log=print, command: str = "trainlab gpt abl
         out = {k: v for k, v in r.items() if k != "config"}
         if r["config"] is not None:
             key = _key(r["config"])
-            if key not in done:
-                done[key] = run_one(r["config"], ac.out, slugs[key], machine, ac.timeout_s)
+            if key in done:
+                lines.append(f"kept (ok in an earlier run of this folder): {r['label']}")
+                log(lines[-1])
+            else:
+                done[key] = {**run_one(r["config"], ac.out, slugs[key], machine, ac.timeout_s), "bench": key}
             measured = done[key]
             out.update({k: measured[k] for k in ROW_KEYS if k in measured})
-            out["run"] = slugs[key]
+            out.update(run=slugs[key], bench=key)
             for k in ("device_name", "peak_tflops", "peak_tflops_source"):
                 if measured.get(k) is not None:
                     result.setdefault(k, measured[k])
@@ -215,6 +217,19 @@ def run_ablation(ac: AblationConfig, log=print, command: str = "trainlab gpt abl
     log("\n" + to_markdown(result))
     log(f"wrote {ac.out}/ablation.json, ablation.md, ablation.log")
     return result
+
+
+def _finished(out: str) -> dict[str, dict]:
+    """Rows an earlier, interrupted run of this folder measured (status ok), by their bench settings: a
+    second call resumes instead of measuring them again (the lab reruns a killed step in its folder)."""
+    path = os.path.join(out, "ablation.json")
+    if not os.path.exists(path):
+        return {}
+    try:
+        rows = read_json(path).get("rows", [])
+    except (UserError, OSError, ValueError, AttributeError):
+        return {}
+    return {r["bench"]: r for r in rows if isinstance(r, dict) and r.get("status") == "ok" and isinstance(r.get("bench"), str)}
 
 
 def _key(cfg: GPTBenchConfig) -> str:
