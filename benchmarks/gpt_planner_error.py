@@ -14,6 +14,8 @@ CPU this validates the s×s-scores term that fp32 with head width 50 needs on a 
     python benchmarks/gpt_planner_error.py --attention math --name gpt_planner_error_cpu_tiny_math
     python benchmarks/gpt_planner_error.py --model gpt2-1.6b --device cuda --strategies none,amp+ckpt \
         --micro-batches 1,4,8 --name gpt_planner_error_1.6b_h100
+    python benchmarks/gpt_planner_error.py --model gpt2-1.6b --device cuda --strategies amp,amp+ckpt --fused \
+        --micro-batches 8,16 --vocab-multiple 64 --fused-qkv --loss chunked --name gpt_planner_error_levers_h100
 """
 
 from __future__ import annotations
@@ -77,13 +79,16 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--fused", action="store_true", help="fused AdamW (GPU)")
     ap.add_argument("--name", default="gpt_planner_error_cpu_tiny")
+    ap.add_argument("--vocab-multiple", type=int, default=1, help="issue 30's levers, as gpt bench's flags")
+    ap.add_argument("--fused-qkv", action="store_true")
+    ap.add_argument("--loss", default="cross_entropy", choices=("cross_entropy", "chunked"))
     ap.add_argument("--attention", default="auto", choices=("auto", "math"),
                     help="auto: the kernel PyTorch picks; math: force SDPA's math path (measured and predicted)")
     add_output_args(ap)
     args = ap.parse_args()
     check_output(args.out, args.name, force=args.force)
 
-    cfg = get_preset(args.model)
+    cfg = replace(get_preset(args.model), vocab_multiple=args.vocab_multiple, fused_qkv=args.fused_qkv)
     seq = args.seq or cfg.n_positions
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:
@@ -97,7 +102,8 @@ def main() -> None:
     for strategy in args.strategies.split(","):
         for b in map(int, args.micro_batches.split(",")):
             plan = GPTBenchConfig(model=args.model, strategy=strategy, device=device.type, global_batch=b, micro_batch=b,
-                                  seq=seq, fused_optimizer=args.fused).plan(machine)
+                                  seq=seq, fused_optimizer=args.fused, vocab_multiple=args.vocab_multiple,
+                                  fused_qkv=args.fused_qkv, loss=args.loss).plan(machine)
             if args.attention == "math":
                 plan = replace(plan, attention=AttentionChoice("math", cfg.head_dim, cfg.head_dim, True, "forced"))
             optimizer = plan.optimizer_kernel

@@ -18,7 +18,11 @@ CALL_S = 9 * 60
 # from what was added, and checked against the run's time only to within a factor of two.
 CHANGED = {
     "gelu_bench": "a 256M-element size added (issue 29's bandwidth goal): about 1 GiB per tensor, 5 rungs x 2 passes",
+    "gpt_best": "issue 30's levers (padded vocabulary, fused QKV, chunked loss) and the planner's largest micro-batch",
 }
+# Steps added after the H100 run by issue 30, estimated there, not yet measured: each GPT ablation row is
+# a model build and a few steps (450 s), and offload three more (200 s). They take calls of their own.
+ISSUE_30 = ("gpt_ablation", "gpt_offload")
 
 
 def _measured() -> dict:
@@ -39,8 +43,8 @@ def test_h100_estimates_are_within_30_percent_of_the_h100_run(name):
 
 def test_a_one_gpu_lab_fits_two_nine_minute_calls():
     """`--parts gpt,lenet`, then `--parts gelu,ops,dp`: each call's estimates fit its 9 minutes with a
-    minute to spare (start-up, the report after every step)."""
-    steps = [s for s in lab_steps(H100, "full") if not s.cannot_run]
+    minute to spare (start-up, the report after every step); issue 30's GPT rows are two calls more."""
+    steps = [s for s in lab_steps(H100, "full") if not s.cannot_run and s.name not in ISSUE_30]
     first = sum(s.estimate_s for s in steps if s.part in ("gpt", "lenet"))
     second = sum(s.estimate_s for s in steps if s.part in ("gelu", "ops", "dp"))
     assert first <= CALL_S - 60 and second <= CALL_S - 60, (first, second)

@@ -1,4 +1,4 @@
-"""`trainlab gpt bench|plan|compare`: flags into the command's config (gpt.config), then the library."""
+"""`trainlab gpt bench|plan|compare|ablation`: flags into the command's config (gpt.config), then the library."""
 
 from __future__ import annotations
 
@@ -37,9 +37,18 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ablation(args: argparse.Namespace) -> int:
+    from trainlab.gpt.ablation import ABLATION_EXCLUDED_BENCH_FLAGS, AblationConfig, run_ablation
+
+    bench = GPTBenchConfig(**explicit_values(args, GPTBenchConfig, exclude=ABLATION_EXCLUDED_BENCH_FLAGS))
+    ac = AblationConfig(bench=bench, **explicit_values(args, AblationConfig))
+    run_ablation(ac, log=lambda *a: print(*a, flush=True), command=args.command_line)
+    return 0
+
+
 def add_parser(subparsers) -> None:
     gpt = subparsers.add_parser("gpt", help="GPT-2 strategies: run one, predict memory, run a matrix")
-    sub = gpt.add_subparsers(dest="gpt_command", metavar="{bench,plan,compare}")
+    sub = gpt.add_subparsers(dest="gpt_command", metavar="{bench,plan,compare,ablation}")
     sub.required = True
 
     add_command(sub, "bench", "time one strategy (tokens/s, TFLOPS, MFU, peak memory)", GPTBenchConfig, _bench)
@@ -47,3 +56,8 @@ def add_parser(subparsers) -> None:
     c = add_command(sub, "compare", "run a matrix of strategies on the same tokens, one subprocess each",
                     CompareConfig, _compare)
     add_flags(c, GPTBenchConfig, exclude=COMPARE_EXCLUDED_BENCH_FLAGS)  # the settings every strategy shares
+    from trainlab.gpt.ablation import ABLATION_EXCLUDED_BENCH_FLAGS, AblationConfig
+
+    a = add_command(sub, "ablation", "from the handout's baseline to ours: each change alone and cumulatively, "
+                    "the same tokens per row", AblationConfig, _ablation)
+    add_flags(a, GPTBenchConfig, exclude=ABLATION_EXCLUDED_BENCH_FLAGS)

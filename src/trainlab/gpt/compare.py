@@ -20,7 +20,7 @@ import torch
 
 from trainlab.device import OOM_MARKERS
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
-from trainlab.errors import ConfigError
+from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.config import CompareConfig, GPTBenchConfig
 from trainlab.gpt.model import get_preset
 from trainlab.gpt.plan import GPTPlan, Machine
@@ -123,57 +123,9 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
 
     machine = Machine.detect()
     for cfg in runs:
-        slug = cfg.strategy.replace("+", "_")
-        json_path = os.path.join(cc.out, f"{slug}.json")
-        log_path = os.path.join(cc.out, f"{slug}.log")
-        row = {"strategy": cfg.strategy, "nproc": cfg.nproc, "micro_batch": cfg.micro_batch, "predicted_bytes": None}
-        try:
-            run = replace(cfg, json=json_path).plan(machine)  # every check and the prediction, as `gpt bench` does
-        except ConfigError as e:
-            row.update(status="invalid", error=str(e))
-            rows.append(row)
-            lines.append(f"{cfg.strategy:<22} invalid: {e}")
-            log(lines[-1])
-            write_tables(rows)
-            continue
-        row["predicted_bytes"] = run.predicted_peak_bytes
-        shortfall = memory_shortfall(run)  # the planner's estimate against free memory, before building anything
-        if shortfall:
-            row.update(status="OOM", error=shortfall)
-            rows.append(row)
-            lines.append(_row_line(row))
-            log(lines[-1])
-            continue
-        if os.path.exists(json_path):  # this command's own result from an earlier run (checked up front)
-            os.remove(json_path)
-        spec = write_spec(os.path.join(cc.out, f"{slug}.spec.json"), "gpt-bench", plan=run.to_dict())
-        cmd = worker_command(run.world_size, spec)
-        with tempfile.TemporaryFile("w+", errors="replace") as output:  # a file: no pipe a stuck rank could hold
-            rc, row["wall_s"] = run_limited(cmd, cc.timeout_s, stdout=output, stderr=subprocess.STDOUT,
-                                            env=_child_env(run))
-            output.seek(0)
-            text = output.read()
-        status = "timeout" if rc is None else _classify(rc, text)
-        atomic_write_text(log_path, "$ " + " ".join(cmd) + "\n" + text)
-        if os.path.exists(json_path):  # rank 0 wrote the summary: the run's results are complete
-            s = read_json(json_path)
-            if status != "ok":
-                row["note"] = (f"the results were written, then a rank failed or hung at the end: "
-                               f"{'stopped at the %g s limit (--timeout)' % cc.timeout_s if rc is None else f'exit code {rc}'}")
-            row.update(status="ok", step_ms_median=s["step_seconds_median"] * 1e3,
-                       step_ms_p10=s["step_seconds"]["p10"] * 1e3, step_ms_p90=s["step_seconds"]["p90"] * 1e3,
-                       tokens_per_s=s["tokens_per_s"], tokens_per_s_per_device=s["tokens_per_s_per_device"],
-                       tflops_per_device=s["tflops_per_device"],
-                       tflops_per_device_handout=s["tflops_per_device_handout"],
-                       tflops_per_device_8n=s.get("tflops_per_device_8n"), mfu=s["mfu"],
-                       peak_memory_bytes=s["peak_memory_bytes"], peak_memory_kind=s["peak_memory_kind"],
-                       peak_tensor_bytes=s.get("peak_tensor_bytes"),
-                       first_loss=s["losses"][0], last_loss=s["losses"][-1], losses=s["losses"])
-        else:
-            row.update(status=status if status != "ok" else "failed",
-                       error=f"stopped at the {cc.timeout_s:g} s limit (--timeout)" if rc is None else _error_line(text))
+        row = run_one(cfg, cc.out, cfg.strategy.replace("+", "_"), machine, cc.timeout_s)
         rows.append(row)
-        lines.append(_row_line(row))
+        lines.append(_row_line(row, "strategy"))
         log(lines[-1])
         write_tables(rows)  # after every strategy: what finished is on disk whatever happens next
 
@@ -182,6 +134,56 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
     log("\n" + to_markdown(rows))
     log(f"wrote {cc.out}/compare.md, compare.csv, compare.json, compare.log, throughput.png, memory.png")
     return {"command": command, **result}
+
+
+def run_one(cfg: GPTBenchConfig, out: str, slug: str, machine: Machine, timeout_s: float) -> dict:
+    """One `gpt bench` of `cfg` in its own process (--timeout), its summary read back as a table row:
+    `out/<slug>.json|.log|.spec.json`. A run that is invalid, predicted not to fit, fails, hangs or
+    runs out of memory is a row with its status and one error line, never an exception."""
+    json_path = os.path.join(out, f"{slug}.json")
+    log_path = os.path.join(out, f"{slug}.log")
+    row = {"strategy": cfg.strategy, "nproc": cfg.nproc, "micro_batch": cfg.micro_batch, "predicted_bytes": None}
+    try:
+        run = replace(cfg, json=json_path).plan(machine)  # every check and the prediction, as `gpt bench` does
+    except (ConfigError, HardwareError) as e:
+        row.update(status="invalid", error=str(e))
+        return row
+    row.update(micro_batch=run.micro_batch, predicted_bytes=run.predicted_peak_bytes)
+    shortfall = memory_shortfall(run)  # the planner's estimate against free memory, before building anything
+    if shortfall:
+        row.update(status="OOM", error=shortfall)
+        return row
+    if os.path.exists(json_path):  # this command's own result from an earlier run (checked up front)
+        os.remove(json_path)
+    spec = write_spec(os.path.join(out, f"{slug}.spec.json"), "gpt-bench", plan=run.to_dict())
+    cmd = worker_command(run.world_size, spec)
+    with tempfile.TemporaryFile("w+", errors="replace") as output:  # a file: no pipe a stuck rank could hold
+        rc, row["wall_s"] = run_limited(cmd, timeout_s, stdout=output, stderr=subprocess.STDOUT, env=_child_env(run))
+        output.seek(0)
+        text = output.read()
+    status = "timeout" if rc is None else _classify(rc, text)
+    atomic_write_text(log_path, "$ " + " ".join(cmd) + "\n" + text)
+    if not os.path.exists(json_path):
+        row.update(status=status if status != "ok" else "failed",
+                   error=f"stopped at the {timeout_s:g} s limit (--timeout)" if rc is None else _error_line(text))
+        return row
+    s = read_json(json_path)  # rank 0 wrote the summary: the run's results are complete
+    if status != "ok":
+        row["note"] = (f"the results were written, then a rank failed or hung at the end: "
+                       f"{'stopped at the %g s limit (--timeout)' % timeout_s if rc is None else f'exit code {rc}'}")
+    row.update(status="ok", step_ms_median=s["step_seconds_median"] * 1e3, step_seconds_median=s["step_seconds_median"],
+               step_ms_p10=s["step_seconds"]["p10"] * 1e3, step_ms_p90=s["step_seconds"]["p90"] * 1e3,
+               tokens_per_s=s["tokens_per_s"], tokens_per_s_per_device=s["tokens_per_s_per_device"],
+               tokens=s["tokens_per_step"] * s["timed_steps"], total_seconds=sum(s["step_seconds_all"]),
+               tflops_per_device=s["tflops_per_device"],
+               tflops_per_device_handout=s["tflops_per_device_handout"],
+               tflops_per_device_8n=s.get("tflops_per_device_8n"), mfu=s["mfu"],
+               peak_tflops=s.get("peak_tflops"), peak_tflops_source=s.get("peak_tflops_source"),
+               device_name=s.get("device_name"),
+               peak_memory_bytes=s["peak_memory_bytes"], peak_memory_kind=s["peak_memory_kind"],
+               peak_tensor_bytes=s.get("peak_tensor_bytes"),
+               first_loss=s["losses"][0], last_loss=s["losses"][-1], losses=s["losses"])
+    return row
 
 
 def _check_same_start(rows: list[dict]) -> None:
@@ -200,10 +202,11 @@ def _mib(x) -> str:
     return "-" if x is None else f"{x / 2**20:.2f}"
 
 
-def _row_line(r: dict) -> str:
+def _row_line(r: dict, key: str = "strategy") -> str:
+    """One log line of a row, named by `r[key]` (compare: the strategy; the ablation: its label)."""
     if r.get("status") != "ok":
-        return f"{r['strategy']:<22} {r['status']}: {r.get('error', '')}  (predicted {_gib(r.get('predicted_bytes'))} GiB)"
-    return (f"{r['strategy']:<22} {r['step_ms_median']:9.1f} ms  {r['tokens_per_s']:10,.0f} tok/s  "
+        return f"{r[key]:<22} {r['status']}: {r.get('error', '')}  (predicted {_gib(r.get('predicted_bytes'))} GiB)"
+    return (f"{r[key]:<22} {r['step_ms_median']:9.1f} ms  {r['tokens_per_s']:10,.0f} tok/s  "
             f"{r['tflops_per_device']:.3f} TFLOPS/dev  peak {_gib(r['peak_memory_bytes'])} GiB, tensors "
             f"{_gib(r.get('peak_tensor_bytes'))} GiB (predicted {_gib(r['predicted_bytes'])})  "
             f"loss {r['first_loss']:.4f}→{r['last_loss']:.4f}" + (f"  [{r['note']}]" if r.get("note") else ""))

@@ -14,8 +14,8 @@ from trainlab.device import TF32_MODES
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, json_output, one_of, opt, output_dir, positive, seed_value
 from trainlab.gpt.model import PRESETS
-from trainlab.gpt.plan import GPTPlan, Machine, resolve
-from trainlab.gpt.planner import Resolver, parse_bytes, predicted_peak
+from trainlab.gpt.plan import LOSSES, GPTPlan, Machine, resolve
+from trainlab.gpt.planner import Resolver, parse_bytes, predicted_peak, usable_bytes
 from trainlab.gpt.strategy import parse_strategy, resolve_degrees
 
 MODEL_HELP = "preset: " + ", ".join(PRESETS)
@@ -32,7 +32,14 @@ class GPTBenchConfig(Config):
     warmup: int = opt(2, "untimed steps before them (compile, allocator, caches)", check=at_least(0))
     global_batch: int = opt(8, "sequences per optimizer step (identical for every strategy)", check=at_least(1))
     micro_batch: int = opt(8, "sequences per forward/backward on one rank", check=at_least(1))
+    micro_batch_auto: bool = opt(False, "instead of --micro-batch: the largest the planner predicts fits this "
+                                        "device (no accumulation where one micro-batch is the whole per-rank batch)")
     seq: int | None = opt(None, "sequence length (default: the model's n_positions)", check=at_least(2))
+    vocab_multiple: int = opt(1, "pad the embedding and LM-head rows to a multiple of this (64: 50257 -> 50304; "
+                                 "the pad logits are masked, the loss is unchanged)", check=at_least(1))
+    fused_qkv: bool = opt(False, "q, k and v projections as one GEMM (not with tp)")
+    loss: str = opt("cross_entropy", "cross_entropy | chunked (the LM head and the loss in 4096-token chunks: "
+                                     "the [B, T, V] logits never exist whole)", choices=tuple(LOSSES))
     device: str = opt("auto", "auto | cpu | cuda")
     impl: str = opt("ours", "ours | hf (HF GPT2LMHeadModel, the handout's baseline)", choices=("ours", "hf"))
     tp: int = opt(1, "tensor-parallel degree (with tp; default: all ranks)", check=at_least(1))
@@ -54,7 +61,7 @@ class GPTBenchConfig(Config):
     def plan(self, machine: Machine | None = None, model=None) -> GPTPlan:
         """This run resolved on `machine` (default: this one) with the planner's predicted peak attached;
         every check of a run happens here (`gpt.plan.resolve`), before anything launches."""
-        return resolve(self, machine or Machine.detect(), model=model, predict=predicted_peak)
+        return resolve(self, machine or Machine.detect(), model=model, predict=predicted_peak, usable=usable_bytes)
 
 
 @dataclass
@@ -104,6 +111,9 @@ class PlanConfig(Config):
                          choices=("foreach", "fused", "forloop"))
     sm: int = opt(90, "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs",
                   check=at_least(1))
+    vocab_multiple: int = opt(1, "as gpt bench: embedding rows padded to a multiple of this", check=at_least(1))
+    fused_qkv: bool = opt(False, "as gpt bench: q, k, v as one Linear")
+    loss: str = opt("cross_entropy", "as gpt bench: cross_entropy | chunked", choices=tuple(LOSSES))
     json: str | None = opt(None, "write the plan as JSON to PATH ('-': print it instead of the table)",
                            metavar="PATH", check=json_output)
 
@@ -124,7 +134,9 @@ class PlanConfig(Config):
             n_mb = 2 * deg.pp if spec.pp else 1
             run = GPTBenchConfig(model=self.model, strategy=strategy, nproc=world, device="cuda",
                                  global_batch=micro_batch * n_mb * (deg.dp if spec.data_parallel else 1),
-                                 micro_batch=micro_batch, seq=self.seq, fused_optimizer=self.optimizer == "fused")
+                                 micro_batch=micro_batch, seq=self.seq, fused_optimizer=self.optimizer == "fused",
+                                 vocab_multiple=self.vocab_multiple, fused_qkv=self.fused_qkv and not spec.tp,
+                                 loss=self.loss if not spec.pp else "cross_entropy")
             p = run.plan(machine)
             if self.optimizer == "forloop" and p.optimizer_kernel != "forloop":  # no bench flag asks for it
                 p = replace(p, optimizer_kernel="forloop")

@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainlab.distributed.wrappers import unwrap
 from trainlab.errors import ConfigError
+from trainlab.gpt.loss import IGNORE, shifted_targets
 
 
 @dataclass
@@ -33,10 +34,21 @@ class GPTConfig:
     n_layer: int = 12                # number of transformer blocks L
     n_head: int = 12                 # attention heads; head_dim = n_embd // n_head
     layer_norm_epsilon: float = 1e-5
+    # Levers of the implementation, not of the function (issue 30): the model computes the same loss
+    # and gradients with any of them (tests/test_gpt_levers.py).
+    vocab_multiple: int = 1          # embedding/LM-head rows padded to a multiple (64: 50257 → 50304)
+    fused_qkv: bool = False          # q, k, v as one [3C, C] Linear: one GEMM instead of three
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab(self) -> int:
+        """Rows of the embedding and the LM head: the vocabulary rounded up to `vocab_multiple`. The
+        50257-wide head runs misaligned GEMMs (cutlass align1 kernels, ~13 % of the H100 step)."""
+        m = max(1, self.vocab_multiple)
+        return -(-self.vocab_size // m) * m
 
 
 PRESETS: dict[str, GPTConfig] = {
@@ -72,9 +84,12 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         C = cfg.n_embd
         self.head_dim = cfg.head_dim
-        self.q_proj = nn.Linear(C, C, bias=True)
-        self.k_proj = nn.Linear(C, C, bias=True)
-        self.v_proj = nn.Linear(C, C, bias=True)
+        if cfg.fused_qkv:  # rows q | k | v, as HF's c_attn columns
+            self.qkv_proj = nn.Linear(C, 3 * C, bias=True)
+        else:  # three Linears: what tensor parallel splits column-wise, each on its own
+            self.q_proj = nn.Linear(C, C, bias=True)
+            self.k_proj = nn.Linear(C, C, bias=True)
+            self.v_proj = nn.Linear(C, C, bias=True)
         self.o_proj = nn.Linear(C, C, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +97,10 @@ class CausalSelfAttention(nn.Module):
             # cast once: autocast would otherwise make (and save for backward) one 16-bit copy of
             # the LayerNorm output for each of q, k and v
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if hasattr(self, "qkv_proj"):
+            q, k, v = self.qkv_proj(x).chunk(3, dim=-1)  # views of one GEMM's output
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         B, T = q.shape[0], q.shape[1]
         # heads from the *local* width: under tensor parallel q holds only this rank's heads
         n_head = q.shape[-1] // self.head_dim
@@ -135,15 +153,28 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.config = cfg
-        self.wte: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        V = cfg.padded_vocab
+        self.wte: nn.Embedding | None = nn.Embedding(V, cfg.n_embd)
         self.wpe: nn.Embedding | None = nn.Embedding(cfg.n_positions, cfg.n_embd)
         self.h = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
         self.ln_f: nn.LayerNorm | None = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
-        self.lm_head: nn.Linear | None = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head: nn.Linear | None = nn.Linear(cfg.n_embd, V, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+        if V != cfg.vocab_size:
+            # The pad logits must never win the softmax: -inf through the GEMM's bias (fused into its
+            # epilogue, no extra pass over the [B, T, V] logits) makes their probability exactly 0, so
+            # loss and gradients are the unpadded model's and the pad rows get zero gradient.
+            self.register_buffer("logit_mask", pad_logit_mask(cfg), persistent=False)
         self.activation_checkpointing = "none"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head on the final hidden states [.., C] → logits [.., padded_vocab] (pad columns -inf)."""
+        return F.linear(x, self.lm_head.weight, getattr(self, "logit_mask", None))
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None, hidden_loss=None) -> torch.Tensor:
+        """Logits [B, T, padded_vocab]; with `hidden_loss`, the loss `hidden_loss(hidden, head weight,
+        mask, targets)` instead, so a chunked loss sees the hidden states and the [B, T, V] logits never
+        exist whole (it runs inside forward, so DDP's hooks see it as the model's)."""
         if self.wte is not None:
             T = x.shape[1]
             if T > self.config.n_positions:
@@ -157,8 +188,17 @@ class GPT(nn.Module):
         if self.ln_f is not None:
             x = self.ln_f(x)
         if self.lm_head is not None:
-            x = self.lm_head(x)
+            if hidden_loss is not None:
+                return hidden_loss(x, self.lm_head.weight, getattr(self, "logit_mask", None), targets)
+            x = self.logits(x)
         return x
+
+
+def pad_logit_mask(cfg: GPTConfig, device=None) -> torch.Tensor:
+    """[padded_vocab] fp32: 0 for real tokens, -inf for the padding columns."""
+    mask = torch.zeros(cfg.padded_vocab, device=device)
+    mask[cfg.vocab_size:] = float("-inf")
+    return mask
 
 
 def set_activation_checkpointing(model: nn.Module, mode: str) -> None:
@@ -222,6 +262,9 @@ def initial_value(cfg: GPTConfig, name: str, seed: int, device: torch.device | s
 
     Each parameter draws from its own generator seeded by (seed, name), so a pipeline stage that
     holds only some blocks, a tensor-parallel shard and the full model all see the same numbers.
+    The levers change only the layout: a fused `attn.qkv_proj` is q, k and v's values stacked, a
+    padded `wte` is the real rows followed by zeros (a pad row is never looked up, and its logit is
+    masked), so every lever starts from the same numbers as the plain model.
     The draw happens on the device the model lives on: the CPU's single-threaded normal fill takes
     ~60 s for 1.6B parameters, a GPU's well under a second (issue 18). Same device type, same numbers;
     a CUDA stream of the same seed differs from the CPU's (different generators), so every model that
@@ -230,6 +273,12 @@ def initial_value(cfg: GPTConfig, name: str, seed: int, device: torch.device | s
     shapes = dict(_canonical_param_names(cfg))
     if name == "lm_head.weight":  # tied to the input embedding
         name = "wte.weight"
+    if ".attn.qkv_proj." in name:
+        return torch.cat([initial_value(cfg, name.replace("qkv_proj", part), seed, device)
+                          for part in ("q_proj", "k_proj", "v_proj")])
+    if name == "wte.weight" and cfg.padded_vocab != cfg.vocab_size:
+        real = initial_value(replace(cfg, vocab_multiple=1), name, seed, device)
+        return torch.cat([real, real.new_zeros(cfg.padded_vocab - cfg.vocab_size, cfg.n_embd)])
     if name not in shapes:
         raise KeyError(f"{name!r} is not a parameter of GPT")
     shape = shapes[name]
@@ -276,6 +325,8 @@ def build_gpt(cfg: GPTConfig, seed: int = 0, device: torch.device | str = "cpu")
         return model
     model = model.to_empty(device=device)
     model.lm_head.weight = model.wte.weight  # to_empty gives each parameter its own storage: tie again
+    if hasattr(model, "logit_mask"):  # to_empty left the buffer uninitialised
+        model.logit_mask = pad_logit_mask(cfg, device)
     init_gpt_weights(model, seed)
     return model
 
@@ -291,9 +342,8 @@ def lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     the [B, T, V] logits, the largest activation of the model.
     """
     B, T, V = logits.shape
-    targets = torch.full_like(tokens, -100)
-    targets[:, :-1] = tokens[:, 1:]
-    return F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-100)
+    targets = shifted_targets(tokens)
+    return F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=IGNORE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,13 +373,14 @@ _LAYER_TRANSPOSED_TO_HF = {
 }
 
 
-def gpt_state_dict_to_hf(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our GPT state dict → HF GPT2LMHeadModel's (q/k/v merged into c_attn, Linear → Conv1D)."""
+def gpt_state_dict_to_hf(sd: dict[str, torch.Tensor], vocab_size: int | None = None) -> dict[str, torch.Tensor]:
+    """Our GPT state dict → HF GPT2LMHeadModel's (q/k/v merged into c_attn, Linear → Conv1D); a padded
+    embedding loses its pad rows when `vocab_size` (the real vocabulary) is given."""
     out: dict[str, torch.Tensor] = {}
     qkv: dict[int, dict[str, torch.Tensor]] = {}
     for key, t in sd.items():
         if key in _SIMPLE_TO_HF:
-            out[_SIMPLE_TO_HF[key]] = t
+            out[_SIMPLE_TO_HF[key]] = t[:vocab_size] if key in ("wte.weight", "lm_head.weight") and vocab_size else t
             continue
         m = _OUR_LAYER.match(key)
         if not m:
@@ -340,6 +391,10 @@ def gpt_state_dict_to_hf(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
             out[p + _LAYER_SIMPLE_TO_HF[rest]] = t
         elif rest in _LAYER_TRANSPOSED_TO_HF:
             out[p + _LAYER_TRANSPOSED_TO_HF[rest]] = t.t().contiguous()
+        elif rest == "attn.qkv_proj.weight":  # fused: already q | k | v, as c_attn
+            out[p + "attn.c_attn.weight"] = t.t().contiguous()
+        elif rest == "attn.qkv_proj.bias":
+            out[p + "attn.c_attn.bias"] = t
         elif rest.startswith("attn.") and rest.split(".")[1] in ("q_proj", "k_proj", "v_proj"):
             qkv.setdefault(i, {})[rest] = t
         else:
@@ -359,8 +414,10 @@ def gpt_state_dict_to_hf(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
-def gpt_state_dict_from_hf(hf_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF GPT2LMHeadModel state dict → ours (c_attn split into q/k/v, Conv1D → Linear)."""
+def gpt_state_dict_from_hf(hf_sd: dict[str, torch.Tensor], cfg: GPTConfig | None = None) -> dict[str, torch.Tensor]:
+    """HF GPT2LMHeadModel state dict → ours (c_attn split into q/k/v, Conv1D → Linear); for a `cfg`
+    with the levers, c_attn stays one qkv_proj and the embedding gets zero pad rows."""
+    fused = cfg is not None and cfg.fused_qkv
     to_ours = {v: k for k, v in _SIMPLE_TO_HF.items()}
     layer_simple = {v: k for k, v in _LAYER_SIMPLE_TO_HF.items()}
     layer_t = {v: k for k, v in _LAYER_TRANSPOSED_TO_HF.items()}
@@ -380,6 +437,8 @@ def gpt_state_dict_from_hf(hf_sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
             out[p + layer_simple[rest]] = t
         elif rest in layer_t:
             out[p + layer_t[rest]] = t.t().contiguous()
+        elif fused and rest in ("attn.c_attn.weight", "attn.c_attn.bias"):
+            out[p + "attn.qkv_proj." + rest.rsplit(".", 1)[1]] = t.t().contiguous() if rest.endswith("weight") else t
         elif rest == "attn.c_attn.weight":  # [C, 3C] = [in, q|k|v out]
             for name, part in zip(("q_proj", "k_proj", "v_proj"), t.chunk(3, dim=1)):
                 out[p + f"attn.{name}.weight"] = part.t().contiguous()
@@ -388,13 +447,18 @@ def gpt_state_dict_from_hf(hf_sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
                 out[p + f"attn.{name}.bias"] = part.contiguous()
         else:
             raise KeyError(f"gpt_state_dict_from_hf: unexpected key {key!r}")
+    if cfg is not None and "wte.weight" in out and cfg.padded_vocab > out["wte.weight"].shape[0]:
+        w = out["wte.weight"]
+        out["wte.weight"] = torch.cat([w, w.new_zeros(cfg.padded_vocab - w.shape[0], w.shape[1])])
+        out.pop("lm_head.weight", None)
     if "wte.weight" in out and "lm_head.weight" not in out:
         out["lm_head.weight"] = out["wte.weight"]
     return out
 
 
 def hf_config(cfg: GPTConfig, dropout: float = 0.0):
-    """The transformers GPT2Config for `cfg` (dropout 0: same function as our GPT)."""
+    """The transformers GPT2Config for `cfg` (dropout 0: same function as our GPT; HF's own layout,
+    whatever our levers)."""
     from transformers import GPT2Config
 
     return GPT2Config(
@@ -421,6 +485,7 @@ def build_hf_model(cfg: GPTConfig, gradient_checkpointing: bool = False, *, seed
     except ImportError:  # pragma: no cover - transformers is a dependency of the GPT commands
         raise ConfigError("--impl hf needs the 'transformers' package (pip install transformers)") from None
     device = torch.device(device)
+    cfg = replace(cfg, vocab_multiple=1, fused_qkv=False)  # our levers are not HF's model
     model = None
     if seed is not None:
         # Meta first, then uninitialised storage on the device, filled once with our init below: HF's

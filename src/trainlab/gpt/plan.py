@@ -19,6 +19,7 @@ only checks that its names are ones the engine knows (a spec file is data). This
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -26,16 +27,18 @@ import torch
 
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.attention_backend import AttentionChoice, choose
+from trainlab.gpt.loss import chunked_lm_loss
 from trainlab.gpt.model import GPTConfig, get_preset, lm_loss
 from trainlab.gpt.parallel.nvme import check_nvme_available
 from trainlab.gpt.strategy import Degrees, StrategySpec, parse_strategy, validate_strategy
 
 OPTIMIZERS = ("adamw", "sgd")            # sgd: the equivalence tests' linear update (engine._build_optimizer)
 OPTIMIZER_KERNELS = ("fused", "foreach", "forloop")
-# plan.loss → the step's loss, (logits [B, T, V], tokens [B, T]) → mean next-token loss. A fused or
-# chunked cross-entropy is one more entry here (and, if it needs the hidden states instead of the
-# logits, a step class in gpt.step).
-LOSSES: dict[str, Callable] = {"cross_entropy": lm_loss}
+# plan.loss → the step's loss, (logits [B, T, V], tokens [B, T]) → mean next-token loss; those in
+# HIDDEN_STATE_LOSSES take (hidden [B, T, C], LM-head weight, pad mask, tokens) instead and run inside
+# the model's forward (gpt.step.HiddenLossStep), so the whole logits never exist.
+LOSSES: dict[str, Callable] = {"cross_entropy": lm_loss, "chunked": chunked_lm_loss}
+HIDDEN_STATE_LOSSES = frozenset({"chunked"})
 IMPLS = ("ours", "hf")
 
 
@@ -47,13 +50,19 @@ class Machine:
     gpus: int = 0
     sm: int | None = None
     cudnn_version: int | None = None
+    memory_bytes: int | None = None  # one GPU's memory (CUDA) or the host's (no GPU): --micro-batch-auto's budget
 
     @classmethod
     def detect(cls) -> Machine:
         if not torch.cuda.is_available():
-            return cls()
+            try:
+                host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (ValueError, OSError, AttributeError):
+                host = None
+            return cls(memory_bytes=host)
         major, minor = torch.cuda.get_device_capability(0)
-        return cls(torch.cuda.device_count(), 10 * major + minor, torch.backends.cudnn.version())
+        return cls(torch.cuda.device_count(), 10 * major + minor, torch.backends.cudnn.version(),
+                   torch.cuda.get_device_properties(0).total_memory)
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,7 @@ class GPTPlan:
     weight_decay: float = 0.0
     seed: int = 0
     tf32: str = "off"
+    micro_batch_auto: bool = False   # micro_batch was chosen by the planner (the largest that fits)
     nvme_path: str | None = None
     predicted_peak_bytes: int | None = None  # the planner's per-device peak (None: no model of this run)
     # the benchmark around the step (`gpt bench`): what the worker runs and writes
@@ -102,6 +112,17 @@ class GPTPlan:
                 raise ConfigError(f"--{name.replace('_', '-')} {value!r}: expected one of {', '.join(allowed)}")
         if self.strategy.data_parallel == "nvme" and self.optimizer != "adamw":
             raise ConfigError(f"--optimizer {self.optimizer}: nvme (DeepSpeed) runs AdamW only")
+        # the levers are our model's: HF's has none; tensor parallel splits q, k, v one by one; the
+        # pipeline's last stage and DeepSpeed call the loss on logits
+        levers = [f for f, on in (("--vocab-multiple", self.model.vocab_multiple > 1),
+                                  ("--fused-qkv", self.model.fused_qkv),
+                                  ("--loss chunked", self.loss in HIDDEN_STATE_LOSSES)) if on]
+        if levers and self.impl != "ours":
+            raise ConfigError(f"{levers[0]}: a lever of our model, not of --impl {self.impl}")
+        if self.model.fused_qkv and self.degrees.tp > 1:
+            raise ConfigError("--fused-qkv: tensor parallel splits q, k and v separately; drop one of them")
+        if self.loss in HIDDEN_STATE_LOSSES and (self.degrees.pp > 1 or self.strategy.data_parallel == "nvme"):
+            raise ConfigError(f"--loss {self.loss}: not with pp or nvme (they compute the loss on the logits)")
 
     # the strategy's modifiers, named as the issue lists the plan's contents
     @property
@@ -145,7 +166,8 @@ class GPTPlan:
                 "micro_steps": self.micro_steps, "seq_len": self.seq, "amp": self.amp,
                 "activation_checkpointing": self.checkpointing, "offload": self.offload,
                 "compile": self.strategy.compile, "optimizer": self.optimizer, "device": self.device,
-                "attention": self.attention.label}
+                "attention": self.attention.label, "vocab_rows": self.model.padded_vocab,
+                "fused_qkv": self.model.fused_qkv, "loss": self.loss, "micro_batch_auto": self.micro_batch_auto}
 
 
 def _device_type(flag: str, world_size: int, machine: Machine) -> str:
@@ -173,14 +195,24 @@ def optimizer_kernel(spec: StrategySpec, device: str, fused: bool) -> str:
     return "foreach" if device == "cuda" else "forloop"
 
 
+MAX_VOCAB_MULTIPLE = 1024
+
+
 def resolve(config, machine: Machine, *, model: GPTConfig | None = None,
-            predict: Callable[[GPTPlan], int | None] | None = None) -> GPTPlan:
+            predict: Callable[[GPTPlan], int | None] | None = None,
+            usable: Callable[[int], int] | None = None) -> GPTPlan:
     """`config` (a `gpt.config.GPTBenchConfig`) on `machine` → the checked, frozen plan.
 
     `model` replaces the preset (tests, benchmarks of a model that is not one); `predict` is the
-    planner's `plan → peak bytes` (`planner.predicted_peak`), attached as `predicted_peak_bytes`."""
+    planner's `plan → peak bytes` (`planner.predicted_peak`), attached as `predicted_peak_bytes`;
+    `usable` (`planner.usable_bytes`) turns the machine's memory into --micro-batch-auto's budget."""
     config.validate()  # every field's declared range
+    if config.micro_batch_auto:
+        return largest_fitting(config, machine, model, predict, usable)
+    if config.vocab_multiple > MAX_VOCAB_MULTIPLE:
+        raise ConfigError(f"--vocab-multiple {config.vocab_multiple}: expected 1 to {MAX_VOCAB_MULTIPLE}")
     model_cfg = model if model is not None else get_preset(config.model)
+    model_cfg = dataclasses.replace(model_cfg, vocab_multiple=config.vocab_multiple, fused_qkv=config.fused_qkv)
     spec = parse_strategy(config.strategy)
     seq = config.seq if config.seq is not None else model_cfg.n_positions
     device = _device_type(config.device, config.nproc, machine)
@@ -202,7 +234,46 @@ def resolve(config, machine: Machine, *, model: GPTConfig | None = None,
         world_size=config.nproc, degrees=deg, global_batch=config.global_batch, per_rank_batch=per_rank,
         micro_batch=micro, micro_steps=steps, seq=seq, pp_schedule=config.pp_schedule, device=device, sm=sm,
         cudnn_version=cudnn, attention=choose(model_cfg.head_dim, spec.amp or "fp32", device, sm or 90, cudnn),
-        optimizer_kernel=optimizer_kernel(spec, device, config.fused_optimizer), lr=config.lr, seed=config.seed,
+        optimizer_kernel=optimizer_kernel(spec, device, config.fused_optimizer), loss=config.loss, lr=config.lr,
+        seed=config.seed,
         tf32=config.tf32, steps=config.steps, warmup=config.warmup, track_memory=config.track_memory,
         json=config.json, out=config.out, overwrite=config.overwrite)
     return dataclasses.replace(plan, predicted_peak_bytes=predict(plan)) if predict is not None else plan
+
+
+def largest_fitting(config, machine: Machine, model: GPTConfig | None, predict, usable) -> GPTPlan:
+    """--micro-batch-auto: the plan with the largest micro-batch whose predicted peak fits the machine.
+    Candidates divide the global batch, largest first, so a micro-batch that reaches the per-rank batch
+    (no accumulation) wins when it fits; each is resolved and checked as a given --micro-batch would be.
+    HF's model, which the planner does not model, is sized by ours with the same strategy (a proxy)."""
+    if predict is None or usable is None:
+        raise ConfigError("--micro-batch-auto: needs the planner (resolve it through GPTBenchConfig.plan)")
+    device = _device_type(config.device, config.nproc, machine)
+    if machine.memory_bytes is None:
+        raise HardwareError(f"--micro-batch-auto: the memory of {device} is unknown; give --micro-batch")
+    budget = usable(machine.memory_bytes) if device == "cuda" else machine.memory_bytes // max(1, config.nproc)
+    fixed = dataclasses.replace(config, micro_batch_auto=False)
+    tried, refused = [], None
+    for mb in _divisors_descending(config.global_batch):
+        try:
+            plan = resolve(dataclasses.replace(fixed, micro_batch=mb), machine, model=model, predict=predict)
+        except ConfigError as e:
+            refused = e
+            continue  # not a micro-batch this strategy can run (accum needs 2+ micro-steps, dp's slice, …)
+        peak = plan.predicted_peak_bytes
+        if peak is None:
+            peak = predict(dataclasses.replace(plan, impl="ours"))
+        if peak is None:
+            raise ConfigError(f"--micro-batch-auto: the planner does not model --strategy {plan.strategy.text}")
+        if peak <= budget:
+            return dataclasses.replace(plan, micro_batch_auto=True)
+        tried.append(f"{mb}: {peak / 2**30:.1f} GiB")
+    if not tried and refused is not None:
+        raise refused  # no micro-batch was valid: the reason is a flag's, say it
+    raise HardwareError(f"--micro-batch-auto: no micro-batch fits {budget / 2**30:.1f} GiB usable on {device} "
+                        f"(predicted {'; '.join(tried) or 'none valid'})")
+
+
+def _divisors_descending(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]), reverse=True)

@@ -42,6 +42,7 @@ from typing import Callable
 
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.attention_backend import AttentionChoice, choose
+from trainlab.gpt.loss import CHUNK_TOKENS
 from trainlab.gpt.model import GPTConfig, count_params
 from trainlab.gpt.parallel.pipeline import stage_layer_ranges
 from trainlab.gpt.plan import GPTPlan
@@ -173,7 +174,8 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
                    seq_len: int | None = None, tp: int = 1, pp: int = 1, *, microbatches: int | None = None,
                    pp_schedule: str = "1f1b", accumulation_steps: int = 1, optimizer: str = "foreach",
                    sequence_parallel: bool = False, device_type: str = "cuda", sm: int = 90,
-                   cudnn_version: int | None = None, attention: AttentionChoice | None = None) -> dict:
+                   cudnn_version: int | None = None, attention: AttentionChoice | None = None,
+                   loss: str = "cross_entropy") -> dict:
     """Predicted per-device bytes for one training step (the worst pipeline stage).
 
     Returns params_bytes, grads_bytes, optimizer_bytes, activations_bytes, buffers_bytes,
@@ -197,7 +199,7 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
     amp = spec.amp is not None
     r, p = FP32, (2 if amp else FP32)   # autocast keeps the residual stream (and LayerNorms) in fp32
     attn = attention or attention_for(cfg, spec, device_type, sm, cudnn_version)
-    V, h = cfg.vocab_size, cfg.n_embd
+    V, h = cfg.padded_vocab, cfg.n_embd   # the embedding's rows and the logits' width, padding included
     n_mb = microbatches or 1
     stages = _stages(cfg, deg.pp, pp_schedule, n_mb) if deg.pp > 1 else [_Stage(cfg.n_layer, True, True, 1)]
 
@@ -231,7 +233,13 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
             layer_full += 2 * layer_linear_param_count(cfg, deg.tp)
         head_act = 0.0
         logits_tmp = 0.0
-        if st.has_head:
+        if st.has_head and loss == "chunked":
+            # gpt.loss: ln_f input, and the loss's stored gradients d(hidden) [N, h] (ln_f output dtype: the
+            # residual's) and d(weight) in fp32; one chunk's logits (16-bit), fp32 softmax and 16-bit
+            # gradient, and (amp) the 16-bit copy of the weight are the temporaries
+            head_act = tokens * (r * h + r * h) + FP32 * V * h
+            logits_tmp = min(tokens, CHUNK_TOKENS) * V * (FP32 + (2 * p if amp else 0)) + (p * V * h if amp else 0)
+        elif st.has_head:
             head_act = tokens * (r * h + p * h + FP32 * V)   # ln_f input, lm_head input, log_softmax output
             logits_tmp = tokens * 2 * FP32 * V               # d(log_softmax out), d(logits) at backward start
             if amp:
@@ -333,7 +341,7 @@ def predict_plan(plan: GPTPlan) -> dict:
     return predict_memory(plan.model, plan.strategy, plan.world_size, plan.micro_batch, plan.seq,
                           plan.degrees.tp, plan.degrees.pp, microbatches=plan.micro_steps if plan.pipeline else None,
                           pp_schedule=plan.pp_schedule, accumulation_steps=1 if plan.pipeline else plan.micro_steps,
-                          optimizer=plan.optimizer_kernel, attention=plan.attention)
+                          optimizer=plan.optimizer_kernel, attention=plan.attention, loss=plan.loss)
 
 
 def predicted_peak(plan: GPTPlan) -> int | None:

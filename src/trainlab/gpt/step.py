@@ -6,13 +6,18 @@ then one `optimizer_step`. Which class runs a step is decided once, from the pla
 
   EagerStep     forward under the precision's autocast, the plan's loss, backward (GradScaler for
                 fp16); gradient sync only on the last micro-step (DDP no_sync / FSDP2)
+  HiddenLossStep  the same with a loss on the hidden states (the chunked cross-entropy), which the
+                model runs inside its forward so the [B, T, V] logits never exist whole
   PipelineStep  torch.distributed.pipelining's schedule runs forward and backward of every micro-batch
   DeepSpeedStep DeepSpeed's engine scales, syncs and steps on its own (nvme)
 
 A new lever is a plan field and a class or a table entry here, not an `if` in the engine, the bench and
-the planner: a fused or chunked cross-entropy is one more entry in `plan.LOSSES` (a class here if it
-needs the hidden states rather than the logits), a CUDA-graph wrapper wraps
-`EagerStep.forward_backward_step` as torchtitan's wraps its own.
+the planner: a loss is one more entry in `plan.LOSSES` (`HiddenLossStep` if it needs the hidden states
+rather than the logits), a CUDA-graph wrapper would wrap `EagerStep.forward_backward_step` as
+torchtitan's wraps its own. None is written for GPT (issue 30): the 1.6B step is GEMM-bound (~0.5 s of
+GPU work per optimizer step at micro-batch 16) and the host queues its few thousand launches ahead of the
+GPU, so there is little launch time to save, while a captured step would pin its own memory pool on a
+GPU the step already fills to ~70 GiB.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import torch.nn as nn
 
 from trainlab.distributed.wrappers import gradient_sync
 from trainlab.gpt.parallel.amp import Precision
-from trainlab.gpt.plan import LOSSES, GPTPlan
+from trainlab.gpt.plan import HIDDEN_STATE_LOSSES, LOSSES, GPTPlan
 
 
 def logits_of(impl: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
@@ -50,13 +55,24 @@ class EagerStep:
         with gradient_sync(self.model, last):
             with self.precision.autocast():
                 # mean of equal-size micro-batch means = mean over the whole batch
-                loss = self.loss_fn(self.logits(self.model, tokens), tokens) / self.micro_steps
+                loss = self.loss(tokens) / self.micro_steps
             self.precision.backward(loss)
         return loss.detach().float()
+
+    def loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.logits(self.model, tokens), tokens)
 
     def optimizer_step(self) -> None:
         self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
+
+
+class HiddenLossStep(EagerStep):
+    """A loss on the hidden states and the LM head (`plan.HIDDEN_STATE_LOSSES`, e.g. the chunked
+    cross-entropy): the model runs it inside its forward, so the whole [B, T, V] logits never exist."""
+
+    def loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens, targets=tokens, hidden_loss=self.loss_fn)
 
 
 class PipelineStep(EagerStep):
@@ -98,6 +114,8 @@ def make_step(plan: GPTPlan, model: nn.Module, optimizer, precision: Precision, 
         return DeepSpeedStep(plan, model)
     if pipe is not None:
         return PipelineStep(plan, pipe, optimizer, precision)
+    if plan.loss in HIDDEN_STATE_LOSSES:
+        return HiddenLossStep(plan, model, optimizer, precision)
     return EagerStep(plan, model, optimizer, precision)
 
 
