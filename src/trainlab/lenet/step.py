@@ -127,7 +127,7 @@ class Step:
             self.optimizer.zero_grad(set_to_none=True)
 
     def _capture(self, x, y) -> None:
-        """Capture forward + backward (+ the optimizer step where `plan.optimizer_in_graph`) on static buffers shaped like (x, y)."""
+        """Capture forward + backward (+ the optimizer step if `plan.optimizer_in_graph`) on buffers like (x, y)."""
         self.static_x, self.static_y = x.clone(), y.clone()  # clone keeps x's memory format (channels-last)
         in_graph = self.plan.optimizer_in_graph
         for group in self.optimizer.param_groups if in_graph else ():
