@@ -289,3 +289,20 @@ def test_the_lab_prints_its_report_to_pdf_at_the_end_of_a_call(run_template, tmp
     write_outputs(lab, state, pdf_log=lines.append)
     pdf = lab / "report" / "report.pdf"
     assert lines == [f"lab: report PDF {pdf.resolve()}"] and pdf.read_bytes()[:5] == b"%PDF-"
+
+
+def test_the_architecture_comes_from_the_run_and_the_standard_text_equals_the_model():
+    """The report reads the table a run recorded; the fixed-text fallback (runs from before the field)
+    is the handout's LeNet-5 exactly as lenet.architecture computes it, and only for that config."""
+    from trainlab.lenet.architecture import architecture_rows
+    from trainlab.report.lab import lenet_architecture
+    from trainlab.report.lab_text import STANDARD_LENET5
+
+    assert [list(r) for r in STANDARD_LENET5] == architecture_rows({"act": "relu", "pool": "max"})
+    recorded = architecture_rows({"act": "gelu-cuda", "batchnorm": True})
+    assert any(r[0] == "batch normalization" for r in recorded) and any(r[0] == "gelu-cuda" for r in recorded)
+    rows, source = lenet_architecture({"architecture": recorded}, {"act": "gelu-cuda", "batchnorm": True})
+    assert rows == recorded and source == "recorded by the run"
+    assert lenet_architecture({}, {"act": "relu"})[0][-1] == ["total", "10 class scores", "61,706"]
+    assert lenet_architecture({}, {"act": "gelu-cuda"}) is None  # no guessing for a run that differs
+    assert lenet_architecture({}, {"batchnorm": True}) is None

@@ -23,6 +23,7 @@ from trainlab.device import set_tf32, synchronize
 from trainlab.distributed.wrappers import unwrap
 from trainlab.distributed.launch import describe_timeout
 from trainlab.errors import TrainingDiverged
+from trainlab.lenet.architecture import architecture_rows
 from trainlab.lenet.batches import build_test_batches, build_train_batches, to_device
 from trainlab.lenet.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
 from trainlab.lenet.config import TrainConfig
@@ -186,6 +187,7 @@ def _summarize(cfg: TrainConfig, plan: LeNetPlan, s, par, run: RunDir, tel, env:
     tel.close(unwrap(model), s.test_batches, s.global_step, wrong)
     summary = {
         "test_accuracy": final["test_accuracy"],
+        "architecture": architecture_rows(cfg.to_dict()),  # the report reads it here, never builds the model
         "train_accuracy": s.history[-1].get("train_accuracy") if s.history else None,
         "test_loss": final["test_loss"],
         "per_class_accuracy": final["per_class_accuracy"],

@@ -27,7 +27,6 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from trainlab.errors import ConfigError
 from trainlab.io import atomic_write_text
 from trainlab.report import format as fmt
 from trainlab.report import plots
@@ -52,6 +51,7 @@ from trainlab.report.lab_text import (
     GELU_SOURCE,
     HEADING,
     REFERENCES,
+    STANDARD_LENET5,
     STRATEGY_WORDS,
 )
 
@@ -119,50 +119,18 @@ def _accuracy_line(s: dict) -> str:
             f"of training) — the handout's {HANDOUT_PASS_BAR:.0f} % bar: {met}")
 
 
-def lenet_architecture(config: dict) -> list[list[str]] | None:
-    """Layer, output shape and parameters of the LeNet-5 the run built, read off the model itself (built
-    on the CPU from the run's config: no training, no GPU). None for another model."""
-    if config.get("model", "lenet5") != "lenet5":
-        return None
-    import torch
-    import torch.nn as nn
+def lenet_architecture(summary: dict, config: dict) -> tuple[list[list[str]], str] | None:
+    """Layer, output shape and parameters of the LeNet-5 a run built, and where the table comes from.
 
-    from trainlab.lenet.model import LeNet5
-
-    act = str(config.get("act", "relu"))
-    try:  # the shapes and parameters do not depend on whose GELU or whose layers: build PyTorch's
-        model = LeNet5(act="relu", pool=config.get("pool", "max"), batchnorm=bool(config.get("batchnorm")),
-                       batchnorm_conv1=bool(config.get("batchnorm_conv1", True)))
-    except (ConfigError, ValueError, TypeError):  # a config this version cannot build: no table, not a broken report
-        return None
-    rows = [["layer", "output (C×H×W)", "parameters"], ["input: a 28×28 grey image", "1×28×28", "0"]]
-
-    def name_of(m: nn.Module) -> str:
-        if isinstance(m, nn.Conv2d):
-            pad = f", padding {m.padding[0]}" if m.padding[0] else ""
-            return f"convolution {m.in_channels}→{m.out_channels}, {m.kernel_size[0]}×{m.kernel_size[1]}{pad}"
-        if isinstance(m, (nn.MaxPool2d, nn.AvgPool2d)):
-            k = m.kernel_size if isinstance(m.kernel_size, int) else m.kernel_size[0]
-            return f"{'max' if isinstance(m, nn.MaxPool2d) else 'average'} pooling {k}×{k}"
-        if isinstance(m, nn.Linear):
-            return f"fully connected {m.in_features}→{m.out_features}"
-        if isinstance(m, nn.Flatten):
-            return "flatten"
-        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
-            return "batch normalization"
-        return act  # the activation
-
-    def hook(m, _inp, out):
-        rows.append([name_of(m), "×".join(str(d) for d in out.shape[1:]), f"{sum(p.numel() for p in m.parameters()):,}"])
-
-    leaves = [m for m in model.modules() if not list(m.children()) and not isinstance(m, nn.Identity)]
-    handles = [m.register_forward_hook(hook) for m in leaves]
-    with torch.no_grad():
-        model(torch.zeros(1, 1, 28, 28))
-    for h in handles:
-        h.remove()
-    rows.append(["total", "10 class scores", f"{sum(p.numel() for p in model.parameters()):,}"])
-    return rows
+    The report reads files, not workloads: a run records its own table (summary.json `architecture`,
+    written by lenet.architecture). A run from before that field gets the handout's standard LeNet-5
+    from fixed text, and only when its config is that standard one (tests hold the text to the model)."""
+    rows = summary.get("architecture")
+    if isinstance(rows, list) and rows and all(isinstance(r, list) and len(r) == 3 for r in rows):
+        return [[str(c) for c in r] for r in rows], "recorded by the run"
+    standard = (config.get("model", "lenet5") == "lenet5" and config.get("pool", "max") == "max"
+                and not config.get("batchnorm") and config.get("act", "relu") == "relu")
+    return ([list(r) for r in STANDARD_LENET5], "the standard LeNet-5 (this run predates recorded tables)") if standard else None
 
 
 # ------------------------------------------------------------------------------------ sections
@@ -229,9 +197,9 @@ def _lenet(lab: Lab) -> list[Block]:
         "torch.utils.data.Dataset subclass), not torchvision; "
         + ("the whole set stays on the device and batches are sliced there (--loader device)."
            if c.get("loader", "device") == "device" else "a DataLoader feeds the batches (--loader dataloader).")))
-    arch = lenet_architecture(c)
+    arch = lenet_architecture(s, c)
     if arch:
-        blocks.append(Block("table", rows=arch))
+        blocks.append(Block("table", rows=arch[0]))
         if c.get("act", "relu") == "relu" and c.get("pool", "max") == "max":
             blocks.append(para(f"LeNet-5 {lab.cite('lenet')} in its common modern form (ReLU, max-pooling). ReLU comes after "
                                "the pooling: max(relu(x)) = relu(max(x)), gradient included, on a quarter of the values."))

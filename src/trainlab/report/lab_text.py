@@ -59,3 +59,24 @@ REFERENCES = {
           "arXiv:1909.08053, 2019.",
     "pp": "Y. Huang et al. GPipe: Efficient Training of Giant Neural Networks using Pipeline Parallelism. NeurIPS 2019.",
 }
+
+
+# The handout's LeNet-5 (ReLU, max-pooling, no batch norm), for runs that predate the summary's own
+# `architecture` table; tests/test_report_lab.py holds it equal to lenet.architecture's.
+STANDARD_LENET5 = (
+    ('layer', 'output (C×H×W)', 'parameters'),
+    ('input: a 28×28 grey image', '1×28×28', '0'),
+    ('convolution 1→6, 5×5, padding 2', '6×28×28', '156'),
+    ('max pooling 2×2', '6×14×14', '0'),
+    ('relu', '6×14×14', '0'),
+    ('convolution 6→16, 5×5', '16×10×10', '2,416'),
+    ('max pooling 2×2', '16×5×5', '0'),
+    ('relu', '16×5×5', '0'),
+    ('flatten', '400', '0'),
+    ('fully connected 400→120', '120', '48,120'),
+    ('relu', '120', '0'),
+    ('fully connected 120→84', '84', '10,164'),
+    ('relu', '84', '0'),
+    ('fully connected 84→10', '10', '850'),
+    ('total', '10 class scores', '61,706'),
+)
