@@ -71,8 +71,8 @@ def test_triton_kernel_compiles_for_sm90_with_vector_accesses_when_aligned(monke
     # TRITON_INTERPRET=1 must not turn the ahead-of-time compile into an interpreter wrapper
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     sig = {"x_ptr": "*fp32", "g_ptr": "*fp32", "gg_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
-           "ORDER": "constexpr", "TANH": "constexpr", "F64": "constexpr", "BLOCK": "constexpr", "RNE_BF16": "constexpr"}
-    consts = {"ORDER": 0, "TANH": False, "F64": False, "BLOCK": 1024, "RNE_BF16": False}
+           "ORDER": "constexpr", "FORM": "constexpr", "F64": "constexpr", "BLOCK": "constexpr", "RNE_BF16": "constexpr"}
+    consts = {"ORDER": 0, "FORM": 0, "F64": False, "BLOCK": 1024, "RNE_BF16": False}
     aligned = ("x_ptr", "g_ptr", "gg_ptr", "out_ptr", "n")
     assert vector_widths(triton_ptx(_gelu_kernel, sig, consts, 90, aligned=aligned)) == {"ld": {128}, "st": {128}}
     assert vector_widths(triton_ptx(_gelu_kernel, sig, consts, 90)) == {"ld": {32}, "st": {32}}  # unaligned: scalar
