@@ -510,7 +510,7 @@ CASES = [
     Case("report-out-is-file", "report {run} -o {file}", r"-o/--out \S+file': is a file, expected a directory"),
     Case("report-metrics-line-not-object", "report {run} -o {ws}/rep", r"metrics.jsonl:1: expected a JSON object, found list",
          setup=_write("run/metrics.jsonl", "[1, 2]\n")),
-    Case("report-summary-wrong-type", "report {run} -o {ws}/rep", r"summary.json: 'test_accuracy' must be a number, found \"high\"",
+    Case("report-summary-wrong-type", "report {run} -o {ws}/rep", r"summary.json: 'test_accuracy' must be a percentage \(0 to 100\), found \"high\"",
          setup=_edit_json("run/summary.json", _set("test_accuracy", "high"))),
     Case("report-config-not-object", "report {run} -o {ws}/rep", r"config.json: expected a JSON object, found list",
          setup=_write("run/config.json", "[]")),

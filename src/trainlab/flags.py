@@ -137,6 +137,14 @@ def at_least(lo: int) -> Check:
     return check
 
 
+def int_range(lo: int, hi: int) -> Check:
+    """An integer >= lo and <= hi (a count whose upper bound is what could ever finish)."""
+    def check(v: Any) -> str | None:
+        ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+        return None if ok else f"expected an integer >= {lo} and <= {hi:,}"
+    return check
+
+
 def process_count(lo: int) -> Check:
     """An integer >= lo and at most `device.process_limit()` (ranks or workers this machine can run)."""
     def check(v: Any) -> str | None:
@@ -148,6 +156,18 @@ def process_count(lo: int) -> Check:
                     f"this machine has {cpu_cores()})")
         return problem
     return check
+
+
+def thread_count(v: Any) -> str | None:
+    """CPU threads for torch: an integer >= 1 and at most this machine's cores × PROCESSES_PER_CORE (more
+    threads than that only contend; 100,000 would exhaust the process's thread limit)."""
+    from trainlab.device import PROCESSES_PER_CORE, cpu_cores, process_limit
+
+    problem = at_least(1)(v)
+    if problem is None and v > process_limit():
+        return (f"expected an integer >= 1 and <= {process_limit()} ({PROCESSES_PER_CORE} per CPU core; "
+                f"this machine has {cpu_cores()})")
+    return problem
 
 
 # Seeds are 32-bit: numpy's generators and the loaders' per-sample streams take no more.

@@ -93,6 +93,10 @@ def _size_problem(text: str) -> str | None:
     return None
 
 
+# compute capabilities × 10 of the NVIDIA GPUs torch builds for (Volta … Blackwell)
+KNOWN_SM = (70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
+
+
 @dataclass
 class PlanConfig(Config):
     """Predicted per-device memory of every strategy (`trainlab gpt plan`)."""
@@ -105,7 +109,8 @@ class PlanConfig(Config):
     strategies: str | None = opt(None, "comma-separated list (default: a matrix for --gpus)")
     optimizer: str = opt("foreach", "AdamW implementation (its temporaries differ)",
                          choices=("foreach", "fused", "forloop"))
-    sm: int = opt(90, "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs")
+    sm: int = opt(90, "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs",
+                  check=one_of(KNOWN_SM))
     json: bool = opt(False, "print JSON instead of a table")
 
     @property

@@ -67,6 +67,10 @@ def run_train(args: argparse.Namespace) -> int:
     # All launch problems (mode, --nproc vs GPUs, batch vs world size) fail here, before any process starts.
     check_launch(cfg.parallel, args.nproc, cfg.device, cfg.batch_size)
     check_shard_weights(cfg.shard_weights, cfg.parallel, args.nproc, cfg.batch_size)
+    for flag, images in (("--train-subset", cfg.train_subset), ("--test-subset", cfg.test_subset)):
+        if images is not None and images < args.nproc:  # a rank with no image has nothing to average
+            raise ConfigError(f"{flag} {images}: fewer images than the {args.nproc} ranks of --nproc {args.nproc}; "
+                              "every rank needs at least one")
     if args.resume:
         check_run_dir(args.resume, resume=True, flag="--resume")
     else:

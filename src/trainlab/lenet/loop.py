@@ -25,6 +25,7 @@ from trainlab.device import set_tf32, synchronize
 from trainlab.distributed.wrappers import unwrap
 from trainlab.distributed.launch import describe_timeout
 from trainlab.errors import TrainingDiverged
+from trainlab.signals import StopOnSignal
 from trainlab.lenet.batches import build_test_batches, build_train_batches, to_device
 from trainlab.lenet.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
 from trainlab.lenet.config import TrainConfig
@@ -104,7 +105,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
     time_to_target = next((h["train_seconds"] for h in s.history if h["test_accuracy"] >= TARGET_ACCURACY), None)
     epochs_run = 0
     try:
-        with tel:
+        with tel, StopOnSignal() as signals:  # SIGTERM/SIGINT: stop after the next checkpoint (trainlab.signals)
             for epoch in range(s.start_epoch, cfg.epochs):
                 tel.epoch_starts(first=epochs_run == 0)
                 epoch_seconds, losses, accuracies, train_accuracy = _train_epoch(cfg, s, model, par, epoch)
@@ -128,6 +129,7 @@ def _train(cfg: TrainConfig, resume, log, par, run: RunDir) -> dict:
                                     train_seconds=s.train_seconds, config=cfg.to_dict(),
                                     ema=s.ema.state_dict() if s.ema is not None else None)
                 epochs_run += 1
+                signals.stop(par, run.path, epoch + 1, cfg.epochs)
                 if cfg.stop_after is not None and epochs_run >= cfg.stop_after and epoch + 1 < cfg.epochs:
                     log(f"stopping after {epochs_run} epoch(s) as asked (--stop-after); resume with: "
                         f"trainlab train --resume {run.path}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainlab.errors import UserError
-from trainlab.io import atomic_write_text, read_json
+from trainlab.io import atomic_write_text, contained, read_json
 from trainlab.report import format as fmt
 from trainlab.report.build import Block, code, para, result_section, run_section, table_from_rows, to_html, to_markdown
 from trainlab.report.inputs import ResultFile, TrainingRun, classify, load_run
@@ -62,16 +62,17 @@ def _results_in(folder: Path) -> tuple[list[TrainingRun], list[ResultFile], list
     """The training runs, the known result files and the other result tables (benchmark scripts'
     {rows: [...]}) a step wrote."""
     runs, known, other = [], [], []
-    if not folder.is_dir():
+    if not folder.is_dir() or not contained(folder.parent.parent, folder):
         return runs, known, other
-    for p in sorted(folder.rglob("summary.json")):
+    inside = lambda p: contained(folder, p)  # noqa: E731 — a link out of the lab folder is not read
+    for p in sorted(filter(inside, folder.rglob("summary.json"))):
         try:
             s = read_json(p)
             if isinstance(s, dict) and "test_accuracy" in s:
                 runs.append(load_run(p.parent, s))
         except UserError:
             continue  # a damaged run costs its own section only
-    for p in sorted(folder.rglob("*.json")):
+    for p in sorted(filter(inside, folder.rglob("*.json"))):
         if p.name in ("summary.json", "config.json", "env.json") or any(r.path in p.parents for r in runs):
             continue
         try:
@@ -126,6 +127,9 @@ def _step_blocks(root: Path, out: Path, name: str, title: str, rec: dict | None,
     line = _status_line(name, rec)
     if line:
         return blocks + [Block("status", line)]
+    folder = root / "steps" / name
+    if not contained(root, folder):
+        return blocks + [Block("status", f"{name}: steps/{name} is a link out of the lab folder; not read")]
     blocks.append(para(f"Measured in {fmt.seconds(rec.get('seconds'))} (estimate {fmt.seconds(rec.get('estimate_s'))}); command: ",
                        code(rec.get("command", ""))))
     runs, known, other = _results_in(root / "steps" / name)
@@ -143,15 +147,29 @@ def _step_blocks(root: Path, out: Path, name: str, title: str, rec: dict | None,
             blocks.append(Block("table", rows=_scalar_table(rows)))
     if not (runs or known or other):
         log = root / "steps" / name / "log.txt"
-        tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+        tail = _log_tail(root, log)
         blocks.append(Block("pre", "\n".join(tail)))
     return blocks
+
+
+def _log_tail(root: Path, log: Path, lines: int = 15, max_bytes: int = 64 * 1024) -> list[str]:
+    """The last lines of a step's log: its last `max_bytes` only, and only a file inside the lab folder."""
+    if not log.is_file() or not contained(root, log):
+        return []
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, log.stat().st_size - max_bytes))
+            return f.read(max_bytes).decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
 
 
 def _bench(root: Path, name: str, state: dict) -> dict | None:
     if (state["steps"].get(name) or {}).get("status") != "ok":
         return None
     f = root / "steps" / name / "bench.json"
+    if not contained(root, f):
+        return None
     try:
         d = read_json(f)
     except UserError:
@@ -196,6 +214,9 @@ def lab_blocks(root: Path, state: dict, out: Path) -> list[Block]:
     ran = [r for r in recs.values() if r.get("status") == "ok"]
     blocks.append(para(f"Hardware: {hw.get('name')} ({hw.get('kind')}, {hw.get('gpus')} GPU(s), {hw.get('cpus')} CPU cores); "
                        f"size {state.get('size')}; {len(ran)} of {len(plan)} steps ok over {len(state.get('calls', []))} call(s)."))
+    data = state.get("data") or {}
+    if data and not data.get("official", True):
+        blocks.append(Block("note", f"Data: --mnist {data.get('line')}"))
     blocks.append(Block("toc", links=[(title, part) for part, title, _ in SECTIONS] + [("Steps: estimate against measured", "steps")]))
     blocks.append(Block("table", rows=_at_a_glance(root, state, plan)))
     for index, (part, title, asks) in enumerate(SECTIONS):
