@@ -67,8 +67,7 @@ class ListOf(Spec):
     def __init__(self, item: Spec, max_len: int = 1_000_000):
         object.__setattr__(self, "item", item)
         object.__setattr__(self, "max_len", max_len)
-        object.__setattr__(self, "what", f"a list of {item.what.removeprefix('a ').removeprefix('an ')}s"
-                           if item is not ANY else "a list")
+        object.__setattr__(self, "what", f"a list (each {item.what})" if item is not ANY else "a list")
         object.__setattr__(self, "test", lambda v: isinstance(v, list))
 
 

@@ -115,11 +115,20 @@ def fetch_file(name: str, expected_md5: str, dest: Path, mirrors=MIRRORS, timeou
 def fetch_mnist(dest: str | os.PathLike, mirrors=MIRRORS, files: dict[str, str] | None = None,
                 timeout: float = 60.0) -> list[Path]:
     """Download the four official MNIST .gz files into `dest` (checksum-verified, atomic, skip if present)."""
-    dest = user_path(dest, "--out")
+    dest = user_path(dest, "--dir")
+    created = not dest.exists()
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"{dest}: --dir cannot be created ({e.strerror or e})") from None
     files = FILES_MD5 if files is None else files
     print(f"trainlab: fetching MNIST into {dest}", file=sys.stderr)
-    return [fetch_file(name, md5, dest, mirrors, timeout) for name, md5 in files.items()]
+    try:
+        return [fetch_file(name, md5, dest, mirrors, timeout) for name, md5 in files.items()]
+    except DataError:
+        if created:  # a fetch that got nothing leaves no empty folder behind
+            try:
+                dest.rmdir()
+            except OSError:
+                pass
+        raise

@@ -382,15 +382,15 @@ def to_markdown(blocks: list[Block]) -> str:
         if b.kind in ("h1", "h2", "h3", "h4"):
             lines += ["#" * int(b.kind[1]) + " " + md.text(b.text), ""]
         elif b.kind == "p":
-            lines += ["".join(md.code(t) if k == "code" else md.text(t) for k, t, _ in b.segments), ""]
+            lines += ["".join(md.code(t) if k == "code" else md.text(t, line_start=i == 0) for i, (k, t, _) in enumerate(b.segments)), ""]
         elif b.kind in ("note", "status"):
-            lines += [f"> {md.text(b.text)}", ""]
+            lines += [f"> {md.text(b.text, line_start=True)}", ""]
         elif b.kind == "pre":
             lines += [*md.fence(b.text), ""]
         elif b.kind == "img":
             lines += [f"![{md.text(b.text)}]({md.link_target(b.src)})", ""]
         elif b.kind == "toc":
-            lines += [f"- {md.text(text)}" for text, _ in b.links] + [""]
+            lines += [f"- {md.text(text, line_start=True)}" for text, _ in b.links] + [""]
         elif b.kind == "details":
             lines += [f"<details><summary>{md.html_text(b.text)}</summary>", "", *md.fence(b.body), "</details>", ""]
         elif b.kind == "table":

@@ -20,11 +20,14 @@ _INLINE = re.compile(r"[\\`*\[\]<>&|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 _LINE_START = re.compile(r"^(\s*)([#+\-=>]|\d+[.)])")
 
 
-def text(value) -> str:
-    """`value` as literal Markdown text on one line."""
-    one_line = " ".join(str(value).split())
+def text(value, line_start: bool = False) -> str:
+    """`value` as literal Markdown text on one line; `line_start`: it begins a line of its own (a
+    paragraph, a quote, a list item), where `# `, `- ` or `1. ` would make it a heading or a list."""
+    one_line = _INLINE.sub(lambda m: "\\" + m.group(0), " ".join(str(value).split()))
+    if not line_start:
+        return one_line
     return _LINE_START.sub(lambda m: m.group(1) + "\\" + m.group(2) if not m.group(2)[0].isdigit()
-                           else m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1], _INLINE.sub(lambda m: "\\" + m.group(0), one_line))
+                           else m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1], one_line)
 
 
 def code(value) -> str:
