@@ -1041,3 +1041,32 @@ def test_a_stopped_rank_ends_soon_after_the_timeout(tmp_path):
     ran = [line for line in proc.stdout.splitlines() if "dist_timeout" in line]
     assert ran and "5 s (--dist-timeout)" in ran[0]
     assert seconds < 120, seconds
+
+
+# ----------------------------------------------------------------------------- signals (a process)
+
+
+def test_sigterm_ends_a_run_at_a_checkpoint_that_resume_finishes(tmp_path):
+    """SIGTERM mid-epoch: the epoch ends, its checkpoint is written, one line names the signal and the
+    --resume command (exit 143); --resume then finishes the run."""
+    import signal
+
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "trainlab", "train", "--device", "cpu", "--epochs", "2", "--train-subset", "2048",
+           "--test-subset", "100", "--batch-size", "64", "--no-progress", "--no-tensorboard", "--no-gpu-telemetry",
+           "--out", str(run)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # the data line comes just before the first epoch starts
+        if line.startswith("data: "):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"trainlab: error: stopped by SIGTERM after epoch 1 of 2; its checkpoint is "
+                                            f"saved: continue with `trainlab train --resume {run}`"), err[-3000:]
+    assert "Traceback" not in err and (run / "checkpoint.pt").exists() and not (run / "summary.json").exists()
+    done = subprocess.run([sys.executable, "-m", "trainlab", "train", "--resume", str(run)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 2
