@@ -271,8 +271,10 @@ def read_capped(path: str | os.PathLike, max_bytes: int, what: str = "a data fil
     try:
         st = os.fstat(fd)
         kind = next((name for test, name in _SPECIAL if test(st.st_mode)), None)
-        if kind or stat.S_ISDIR(st.st_mode):
-            raise UserError(f"{path}: is {kind or 'a directory'}, expected {what}; refusing to read it")
+        if kind:
+            raise UserError(f"{path}: is {kind}, expected a regular file; refusing to read it")
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"{path}: is a directory, expected {what}")
         if st.st_size > max_bytes:
             raise UserError(f"{path}: {st.st_size:,} bytes, more than the {_size(max_bytes)} {what} may hold; "
                             "not a file trainlab wrote")
