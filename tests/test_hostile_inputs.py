@@ -430,6 +430,12 @@ def _report_says(text: str) -> Callable[[Path, str], None]:
     return check
 
 
+def _steps_under_the_callers_folder(ws: Path, _out: str) -> None:
+    steps = json.loads((ws / "rel_lab" / "results.json").read_text())["steps"]
+    commands = [r["command"] for r in steps.values() if "{out}" not in r.get("command", "{out}")]
+    assert commands and all(str(ws / "rel_lab" / "steps") in c for c in commands), commands
+
+
 def _summary_says_not_official(ws: Path, out: str) -> None:
     _says_not_official("train_labels, test_labels differ")(ws, out)
     assert "NOT the official MNIST" in json.loads((ws / "new" / "summary.json").read_text())["data"]
@@ -783,6 +789,9 @@ CASES = [
     Case("lab-keeps-users-file-in-a-step-folder", LAB,
          r"nothing was measured: .*steps/lenet_train holds files the lab did not write \(thesis.txt\)",
          setup=_lab(steps={"lenet_train": {"status": "not run", "reason": "budget"}}, extra=_thesis), creates=LAB_WRITES),
+    Case("lab-relative-out-is-the-callers-folder", "lab --out rel_lab --size tiny --device cpu --parts lenet --budget 1m",
+         r"nothing was measured", creates=tuple(p.replace("lab", "rel_lab", 1) for p in LAB_WRITES),
+         check=_steps_under_the_callers_folder),
     Case("lab-refuses-a-users-folder", "lab --out {dir} --size tiny --device cpu --budget 1m",
          r"--out \S+dir: holds files and is not a trainlab lab \(notes.txt\); give a new or empty folder"),
     Case("lab-cache-link-is-not-written-through", LAB, r"cache/mnist: is a link \(\S+mycache\); the lab keeps its own MNIST cache",

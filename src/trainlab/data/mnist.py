@@ -19,7 +19,6 @@ bit-identical tensors.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import time
@@ -34,8 +33,9 @@ from trainlab.data.augment import (AUGMENT_STREAM, ELASTIC_STREAM, Distortion, a
                                    identity_matrices, seeded_generator)
 from trainlab.data.idx import read_idx, write_idx
 from trainlab.data.pack import PACK_NAME, read_pack
-from trainlab.errors import ConfigError, DataError
+from trainlab.errors import ConfigError, DataError, UserError
 from trainlab.io import atomic_write_json, user_path
+from trainlab.schema import STR, DictOf, Obj, read_json
 
 MEAN, STD = 0.1307, 0.3081  # mean/std of the MNIST training pixels scaled to [0, 1]
 IMAGE_SIZE = 28
@@ -266,18 +266,21 @@ def _source_stamp(csv_paths: dict[str, Path]) -> dict:
     }
 
 
+CACHE_MANIFEST = Obj({"stamp": DictOf(), "sha256": DictOf(STR)}, required=("stamp", "sha256"))
+
+
 def _read_cache(folder: Path, stamp: dict) -> MNISTArrays | None:
     manifest = folder / "manifest.json"
     try:
-        info = json.loads(manifest.read_text())
-        if not isinstance(info, dict) or info.get("stamp") != stamp:
+        info = read_json(manifest, CACHE_MANIFEST)
+        if info.get("stamp") != stamp:
             return None
         arrays = {key: read_idx(folder / stem) for key, stem in IDX_STEMS.items()}
         for split in ("train", "test"):
             validate_split(arrays[f"{split}_images"], arrays[f"{split}_labels"],
                            str(folder / IDX_STEMS[f"{split}_images"]), str(folder / IDX_STEMS[f"{split}_labels"]))
         problem = _verify_cache(folder, info, arrays)
-    except (OSError, ValueError, DataError):
+    except (OSError, ValueError, UserError):
         return None  # absent, stale or damaged cache: rebuild it from the CSVs
     if problem:
         print(f"trainlab: warning: the MNIST cache in {folder} failed verification ({problem}); "

@@ -86,7 +86,7 @@ def run_lab_command(args) -> int:
         raise ConfigError(f"--mnist {args.mnist}: no such file (make one with `trainlab data pack`)")
     hw = detect_hardware(args.device, args.device_name, args.gpus, args.peak_tflops, args.gpu_mem, args.plan)
     size = args.size or ("full" if hw.kind == "cuda" else "small")
-    root = Path(args.out)
+    root = Path(os.path.abspath(args.out))  # the steps run from the checkout: a relative --out means the caller's folder
     if args.plan:
         state = load_state(root) if (root / "results.json").exists() else {"steps": {}}
         print(format_plan(plan(lab_steps(hw, size), state, budget, parts), hw, size, budget))
