@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from trainlab.errors import UserError
@@ -31,10 +30,11 @@ MAX_JSON_BYTES = 64 * 2**20   # larger than any file trainlab writes (a long run
 MAX_DEPTH = 64                # trainlab's own files nest 6 levels at most
 
 
-@dataclass(frozen=True)
 class Spec:
-    what: str                                  # "a number", "a list of numbers", …: the message names it
-    test: Callable[[Any], bool] = lambda v: True
+    """A value's expected type: `what` names it in messages, `test` accepts it."""
+
+    def __init__(self, what: str, test: Callable[[Any], bool] = lambda v: True):
+        self.what, self.test = what, test
 
 
 def _is_number(v: Any) -> bool:
@@ -48,51 +48,36 @@ STR = Spec("a string", lambda v: isinstance(v, str))
 BOOL = Spec("true or false", lambda v: isinstance(v, bool))
 
 
-def Opt(spec: Spec) -> Spec:  # noqa: N802 - reads as a type in a schema
-    """`spec` or null."""
-    return _Opt(f"{spec.what} or null", inner=spec)
+class Opt(Spec):
+    """`inner` or null."""
+
+    def __init__(self, inner: Spec):
+        super().__init__(f"{inner.what} or null")
+        self.inner = inner
 
 
-@dataclass(frozen=True)
-class _Opt(Spec):
-    inner: Spec = ANY
-
-
-@dataclass(frozen=True)
 class ListOf(Spec):
     """A list of at most `max_len` items, each `item`."""
-    item: Spec = ANY
-    max_len: int = 1_000_000
 
-    def __init__(self, item: Spec, max_len: int = 1_000_000):
-        object.__setattr__(self, "item", item)
-        object.__setattr__(self, "max_len", max_len)
-        object.__setattr__(self, "what", f"a list (each {item.what})" if item is not ANY else "a list")
-        object.__setattr__(self, "test", lambda v: isinstance(v, list))
+    def __init__(self, item: Spec = ANY, max_len: int = 1_000_000):
+        super().__init__(f"a list (each {item.what})" if item is not ANY else "a list", lambda v: isinstance(v, list))
+        self.item, self.max_len = item, max_len
 
 
-@dataclass(frozen=True)
 class DictOf(Spec):
     """An object with any keys, each value `item`."""
-    item: Spec = ANY
 
     def __init__(self, item: Spec = ANY):
-        object.__setattr__(self, "item", item)
-        object.__setattr__(self, "what", "an object")
-        object.__setattr__(self, "test", lambda v: isinstance(v, dict))
+        super().__init__("an object", lambda v: isinstance(v, dict))
+        self.item = item
 
 
-@dataclass(frozen=True)
 class Obj(Spec):
     """An object: the listed keys checked (those in `required` must be there), others passed through."""
-    keys: dict = field(default_factory=dict)
-    required: tuple = ()
 
     def __init__(self, keys: dict, required: tuple = (), what: str = "an object"):
-        object.__setattr__(self, "keys", keys)
-        object.__setattr__(self, "required", tuple(required))
-        object.__setattr__(self, "what", what)
-        object.__setattr__(self, "test", lambda v: isinstance(v, dict))
+        super().__init__(what, lambda v: isinstance(v, dict))
+        self.keys, self.required = keys, tuple(required)
 
 
 def _show(value: Any) -> str:
@@ -110,7 +95,7 @@ def check(value: Any, spec: Spec, where: str, path: str = "") -> Any:
         return UserError(f"{where}: {path} must be {what}, found {found}" if path else
                          f"{where}: expected {what}, found {found}")
 
-    if isinstance(spec, _Opt):
+    if isinstance(spec, Opt):
         return value if value is None else check(value, spec.inner, where, path)
     if not spec.test(value):
         raise fail(spec.what if path else spec.what.replace("an object", "a JSON object"),
