@@ -293,7 +293,9 @@ def _raw(rel: str, text: str) -> Callable[[Path], None]:
 
 # -- round 3: the lab folder is user data too; one JSON reader; every number bounded -------------------------
 
-LAB = "lab --out {ws}/lab --size tiny --device cpu --parts lenet --budget 1m"   # runs no step (see _lab)
+# Runs no step: _lab's lenet_train is done and lenet_time_to_99 cannot run at tiny (rows whose lab has no
+# finished step pass --budget 1s, shorter than any step's estimate)
+LAB = "lab --out {ws}/lab --size tiny --device cpu --parts lenet --budget 1m"
 LAB_WRITES = ("lab", "lab/*", "lab/*/*", "lab/*/*/*", "lab/*/*/*/*")
 HOSTILE_TITLE = "<img src=x onerror=alert(1)> [click](javascript:alert(1)) *bold*"
 _OK_STEP = {"status": "ok", "part": "lenet", "title": "LeNet-5", "seconds": 3.0, "estimate_s": 25.0}
@@ -789,7 +791,7 @@ CASES = [
     Case("lab-keeps-users-file-in-a-step-folder", LAB,
          r"nothing was measured: .*steps/lenet_train holds files the lab did not write \(thesis.txt\)",
          setup=_lab(steps={"lenet_train": {"status": "not run", "reason": "budget"}}, extra=_thesis), creates=LAB_WRITES),
-    Case("lab-relative-out-is-the-callers-folder", "lab --out rel_lab --size tiny --device cpu --parts lenet --budget 1m",
+    Case("lab-relative-out-is-the-callers-folder", "lab --out rel_lab --size tiny --device cpu --parts lenet --budget 1s",
          r"nothing was measured", creates=tuple(p.replace("lab", "rel_lab", 1) for p in LAB_WRITES),
          check=_steps_under_the_callers_folder),
     Case("lab-refuses-a-users-folder", "lab --out {dir} --size tiny --device cpu --budget 1m",
@@ -862,7 +864,7 @@ CASES = [
     Case("lab-truncated-mnist-pack", "lab --out {ws}/lab --mnist {ws}/half.npz --size tiny --device cpu --budget 1m",
          r"half.npz: ", setup=_half_pack),
     Case("lab-unofficial-mnist-is-announced", "lab --out {ws}/lab --mnist {ws}/shifted.npz --size tiny --device cpu "
-         "--parts lenet --budget 1m", r"nothing was measured", setup=_shifted_pack, creates=LAB_WRITES, check=_announced),
+         "--parts lenet --budget 1s", r"nothing was measured", setup=_shifted_pack, creates=LAB_WRITES, check=_announced),
     # -- 6: a command that measured or checked nothing exits non-zero ---------------------------------------------
     Case("report-nothing-to-report", "report {dir} -o {ws}/rep", r"nothing to report: no usable run or trainlab result"),
 ]
