@@ -90,6 +90,10 @@ def _size_problem(text: str) -> str | None:
     return None
 
 
+# compute capabilities × 10 of the NVIDIA GPUs torch builds for (Volta … Blackwell)
+KNOWN_SM = (70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
+
+
 @dataclass
 class PlanConfig(Config):
     """Predicted per-device memory of every strategy (`trainlab gpt plan`)."""
@@ -103,7 +107,7 @@ class PlanConfig(Config):
     optimizer: str = opt("foreach", "AdamW implementation (its temporaries differ)",
                          choices=("foreach", "fused", "forloop"))
     sm: int = opt(90, "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs",
-                  check=at_least(1))
+                  check=one_of(KNOWN_SM))
     json: str | None = opt(None, "write the plan as JSON to PATH ('-': print it instead of the table)",
                            metavar="PATH", check=json_output)
 

@@ -11,7 +11,7 @@ import os
 import re
 import time
 
-from trainlab.errors import ConfigError
+from trainlab.errors import ConfigError, UserError
 from trainlab.flags import check_value, output_dir
 from trainlab.lab.steps import PARTS, SIZES, Hardware
 
@@ -86,7 +86,7 @@ def run_lab_command(args) -> int:
         raise ConfigError(f"--mnist {args.mnist}: no such file (make one with `trainlab data pack`)")
     hw = detect_hardware(args.device, args.device_name, args.gpus, args.peak_tflops, args.gpu_mem, args.plan)
     size = args.size or ("full" if hw.kind == "cuda" else "small")
-    root = Path(args.out)
+    root = Path(os.path.abspath(args.out))  # the steps run from the checkout: a relative --out means the caller's folder
     if args.plan:
         state = load_state(root) if (root / "results.json").exists() else {"steps": {}}
         print(format_plan(plan(lab_steps(hw, size), state, budget, parts), hw, size, budget))
@@ -94,7 +94,12 @@ def run_lab_command(args) -> int:
     state = run_lab(root, hw, size, budget, parts, args.command_line, mnist_pack=args.mnist,
                     started_at=time.time() - process_age_s())
     bad = [n for n, s in state["steps"].items() if s.get("status") in ("failed", "timed out")]
-    return 1 if bad else 0
+    if bad:
+        return 1
+    if not any(s.get("status") == "ok" for s in state["steps"].values()):  # measured nothing: never "success"
+        why = sorted({str(s.get("reason") or s.get("status")) for s in state["steps"].values()})
+        raise UserError(f"lab {root}: nothing was measured: no step finished ok ({'; '.join(why)[:300] or 'no step selected'})")
+    return 0
 
 
 def add_parser(subparsers) -> None:

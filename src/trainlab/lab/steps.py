@@ -159,7 +159,7 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     # ---------------------------------------------------------------- GPT-2
     gpu = hw.kind == "cuda"
     model = GPT_GPU_MODEL if gpu else GPT_CPU_MODEL
-    mem = str(hw.memory_bytes) if hw.memory_bytes else "80GiB"
+    mem = f"{hw.memory_bytes}B" if hw.memory_bytes else "80GiB"
     sm = str(hw.sm or 90)
     add("gpt_plan", "gpt", "GPT-2 1.6B memory plan for this device (every strategy)",
         _pick(size, 15, 15, 10), _tl("gpt", "plan", "--model", GPT_GPU_MODEL, "--gpus", str(max(1, hw.gpus)), "--gpu-mem", mem,

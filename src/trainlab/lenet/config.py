@@ -146,6 +146,9 @@ class TrainConfig(Config):
         if self.warmup_batch_size is not None and self.loader != "device":
             raise ConfigError(f"--warmup-batch-size {self.warmup_batch_size}: the batch-size warm-up needs "
                               f"--loader device, not {self.loader}")
+        if self.warmup_batch_size is not None and self.warmup_batch_size > self.batch_size:
+            raise ConfigError(f"--warmup-batch-size {self.warmup_batch_size}: a warm-up starts below --batch-size "
+                              f"{self.batch_size} and grows to it; expected at most {self.batch_size}")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ConfigError(f"--name {self.name!r}: expected a plain name (it becomes runs/<name>)")
         self.distortion()  # the augmentation flags, together (raises ConfigError naming the flag)
