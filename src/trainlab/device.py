@@ -80,10 +80,43 @@ def free_memory(device: torch.device) -> int | None:
     return None
 
 
+def gpu_unusable_reason() -> str | None:
+    """Why this machine's NVIDIA GPU cannot be used from this torch, or None (no GPU, or it works).
+
+    A GPU is "present" when the NVIDIA kernel driver is loaded (trainlab.cuda_driver.driver_version)."""
+    if torch.cuda.is_available():
+        return None
+    from trainlab import cuda_driver
+
+    driver = cuda_driver.driver_version()
+    if driver is None:
+        return None
+    if torch.version.cuda is None:
+        return (f"torch {torch.__version__} is a CPU-only build on a machine with NVIDIA driver {driver}: "
+                "install a CUDA build (docs/install.md)")
+    problem = cuda_driver.driver_problem(torch.version.cuda, driver)
+    if problem:
+        return problem
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
+    return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot initialise CUDA with driver {driver}: "
+            "see `nvidia-smi` and torch's warning above")
+
+
 def resolve_device(name: str | None = "auto") -> torch.device:
-    """`auto` → CUDA if available, else CPU. An explicit `cuda` without a GPU is a clear error."""
+    """`auto` → CUDA if available, else CPU — saying in one line (stderr) why, when a GPU is present but
+    unusable (driver too old for this torch, a CPU-only torch, ...). An explicit `cuda` without a GPU is
+    a clear error."""
     if name in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        reason = gpu_unusable_reason()
+        if reason:
+            import sys
+
+            print(f"trainlab: --device auto: the GPU is not usable, running on the CPU: {reason}", file=sys.stderr)
+        return torch.device("cpu")
     try:
         dev = torch.device(name)
     except RuntimeError:
@@ -96,6 +129,34 @@ def resolve_device(name: str | None = "auto") -> torch.device:
     elif dev.type != "cpu":
         raise HardwareError(f"--device {name}: only cpu and cuda are supported")
     return dev
+
+
+def cuda_sm(device: torch.device | str | int | None = None) -> int | None:
+    """Compute capability × 10 of a CUDA device (75 RTX 2080 Ti, 80 A100, 90 H100); None without one."""
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def amp_for_sm(sm: int | None) -> str | None:
+    """The 16-bit type autocast trains in on a GPU of compute capability `sm`/10: bf16 from Ampere (sm80) on;
+    fp16 below (Turing's RTX 2080 Ti, sm75, has fp16 tensor cores and no bf16), with a GradScaler since
+    fp16's range loses small gradients; None without a GPU."""
+    if sm is None:
+        return None
+    return "bf16" if sm >= 80 else "fp16"
+
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_amp(amp: str, device: torch.device, flag: str = "--amp") -> None:
+    """bf16 asked for on a GPU without it (below sm80) is one clear line, not a slow emulation or a crash."""
+    sm = cuda_sm(device) if device.type == "cuda" else None
+    if amp == "bf16" and sm is not None and sm < 80:
+        raise HardwareError(f"{flag} bf16: {torch.cuda.get_device_name(device)} (sm{sm}) has no bf16; "
+                            "use fp16 (trainlab adds a GradScaler)")
 
 
 def synchronize(device: torch.device | str) -> None:

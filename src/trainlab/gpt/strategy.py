@@ -199,6 +199,10 @@ def validate_strategy(
             raise HardwareError("--device cuda: no CUDA GPU is available on this machine")
         if world_size > have:
             raise HardwareError(f"--nproc {world_size}: only {have} CUDA device(s) visible (one rank per GPU)")
+        if spec.amp == "bf16":  # amp = bf16: below sm80 (RTX 2080 Ti) it is fp16 with a GradScaler
+            from trainlab.device import check_amp
+
+            check_amp("bf16", torch.device(device if device.startswith("cuda:") else "cuda"), f"--strategy {spec.text}:")
     if impl not in ("ours", "hf"):
         raise ConfigError(f"--impl {impl!r}: expected ours or hf")
     if impl == "hf" and (spec.tp or spec.pp):

@@ -42,7 +42,7 @@ def detect_hardware(device: str, device_name: str | None, gpus: int | None, peak
     """The machine, or — with --device-name, for --plan — the GPU machine being planned for."""
     import torch
 
-    from trainlab.device import peak_tflops_for_name
+    from trainlab.device import peak_tflops_for_name, resolve_device
     from trainlab.gpt.planner import parse_bytes
 
     cpus = os.cpu_count() or 1
@@ -54,7 +54,7 @@ def detect_hardware(device: str, device_name: str | None, gpus: int | None, peak
         peak = peak_tflops if peak_tflops is not None else peak_tflops_for_name(device_name)[0]
         mem = parse_bytes(gpu_mem) if gpu_mem else 80 * 2**30
         return Hardware("cuda", gpus or 1, device_name, peak, mem, 90, cpus)
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    use_cuda = device == "cuda" or (device == "auto" and resolve_device("auto").type == "cuda")  # says why not
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA GPU on this machine (use --device cpu, or --plan with --device-name)")
     if not use_cuda:

@@ -97,7 +97,8 @@ class TrainConfig(Config):
                         check=one_of(("linear", "sqrt", "none")))
     # execution
     device: str = opt("auto", "auto (CUDA if available) | cpu | cuda | cuda:N")
-    amp: str = opt("auto", "auto (bf16 autocast on CUDA) | bf16 | off", check=one_of(("auto", "bf16", "off")))
+    amp: str = opt("auto", "auto (bf16 autocast on an sm80+ GPU, fp16 with a GradScaler below) | bf16 | fp16 | off",
+                   check=one_of(("auto", "bf16", "fp16", "off")))
     channels_last: str = opt("auto", "auto (on CUDA) | on | off", check=one_of(("auto", "on", "off")))
     compile: bool = opt(False, "torch.compile the model (compile time reported separately)")
     tf32: str = opt("off", "TF32 tensor cores for fp32 matmuls/convolutions on Ampere+ GPUs (recorded in the summary)",

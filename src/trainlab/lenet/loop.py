@@ -244,6 +244,7 @@ class _Parts:
     global_step: int = 0
     history: list = field(default_factory=list)
     train_seconds: float = 0.0
+    scaler: torch.amp.GradScaler | None = None  # fp16 only: its narrow range loses small gradients unscaled
 
 
 def _assemble(cfg: TrainConfig, resume, par, run: RunDir, log) -> _Parts:
@@ -267,7 +268,8 @@ def _assemble(cfg: TrainConfig, resume, par, run: RunDir, log) -> _Parts:
     scheduler = build_scheduler(cfg, optimizer, lr, steps_per_epoch, total_steps)
     ema = EMA(model, cfg.ema) if cfg.ema else None  # evaluated and checkpointed in place of the live weights
     s = _Parts(device, data, train_batches, test_batches, n_train, channels_last, precision,
-               model, optimizer, scheduler, ema, params=0, resumed=ckpt is not None, sharding=sharding)
+               model, optimizer, scheduler, ema, params=0, resumed=ckpt is not None, sharding=sharding,
+               scaler=torch.amp.GradScaler(device.type) if precision == torch.float16 else None)
     if ckpt is not None:
         s.start_epoch, s.global_step, s.history, s.train_seconds = restore_checkpoint(
             ckpt, cfg, model, optimizer, scheduler, run, steps_per_epoch, log, ema=ema)
@@ -293,9 +295,14 @@ def _train_epoch(cfg: TrainConfig, s: _Parts, model, par, epoch: int) -> tuple[f
             logits = model(x)
         loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
         s.optimizer.zero_grad(set_to_none=True)
-        (loss if weights is None else loss * weights[step]).backward()
+        term = loss if weights is None else loss * weights[step]
+        (term if s.scaler is None else s.scaler.scale(term)).backward()
         par.after_backward(model)  # hand-written all-reduce; DDP/DP reduce inside backward
-        s.optimizer.step()
+        if s.scaler is None:
+            s.optimizer.step()
+        else:  # unscales, skips the step if a gradient overflowed (the same on every rank: grads are reduced)
+            s.scaler.step(s.optimizer)
+            s.scaler.update()
         s.scheduler.step()
         if s.ema is not None:
             s.ema.update()

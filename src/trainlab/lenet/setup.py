@@ -11,6 +11,7 @@ from contextlib import nullcontext
 
 import torch
 
+from trainlab.device import AMP_DTYPES, amp_for_sm, check_amp, cuda_sm
 from trainlab.errors import HardwareError, UserError
 from trainlab.ops.build import check_toolchain
 from trainlab.lenet.config import TrainConfig
@@ -106,11 +107,14 @@ def build_scheduler(cfg: TrainConfig, optimizer, lr: float, steps_per_epoch: int
 
 
 def amp_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
+    """`auto`: bf16 on an sm80+ GPU, fp16 (with the loop's GradScaler) below it, off on the CPU."""
     if cfg.amp == "off":
         return None
     if cfg.amp == "auto":
-        return torch.bfloat16 if device.type == "cuda" else None
-    return torch.bfloat16  # bf16
+        amp = amp_for_sm(cuda_sm(device)) if device.type == "cuda" else None
+        return AMP_DTYPES[amp] if amp else None
+    check_amp(cfg.amp, device)
+    return AMP_DTYPES[cfg.amp]
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
