@@ -11,7 +11,7 @@ from contextlib import nullcontext
 
 import torch
 
-from trainlab.device import AMP_DTYPES, amp_for_sm, check_amp, cuda_sm
+from trainlab.device import AMP_DTYPES, amp_for_sm, cuda_sm
 from trainlab.errors import HardwareError, UserError
 from trainlab.ops.build import check_toolchain
 from trainlab.lenet.config import TrainConfig
@@ -107,13 +107,15 @@ def build_scheduler(cfg: TrainConfig, optimizer, lr: float, steps_per_epoch: int
 
 
 def amp_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
-    """`auto`: bf16 on an sm80+ GPU, fp16 (with the loop's GradScaler) below it, off on the CPU."""
+    """`auto`: bf16 on an sm80+ GPU, fp16 (with the loop's GradScaler) below it, off on the CPU. `bf16`
+    (also the `fast` preset's) on a GPU below sm80, which has none, is fp16 too: the summary's "amp"
+    records the type that ran."""
     if cfg.amp == "off":
         return None
+    if device.type == "cuda" and cfg.amp in ("auto", "bf16"):
+        return AMP_DTYPES[amp_for_sm(cuda_sm(device))]
     if cfg.amp == "auto":
-        amp = amp_for_sm(cuda_sm(device)) if device.type == "cuda" else None
-        return AMP_DTYPES[amp] if amp else None
-    check_amp(cfg.amp, device)
+        return None
     return AMP_DTYPES[cfg.amp]
 
 
