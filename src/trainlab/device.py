@@ -33,6 +33,28 @@ PEAK_BF16_TFLOPS = {
 }
 
 
+# Compute capability × 10 by the name CUDA reports, to plan for a GPU from a machine without it
+# (`trainlab lab --plan --device-name ...`); a real run reads torch.cuda.get_device_capability.
+COMPUTE_CAPABILITY = {
+    "NVIDIA GeForce RTX 2080 Ti": 75,   # the course's GPU06 node
+    "Tesla T4": 75,
+    "Tesla V100-SXM2-32GB": 70,
+    "NVIDIA A100-SXM4-40GB": 80,
+    "NVIDIA A100-SXM4-80GB": 80,        # the course's GPU08 node
+    "NVIDIA A100-PCIE-40GB": 80,
+    "NVIDIA A100 80GB PCIe": 80,
+    "NVIDIA A10": 86,
+    "NVIDIA GeForce RTX 3090": 86,
+    "NVIDIA GeForce RTX 4090": 89,
+    "NVIDIA L40S": 89,
+    "NVIDIA H100 80GB HBM3": 90,
+    "NVIDIA H100 PCIe": 90,
+    "NVIDIA H100 NVL": 90,
+    "NVIDIA H200": 90,
+    "NVIDIA H200 NVL": 90,
+}
+
+
 # Processes (ranks, DataLoader workers) per CPU core that a flag may ask for: past this each one only
 # waits for a core and costs its memory (a rank or worker holds a copy of the model or the data).
 PROCESSES_PER_CORE = 4
