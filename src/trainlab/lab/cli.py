@@ -88,13 +88,11 @@ def detect_hardware(device: str, device_name: str | None, gpus: int | None, peak
 
 
 def format_sizes(steps, hw: Hardware) -> str:
-    """What --plan chose for the hardware beside the steps: the GPT rows (the planner's) and the LeNet
+    """What --plan chose for a GPU machine beside the steps: the GPT rows (the planner's) and the LeNet
     data-parallel scaling runs."""
     from trainlab.lab.plan import format_gpt_plan, plan_gpt
 
-    lines = []
-    if hw.kind == "cuda":
-        lines.append(format_gpt_plan(plan_gpt(max(1, hw.gpus), hw.memory_bytes or 80 * 2**30, hw.sm or 90)))
+    lines = [format_gpt_plan(plan_gpt(max(1, hw.gpus), hw.memory_bytes or 80 * 2**30, hw.sm or 90))]
     for s in steps:
         if s.part == "dp" and "scaling" in s.sizes:
             lines.append(f"LeNet-5 {s.name}: {s.sizes['modes']} on {s.sizes['ranks']} rank(s), {s.sizes['scaling']}")
@@ -124,7 +122,8 @@ def run_lab_command(args) -> int:
         state = load_state(root) if (root / "results.json").exists() else {"steps": {}}
         steps = lab_steps(hw, size)
         print(format_plan(plan(steps, state, budget, parts), hw, size, budget))
-        print(format_sizes(steps, hw))
+        if hw.kind == "cuda":
+            print(format_sizes(steps, hw))
         return 0
     state = run_lab(root, hw, size, budget, parts, args.command_line, mnist_pack=args.mnist,
                     started_at=time.time() - process_age_s())
