@@ -81,6 +81,7 @@ def test_fp16_training_goes_through_a_grad_scaler(tmp_path, monkeypatch):
 
 
 def _no_cuda(monkeypatch, driver: str | None, cuda: str | None):
+    monkeypatch.setattr(device, "_SAID_UNUSABLE", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(cuda_driver, "driver_version", lambda: driver)
     monkeypatch.setattr(torch.version, "cuda", cuda)
@@ -95,9 +96,20 @@ def _no_cuda(monkeypatch, driver: str | None, cuda: str | None):
 def test_device_auto_names_why_a_present_gpu_is_unusable(monkeypatch, capsys, driver, cuda, expected):
     _no_cuda(monkeypatch, driver, cuda)
     assert device.resolve_device("auto") == torch.device("cpu")
+    assert device.resolve_device("auto") == torch.device("cpu")  # said once per process
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("trainlab: --device auto: the GPU is not usable, running on the CPU: ")
     assert expected in err
+
+
+def test_gpt_and_ranks_pick_the_device_the_same_way(monkeypatch, capsys):
+    from trainlab.distributed.launch import init_distributed
+
+    _no_cuda(monkeypatch, "535.104.05", "13.0")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert init_distributed(device=None).device == torch.device("cpu")
+    assert "older than 580" in capsys.readouterr().err
 
 
 def test_device_auto_is_silent_without_a_gpu(monkeypatch, capsys):

@@ -102,6 +102,9 @@ def free_memory(device: torch.device) -> int | None:
     return None
 
 
+_SAID_UNUSABLE = False
+
+
 def gpu_unusable_reason() -> str | None:
     """Why this machine's NVIDIA GPU cannot be used from this torch, or None (no GPU, or it works).
 
@@ -134,9 +137,11 @@ def resolve_device(name: str | None = "auto") -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda")
         reason = gpu_unusable_reason()
-        if reason:
+        global _SAID_UNUSABLE
+        if reason and not _SAID_UNUSABLE and os.environ.get("RANK", "0") == "0":  # once, by one rank
             import sys
 
+            _SAID_UNUSABLE = True
             print(f"trainlab: --device auto: the GPU is not usable, running on the CPU: {reason}", file=sys.stderr)
         return torch.device("cpu")
     try:
