@@ -613,6 +613,7 @@ CASES = [
     Case("lab-sm-not-a-number", "lab --out {ws}/lab --plan --sm sm80", r"--sm 'sm80': expected a compute capability × 10"),
     Case("lab-sm-out-of-range", "lab --out {ws}/lab --plan --sm 3", r"--sm '3': expected a compute capability × 10 such as 75"),
     Case("lab-sm-nan", "lab --out {ws}/lab --plan --sm nan", r"--sm 'nan': expected a compute capability × 10"),
+    Case("lab-sm-inf", "lab --out {ws}/lab --plan --sm inf", r"--sm 'inf': expected a compute capability × 10"),
     Case("lab-sm-runs-nothing", "lab --out {ws}/lab --sm 80", r"--sm: only with --plan"),
     Case("lab-plan-gpu-too-small", "lab --out {ws}/lab --plan --sm 75 --gpu-mem 2GiB",
          r"--gpu-mem 2.0 GiB: not even GPT-2 \(124M\) with fp16\+ckpt at micro-batch 1 fits"),

@@ -38,15 +38,11 @@ def parse_parts(text: str) -> list[str]:
 
 
 def parse_sm(value: str | None) -> int | None:
-    """--sm 75 | 80 | 90 (compute capability × 10; 8.0 and 8.6 are read as 80 and 86 too)."""
+    """--sm 75 | 80 | 90 (compute capability × 10; 7.5 and 8.0 are read as 75 and 80 too)."""
     if value is None:
         return None
-    text = str(value).strip()
-    try:
-        number = float(text)
-    except ValueError:
-        number = float("nan")
-    sm = round(number * 10) if "." in text else int(number) if number == number and number == int(number) else 0
+    m = re.fullmatch(r"\s*(\d{2,3})\s*|\s*(\d{1,2})\.(\d)\s*", str(value))
+    sm = (int(m.group(1)) if m.group(1) else 10 * int(m.group(2)) + int(m.group(3))) if m else 0
     if not 50 <= sm <= 129:
         raise ConfigError(f"--sm {value!r}: expected a compute capability × 10 such as 75 (RTX 2080 Ti), 80 (A100) or 90 (H100)")
     return sm
