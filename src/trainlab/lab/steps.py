@@ -203,7 +203,7 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     strategies = gp.strategies if gpu else _pick(size, "none,ddp", "none,ckpt,ddp,zero3,tp,pp", "")
     nproc = str(hw.gpus if gpu and hw.gpus > 1 else 1 if gpu else 2)
     add("gpt_strategies", "gpt", "GPT-2: parallel and memory strategies side by side, on the same data",
-        # full: 25 s a row on the H100 (74.7 s for 3 rows, /work/shared/gpu/h100-2026-11-25); 40 s a row
+        # full: 25 s a row on the H100 (74.7 s for 3 rows in the lab run of 2026-11-25); 40 s a row
         # leaves room for the slower A100 and the multi-GPU rows' process-group start-up
         _pick(size, 60, 115, max(200, 20 + 40 * len(gp.rows)) if gpu else 200),
         _tl("gpt", "compare", "--strategies", strategies, *common, "--nproc", nproc,
