@@ -160,3 +160,18 @@ def test_makefile_selects_the_cuda12_build_and_checks_the_driver_first():
     plain = subprocess.run(["make", "-n", "-B", "setup", "VENV=/nonexistent/venv"], cwd=ROOT, capture_output=True,
                            text=True, timeout=60).stdout
     assert "download.pytorch.org" not in plain and plain.splitlines()[0] == "python3 src/trainlab/cuda_driver.py "
+
+
+def test_the_planner_knows_sm75_has_no_flash_attention():
+    """sm75: no flash, no cuDNN attention; GPT-2 1.6B's head width 50 is not a multiple of 8 either, so
+    fp16 falls back to the math path, which keeps the s×s scores: more memory than flash on sm80."""
+    from trainlab.gpt.model import get_preset
+    from trainlab.gpt.planner import predict_memory
+
+    big, medium = get_preset("gpt2-1.6b"), get_preset("gpt2-medium")
+    on75 = predict_memory(big, "fp16", 1, 2, sm=75)
+    on80 = predict_memory(big, "fp16", 1, 2, sm=80)
+    assert on75["attention"]["backend"] == "math" and on75["attention"]["stores_scores"]
+    assert on80["attention"]["backend"] == "flash"
+    assert on75["activations_bytes"] > 1.5 * on80["activations_bytes"]
+    assert predict_memory(medium, "fp16", 1, 2, sm=75)["attention"]["backend"] == "efficient"  # head_dim 64
