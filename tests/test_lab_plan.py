@@ -21,6 +21,7 @@ from trainlab.gpt.strategy import parse_strategy
 from trainlab.lab.cli import detect_hardware, parse_sm
 from trainlab.lab.plan import plan_gpt
 from trainlab.lab.steps import lab_steps
+from trainlab.lenet.compare import CompareConfig as DpCompareConfig
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.setup import amp_dtype
 
@@ -108,6 +109,7 @@ def test_replayed_lab_plan_fits_and_runs_on_the_hardware(hw_name, capsys, monkey
             continue
         args = _args(steps[name])
         assert args.nproc <= gpus and ("dp" not in args.modes.split(",") or gpus > 1)
+        DpCompareConfig(**explicit_values(args, DpCompareConfig)).validate()  # `dp compare`'s own checks, these GPUs
     if gpus > 1:
         strong, weak = _args(steps["dp_compare"]), _args(steps["dp_weak"])
         assert set(strong.modes.split(",")) == {"none", "dp", "ddp", "allreduce", "ring"}
