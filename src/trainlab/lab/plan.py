@@ -105,7 +105,7 @@ def _fitting(model, strategy, gpus, global_batch, micro, sm, budget) -> tuple[Gp
     need = predict_row(model, strategy, gpus, global_batch, micro, sm)["total_bytes"]
     ckpt = _row(model, strategy + "+ckpt", gpus, global_batch, micro, sm, budget)
     if ckpt is not None:
-        return dataclasses.replace(ckpt, note=f"{strategy} alone needs {need / GiB:.1f} GiB"), ""
+        return dataclasses.replace(ckpt, note=f"ckpt: {strategy} alone needs {need / GiB:.1f} GiB"), ""
     ckpt_need = predict_row(model, strategy + "+ckpt", gpus, global_batch, micro, sm)["total_bytes"]
     return None, (f"needs {need / GiB:.1f} GiB, {ckpt_need / GiB:.1f} GiB with ckpt, at micro-batch {micro}; "
                   f"{budget / GiB:.1f} GiB usable")
@@ -167,10 +167,11 @@ def format_gpt_plan(p: GptPlan) -> str:
     if p.note:
         lines.append(f"  {p.note}")
     lines.append(f"  {'step':<16} {'strategy':<24} {'GPUs':>4} {'micro':>5} {'predicted':>10}  attention")
-    named = [("gpt_best", p.best), ("gpt_baseline", p.baseline)] + [("gpt_strategies", r) for r in p.rows]
+    baseline = dataclasses.replace(p.baseline, note="HF GPT2LMHeadModel, predicted as our model")
+    named = [("gpt_best", p.best), ("gpt_baseline", baseline)] + [("gpt_strategies", r) for r in p.rows]
     for step, r in named:
         lines.append(f"  {step:<16} {r.strategy:<24} {r.nproc:>4} {r.micro_batch:>5} {r.predicted_bytes / GiB:>6.1f} GiB"
-                     f"  {r.attention}{f'  (ckpt: {r.note})' if r.note else ''}")
+                     f"  {r.attention}{f'  ({r.note})' if r.note else ''}")
     lines += [f"  left out: {s}: {why}" for s, why in p.left_out]
     lines.append(f"  gpt_planner_error: {','.join(p.planner_error)} at micro-batch 2 (one GPU)")
     return "\n".join(lines)
