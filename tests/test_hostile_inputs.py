@@ -895,6 +895,15 @@ CASES = [
          "--parts lenet --budget 1s", r"nothing was measured", setup=_shifted_pack, creates=LAB_WRITES, check=_announced),
     # -- 6: a command that measured or checked nothing exits non-zero ---------------------------------------------
     Case("report-nothing-to-report", "report {dir} -o {ws}/rep", r"nothing to report: no usable run or trainlab result"),
+    # issue 31: hypothetical hardware for --plan, and the amp choices
+    Case("lab-sm-not-a-number", "lab --out {ws}/lab --plan --sm sm80", r"--sm 'sm80': expected a compute capability × 10"),
+    Case("lab-sm-out-of-range", "lab --out {ws}/lab --plan --sm 3", r"--sm '3': expected a compute capability × 10 such as 75"),
+    Case("lab-sm-nan", "lab --out {ws}/lab --plan --sm nan", r"--sm 'nan': expected a compute capability × 10"),
+    Case("lab-sm-inf", "lab --out {ws}/lab --plan --sm inf", r"--sm 'inf': expected a compute capability × 10"),
+    Case("lab-sm-runs-nothing", "lab --out {ws}/lab --sm 80", r"--sm: only with --plan"),
+    Case("lab-plan-gpu-too-small", "lab --out {ws}/lab --plan --sm 75 --gpu-mem 2GiB",
+         r"--gpu-mem 2.0 GiB: not even GPT-2 \(124M\) with fp16\+ckpt at micro-batch 1 fits"),
+    Case("train-amp-unknown", "train --amp fp8", r"--amp 'fp8': expected one of auto, bf16, fp16, off"),
 ]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainlab.device import TF32_MODES
+from trainlab.device import KNOWN_SM, TF32_MODES
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, json_output, one_of, opt, output_dir, positive, seed_value
 from trainlab.gpt.model import PRESETS
@@ -88,10 +88,6 @@ def _size_problem(text: str) -> str | None:
     except ConfigError as e:
         return str(e).split(": ", 1)[-1]
     return None
-
-
-# compute capabilities × 10 of the NVIDIA GPUs torch builds for (Volta … Blackwell)
-KNOWN_SM = (70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
 
 
 @dataclass

@@ -299,7 +299,8 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
         log.flush()
         out = open(partial / step.stdout_file, "w") if step.stdout_file else log
         try:
-            proc = subprocess.Popen(argv, stdout=out, stderr=log, stdin=subprocess.DEVNULL, env=env, cwd=repo_root(),
+            # cwd: the step's own folder, so whatever a step writes to a relative path stays in the lab
+            proc = subprocess.Popen(argv, stdout=out, stderr=log, stdin=subprocess.DEVNULL, env=env, cwd=partial,
                                     start_new_session=True, preexec_fn=_set_parent_death_signal)
             on_start(proc.pid)
             try:
@@ -390,6 +391,10 @@ def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[st
     """One call of the lab: its budget counts from `started_at` (the CLI passes its process's start, so
     start-up counts too), or from now."""
     log = log or (lambda line: print(line, flush=True))  # flushed: a user watches it through a pipe or a log file
+    # absolute once, here: every path handed to a step (its {out}, the caches) is then absolute, and the
+    # steps run in their own folders, not in the caller's working folder
+    root = Path(os.path.abspath(root))
+    mnist_pack = os.path.abspath(mnist_pack) if mnist_pack else None
     state = load_state(root)
     check_adoptable(root)
     data = check_pack(mnist_pack) if mnist_pack else None  # before anything is written or run

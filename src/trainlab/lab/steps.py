@@ -24,12 +24,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainlab.lab.plan import OPTIMIZER, plan_gpt
+
 PARTS = ("lenet", "gelu", "ops", "dp", "gpt")
 SIZES = ("tiny", "small", "full")
 
 # The handout's GPT-2 (hidden 1600, 48 layers, 32 heads, seq 1024) on a GPU; the tiny preset elsewhere.
 GPT_GPU_MODEL = "gpt2-1.6b"
 GPT_CPU_MODEL = "tiny"
+DP_BATCH = 128  # LeNet-5's global batch in the data-parallel comparison (`dp compare`'s default)
 
 
 @dataclass(frozen=True)
@@ -150,49 +153,72 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     add("dp_compare", "dp", "Data parallel: single process, DataParallel, DDP, hand-written and ring all-reduce, "
         "and the DataLoader-workers study",
         _pick(size, 65, 185, 90), _tl("dp", "compare", "--device", dev, "--modes", modes, "--nproc", str(ranks), "--epochs", "1",
-                                      *dp_sub, "--json", "{out}/dp_compare.json", "--md", "{out}/dp_compare.md"),
-        sizes={"ranks": ranks, "modes": modes, "backend": "gloo" if hw.kind == "cpu" else "nccl"})
+                                      "--batch-size", str(DP_BATCH), *dp_sub, "--json", "{out}/dp_compare.json",
+                                      "--md", "{out}/dp_compare.md"),
+        sizes={"ranks": ranks, "modes": modes, "backend": "gloo" if hw.kind == "cpu" else "nccl",
+               "scaling": f"strong: global batch {DP_BATCH} on every mode"})
+    if hw.kind == "cuda" and hw.gpus > 1 and size == "full":
+        # weak scaling: each GPU keeps the single process's batch, so N GPUs take N times the images per
+        # step (set against dp_compare's single-process row); the communication share is comm ms / step ms
+        weak = "dp,ddp,allreduce,ring"
+        add("dp_weak", "dp", "Data parallel, weak scaling: the per-GPU batch kept",
+            60, _tl("dp", "compare", "--device", dev, "--modes", weak, "--nproc", str(ranks), "--epochs", "1",
+                    "--batch-size", str(DP_BATCH * ranks), "--workers", "", "--json", "{out}/dp_compare.json",
+                    "--md", "{out}/dp_compare.md"),
+            sizes={"ranks": ranks, "modes": weak, "backend": "nccl",
+                   "scaling": f"weak: {DP_BATCH} per GPU, global batch {DP_BATCH * ranks}"})
     compile_args = _pick(size, ["--steps", "3", "--variants", "eager"], ["--steps", "30", "--threads", "2"], ["--steps", "200"])
     add("dp_compile", "dp", "Eager vs torch.compile vs CUDA graphs, and the asynchronous-timing demo",
         _pick(size, 25, 180, 120), _bench("dp_compile.py", "--device", dev, *compile_args, "--out", "{out}"),
         sizes={"steps": compile_args[1]})
     # ---------------------------------------------------------------- GPT-2
+    # On a GPU every row is chosen by the memory planner for this hardware (`lab.plan`): the model, the
+    # micro-batch, amp or fp16, ckpt where a row needs it; on a CPU the tiny preset.
     gpu = hw.kind == "cuda"
-    model = GPT_GPU_MODEL if gpu else GPT_CPU_MODEL
-    mem = f"{hw.memory_bytes}B" if hw.memory_bytes else "80GiB"
+    gp = plan_gpt(max(1, hw.gpus), hw.memory_bytes or 80 * 2**30, hw.sm or 90) if gpu else None
+    model = gp.model if gpu else GPT_CPU_MODEL
+    mem = f"{hw.memory_bytes}B" if hw.memory_bytes else "80GiB"  # --gpu-mem needs a unit
     sm = str(hw.sm or 90)
     add("gpt_plan", "gpt", "GPT-2 1.6B memory plan for this device (every strategy)",
         _pick(size, 15, 15, 10), _tl("gpt", "plan", "--model", GPT_GPU_MODEL, "--gpus", str(max(1, hw.gpus)), "--gpu-mem", mem,
-                                   "--micro-batch", "8", "--optimizer", "fused", "--sm", sm, "--json", "{out}/plan.json"),
+                                   "--micro-batch", str(gp.micro_batch) if gpu else "8", "--optimizer", OPTIMIZER, "--sm", sm,
+                                   "--json", "{out}/plan.json"),
         sizes={"model": GPT_GPU_MODEL, "gpus": max(1, hw.gpus), "memory": mem})
-    common = ["--model", model, "--device", dev] + (["--global-batch", "16"] if gpu else ["--global-batch", "8", "--seq", "64"])
+    common = ["--model", model, "--device", dev] + (["--global-batch", str(gp.global_batch)] if gpu else ["--global-batch", "8", "--seq", "64"])
     steps_w = ["--steps", "8", "--warmup", "3"] if gpu else ["--steps", _pick(size, "2", "5", "5"), "--warmup", "1"]
-    best = ["--strategy", "amp+compile+accum", "--micro-batch", "8", "--fused-optimizer"] if gpu else \
+    best = ["--strategy", gp.best.strategy, "--micro-batch", str(gp.best.micro_batch), "--fused-optimizer"] if gpu else \
         ["--strategy", "none", "--micro-batch", "4"]
     add("gpt_best", "gpt", "GPT-2: our fastest single-device configuration",
         _pick(size, 20, 40, 150), _tl("gpt", "bench", *common, *best, *steps_w, "--json", "{out}/bench.json"),
-        sizes={"model": model, "strategy": best[1], "micro_batch": best[3]})
+        sizes={"model": model, "strategy": best[1], "micro_batch": best[3],
+               **({"predicted_gib": round(gp.best.predicted_bytes / 2**30, 1)} if gpu else {})})
     base_steps = ["--steps", "4", "--warmup", "1"] if gpu else ["--steps", _pick(size, "2", "5", "5"), "--warmup", "1"]
     # fp32 without TF32, checkpointing: the handout's setting. Its limit is generous: fp32 on the GPU is
     # ~6x slower per step than bf16, and the old suite's 150 s cut it off (issue 18).
     add("gpt_baseline", "gpt", "GPT-2: the handout's baseline (HF GPT2LMHeadModel, fp32, checkpointing)",
         _pick(size, 35, 70, 120), _tl("gpt", "bench", *common, "--impl", "hf", "--strategy", "ckpt", "--tf32", "off",
-                                      "--micro-batch", "8" if gpu else "4", *base_steps, "--json", "{out}/bench.json"),
+                                      "--micro-batch", str(gp.baseline.micro_batch) if gpu else "4", *base_steps,
+                                      "--json", "{out}/bench.json"),
         sizes={"model": model, "impl": "hf", "strategy": "ckpt", "tf32": "off"})
-    strategies = ("amp,ckpt,amp+ckpt" if gpu and hw.gpus <= 1 else
-                  "ddp,zero2,zero3,tp,pp,zero3+amp+ckpt" if gpu else
-                  _pick(size, "none,ddp", "none,ckpt,ddp,zero3,tp,pp", ""))
+    strategies = gp.strategies if gpu else _pick(size, "none,ddp", "none,ckpt,ddp,zero3,tp,pp", "")
     nproc = str(hw.gpus if gpu and hw.gpus > 1 else 1 if gpu else 2)
-    add("gpt_strategies", "gpt", "GPT-2: parallel and memory strategies side by side",
-        _pick(size, 60, 115, 200), _tl("gpt", "compare", "--strategies", strategies, *common, "--nproc", nproc,
-                                       "--micro-batch", "8" if gpu else "4", *(["--steps", "3", "--warmup", "1"] if gpu else steps_w),
+    add("gpt_strategies", "gpt", "GPT-2: parallel and memory strategies side by side, on the same data",
+        # full: 25 s a row on the H100 (74.7 s for 3 rows in the lab run of 2026-11-25); 40 s a row
+        # leaves room for the slower A100 and the multi-GPU rows' process-group start-up
+        _pick(size, 60, 115, max(200, 20 + 40 * len(gp.rows)) if gpu else 200),
+        _tl("gpt", "compare", "--strategies", strategies, *common, "--nproc", nproc,
+                                       "--micro-batch", str(gp.micro_batch) if gpu else "4",
+                                       *(["--steps", "3", "--warmup", "1"] if gpu else steps_w),
                                        "--timeout", "240", "--out", "{out}"),
-        sizes={"model": model, "strategies": strategies, "ranks": int(nproc)})
+        sizes={"model": model, "strategies": strategies, "ranks": int(nproc),
+               **({"global_batch": gp.global_batch, "micro_batch": gp.micro_batch, "precision": gp.precision,
+                   "predicted_gib": {r.strategy: round(r.predicted_bytes / 2**30, 1) for r in gp.rows},
+                   "left_out": dict(gp.left_out), **({"model_note": gp.note} if gp.note else {})} if gpu else {})})
     # Last: one build of the model, one row written as each strategy finishes (issue 18).
     add("gpt_planner_error", "gpt", "GPT-2: the planner's predicted peak memory against the measured one",
         _pick(size, 30, 25, 120),
         _bench("gpt_planner_error.py", "--model", model, "--device", dev, "--strategies",
-               "amp+ckpt,amp,none" if gpu else "none,ckpt", "--micro-batches", "2", *(["--fused"] if gpu else []),
+               ",".join(gp.planner_error) if gpu else "none,ckpt", "--micro-batches", "2", *(["--fused"] if gpu else []),
                "--name", "gpt_planner_error", "--out", "{out}"),
         sizes={"model": model})
     return steps

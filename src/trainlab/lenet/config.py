@@ -98,7 +98,9 @@ class TrainConfig(Config):
                         check=one_of(("linear", "sqrt", "none")))
     # execution
     device: str = opt("auto", "auto (CUDA if available) | cpu | cuda | cuda:N")
-    amp: str = opt("auto", "auto (bf16 autocast on CUDA) | bf16 | off", check=one_of(("auto", "bf16", "off")))
+    amp: str = opt("auto", "auto (CUDA: bf16 autocast on sm80+, fp16 with a GradScaler below; CPU: off) | bf16 "
+                           "(fp16 on a GPU without bf16, below sm80) | fp16 | off",
+                   check=one_of(("auto", "bf16", "fp16", "off")))
     channels_last: str = opt("auto", "auto (on CUDA) | on | off", check=one_of(("auto", "on", "off")))
     compile: bool = opt(False, "torch.compile the model (compile time reported separately); the same as --step-mode compile")
     step_mode: str = opt("auto", "the training step (trainlab.lenet.step): eager | compile (torch.compile) | cudagraph "

@@ -216,7 +216,7 @@ def _summarize(cfg: TrainConfig, plan: LeNetPlan, s, par, run: RunDir, tel, env:
         "flops_per_image": s.flops,
         "model": cfg.model,
         "dataset": cfg.dataset,
-        "amp": "bfloat16" if plan.precision == "bf16" else "off",  # the autocast dtype, as before the plan
+        "amp": str(plan.amp_dtype).removeprefix("torch.") if plan.amp_dtype is not None else "off",  # the type that ran
         "channels_last": plan.channels_last,
         "ops": plan.ops_spec,   # --ops auto resolved
         "plan": plan.to_dict(),  # the resolved recipe (lenet/plan.py)
