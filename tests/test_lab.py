@@ -146,6 +146,32 @@ run.run_lab(__import__("pathlib").Path({str(root)!r}), Hardware("cpu", 0, "cpu")
     assert len(state["calls"]) == 2
 
 
+def _files(folder: Path) -> set[str]:
+    """Every file under `folder` but git's and Python's own caches (importing writes __pycache__)."""
+    skip = {".git", "__pycache__", ".pytest_cache", ".ruff_cache"}
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")
+            if p.is_file() and not skip.intersection(p.relative_to(folder).parts)}
+
+
+def test_lab_from_another_working_folder_writes_only_into_the_lab_folder(monkeypatch, tmp_path):
+    """Issue 31: `trainlab lab --out lab` from a folder that is not the checkout. A step gets its
+    {out} and writes one file relative to its working folder: both land in DIR/steps/NAME, none in
+    the checkout or the caller's folder."""
+    fake_steps(monkeypatch, [Step("writes", "lenet", "writes", 1.0, _py(
+        WRITE + "; pathlib.Path('stray.txt').write_text('relative')") + ("{out}/res",))])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    checkout = _files(ROOT)
+    assert main(["lab", "--out", "lab", "--size", "tiny", "--device", "cpu", "--parts", "lenet", "--budget", "2m"]) == 0
+    lab = elsewhere / "lab"
+    assert (lab / "steps" / "writes" / "res" / "r.json").exists() and (lab / "steps" / "writes" / "stray.txt").exists()
+    assert _files(elsewhere) == {str(Path("lab") / f) for f in _files(lab)}  # nothing beside the lab folder
+    assert _files(ROOT) == checkout  # nothing new in the checkout
+    state = json.loads((lab / "results.json").read_text())
+    assert str(lab / "steps" / "writes" / "res") in state["steps"]["writes"]["command"]  # absolute, as run
+
+
 def test_archive_holds_results_and_report_and_stays_under_its_cap(monkeypatch, tmp_path):
     monkeypatch.setattr(lab_run, "ARCHIVE_MAX_BYTES", 3 * 2**20)
     root = tmp_path / "lab"

@@ -36,7 +36,7 @@ def test_no_auto_survives_the_plan(preset, device):
     # resolve() reads the device's type only (no CUDA call), so the CUDA plan can be checked here
     plan = resolve(apply_preset(TrainConfig(device=str(device)), preset), device)
     assert "auto" not in _values(plan)
-    assert plan.step_mode in ("eager", "compile", "cudagraph") and plan.precision in ("bf16", "fp32")
+    assert plan.step_mode in ("eager", "compile", "cudagraph") and plan.precision in ("bf16", "fp16", "fp32")
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.step_mode = "eager"  # frozen: nothing re-decides it later
 

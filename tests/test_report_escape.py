@@ -128,10 +128,17 @@ def test_the_lab_report_escapes_its_state_and_step_outputs(tmp_path):
 
 
 def test_hostile_names_survive_markdown_and_the_archive(hostile_run, tmp_path):
-    """The Markdown rendering keeps the text as it was (it is not HTML), and the run is found by name."""
+    """The Markdown rendering shows the text as it was, escaped for Markdown (`report.markdown`): a
+    viewer renders raw HTML in Markdown, so `<script>` must arrive as `\\<script\\>`, never as a tag."""
+    import re
+
+    from trainlab.report import markdown
+
     run = tmp_path / "copy"
     shutil.copytree(hostile_run, run)
     out = tmp_path / "r"
     assert main(["report", str(run), "-o", str(out)]) == 0
     md = (out / "report.md").read_text()
-    assert HOSTILE in md  # verbatim in Markdown: a Markdown viewer escapes it itself
+    assert markdown.text(HOSTILE) in md  # shown, as text
+    outside_code = re.sub(r"^(`{3,})$.*?^\1$", "", md, flags=re.S | re.M)  # a code block shows its text as is
+    assert not re.search(r"(?<!\\)<(script|img)", outside_code), outside_code[:3000]

@@ -59,7 +59,7 @@ def _scripts() -> list[str]:
 
 def test_the_pages_sbatch_scripts_parse_and_their_commands_exist(tmp_path):
     scripts = _scripts()
-    assert len(scripts) == 2
+    assert len(scripts) == 3
     parser = build_parser()
     for i, text in enumerate(scripts):
         path = tmp_path / f"s{i}.sbatch"
@@ -70,6 +70,60 @@ def test_the_pages_sbatch_scripts_parse_and_their_commands_exist(tmp_path):
         argv = [a for a in shlex.split(line.removeprefix("srun trainlab "))]
         argv = [a.replace("$HOME", str(tmp_path)).replace("$SLURM_JOB_ID", "1") for a in argv]
         parser.parse_args(argv)  # every flag exists (argparse exits on an unknown one)
-    assert "--ntasks-per-node=1" in scripts[1]  # one launcher per node: the agent starts the workers
+    assert "--ntasks-per-node=1" in scripts[2]  # one launcher per node: the agent starts the workers
     doc_args = re.search(r"```\n(--nnodes=.*?)\n```", DOC.read_text()).group(1)
     assert doc_args.replace("<job id>", "4242").split() == torchrun_args(4, TWO_NODES)
+
+
+def _trainlab_lines(block: str) -> list[list[str]]:
+    """Every `trainlab ...` command of a fenced block (after `srun`), as argv, comments dropped."""
+    out = []
+    for line in block.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["srun"]:
+            words = words[1:]
+        if words[:1] == ["trainlab"]:
+            out.append(words[1:])
+    return out
+
+
+def test_one_node_two_gpu_sbatch_and_salloc_recipes(tmp_path, capsys, monkeypatch):
+    """Issue 31: the course's GPU08 (2×A100 80GB) from a conda environment. Every trainlab command the
+    recipes hold parses with trainlab's parser, asks for the two GPUs the allocation has, and the lab's
+    plan for that node (replayed through `trainlab lab --plan`) runs every step, each GPT row fitting."""
+    from trainlab.cli import main
+    from trainlab.gpt import planner
+    from trainlab.gpt.model import get_preset
+
+    text = DOC.read_text()
+    sbatch = next(b for b in _scripts() if "#SBATCH --gpus=2" in b)
+    salloc = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if b.startswith("salloc "))
+    for flag in ("--nodes=1", "--ntasks=1", "--gpus=2"):
+        assert f"#SBATCH {flag}" in sbatch and flag in salloc.splitlines()[0]
+    script = tmp_path / "lab2.sbatch"
+    script.write_text(sbatch)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert "conda activate mytorch" in sbatch and "conda activate mytorch" in salloc
+    commands = _trainlab_lines(sbatch) + _trainlab_lines(salloc)
+    assert {c[0] for c in commands} == {"lab", "train", "dp", "gpt"}
+    parser = build_parser()
+    a100 = ["--gpus", "2", "--gpu-mem", "80GiB", "--sm", "80", "--device-name", "NVIDIA A100-SXM4-80GB"]
+    for argv in commands:
+        argv = [a.replace("$HOME", str(tmp_path)) for a in argv]
+        args = parser.parse_args(argv)
+        if hasattr(args, "nproc") and args.nproc is not None:
+            assert args.nproc == 2, argv
+        if argv[0] == "lab":  # the node's plan: every step runs, every GPT row fits
+            plan_argv = argv + ([] if "--plan" in argv else ["--plan"]) + a100
+            assert main(plan_argv) == 0
+            printed = capsys.readouterr().out
+            assert "not run" not in printed and "left out" not in printed and "ddp+amp" in printed, printed
+            assert not (tmp_path / "lab-2gpu").exists()
+        if argv[:2] == ["gpt", "compare"]:
+            budget = planner.usable_bytes(80 * 2**30)
+            for strategy in args.strategies.split(","):
+                world = 2 if "+" in strategy or strategy in ("ddp", "zero2", "zero3", "tp", "pp") else 1
+                per_rank = args.global_batch // (world if strategy.split("+")[0] in ("ddp", "zero2", "zero3") else 1)
+                need = planner.predict_memory(get_preset(args.model), strategy, world, args.micro_batch,
+                                              accumulation_steps=per_rank // args.micro_batch, sm=80)["total_bytes"]
+                assert need <= budget, (strategy, need / 2**30)

@@ -33,6 +33,31 @@ PEAK_BF16_TFLOPS = {
 }
 
 
+# Compute capability × 10 by the name CUDA reports, to plan for a GPU from a machine without it
+# (`trainlab lab --plan --device-name ...`); a real run reads torch.cuda.get_device_capability.
+# compute capabilities × 10 of the NVIDIA GPUs torch builds for (Volta … Blackwell): every --sm is one of them
+KNOWN_SM = (70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
+
+COMPUTE_CAPABILITY = {
+    "NVIDIA GeForce RTX 2080 Ti": 75,   # the course's GPU06 node
+    "Tesla T4": 75,
+    "Tesla V100-SXM2-32GB": 70,
+    "NVIDIA A100-SXM4-40GB": 80,
+    "NVIDIA A100-SXM4-80GB": 80,        # the course's GPU08 node
+    "NVIDIA A100-PCIE-40GB": 80,
+    "NVIDIA A100 80GB PCIe": 80,
+    "NVIDIA A10": 86,
+    "NVIDIA GeForce RTX 3090": 86,
+    "NVIDIA GeForce RTX 4090": 89,
+    "NVIDIA L40S": 89,
+    "NVIDIA H100 80GB HBM3": 90,
+    "NVIDIA H100 PCIe": 90,
+    "NVIDIA H100 NVL": 90,
+    "NVIDIA H200": 90,
+    "NVIDIA H200 NVL": 90,
+}
+
+
 # Processes (ranks, DataLoader workers) per CPU core that a flag may ask for: past this each one only
 # waits for a core and costs its memory (a rank or worker holds a copy of the model or the data).
 PROCESSES_PER_CORE = 4
@@ -80,10 +105,48 @@ def free_memory(device: torch.device) -> int | None:
     return None
 
 
+_SAID_UNUSABLE = False
+
+
+def gpu_unusable_reason() -> str | None:
+    """Why this machine's NVIDIA GPU cannot be used from this torch, or None (no GPU, or it works).
+
+    A GPU is "present" when the NVIDIA kernel driver is loaded (trainlab.cuda_driver.driver_version)."""
+    if torch.cuda.is_available():
+        return None
+    from trainlab import cuda_driver
+
+    driver = cuda_driver.driver_version()
+    if driver is None:
+        return None
+    if torch.version.cuda is None:
+        return (f"torch {torch.__version__} is a CPU-only build on a machine with NVIDIA driver {driver}: "
+                "install a CUDA build (docs/install.md)")
+    problem = cuda_driver.driver_problem(torch.version.cuda, driver)
+    if problem:
+        return problem
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
+    return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot initialise CUDA with driver {driver}: "
+            "see `nvidia-smi` and torch's warning above")
+
+
 def resolve_device(name: str | None = "auto") -> torch.device:
-    """`auto` → CUDA if available, else CPU. An explicit `cuda` without a GPU is a clear error."""
+    """`auto` → CUDA if available, else CPU — saying in one line (stderr) why, when a GPU is present but
+    unusable (driver too old for this torch, a CPU-only torch, ...). An explicit `cuda` without a GPU is
+    a clear error."""
     if name in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        reason = gpu_unusable_reason()
+        global _SAID_UNUSABLE
+        if reason and not _SAID_UNUSABLE and os.environ.get("RANK", "0") == "0":  # once, by one rank
+            import sys
+
+            _SAID_UNUSABLE = True
+            print(f"trainlab: --device auto: the GPU is not usable, running on the CPU: {reason}", file=sys.stderr)
+        return torch.device("cpu")
     try:
         dev = torch.device(name)
     except RuntimeError:
@@ -96,6 +159,26 @@ def resolve_device(name: str | None = "auto") -> torch.device:
     elif dev.type != "cpu":
         raise HardwareError(f"--device {name}: only cpu and cuda are supported")
     return dev
+
+
+def cuda_sm(device: torch.device | str | int | None = None) -> int | None:
+    """Compute capability × 10 of a CUDA device (75 RTX 2080 Ti, 80 A100, 90 H100); None without one."""
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def amp_for_sm(sm: int | None) -> str | None:
+    """The 16-bit type autocast trains in on a GPU of compute capability `sm`/10: bf16 from Ampere (sm80) on;
+    fp16 below (Turing's RTX 2080 Ti, sm75, has fp16 tensor cores and no bf16), with a GradScaler since
+    fp16's range loses small gradients; None without a GPU."""
+    if sm is None:
+        return None
+    return "bf16" if sm >= 80 else "fp16"
+
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def synchronize(device: torch.device | str) -> None:

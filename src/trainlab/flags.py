@@ -137,6 +137,14 @@ def at_least(lo: int) -> Check:
     return check
 
 
+def int_range(lo: int, hi: int) -> Check:
+    """An integer >= lo and <= hi (a count whose upper bound is what could ever finish)."""
+    def check(v: Any) -> str | None:
+        ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+        return None if ok else f"expected an integer >= {lo} and <= {hi:,}"
+    return check
+
+
 def process_count(lo: int) -> Check:
     """An integer >= lo and at most `device.process_limit()` (ranks or workers this machine can run)."""
     def check(v: Any) -> str | None:
@@ -151,7 +159,9 @@ def process_count(lo: int) -> Check:
 
 
 def thread_count(v: Any) -> str | None:
-    """torch CPU threads: an integer >= 1 and at most this machine's CPUs (more only oversubscribe it)."""
+    """torch CPU threads (every --threads): an integer >= 1 and at most the CPUs this process may run on.
+    More only oversubscribe them (OpenMP threads spin waiting for a core, and timings measure the wait);
+    100,000 would exhaust the process's thread limit."""
     from trainlab.device import cpu_cores
 
     problem = at_least(1)(v)

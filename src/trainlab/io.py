@@ -130,6 +130,23 @@ def check_input(path: str | os.PathLike) -> Path:
     return Path(path)
 
 
+def user_path(path: str | os.PathLike, what: str) -> Path:
+    """`path` with a leading ~ or ~user expanded; an unknown user is one line naming `what` (the flag or
+    variable), not a RuntimeError."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        head = str(path).split(os.sep, 1)[0]
+        raise ConfigError(f"{what} {str(path)!r}: {head} is not a user of this machine (no home folder to expand)") from None
+
+
+def contained(root: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Whether `path`, links resolved, lies inside folder `root`: a lab or run folder is a container, and
+    a link in it to a file or folder elsewhere is not read (into a report, an archive) as if it were its own."""
+    base = os.path.realpath(root)
+    return os.path.realpath(path) == base or os.path.realpath(path).startswith(base.rstrip(os.sep) + os.sep)
+
+
 def progress_bar(iterable=None, enabled: bool = True, **kwargs):
     """A tqdm bar on stderr, only when stderr is a terminal: a log file gets the per-epoch lines, not
     thousands of carriage-return updates. `.disable` tells the caller whether it shows."""
@@ -254,26 +271,54 @@ def read_errors(path: str | os.PathLike, expected: str, error: type[UserError] =
         raise error(f"{path}: permission denied (cannot read it)") from None
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """Read a JSON file; a missing, unreadable or corrupt file is a one-line `UserError` naming it."""
-    path = check_input(path)
+def read_capped(path: str | os.PathLike, max_bytes: int, what: str = "a data file") -> bytes:
+    """The bytes of `path`, a regular file of at most `max_bytes`: the one way trainlab reads a user's file
+    whole. The file is opened without blocking and checked on the open descriptor (a FIFO can neither
+    hang the read nor be swapped in after a check), its size is checked before reading, and the read
+    stops at the cap even if the file grows meanwhile (/proc files, a file being appended)."""
+    with read_errors(path, what):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        with read_errors(path, "a JSON file"):
-            return loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not valid JSON ({e})") from None
-    except ValueError as e:  # NaN / Infinity (see `loads`)
-        raise UserError(f"{path}: {e}") from None
+        st = os.fstat(fd)
+        kind = next((name for test, name in _SPECIAL if test(st.st_mode)), None)
+        if kind:
+            raise UserError(f"{path}: is {kind}, expected a regular file; refusing to read it")
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"{path}: is a directory, expected {what}")
+        if st.st_size > max_bytes:
+            raise UserError(f"{path}: {st.st_size:,} bytes, more than the {_size(max_bytes)} {what} may hold; "
+                            "not a file trainlab wrote")
+        chunks, total = [], 0
+        while total <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > max_bytes:
+            raise UserError(f"{path}: more than the {_size(max_bytes)} {what} may hold; not a file trainlab wrote")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
-def _no_constant(token: str):
-    raise ValueError(f"holds {token}, which is not JSON (trainlab writes null for 'no value')")
+def _size(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def read_json(path: str | os.PathLike, schema=None) -> Any:
+    """Read a JSON file through the one reader (`trainlab.schema.read_json`): size cap, no FIFO, no NaN,
+    a depth limit, and `schema`'s types; every problem is a one-line `UserError` naming the file."""
+    from trainlab.schema import read_json as read
+
+    return read(path, schema)
 
 
 def loads(text: str) -> Any:
-    """`json.loads` that refuses NaN/Infinity, as `to_json` refuses to write them: a non-finite value
-    in a hand-edited file is one line naming it, not a NaN travelling into a table or a plot."""
-    return json.loads(text, parse_constant=_no_constant)
+    """`json.loads` that refuses NaN/Infinity and deep nesting (`trainlab.schema.loads`)."""
+    from trainlab.schema import loads as parse
+
+    return parse(text)
 
 
 def output_problem(path: str | os.PathLike, kind: str = "file") -> str | None:
@@ -282,7 +327,7 @@ def output_problem(path: str | os.PathLike, kind: str = "file") -> str | None:
     Checked before a command starts, so a bad --out/--json/-o costs nothing: a directory where a file
     is wanted (or the reverse), a parent that is a file, a folder this user cannot write into, a special
     file, or (a file) one that exists and trainlab did not write (see `refuse_foreign`)."""
-    path = Path(path).expanduser()
+    path = user_path(path, "the path")
     special = special_kind(path)
     if special:
         return f"is {special}, expected a {'directory' if kind == 'dir' else 'regular file'}"

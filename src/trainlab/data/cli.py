@@ -11,7 +11,7 @@ from trainlab.data.idx import write_idx
 from trainlab.data.pack import PACK_NAME, write_pack
 from trainlab.errors import DataError
 from trainlab.flags import check_value, output_dir, output_file
-from trainlab.io import refuse_foreign
+from trainlab.io import refuse_foreign, user_path
 
 
 def add_parser(subparsers) -> None:
@@ -108,7 +108,7 @@ def run_fetch(args) -> int:
 
 
 def run_pack(args) -> int:
-    out = Path(args.out).expanduser()
+    out = user_path(args.out, "--out")
     if out.is_dir():
         out = out / PACK_NAME
     elif out.suffix != ".npz":

@@ -21,6 +21,7 @@ from pathlib import Path
 from trainlab.data.idx import encode_idx
 from trainlab.data.mnist import IDX_STEMS, MNISTArrays, load_idx_dir
 from trainlab.errors import DataError
+from trainlab.io import user_path
 
 DEFAULT_DIR = Path("/usr/share/datasets/fashion-mnist")
 DEBIAN_PACKAGE = "dataset-fashion-mnist"
@@ -47,7 +48,7 @@ def decompressed_md5(arrays: MNISTArrays) -> dict[str, str]:
 def load_fashion_mnist(data_dir: str | os.PathLike | None = None) -> MNISTArrays:
     """The four Fashion-MNIST arrays from `data_dir` (default: the Debian package's folder), each file's
     decompressed md5 checked against upstream's."""
-    folder = Path(data_dir).expanduser() if data_dir is not None else DEFAULT_DIR
+    folder = user_path(data_dir, "--data-dir") if data_dir is not None else DEFAULT_DIR
     if data_dir is None and not folder.is_dir():
         raise DataError(f"Fashion-MNIST not found in {DEFAULT_DIR}: {MISSING_HINT}")
     arrays = load_idx_dir(folder, what="Fashion-MNIST", torchvision_name=TORCHVISION_NAME, hint=MISSING_HINT)

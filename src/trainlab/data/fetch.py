@@ -12,11 +12,12 @@ import hashlib
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from trainlab.errors import DataError
-from trainlab.io import atomic_write_bytes, progress_bar
+from trainlab.io import atomic_write_bytes, input_problem, progress_bar, user_path
 
 # Tried in order; the S3 mirror is the one torchvision uses, yann.lecun.com is often throttled.
 MIRRORS = (
@@ -34,6 +35,7 @@ FILES_MD5 = {
 }
 
 _CHUNK = 1 << 16
+MAX_DOWNLOAD_BYTES = 16 * 2**20  # the largest official file (train-images, gzip) is 9.9 MB
 
 
 def md5_bytes(data: bytes) -> str:
@@ -59,15 +61,25 @@ def verify_checksum(path: str | os.PathLike, expected_md5: str) -> None:
 
 
 def _download(url: str, timeout: float) -> bytes:
-    """Fetch `url` into memory, one progress line on stderr."""
+    """Fetch `url` into memory (at most MAX_DOWNLOAD_BYTES), one progress line on stderr. A file:// mirror
+    must name regular files: a FIFO would block the open for ever, /dev/zero would never end."""
+    if urllib.parse.urlparse(url).scheme == "file":
+        problem = input_problem(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+        if problem:
+            raise ValueError(problem)
     request = urllib.request.Request(url, headers={"User-Agent": "trainlab"})  # some mirrors reject urllib's UA
     with urllib.request.urlopen(request, timeout=timeout) as response:
         total = int(response.headers.get("Content-Length") or 0)
         chunks, done = [], 0
         bar = progress_bar(total=total or None, unit="B", unit_scale=True, desc=url.rsplit("/", 1)[-1], leave=False)
+        if total > MAX_DOWNLOAD_BYTES:
+            raise ValueError(f"declares {total:,} bytes, more than the {MAX_DOWNLOAD_BYTES // 2**20} MiB an MNIST file has")
         for chunk in iter(lambda: response.read(_CHUNK), b""):
             chunks.append(chunk)
             done += len(chunk)
+            if done > MAX_DOWNLOAD_BYTES:
+                bar.close()
+                raise ValueError(f"sent more than the {MAX_DOWNLOAD_BYTES // 2**20} MiB an MNIST file has; stopped reading")
             bar.update(len(chunk))
         bar.close()
     return b"".join(chunks)
@@ -103,11 +115,20 @@ def fetch_file(name: str, expected_md5: str, dest: Path, mirrors=MIRRORS, timeou
 def fetch_mnist(dest: str | os.PathLike, mirrors=MIRRORS, files: dict[str, str] | None = None,
                 timeout: float = 60.0) -> list[Path]:
     """Download the four official MNIST .gz files into `dest` (checksum-verified, atomic, skip if present)."""
-    dest = Path(dest).expanduser()
+    dest = user_path(dest, "--dir")
+    created = not dest.exists()
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"{dest}: --dir cannot be created ({e.strerror or e})") from None
     files = FILES_MD5 if files is None else files
     print(f"trainlab: fetching MNIST into {dest}", file=sys.stderr)
-    return [fetch_file(name, md5, dest, mirrors, timeout) for name, md5 in files.items()]
+    try:
+        return [fetch_file(name, md5, dest, mirrors, timeout) for name, md5 in files.items()]
+    except DataError:
+        if created:  # a fetch that got nothing leaves no empty folder behind
+            try:
+                dest.rmdir()
+            except OSError:
+                pass
+        raise

@@ -19,7 +19,6 @@ bit-identical tensors.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import time
@@ -34,8 +33,9 @@ from trainlab.data.augment import (AUGMENT_STREAM, ELASTIC_STREAM, Distortion, a
                                    identity_matrices, seeded_generator)
 from trainlab.data.idx import read_idx, write_idx
 from trainlab.data.pack import PACK_NAME, read_pack
-from trainlab.errors import ConfigError, DataError
-from trainlab.io import atomic_write_json
+from trainlab.errors import ConfigError, DataError, UserError
+from trainlab.io import atomic_write_json, user_path
+from trainlab.schema import STR, DictOf, Obj, read_json
 
 MEAN, STD = 0.1307, 0.3081  # mean/std of the MNIST training pixels scaled to [0, 1]
 IMAGE_SIZE = 28
@@ -165,7 +165,7 @@ def _find_idx_file(folder: Path, stem: str) -> Path | None:
 def resolve_idx_dir(data_dir: str | os.PathLike, what: str = "MNIST", torchvision_name: str = "MNIST",
                     hint: str = "`trainlab data fetch` downloads them") -> Path:
     """The folder holding the IDX files: DIR, DIR/raw or DIR/<torchvision_name>/raw (torchvision's layout)."""
-    root = Path(data_dir).expanduser()
+    root = user_path(data_dir, "--data-dir")
     if not root.exists():
         raise DataError(f"{root}: --data-dir not found (expected a folder with the {what} IDX files)")
     if not root.is_dir():
@@ -249,11 +249,11 @@ def read_mnist_csv(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 def default_cache_dir() -> Path:
     """$TRAINLAB_CACHE/mnist if set, else ~/.cache/trainlab/mnist."""
     root = os.environ.get("TRAINLAB_CACHE")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "trainlab") / "mnist"
+    return (user_path(root, "$TRAINLAB_CACHE") if root else Path.home() / ".cache" / "trainlab") / "mnist"
 
 
 def _embedded_cache_folder(cache_dir: str | os.PathLike | None) -> Path:
-    base = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    base = user_path(cache_dir, "the cache folder") if cache_dir else default_cache_dir()
     return base / f"{EMBEDDED_PACKAGE}-{EMBEDDED_VERSION}"
 
 
@@ -266,18 +266,21 @@ def _source_stamp(csv_paths: dict[str, Path]) -> dict:
     }
 
 
+CACHE_MANIFEST = Obj({"stamp": DictOf(), "sha256": DictOf(STR)}, required=("stamp", "sha256"))
+
+
 def _read_cache(folder: Path, stamp: dict) -> MNISTArrays | None:
     manifest = folder / "manifest.json"
     try:
-        info = json.loads(manifest.read_text())
-        if not isinstance(info, dict) or info.get("stamp") != stamp:
+        info = read_json(manifest, CACHE_MANIFEST)
+        if info.get("stamp") != stamp:
             return None
         arrays = {key: read_idx(folder / stem) for key, stem in IDX_STEMS.items()}
         for split in ("train", "test"):
             validate_split(arrays[f"{split}_images"], arrays[f"{split}_labels"],
                            str(folder / IDX_STEMS[f"{split}_images"]), str(folder / IDX_STEMS[f"{split}_labels"]))
         problem = _verify_cache(folder, info, arrays)
-    except (OSError, ValueError, DataError):
+    except (OSError, ValueError, UserError):
         return None  # absent, stale or damaged cache: rebuild it from the CSVs
     if problem:
         print(f"trainlab: warning: the MNIST cache in {folder} failed verification ({problem}); "
@@ -346,7 +349,7 @@ def load_embedded(cache_dir: str | os.PathLike | None = None) -> MNISTArrays:
 
 def pack_path(cache_dir: str | os.PathLike | None = None) -> Path:
     """Where a `trainlab data pack` file is looked for: <cache>/mnist.npz."""
-    return (Path(cache_dir).expanduser() if cache_dir else default_cache_dir()) / PACK_NAME
+    return (user_path(cache_dir, "the cache folder") if cache_dir else default_cache_dir()) / PACK_NAME
 
 
 def load_pack(path: str | os.PathLike) -> MNISTArrays:
@@ -377,7 +380,7 @@ def load_mnist(data_dir: str | os.PathLike | None = None,
     or ~/.cache/trainlab/mnist). Any missing, truncated or inconsistent input raises `DataError`.
     """
     if data_dir is not None:
-        path = Path(data_dir).expanduser()
+        path = user_path(data_dir, "--data-dir")
         if path.is_file() and path.suffix == ".npz":
             return load_pack(path)
         if path.is_file():
@@ -397,6 +400,9 @@ def fingerprint(arrays: MNISTArrays) -> dict[str, str]:
     return dict(arrays.digests)
 
 
+NOT_OFFICIAL = "NOT the official MNIST"  # in the data line of a run on other data (log, summary.json, reports)
+
+
 def describe_source(arrays: MNISTArrays) -> str:
     """The line every run and `eval` prints: where the data came from, its fingerprint (sha256 of the four
     arrays' digests, 12 hex digits), and whether it is the official MNIST byte for byte. A pack's own
@@ -405,7 +411,7 @@ def describe_source(arrays: MNISTArrays) -> str:
     combined = hashlib.sha256("".join(digests[k] for k in IDX_STEMS).encode()).hexdigest()[:12]
     differ = [k for k in IDX_STEMS if digests[k] != ARRAY_SHA256[k]]
     verdict = ("the official MNIST" if not differ else
-               f"NOT the official MNIST: {', '.join(differ)} differ{'s' if len(differ) == 1 else ''} from it")
+               f"{NOT_OFFICIAL}: {', '.join(differ)} differ{'s' if len(differ) == 1 else ''} from it")
     return f"{arrays.source}; fingerprint {combined}; {verdict}"
 
 

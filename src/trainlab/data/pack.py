@@ -28,6 +28,7 @@ import numpy as np
 from trainlab.data.idx import DEFLATE_MAX_RATIO, MAX_DATA_BYTES
 from trainlab.errors import DataError
 from trainlab.io import atomic_write_bytes, input_problem
+from trainlab.schema import loads
 
 PACK_NAME = "mnist.npz"   # the file name looked for in the cache folder
 PACK_FORMAT = 1
@@ -85,14 +86,14 @@ def read_pack(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
             if missing:
                 raise DataError(f"{path}: not a trainlab MNIST pack (missing {', '.join(missing)}); "
                                 "make one with `trainlab data pack OUT`")
-            manifest = json.loads(str(npz["manifest"]))
+            manifest = loads(str(npz["manifest"]), f"{path} (its manifest)")
             if not isinstance(manifest, dict) or not isinstance(manifest.get("sha256", {}), dict):
                 raise DataError(f"{path}: the pack's manifest is a JSON {type(manifest).__name__}, expected an object "
                                 "with format, source and sha256; repack it with `trainlab data pack`")
             arrays = {k: npz[k] for k in KEYS}
     except FileNotFoundError:
         raise DataError(f"{path}: MNIST pack not found") from None
-    except (OSError, ValueError, zipfile.BadZipFile, json.JSONDecodeError) as e:
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
         raise DataError(f"{path}: unreadable MNIST pack ({type(e).__name__}: {e})") from None
     if manifest.get("format") != PACK_FORMAT:
         raise DataError(f"{path}: MNIST pack format {manifest.get('format')!r}, expected {PACK_FORMAT}; repack it")

@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.device import check_process_count
+from trainlab.device import check_process_count, resolve_device
 from trainlab.io import atomic_write_json, atomic_write_text
 
 DEFAULT_TIMEOUT_S = 120.0  # long enough for a slow first NCCL init, short enough that a hang is noticed
@@ -78,7 +78,7 @@ class DistInfo:
 
 def _pick_device(device: str | None, local_rank: int) -> torch.device:
     if device in (None, "", "auto"):
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device("auto").type  # one line on stderr when a GPU is there but unusable
     dev = torch.device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainlab.device import TF32_MODES
+from trainlab.device import KNOWN_SM, TF32_MODES
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, json_output, one_of, opt, output_dir, positive, seed_value
 from trainlab.gpt.model import PRESETS
@@ -110,7 +110,7 @@ class PlanConfig(Config):
     optimizer: str = opt("foreach", "AdamW implementation (its temporaries differ)",
                          choices=("foreach", "fused", "forloop"))
     sm: int = opt(90, "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs",
-                  check=at_least(1))
+                  check=one_of(KNOWN_SM))
     vocab_multiple: int = opt(1, "as gpt bench: embedding rows padded to a multiple of this", check=at_least(1))
     fused_qkv: bool = opt(False, "as gpt bench: q, k, v as one Linear")
     loss: str = opt("cross_entropy", "as gpt bench: cross_entropy | chunked", choices=tuple(LOSSES))

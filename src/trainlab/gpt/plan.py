@@ -216,6 +216,10 @@ def resolve(config, machine: Machine, *, model: GPTConfig | None = None,
     spec = parse_strategy(config.strategy)
     seq = config.seq if config.seq is not None else model_cfg.n_positions
     device = _device_type(config.device, config.nproc, machine)
+    if device == "cuda" and spec.amp == "bf16" and machine.sm is not None and machine.sm < 80:
+        # below Ampere (the course's RTX 2080 Ti, sm75) there is no bf16: not a slow emulation or a crash
+        raise HardwareError(f"--strategy {spec.text}: bf16: a GPU of sm{machine.sm} has no bf16 (it starts at sm80); "
+                            f"use fp16 (--strategy {spec.text.replace('amp', 'fp16')}: trainlab adds a GradScaler)")
     if spec.data_parallel == "nvme":
         check_nvme_available(device)
     deg = validate_strategy(spec, model_cfg, config.nproc, config.global_batch, config.micro_batch, tp=config.tp,

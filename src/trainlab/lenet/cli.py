@@ -24,7 +24,7 @@ from trainlab.lenet.data_parallel import check_launch
 from trainlab.lenet.evaluate import evaluate_checkpoint
 from trainlab.lenet.loop import default_run_dir, train
 from trainlab.lenet.profile import ProfileConfig, run_profile_cmd
-from trainlab.lenet.shard_weights import check_shard_weights
+from trainlab.lenet.shard_weights import check_shard_weights, slowdown_factor
 from trainlab.lenet.sweep import NOT_SWEPT, SweepConfig, run_sweep
 from trainlab.telemetry.rundir import check_run_dir
 
@@ -66,6 +66,11 @@ def run_train(args: argparse.Namespace) -> int:
     # All launch problems (mode, --nproc vs GPUs, batch vs world size) fail here, before any process starts.
     check_launch(cfg.parallel, args.nproc, cfg.device, cfg.batch_size)
     check_shard_weights(cfg.shard_weights, cfg.parallel, args.nproc, cfg.batch_size)
+    slowdown_factor(0)  # $TRAINLAB_SLOW_RANKS, parsed whole before any process starts
+    for flag, images in (("--train-subset", cfg.train_subset), ("--test-subset", cfg.test_subset)):
+        if images is not None and images < args.nproc:  # a rank with no image has nothing to average
+            raise ConfigError(f"{flag} {images}: fewer images than the {args.nproc} ranks of --nproc {args.nproc}; "
+                              "every rank needs at least one")
     if args.resume:
         check_run_dir(args.resume, resume=True, flag="--resume")
     else:

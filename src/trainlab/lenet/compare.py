@@ -27,7 +27,7 @@ import torch
 from trainlab.device import check_process_count
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError, UserError
-from trainlab.flags import Config, at_least, opt, output_file, positive, seed_value
+from trainlab.flags import Config, at_least, opt, output_file, positive, seed_value, thread_count
 from trainlab.io import atomic_write_json, atomic_write_text, read_json
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launch
@@ -54,7 +54,7 @@ class CompareConfig(Config):
     seed: int = opt(0, "seed of every mode", check=seed_value)
     repeats: int = opt(1, "run everything R times round-robin; report medians", check=at_least(1))
     threads: int | None = opt(None, "torch CPU threads per process for every mode "
-                                    "(default: torch's choice single-process, 1 per rank)", check=at_least(1))
+                                    "(default: torch's choice single-process, 1 per rank)", check=thread_count)
     json: str | None = opt(None, "write the rows (and OUT.loaders.json for the sweep)", metavar="OUT.json",
                            check=output_file)
     md: str | None = opt(None, "write the tables as markdown", metavar="OUT.md", check=output_file)

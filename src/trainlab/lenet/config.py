@@ -98,7 +98,9 @@ class TrainConfig(Config):
                         check=one_of(("linear", "sqrt", "none")))
     # execution
     device: str = opt("auto", "auto (CUDA if available) | cpu | cuda | cuda:N")
-    amp: str = opt("auto", "auto (bf16 autocast on CUDA) | bf16 | off", check=one_of(("auto", "bf16", "off")))
+    amp: str = opt("auto", "auto (CUDA: bf16 autocast on sm80+, fp16 with a GradScaler below; CPU: off) | bf16 "
+                           "(fp16 on a GPU without bf16, below sm80) | fp16 | off",
+                   check=one_of(("auto", "bf16", "fp16", "off")))
     channels_last: str = opt("auto", "auto (on CUDA) | on | off", check=one_of(("auto", "on", "off")))
     compile: bool = opt(False, "torch.compile the model (compile time reported separately); the same as --step-mode compile")
     step_mode: str = opt("auto", "the training step (trainlab.lenet.step): eager | compile (torch.compile) | cudagraph "
@@ -146,6 +148,9 @@ class TrainConfig(Config):
         if self.warmup_batch_size is not None and self.loader != "device":
             raise ConfigError(f"--warmup-batch-size {self.warmup_batch_size}: the batch-size warm-up needs "
                               f"--loader device, not {self.loader}")
+        if self.warmup_batch_size is not None and self.warmup_batch_size > self.batch_size:
+            raise ConfigError(f"--warmup-batch-size {self.warmup_batch_size}: a warm-up starts below --batch-size "
+                              f"{self.batch_size} and grows to it; expected at most {self.batch_size}")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ConfigError(f"--name {self.name!r}: expected a plain name (it becomes runs/<name>)")
         self.distortion()  # the augmentation flags, together (raises ConfigError naming the flag)

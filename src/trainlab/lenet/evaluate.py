@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainlab.data.mnist import describe_source, load_mnist
+from trainlab.data.datasets import describe_dataset, load_dataset
 from trainlab.device import resolve_device
 from trainlab.lenet.batches import build_test_batches
 from trainlab.lenet.checkpoint import checkpoint_config, load_checkpoint, load_model_state
@@ -75,7 +75,7 @@ def evaluate_checkpoint(path, device: str = "auto", data_dir: str | None = None)
     model = build_model(plan)
     # A run with --ema was evaluated (and reported) with its averaged weights: re-test those.
     load_model_state(model, ckpt["ema"]["model"] if ckpt.get("ema") else ckpt["model"], path)
-    data = load_mnist(cfg.data_dir)
+    data = load_dataset(cfg.dataset, cfg.data_dir)  # the data set the run trained on, never another
     result = evaluate(model, build_test_batches(cfg, data, dev), dev, plan.amp_dtype)
-    return {**result, "data": describe_source(data), "device": str(dev), "epochs_done": ckpt["epochs_done"], "checkpoint": str(path),
+    return {**result, "dataset": cfg.dataset, "data": describe_dataset(cfg.dataset, data), "device": str(dev), "epochs_done": ckpt["epochs_done"], "checkpoint": str(path),
             "weights": "ema" if ckpt.get("ema") else "live"}

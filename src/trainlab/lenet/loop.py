@@ -24,6 +24,7 @@ from trainlab.distributed.wrappers import unwrap
 from trainlab.distributed.launch import describe_timeout
 from trainlab.errors import TrainingDiverged
 from trainlab.lenet.architecture import architecture_rows
+from trainlab.signals import StopOnSignal
 from trainlab.lenet.batches import build_test_batches, build_train_batches, to_device
 from trainlab.lenet.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
 from trainlab.lenet.config import TrainConfig
@@ -70,14 +71,16 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     plan = resolve(cfg, par.device)  # every `auto` decided, every machine check made, once
     model = build_model(plan)  # an implementation this device lacks fails before the run directory exists
     path = resume if resume is not None else default_run_dir(cfg)
-    if not par.is_main:  # only rank 0 prints, logs to TensorBoard and writes the run directory
-        return _train(cfg, plan, model, resume, _silent, par, RunDir(path))
-    with RunDir.claim(path, resume=resume is not None, overwrite=cfg.overwrite,
-                      flag="--resume" if resume is not None else "--out") as run:
-        return _train(cfg, plan, model, resume, log, par, run)
+    # SIGTERM/SIGINT from here on (the set-up included): stop after the next checkpoint (trainlab.signals)
+    with StopOnSignal() as signals:
+        if not par.is_main:  # only rank 0 prints, logs to TensorBoard and writes the run directory
+            return _train(cfg, plan, model, resume, _silent, par, RunDir(path), signals)
+        with RunDir.claim(path, resume=resume is not None, overwrite=cfg.overwrite,
+                          flag="--resume" if resume is not None else "--out") as run:
+            return _train(cfg, plan, model, resume, log, par, run, signals)
 
 
-def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunDir) -> dict:
+def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunDir, signals: StopOnSignal) -> dict:
     tf32 = set_tf32(cfg.tf32)
     s = _assemble(cfg, plan, model, resume, par, run, log)
 
@@ -131,6 +134,7 @@ def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunD
                                     train_seconds=s.train_seconds, config=cfg.to_dict(),
                                     ema=s.ema.state_dict() if s.ema is not None else None)
                 epochs_run += 1
+                signals.stop(par, run.path, epoch + 1, cfg.epochs)
                 if cfg.stop_after is not None and epochs_run >= cfg.stop_after and epoch + 1 < cfg.epochs:
                     log(f"stopping after {epochs_run} epoch(s) as asked (--stop-after); resume with: "
                         f"trainlab train --resume {run.path}")
@@ -214,7 +218,7 @@ def _summarize(cfg: TrainConfig, plan: LeNetPlan, s, par, run: RunDir, tel, env:
         "flops_per_image": s.flops,
         "model": cfg.model,
         "dataset": cfg.dataset,
-        "amp": "bfloat16" if plan.precision == "bf16" else "off",  # the autocast dtype, as before the plan
+        "amp": str(plan.amp_dtype).removeprefix("torch.") if plan.amp_dtype is not None else "off",  # the type that ran
         "channels_last": plan.channels_last,
         "ops": plan.ops_spec,   # --ops auto resolved
         "plan": plan.to_dict(),  # the resolved recipe (lenet/plan.py)

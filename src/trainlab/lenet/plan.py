@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trainlab.device import AMP_DTYPES, amp_for_sm, cuda_sm
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.lenet.model import parse_ops, resolve_ops
 from trainlab.ops.build import check_toolchain
@@ -43,7 +44,7 @@ class LeNetPlan:
     ops: str                    # aten | fused | own (whose layers, --ops auto resolved)
     ops_impl: str | None        # with own: python | cpp | triton | cuda
     # execution
-    precision: str              # bf16 (autocast) | fp32
+    precision: str              # bf16 | fp16 (autocast; fp16 with a GradScaler in the step) | fp32
     channels_last: bool
     tf32: bool
     step_mode: str              # eager | compile | cudagraph (lenet.step)
@@ -68,7 +69,12 @@ class LeNetPlan:
 
     @property
     def amp_dtype(self) -> torch.dtype | None:
-        return torch.bfloat16 if self.precision == "bf16" else None
+        return AMP_DTYPES.get(self.precision)
+
+    @property
+    def grad_scaler(self) -> bool:
+        """fp16's narrow range loses small gradients unless the loss is scaled (lenet.step)."""
+        return self.precision == "fp16"
 
     @property
     def optimizer_in_graph(self) -> bool:
@@ -93,11 +99,11 @@ def resolve(cfg, device: torch.device) -> LeNetPlan:
     batchnorm = cfg.batchnorm or cfg.model == "lenet5-bn"
     ops = _ops(cfg, device, batchnorm)
     impl = parse_ops(ops)
-    precision = "bf16" if cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda") else "fp32"
+    precision = _precision(cfg.amp, device)
     # our operators (--ops own) compute in NCHW, so `auto` keeps them there
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and device.type == "cuda"
                                                   and ops in ("aten", "fused"))
-    step_mode = _step_mode(cfg, device, ops)
+    step_mode = _step_mode(cfg, device, ops, precision)
     lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.scale_lr)
     return LeNetPlan(
         device=str(device), model=cfg.model, act=cfg.act, pool=cfg.pool, batchnorm=batchnorm,
@@ -129,9 +135,24 @@ def _ops(cfg, device: torch.device, batchnorm: bool) -> str:
     return ops
 
 
-def _graph_blockers(cfg, ops: str) -> list[str]:
+def _precision(amp: str, device: torch.device) -> str:
+    """--amp resolved: `auto` on a GPU is its 16-bit type (`device.amp_for_sm`: bf16 from sm80 on, fp16
+    below, e.g. the RTX 2080 Ti's sm75), off on the CPU. `bf16` (also the `fast` preset's) on a GPU
+    below sm80, which has none, is fp16 too: summary.json's plan records the type that ran."""
+    if amp == "off" or (amp == "auto" and device.type != "cuda"):
+        return "fp32"
+    if device.type == "cuda" and amp in ("auto", "bf16"):
+        # a CUDA plan made where no GPU is visible (tests, planning) assumes an sm80+ GPU: bf16
+        return amp_for_sm(cuda_sm(device)) or "bf16"
+    return amp
+
+
+def _graph_blockers(cfg, ops: str, precision: str) -> list[str]:
     """Why this recipe cannot run as one captured CUDA graph (empty: it can)."""
     why = []
+    if precision == "fp16":
+        # GradScaler checks the gradients for inf on the host and skips the step: not capturable
+        why.append("fp16 autocast (its GradScaler decides on the host whether to step; a GPU below sm80)")
     if cfg.parallel != "none":
         why.append(f"--parallel {cfg.parallel} (collectives and hooks outside the graph)")
     if cfg.optimizer == "sgd":
@@ -143,7 +164,7 @@ def _graph_blockers(cfg, ops: str) -> list[str]:
     return why
 
 
-def _step_mode(cfg, device: torch.device, ops: str) -> str:
+def _step_mode(cfg, device: torch.device, ops: str, precision: str) -> str:
     """--step-mode (and the older --compile) resolved: `auto` is cudagraph on CUDA when the recipe
     permits (and the layers are PyTorch's), else compile with --compile, else eager."""
     mode = cfg.step_mode
@@ -153,13 +174,13 @@ def _step_mode(cfg, device: torch.device, ops: str) -> str:
         if device.type != "cuda":
             raise ConfigError(f"--step-mode cudagraph: CUDA graphs need a CUDA device, not {device} "
                               "(use --step-mode eager or compile)")
-        blockers = _graph_blockers(cfg, ops)
+        blockers = _graph_blockers(cfg, ops, precision)
         if blockers:
             raise ConfigError(f"--step-mode cudagraph: not with {blockers[0]}")
         return mode
     if mode != "auto":
         return mode
-    if (device.type == "cuda" and not _graph_blockers(cfg, ops) and ops in ("aten", "fused")
+    if (device.type == "cuda" and not _graph_blockers(cfg, ops, precision) and ops in ("aten", "fused")
             and cfg.act in CAPTURE_SAFE_ACTS):
         return "cudagraph"
     return "compile" if cfg.compile else "eager"

@@ -35,6 +35,7 @@ Perfetto, https://ui.perfetto.dev, or chrome://tracing).
 from __future__ import annotations
 
 import bisect
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device, synchronize
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, check_value, json_output, one_of, opt, seed_value
+from trainlab.flags import Config, at_least, check_value, json_output, one_of, opt, seed_value, thread_count
 from trainlab.io import record_written, write_json_output
 from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.batches import build_train_batches, to_device
@@ -65,6 +66,7 @@ from trainlab.telemetry.rundir import RunDir
 
 STEP = "trainlab.step:"   # + the variant
 # Training settings a --variant may set (TrainConfig fields, plus the CPU threads of its steps).
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=,-]{0,63}")
 VARIANT_KEYS = ("ops", "act", "amp", "channels_last", "batchnorm", "batchnorm_conv1", "batch_size", "threads")
 LAYER_PREFIX = "layer:"
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
@@ -88,7 +90,7 @@ class ProfileConfig(Config):
     train_subset: int | None = opt(None, "use the first N training images (the epoch is then shorter)",
                                    check=at_least(1))
     device: str = opt("auto", "auto | cpu | cuda")
-    threads: int | None = opt(None, "torch CPU threads (default: torch's choice)", check=at_least(1))
+    threads: int | None = opt(None, "torch CPU threads (default: torch's choice)", check=thread_count)
     seed: int = opt(0, "seeds the initial weights and the batch order (the same for every variant)",
                     check=seed_value)
     trace: bool = opt(True, "write the Chrome trace (trace.json.gz, every variant's steps)")
@@ -135,9 +137,12 @@ def parse_variant(spec: str) -> tuple[str, dict]:
             raise ConfigError(f"--variant {spec!r}: {key}={raw!r} is not {'true/false' if kind is bool else 'an integer'}") from None
     try:
         TrainConfig(**{k: v for k, v in settings.items() if k != "threads"}).validate()
-        check_value(settings.get("threads", 1), at_least(1), "threads")
+        check_value(settings.get("threads", 1), thread_count, "threads")
     except ConfigError as e:
         raise ConfigError(f"--variant {spec!r}: {e}") from None
+    if not VARIANT_NAME.fullmatch(name.strip()):  # it names the variant in the trace, the table and file names
+        raise ConfigError(f"--variant {spec!r}: the name {name.strip()!r} is not a plain name (letters, digits, "
+                          "'.', '_', '+', '-', at most 64; write NAME:KEY=VALUE,...)")
     return name.strip(), settings
 
 

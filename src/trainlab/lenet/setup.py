@@ -90,6 +90,6 @@ def build_scheduler(plan: LeNetPlan, optimizer, lr: float, steps_per_epoch: int,
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None, cache: bool = True):
-    """bf16 autocast when `dtype` is set; `cache=False` inside a CUDA-graph capture (PyTorch requires it)."""
+    """Autocast to `dtype` (bf16, or fp16 below sm80) when it is set; `cache=False` inside a CUDA-graph capture (PyTorch requires it)."""
     return (torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache) if dtype is not None
             else nullcontext())

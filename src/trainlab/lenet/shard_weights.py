@@ -34,6 +34,8 @@ SLOW_ENV = "TRAINLAB_SLOW_RANKS"
 AUTO_STEPS = 5        # `auto` times at least this many steps per rank, after one untimed (allocations, kernel choice)
 AUTO_SECONDS = 0.5    # … and at least this long, so that a millisecond step is timed many times
 AUTO_MAX_STEPS = 200  # … but never more steps than this
+MAX_WEIGHT = 1e6      # a --shard-weights value: only ratios matter, and the sum must stay finite
+MAX_SLOWDOWN = 1000.0  # a $TRAINLAB_SLOW_RANKS factor: 1000× slower is already a stalled rank
 
 
 def parse_shard_weights(spec: str | None) -> tuple[float, ...] | str | None:
@@ -44,8 +46,9 @@ def parse_shard_weights(spec: str | None) -> tuple[float, ...] | str | None:
         weights = tuple(float(w) for w in spec.split(","))
     except ValueError:
         weights = ()
-    if len(weights) < 2 or not all(0 < w < float("inf") for w in weights):
-        raise ConfigError(f"--shard-weights {spec!r}: expected auto or one positive number per rank, e.g. 2,1")
+    if len(weights) < 2 or not all(0 < w <= MAX_WEIGHT for w in weights):  # NaN fails too; 1e308s would sum to inf
+        raise ConfigError(f"--shard-weights {spec!r}: expected auto or one positive number per rank, e.g. 2,1 "
+                          f"(each finite, > 0 and <= {MAX_WEIGHT:g})")
     return weights
 
 
@@ -76,8 +79,10 @@ def slowdown_factor(rank: int) -> float:
         table = {int(r): float(f) for r, f in (item.split(":") for item in spec.split(","))}
     except ValueError:
         raise ConfigError(f"${SLOW_ENV}={spec!r}: expected RANK:FACTOR pairs such as 1:2") from None
-    if any(f < 1 for f in table.values()):
-        raise ConfigError(f"${SLOW_ENV}={spec!r}: a factor is at least 1 (1 = full speed)")
+    if not all(1 <= f <= MAX_SLOWDOWN for f in table.values()):  # NaN and inf fail here too
+        raise ConfigError(f"${SLOW_ENV}={spec!r}: a factor is a finite number >= 1 and <= {MAX_SLOWDOWN:g} (1 = full speed)")
+    if not all(0 <= r < 2**16 for r in table):
+        raise ConfigError(f"${SLOW_ENV}={spec!r}: a rank is an integer >= 0")
     return table.get(rank, 1.0)
 
 

@@ -56,6 +56,10 @@ class Step:
         self.after_backward = after_backward
         self.annotate = annotate      # `trainlab profile`: the loss in its own record_function range
         self.graph: torch.cuda.CUDAGraph | None = None
+        # fp16 (a GPU below sm80): the loss is scaled so small gradients survive fp16's range; the
+        # scaler unscales them and skips a step whose gradients overflowed (the same on every rank:
+        # the gradients it inspects are already reduced). Not with cudagraph (plan: refused there).
+        self.scaler = torch.amp.GradScaler(self.device.type) if plan.grad_scaler else None
 
     # ---- the step ------------------------------------------------------------------------------
     def forward_backward(self, x, y, scale=None, cache: bool = True):
@@ -65,7 +69,8 @@ class Step:
         with record_function("loss") if self.annotate else nullcontext():
             loss = F.cross_entropy(logits.float(), y, label_smoothing=self.plan.label_smoothing)
         # `scale`: this rank's weight under uneven shards, so the averaged gradient is the global batch's
-        (loss if scale is None else loss * scale).backward()
+        term = loss if scale is None else loss * scale
+        (term if self.scaler is None else self.scaler.scale(term)).backward()
         return loss.detach(), (logits.detach().argmax(1) == y).sum()
 
     def eager(self, x, y, scale=None):
@@ -74,7 +79,11 @@ class Step:
         loss, correct = self.forward_backward(x, y, scale)
         if self.after_backward is not None:
             self.after_backward(self.model)  # hand-written all-reduce; DDP/DP reduce inside backward
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:  # unscales, and skips the step if a gradient overflowed
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         return loss, correct
 
     def __call__(self, x, y, scale=None):
@@ -170,6 +179,9 @@ def make_step(plan: LeNetPlan, model: torch.nn.Module, optimizer: torch.optim.Op
     if plan.step_mode == "cudagraph":
         if plan.torch_device.type != "cuda":
             raise ConfigError(f"--step-mode cudagraph: CUDA graphs need a CUDA device, not {plan.device}")
+        if plan.grad_scaler:
+            raise ConfigError("--step-mode cudagraph: not with fp16 autocast (its GradScaler decides on the host "
+                              "whether to step); use --step-mode eager or compile")
         if plan.optimizer_in_graph and not optimizer.param_groups[0].get("capturable"):
             raise ConfigError("--step-mode cudagraph: the optimizer must be capturable (build it with "
                               "lenet.setup.build_optimizer from the same plan)")

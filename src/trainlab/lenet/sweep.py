@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 import itertools
+import math
 import os
 import subprocess
 import time
@@ -35,7 +36,7 @@ import torch
 
 from trainlab.distributed.launch import worker_command, write_spec
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.flags import Config, at_least, opt, output_dir
+from trainlab.flags import Config, int_range, opt, output_dir
 from trainlab.io import atomic_write_json, read_json
 from trainlab.lenet.config import TrainConfig, apply_preset
 from trainlab.lenet.data_parallel import MULTI_PROCESS_MODES, check_launch
@@ -46,6 +47,9 @@ NOT_SWEPT = ("out", "name", "stop_after")
 SWEEP_FILE = "sweep.json"
 
 
+MAX_RUNS = 10_000  # a sweep of more runs is a typo (at seconds per run, it would take days)
+
+
 @dataclass
 class SweepConfig(Config):
     """`trainlab sweep`: where the runs go and how they are scheduled (the swept flags are TrainConfig's)."""
@@ -53,7 +57,7 @@ class SweepConfig(Config):
     out: str | None = opt(None, "sweep directory; each run is OUT/<flag>=<value>_…_seed=<s> (default runs/sweep-<time>)",
                           check=output_dir)
     seeds: int | None = opt(None, "seeds 0..N-1 for every configuration (same as --seed 0,1,…,N-1)", metavar="N",
-                            check=at_least(1))
+                            check=int_range(1, MAX_RUNS))
     gpus: str = opt("auto", "auto (one run per visible GPU when there are several) | none (one run after another "
                             "on --device) | comma-separated GPU indices")
     dry_run: bool = opt(False, "print the runs and exit")
@@ -122,6 +126,10 @@ def plan(values: dict[str, list], sc: SweepConfig) -> tuple[list[Run], dict[str,
             raise ConfigError("--seeds N and --seed LIST both give the seeds: use one of them")
         values["seed"] = list(range(sc.seeds))
     order = [f for f in TrainConfig.__dataclass_fields__ if f in values and f != "seed"] + (["seed"] if "seed" in values else [])
+    total = math.prod(len(values[k]) for k in order)  # counted before a single run is built
+    if total > MAX_RUNS:
+        raise ConfigError(f"the sweep has {total:,} runs ({' × '.join(str(len(values[k])) for k in order)}); "
+                          f"expected at most {MAX_RUNS:,}: sweep fewer values or seeds")
     swept = [k for k in order if len(values[k]) > 1]
     root = Path(sc.out) if sc.out else Path("runs") / f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     labels = {k: _labels(values[k]) for k in swept}

@@ -16,8 +16,11 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainlab.data.mnist import NOT_OFFICIAL
+from trainlab.errors import UserError
 from trainlab.io import atomic_write_text
 from trainlab.report import format as fmt
+from trainlab.report import markdown as md
 from trainlab.report import plots
 from trainlab.report.groups import group_runs, series_for
 from trainlab.report.inputs import ResultFile, TrainingRun, load_inputs
@@ -55,11 +58,6 @@ def fold(summary: str, children: list[Block]) -> Block:
     """Blocks folded away under a one-line summary (<details>): detail tables stay on the page
     without making it long."""
     return Block("fold", summary, children=children)
-
-
-def plain(block: Block) -> str:
-    """A paragraph's text without markup (Markdown rendering, tests)."""
-    return "".join(f"`{t}`" if k == "code" else t for k, t, _ in block.segments)
 
 
 # What the |Δloss| and gradient-MSE columns of `gelu check` measure (ops/check.py, _gelu_recipe)
@@ -219,6 +217,8 @@ def run_section(run: TrainingRun, out: Path, index: int, reuse_figures: bool = F
         ("seed", str(s.get("seed", fmt.MISSING))),
     ]
     blocks.append(Block("table", rows=[["", "value"]] + [[k, v] for k, v in facts]))
+    if NOT_OFFICIAL in str(s.get("data", "")):  # trained on altered data: said where the numbers are
+        blocks.append(Block("note", f"Data: {s['data']} — every number of this run is measured on that data"))
     if cfg:
         shown = {k: v for k, v in cfg.items() if v is not None and k not in ("progress", "tensorboard", "out", "name")}
         blocks.append(Block("h3", "Configuration"))
@@ -252,7 +252,11 @@ def run_section(run: TrainingRun, out: Path, index: int, reuse_figures: bool = F
     if "confusion_matrix" in s:
         png = _figure(out / f"{prefix}confusion.png", source, lambda path: plots.confusion(run, path))
         blocks.append(Block("img", "Confusion matrix", src=png.name))
-    png = _figure(out / f"{prefix}misclassified.png", source, lambda path: plots.misclassified_grid(run, path))
+    try:
+        png = _figure(out / f"{prefix}misclassified.png", source, lambda path: plots.misclassified_grid(run, path))
+    except UserError as e:  # a damaged file costs this figure, with a line saying so, not the report
+        png = None
+        blocks.append(Block("note", f"{e} — the misclassified digits are not shown"))
     if png is not None:
         blocks.append(Block("img", "Misclassified test images (true→predicted)", src=png.name))
     if run.epochs:
@@ -432,31 +436,32 @@ def to_html(blocks: list[Block], title: str) -> str:
 
 
 def to_markdown(blocks: list[Block]) -> str:
+    """report.md: the same blocks, every value escaped for Markdown (`report.markdown`), as the page's are for HTML."""
     lines = []
     for b in blocks:
         if b.kind == "fold":
-            lines += [f"<details><summary>{b.text}</summary>", "", to_markdown(b.children), "</details>", ""]
+            lines += [f"<details><summary>{md.html_text(b.text)}</summary>", "", to_markdown(b.children), "</details>", ""]
         elif b.kind == "row":
             lines += [to_markdown(b.children)]
         elif b.kind in ("h1", "h2", "h3", "h4", "h5"):
-            lines += ["#" * int(b.kind[1]) + " " + b.text, ""]
+            lines += ["#" * int(b.kind[1]) + " " + md.text(b.text), ""]
         elif b.kind == "p":
-            lines += [plain(b), ""]
+            lines += ["".join(md.code(t) if k == "code" else md.text(t, line_start=i == 0) for i, (k, t, _) in enumerate(b.segments)), ""]
         elif b.kind in ("note", "status"):
-            lines += [f"> {b.text}", ""]
+            lines += [f"> {md.text(b.text, line_start=True)}", ""]
         elif b.kind == "pre":
-            lines += ["```", b.text.rstrip(), "```", ""]
+            lines += [*md.fence(b.text), ""]
         elif b.kind == "img":
-            lines += [f"![{b.text}]({b.src})", ""]
+            lines += [f"![{md.text(b.text)}]({md.link_target(b.src)})", ""]
         elif b.kind == "toc":
-            lines += [f"- {text}" for text, _ in b.links] + [""]
+            lines += [f"- {md.text(text, line_start=True)}" for text, _ in b.links] + [""]
         elif b.kind == "details":
-            lines += [f"<details><summary>{b.text}</summary>", "", "```", b.body.rstrip(), "```", "</details>", ""]
+            lines += [f"<details><summary>{md.html_text(b.text)}</summary>", "", *md.fence(b.body), "</details>", ""]
         elif b.kind == "table":
             head, *body = b.rows
-            lines.append("| " + " | ".join(head) + " |")
+            lines.append("| " + " | ".join(md.text(c) for c in head) + " |")
             lines.append("|" + "---|" * len(head))
-            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+            lines += ["| " + " | ".join(md.text(c) for c in row) + " |" for row in body]
             lines.append("")
     return "\n".join(lines)
 
@@ -464,6 +469,9 @@ def to_markdown(blocks: list[Block]) -> str:
 def build_report(inputs: list[str], out_dir: str | Path, title: str = "trainlab report") -> dict:
     """Write out_dir/index.html and out_dir/report.md (+ PNGs). Returns what went into it."""
     runs, results, notes = load_inputs(inputs)  # first: a bad input must not leave an empty report folder
+    if not runs and not results:  # a report of nothing is not a success
+        raise UserError("nothing to report: no usable run or trainlab result among the inputs"
+                        + (f" ({'; '.join(notes)[:400]})" if notes else ""))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     blocks = [Block("h1", title)]
@@ -478,8 +486,6 @@ def build_report(inputs: list[str], out_dir: str | Path, title: str = "trainlab 
         blocks += run_section(run, out, i)
     for i, res in enumerate(results):
         blocks += result_section(res, out, i)
-    if not runs and not results:
-        blocks.append(Block("note", "No usable inputs: give run directories or trainlab result JSON files."))
     atomic_write_text(out / "index.html", to_html(blocks, title))
     atomic_write_text(out / "report.md", to_markdown(blocks))
     return {"runs": [str(r.path) for r in runs], "results": [str(r.path) for r in results], "notes": notes,

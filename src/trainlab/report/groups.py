@@ -14,6 +14,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainlab.errors import UserError
+from trainlab.schema import STR, ListOf, Obj, read_json
+
 # Config keys that never change what a run computes: never a reason to put runs in different groups.
 BOOKKEEPING = {"out", "name", "progress", "tensorboard", "gpu_telemetry", "stop_after", "dist_timeout",
                "step_timing", "data_dir", "seed"}
@@ -68,12 +71,12 @@ def sweep_order(runs: list) -> list[str]:
     order: list[str] = []
     for parent in dict.fromkeys(Path(r.path).parent for r in runs):
         f = parent / SWEEP_FILE
-        try:
-            data = json.loads(f.read_text()) if f.exists() else {}
-        except (OSError, json.JSONDecodeError):
+        try:  # the one reader: a FIFO, a huge or deeply nested sweep.json is refused, never waited on
+            data = read_json(f, Obj({"swept": ListOf(STR, max_len=1000)})) if f.exists() or f.is_symlink() else {}
+        except (OSError, UserError):
             continue  # a damaged sweep.json costs the order only; the grouping comes from the configs
-        for k in data.get("swept", []) if isinstance(data, dict) else []:
-            if isinstance(k, str) and k not in order:
+        for k in data.get("swept", []):
+            if k not in order:
                 order.append(k)
     return order
 

@@ -12,14 +12,14 @@ benchmark result its summary.json is.
 from __future__ import annotations
 
 import csv
-import json
-import math
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainlab.errors import UserError
-from trainlab.io import check_input, loads, read_json
+from trainlab.io import check_input, read_capped, read_json
+from trainlab.schema import MAX_JSON_BYTES, STR, DictOf, ListOf, Obj, Opt, Spec, _is_number, check, read_jsonl
 from trainlab.telemetry.rundir import GPU_RANK_FILE
 
 
@@ -54,61 +54,41 @@ class ResultFile:
         return [d] if isinstance(d, dict) else []
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _numbers(v) -> bool:
-    return isinstance(v, list) and all(_number(x) for x in v)
-
-
-# key → (test, what it must be): the values of a training run that the report reads
-SUMMARY_TYPES = {
-    "test_accuracy": (_number, "a number"), "test_loss": (_number, "a number"), "epochs": (_number, "a number"),
-    "train_seconds": (_number, "a number"), "seed": (_number, "a number"),
-    "time_to_99_seconds": (lambda v: v is None or _number(v), "a number or null"),
-    "images_per_s_median": (lambda v: v is None or _number(v), "a number or null"),
-    "per_class_accuracy": (_numbers, "a list of numbers"),
-    "confusion_matrix": (lambda v: isinstance(v, list) and v and all(_numbers(r) and len(r) == len(v) for r in v),
-                         "a square list of lists of numbers"),
-}
-METRIC_TYPES = {k: (_number, "a number") for k in
-                ("epoch", "global_step", "train_loss", "test_loss", "test_accuracy", "images_per_s", "epoch_seconds")}
-METRIC_REQUIRED = tuple(METRIC_TYPES)
-METRIC_TYPES["step_losses"] = (_numbers, "a list of numbers")
+# The values of a training run that the report reads (`trainlab.schema`): types, and bounds a real run
+# keeps — a percentage in [0, 100], any other number within ±1e15 (a hand-edited 1e308 would overflow
+# every sum, axis and format), ten classes (at most MAX_CLASSES: a 100,000-entry list would take the
+# plots minutes).
+MAX_CLASSES = 1000
+MAX_FILE_BYTES = MAX_JSON_BYTES
+PERCENT = Spec("a percentage (0 to 100)", lambda v: _is_number(v) and 0 <= v <= 100)
+FINITE = Spec("a number within ±1e15", lambda v: _is_number(v) and abs(v) <= 1e15)
+OPT_FINITE = Opt(FINITE)
+SQUARE = Spec(f"a square list of lists of numbers (at most {MAX_CLASSES} classes)",
+              lambda v: isinstance(v, list) and 0 < len(v) <= MAX_CLASSES
+              and all(isinstance(r, list) and len(r) == len(v) and all(_is_number(x) and abs(x) <= 1e15 for x in r) for r in v))
+SUMMARY = Obj({"test_accuracy": PERCENT, "train_accuracy": Opt(PERCENT), "test_loss": FINITE, "epochs": FINITE,
+               "train_seconds": FINITE, "seed": FINITE, "time_to_99_seconds": OPT_FINITE, "images_per_s_median": OPT_FINITE,
+               "warmup_seconds": OPT_FINITE, "params": OPT_FINITE,
+               "per_class_accuracy": ListOf(PERCENT, max_len=MAX_CLASSES), "confusion_matrix": SQUARE,
+               "data": STR}, what="a training summary")
+METRIC = Obj({**{k: FINITE for k in ("epoch", "global_step", "train_loss", "test_loss", "images_per_s", "epoch_seconds",
+                                      "lr", "train_seconds")},
+              "test_accuracy": PERCENT, "train_accuracy": Opt(PERCENT),
+              "step_losses": ListOf(FINITE), "per_class_accuracy": ListOf(PERCENT, max_len=MAX_CLASSES)},
+             required=("epoch", "global_step", "train_loss", "test_loss", "test_accuracy", "images_per_s", "epoch_seconds"))
+ENV = Obj({"gpus": Opt(ListOf(STR, max_len=1024))})
 GPU_COLUMNS = ("time_s", "utilization_pct", "memory_used_mib")
 
 
-def _check(record: Any, types: dict, where: str, required=()) -> dict:
-    if not isinstance(record, dict):
-        raise UserError(f"{where}: expected a JSON object, found {type(record).__name__}")
-    for key in required:
-        if key not in record:
-            raise UserError(f"{where}: no {key!r}")
-    for key, (test, what) in types.items():
-        if key in record and not test(record[key]):
-            raise UserError(f"{where}: {key!r} must be {what}, found {json.dumps(record[key])[:60]}")
-    return record
-
-
 def _read_jsonl(path: Path) -> list[dict]:
-    records = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                record = loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-            except ValueError as e:  # NaN / Infinity
-                raise UserError(f"{path}:{i}: {e}") from None
-            records.append(_check(record, METRIC_TYPES, f"{path}:{i}", required=METRIC_REQUIRED))
-    return records
+    return read_jsonl(path, METRIC)
 
 
 def _read_gpu_csv(path: Path) -> list[dict]:
+    text = read_capped(path, MAX_FILE_BYTES, "a gpu.csv").decode(errors="replace")
     try:
-        with path.open() as f:
-            rows = [{k: (float(v) if v not in ("", "None") else None) for k, v in row.items()} for row in csv.DictReader(f)]
+        rows = [{k: (float(v) if v not in ("", "None") else None) for k, v in row.items()}
+                for row in csv.DictReader(io.StringIO(text))]
     except (ValueError, TypeError, csv.Error) as e:
         raise UserError(f"{path}: not a trainlab gpu.csv ({e})") from None
     missing = [c for c in GPU_COLUMNS if rows and c not in rows[0]]
@@ -121,12 +101,11 @@ def load_run(path: Path, summary: dict | None = None) -> TrainingRun:
     summary = read_json(path / "summary.json") if summary is None else summary
     if not isinstance(summary, dict) or "test_accuracy" not in summary:
         raise UserError(f"{path / 'summary.json'}: not a trainlab training summary (no test_accuracy)")
-    run = TrainingRun(path=path, summary=_check(summary, SUMMARY_TYPES, str(path / "summary.json")))
+    run = TrainingRun(path=path, summary=check(summary, SUMMARY, str(path / "summary.json")))
     if (path / "config.json").exists():
-        run.config = _check(read_json(path / "config.json"), {}, str(path / "config.json"))
+        run.config = read_json(path / "config.json", DictOf())
     if (path / "env.json").exists():
-        run.env = _check(read_json(path / "env.json"), {"gpus": (lambda v: v is None or (
-            isinstance(v, list) and all(isinstance(g, str) for g in v)), "a list of names")}, str(path / "env.json"))
+        run.env = read_json(path / "env.json", ENV)
     if (path / "metrics.jsonl").exists():
         run.epochs = _read_jsonl(path / "metrics.jsonl")
     # gpu.csv: runs before per-rank records; gpu.rank<N>.csv: one per rank, tagged with the rank

@@ -27,7 +27,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from trainlab.io import atomic_write_text
+from trainlab.io import atomic_write_text, contained
 from trainlab.report import format as fmt
 from trainlab.report import plots
 from trainlab.report.ablation import ablation_blocks, bench_rows
@@ -45,7 +45,7 @@ from trainlab.report.build import (
     to_markdown,
 )
 from trainlab.report.inputs import ResultFile
-from trainlab.report.lab_folder import Lab, status_line
+from trainlab.report.lab_folder import Lab, log_tail, status_line
 from trainlab.report.lab_text import (
     GELU_FORMULAS,
     GELU_SOURCE,
@@ -84,6 +84,8 @@ def _step_detail(lab: Lab, step: dict) -> list[Block]:
     line = status_line(name, rec, lab.root)
     if line:
         return [para(f"{title}: "), Block("status", line)]
+    if not contained(lab.root, lab.root / "steps" / name):
+        return [para(f"{title}: "), Block("status", f"{name}: steps/{name} is a link out of the lab folder; not read")]
     index = lab.index(name)
     body = [para(f"Measured in {fmt.seconds(rec.get('seconds'))} (estimate {fmt.seconds(rec.get('estimate_s'))}); command: ",
                  code(rec.get("command", "")))]
@@ -98,9 +100,7 @@ def _step_detail(lab: Lab, step: dict) -> list[Block]:
             body.append(para("From ", code(path.relative_to(lab.root)), ":"))
             body.append(Block("table", rows=_scalar_table(rows)))
     if not (runs or known or other):
-        log = lab.root / "steps" / name / "log.txt"
-        tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
-        body.append(Block("pre", "\n".join(tail)))
+        body.append(Block("pre", "\n".join(log_tail(lab.root / "steps" / name / "log.txt", lab.root)[-15:])))
     return [fold(f"{title} — {name}, {fmt.seconds(rec.get('seconds'))}: everything it measured", body)]
 
 
@@ -137,11 +137,13 @@ def lenet_architecture(summary: dict, config: dict) -> tuple[list[list[str]], st
 
 def _front(lab: Lab) -> list[Block]:
     hw, state = lab.state.get("hardware") or {}, lab.state
+    data = state.get("data") or {}  # the lab's --mnist, where it is not the official MNIST (run.py)
     ran = [r for r in lab.recs.values() if r.get("status") == "ok"]
     blocks = [Block("h1", f"Lab 5: LeNet-5, a GELU operator and GPT-2 — trainlab lab on {hw.get('name', 'an unknown device')}"),
               para(f"Hardware: {hw.get('name')} ({hw.get('kind')}, {hw.get('gpus')} GPU(s), {hw.get('cpus')} CPU cores); size "
                    f"{state.get('size')}; {len(ran)} of {len(lab.plan)} steps ok over {len(state.get('calls', []))} call(s). "
                    "Sections follow the handout's §6; every step's full output is folded under its title."),
+              *([Block("note", f"Data: --mnist {data.get('line')}")] if data and not data.get("official", True) else []),
               Block("toc", links=[(HEADING[a], a) for a in ("lenet", "gelu", "handin", "gpu", "tensorboard", "gpt", "pretrained",
                                                            "sources", "extra", "references")]),
               Block("table", rows=_at_a_glance(lab), text_table=True)]
@@ -359,7 +361,7 @@ def _gpu(lab: Lab) -> list[Block]:
 def _tensorboard(lab: Lab) -> list[Block]:
     blocks = [Block("h4", HEADING["tensorboard"], anchor="tensorboard")]
     steps = (lab.root / "steps").resolve()
-    events = sorted(steps.rglob("events.out.tfevents.*")) if steps.is_dir() else []
+    events = sorted(p for p in steps.rglob("events.out.tfevents.*") if contained(steps, p)) if steps.is_dir() else []
     if events:
         runs = sorted({str(p.parent.relative_to(steps)) for p in events})
         blocks.append(para(f"Every training run wrote TensorBoard event files ({len(events)} in {', '.join(runs)}): loss per "

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from trainlab.errors import UserError
-from trainlab.io import read_json
+from trainlab.io import contained, read_json
 from trainlab.report import format as fmt
 from trainlab.report.build import _figure
 from trainlab.report.inputs import ResultFile, TrainingRun, classify, load_run
@@ -28,7 +28,7 @@ def status_line(name: str, rec: dict | None, root: Path) -> str | None:
         return f"{name}: not run: {rec.get('reason')}"
     if status in ("failed", "timed out"):
         why = f"exit {rec.get('rc')}" if status == "failed" else f"at {fmt.seconds(rec.get('limit_used_s'))}"
-        reason = last_error_line(root / "steps" / name / "log.txt") if status == "failed" else None
+        reason = last_error_line(root / "steps" / name / "log.txt", root=root) if status == "failed" else None
         return f"{name}: {status} ({why})" + (f": {reason}" if reason else "") + f" — its log: {rec.get('log')}"
     if status in ("running", "killed", "stopped"):
         return f"{name}: not finished ({status}{': ' + rec['reason'] if rec.get('reason') else ''}); the next call runs it again"
@@ -38,15 +38,23 @@ def status_line(name: str, rec: dict | None, root: Path) -> str | None:
 ERROR_WORDS = re.compile(r"error|fail|exception|traceback|killed|abort|refus|cannot|can't|not found", re.IGNORECASE)
 
 
-def last_error_line(log: Path, limit: int = 240) -> str | None:
-    """The last line of a step's log that names an error (else its last non-empty line), cut to `limit`."""
+def log_tail(log: Path, root: Path | None = None, max_bytes: int = 64 * 1024) -> list[str]:
+    """The lines of a step's log in its last `max_bytes` (a log can be large), and only of a regular file
+    inside `root`, the lab folder (default: the log's own folder): a link out of it, or a FIFO, is not read."""
+    if not log.is_file() or not contained(log.parent if root is None else root, log):
+        return []
     try:
-        with log.open("rb") as f:  # the tail only: a log can be large
+        with log.open("rb") as f:
             f.seek(0, 2)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read(max_bytes).decode(errors="replace").splitlines()
     except OSError:
-        return None
+        return []
+
+
+def last_error_line(log: Path, limit: int = 240, root: Path | None = None) -> str | None:
+    """The last line of a step's log that names an error (else its last non-empty line), cut to `limit`."""
+    lines = [ln.strip() for ln in log_tail(log, root) if ln.strip()]
     if not lines:
         return None
     line = next((ln for ln in reversed(lines) if ERROR_WORDS.search(ln)), lines[-1])
@@ -57,16 +65,17 @@ def results_in(folder: Path) -> tuple[list[TrainingRun], list[ResultFile], list[
     """The training runs, the known result files and the other result tables (benchmark scripts'
     {rows: [...]}) a step wrote."""
     runs, known, other = [], [], []
-    if not folder.is_dir():
+    if not folder.is_dir() or not contained(folder.parent.parent, folder):
         return runs, known, other
-    for p in sorted(folder.rglob("summary.json")):
+    inside = lambda p: contained(folder, p)  # noqa: E731 — a link out of the lab folder is not read
+    for p in sorted(filter(inside, folder.rglob("summary.json"))):
         try:
             s = read_json(p)
             if isinstance(s, dict) and "test_accuracy" in s:
                 runs.append(load_run(p.parent, s))
         except UserError:
             continue  # a damaged run costs its own section only
-    for p in sorted(folder.rglob("*.json")):
+    for p in sorted(filter(inside, folder.rglob("*.json"))):
         if p.name in ("summary.json", "config.json", "env.json") or p.name.endswith(".spec.json") \
                 or any(r.path in p.parents for r in runs):
             continue
@@ -164,7 +173,10 @@ def load_lab(root: Path) -> dict | None:
     f = Path(root) / RESULTS
     if not f.is_file():
         return None
+    from trainlab.lab.run import LAB_STATE  # the schema the lab itself resumes with
+    from trainlab.schema import check
+
     state = read_json(f)
     if not (isinstance(state, dict) and isinstance(state.get("steps"), dict)):
         raise UserError(f"{f}: not a trainlab lab's results.json (no \"steps\" object)")
-    return state
+    return check(state, LAB_STATE, str(f))

@@ -159,19 +159,43 @@ def bars(labels: list[str], values: list[float], path: Path, title: str, ylabel:
 
 def misclassified_grid(run, path: Path) -> Path | None:
     """The run's misclassified test images (its misclassified.npz), captioned true→predicted."""
-    import numpy as np
-
     f = Path(run.path) / MISCLASSIFIED_FILE
     if not f.exists():
         return None
-    try:
-        with np.load(f) as z:
-            examples = {k: z[k] for k in z.files}
-    except (OSError, ValueError):
-        return None  # a damaged file costs this figure, not the report
-    if not len(examples.get("index", [])):
+    examples = load_misclassified(f)
+    if not len(examples["index"]):
         return None
     return _save(misclassified_figure(examples, run.name), path)
+
+
+MISCLASSIFIED_MAX_BYTES = 16 * 2**20   # the trainer keeps at most a few hundred 28×28 images
+
+
+def load_misclassified(f: Path) -> dict:
+    """A run's misclassified.npz, read capped and checked: a damaged or crafted file is one `UserError`
+    line (the report shows it in place of the figure), never a traceback from the plot."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    from trainlab.errors import UserError
+    from trainlab.io import read_capped
+
+    data = read_capped(f, MISCLASSIFIED_MAX_BYTES, "a misclassified.npz")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            ex = {k: z[k] for k in ("index", "image", "label", "predicted", "total", "tested")}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise UserError(f"{f}: not a trainlab misclassified.npz ({type(e).__name__}: {str(e)[:80]})") from None
+    n = len(ex["index"]) if ex["index"].ndim == 1 else -1
+    ok = (n >= 0 and ex["image"].ndim in (3, 4) and len(ex["image"]) == n and ex["image"].shape[-1] <= 64
+          and ex["label"].shape == (n,) and ex["predicted"].shape == (n,) and ex["total"].size == 1 and ex["tested"].size == 1
+          and all(np.issubdtype(ex[k].dtype, np.integer) for k in ("index", "label", "predicted", "total", "tested"))
+          and n <= 1000)
+    if not ok:
+        raise UserError(f"{f}: not a trainlab misclassified.npz (its arrays' shapes or types differ)")
+    return ex
 
 
 def sweep_lines(key: str, series: dict[str, list], path: Path, metric: str = "test accuracy (%)") -> Path:

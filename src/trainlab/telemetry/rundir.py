@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from trainlab.errors import ConfigError, UserError
-from trainlab.io import (MANIFEST, atomic_write_json, atomic_write_text, output_problem, owned_files, read_json,
-                         record_written, to_json, vet_folder)
+from trainlab.io import (MANIFEST, atomic_write_json, atomic_write_text, output_problem, owned_files, read_capped,
+                         read_json, record_written, to_json, vet_folder)
 
 LOCK_NAME = ".trainlab.lock"
 GPU_RANK_FILE = re.compile(r"gpu\.rank\d+\.csv")  # one NVML record per rank (telemetry.gpu.rank_csv_name)
@@ -88,9 +88,9 @@ def _refusal(path: Path, resume: bool, overwrite: bool, flag: str, resumable: bo
 
 def _holder(lock_path: Path) -> str:
     try:
-        info = json.loads(lock_path.read_text())
+        info = json.loads(read_capped(lock_path, 64 * 1024, "a lock file"))
         return f"pid {info['pid']} on {info['host']}, since {info['started']}: {info['command']}"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, UserError):
         return "pid unknown"
 
 
@@ -111,6 +111,30 @@ def _try_lock(lock_path: Path) -> int | None:
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+def lock_folder(path: Path, flag: str = "--out", what: str = "trainlab run") -> int:
+    """Hold folder `path` for this process (the one lock of run directories and lab folders): an fd
+    holding the exclusive `flock` on PATH/.trainlab.lock, which names this process for the next caller.
+    Another holder → one line naming its pid. Release with `unlock_folder`; the kernel drops it if the
+    process dies."""
+    fd = _try_lock(path / LOCK_NAME)
+    if fd is None:
+        raise UserError(f"{path}: in use by another {what} ({_holder(path / LOCK_NAME)}); "
+                        f"wait for it to finish or choose another {flag}")
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                             "command": " ".join(["trainlab", *sys.argv[1:]])}).encode())
+    return fd
+
+
+def unlock_folder(path: Path, fd: int) -> None:
+    try:
+        os.unlink(path / LOCK_NAME)  # while still holding it: see _try_lock's inode check
+    except FileNotFoundError:
+        pass
+    os.close(fd)
 
 
 def check_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = False, flag: str = "--out",
@@ -152,16 +176,8 @@ class RunDir:
             run._created.append(missing)
             missing = missing.parent
         path.mkdir(parents=True, exist_ok=True)
-        fd = _try_lock(path / LOCK_NAME)
-        if fd is None:
-            raise UserError(f"{path}: in use by another trainlab run ({_holder(path / LOCK_NAME)}); "
-                            f"wait for it to finish or choose another {flag}")
-        run._lock_fd = fd
+        run._lock_fd = lock_folder(path, flag)
         vet_folder(path)  # its files are this run's to write (checked above)
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                 "command": " ".join(["trainlab", *sys.argv[1:]])}).encode())
         run._clear_pending = overwrite and not resume and bool(_entries(path))
         return run
 
@@ -169,11 +185,7 @@ class RunDir:
         """Give the directory up. After a failed start that wrote nothing, remove what `claim` created."""
         if self._lock_fd is None:
             return
-        try:
-            os.unlink(self.path / LOCK_NAME)  # while still holding it: see _try_lock's inode check
-        except FileNotFoundError:
-            pass
-        os.close(self._lock_fd)
+        unlock_folder(self.path, self._lock_fd)
         self._lock_fd = None
         vet_folder(self.path, on=False)
         if failed:
@@ -234,7 +246,9 @@ class RunDir:
             self._appended.add("metrics.jsonl")
 
     def read_metrics(self) -> list[dict]:
+        from trainlab.schema import DictOf, read_jsonl
+
         p = self.path / "metrics.jsonl"
         if not p.exists():
             return []
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        return read_jsonl(p, DictOf())

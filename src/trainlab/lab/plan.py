@@ -1,0 +1,191 @@
+"""The lab's GPT-2 rows for the hardware, chosen by the memory planner so that every row fits.
+
+For N GPUs of M bytes and compute capability sm, `plan_gpt` picks:
+- the precision: bf16 autocast ("amp") on sm80+, fp16 with a GradScaler below (an RTX 2080 Ti has no
+  bf16); pipeline parallelism has no GradScaler (gpt.strategy), so on sm75 it runs in fp32;
+- the model: the handout's GPT-2 1.6B, or, where even its single-GPU row cannot fit (11 GB cards), the
+  largest GPT-2 preset whose single-GPU row does — the 1-vs-N comparison needs that row;
+- one global batch (16 sequences: the same data for every row) and the largest micro-batch of 8, 4, 2,
+  1 at which the single-GPU row and as many other rows as at any micro-batch fit;
+- the rows: on one GPU amp, fp32 with checkpointing, amp with checkpointing; on N >= 2 the single-GPU
+  amp row (same global batch, accumulated) against ddp, zero2, zero3, tp and pp, each with amp — each
+  as it is if it fits, else with activation checkpointing (ckpt) if that fits, else left out with the
+  planner's number. The planner also decides the attention kernel per sm (no flash below sm80).
+
+Every prediction is `gpt.planner.predict_plan` of the run's resolved plan (`gpt.plan.resolve` on a
+described `Machine`: the plan `gpt compare` starts, with its per-rank batch, micro-batch, accumulation
+and pipeline micro-batches), against `planner.usable_bytes` of the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from trainlab.device import amp_for_sm
+from trainlab.errors import ConfigError
+from trainlab.gpt.config import GPTBenchConfig
+from trainlab.gpt.model import get_preset
+from trainlab.gpt.plan import GPTPlan, Machine, resolve
+from trainlab.gpt.planner import GiB, predict_plan, usable_bytes
+from trainlab.gpt.strategy import parse_strategy
+
+HANDOUT_MODEL = "gpt2-1.6b"
+# the handout's model first; the smaller presets only where its single-GPU row does not fit
+MODELS = (HANDOUT_MODEL, "gpt2-large", "gpt2-medium", "gpt2")
+GLOBAL_BATCH = 16
+MICRO_BATCHES = (8, 4, 2, 1)
+OPTIMIZER = "foreach"  # `gpt compare` runs torch's default AdamW on the GPU (no --fused-optimizer)
+
+
+@dataclass(frozen=True)
+class GptRow:
+    strategy: str
+    nproc: int
+    micro_batch: int          # on each rank, as `gpt compare` runs it
+    predicted_bytes: int      # per device
+    attention: str            # the SDPA kernel the planner assumes
+    note: str = ""            # why ckpt was added
+
+
+@dataclass(frozen=True)
+class GptPlan:
+    model: str
+    gpus: int
+    gpu_mem_bytes: int
+    usable_bytes: int
+    sm: int
+    precision: str            # bf16 | fp16
+    global_batch: int
+    micro_batch: int
+    rows: tuple[GptRow, ...]  # the `gpt compare` rows
+    left_out: tuple[tuple[str, str], ...]  # (strategy, why) for rows that fit in no variant
+    best: GptRow              # the fastest single-GPU setting (compile + accumulation)
+    baseline: GptRow          # the handout's fp32 + checkpointing baseline (HF; our model's prediction)
+    planner_error: tuple[str, ...]  # strategies whose prediction is checked against the measured peak
+    note: str = ""            # why the model is not the handout's
+
+    @property
+    def strategies(self) -> str:
+        return ",".join(r.strategy for r in self.rows)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def row_plan(model: str, strategy: str, gpus: int, global_batch: int, micro_batch: int, sm: int,
+             optimizer: str = OPTIMIZER) -> GPTPlan:
+    """The resolved plan of one `gpt compare` row on `gpus` GPUs of compute capability `sm`/10 (a
+    described `Machine`: every check `gpt bench` makes there, bf16 below sm80 included): parallel
+    strategies on all `gpus` ranks, single-device ones on one; the micro-batch capped at the per-rank batch."""
+    spec = parse_strategy(strategy)
+    nproc = gpus if spec.distributed else 1
+    dp = nproc if spec.data_parallel else 1   # tp or pp alone: every rank sees the whole batch
+    config = GPTBenchConfig(model=model, strategy=strategy, nproc=nproc, global_batch=global_batch,
+                            micro_batch=min(micro_batch, global_batch // dp), device="cuda",
+                            fused_optimizer=optimizer == "fused")
+    return resolve(config, Machine(gpus=gpus, sm=sm))
+
+
+def predict_row(model: str, strategy: str, gpus: int, global_batch: int, micro_batch: int, sm: int,
+                optimizer: str = OPTIMIZER) -> dict:
+    """The planner's per-device prediction for one `gpt compare` row (`planner.predict_plan`, the one
+    translation of a plan into the planner)."""
+    plan = row_plan(model, strategy, gpus, global_batch, micro_batch, sm, optimizer)
+    return {"nproc": plan.world_size, "micro_batch": plan.micro_batch, **predict_plan(plan)}
+
+
+def _row(model, strategy, gpus, global_batch, micro, sm, budget, optimizer=OPTIMIZER) -> GptRow | None:
+    try:
+        pred = predict_row(model, strategy, gpus, global_batch, micro, sm, optimizer)
+    except ConfigError:
+        return None
+    if pred["total_bytes"] > budget:
+        return None
+    return GptRow(parse_strategy(strategy).text, pred["nproc"], pred["micro_batch"], pred["total_bytes"],
+                  pred["attention"]["label"])
+
+
+def _fitting(model, strategy, gpus, global_batch, micro, sm, budget) -> tuple[GptRow | None, str]:
+    """The row as it is, else with ckpt; (None, why) when neither fits."""
+    row = _row(model, strategy, gpus, global_batch, micro, sm, budget)
+    if row is not None:
+        return row, ""
+    try:
+        need = predict_row(model, strategy, gpus, global_batch, micro, sm)["total_bytes"]
+    except ConfigError as e:  # a run gpt bench itself refuses here (e.g. 1F1B with fewer micro-batches than stages)
+        return None, f"at micro-batch {micro}: {e}"
+    ckpt = _row(model, strategy + "+ckpt", gpus, global_batch, micro, sm, budget)
+    if ckpt is not None:
+        return dataclasses.replace(ckpt, note=f"ckpt: {strategy} alone needs {need / GiB:.1f} GiB"), ""
+    try:
+        with_ckpt = f"{predict_row(model, strategy + '+ckpt', gpus, global_batch, micro, sm)['total_bytes'] / GiB:.1f} GiB"
+    except ConfigError:
+        with_ckpt = "not runnable"
+    return None, f"needs {need / GiB:.1f} GiB, {with_ckpt} with ckpt, at micro-batch {micro}; {budget / GiB:.1f} GiB usable"
+
+
+def wanted_rows(gpus: int, sm: int, n_head: int) -> list[str]:
+    """The rows the lab compares, before the planner decides whether each needs ckpt."""
+    amp = "amp" if amp_for_sm(sm) == "bf16" else "fp16"
+    if gpus < 2:
+        return [amp, "ckpt", f"{amp}+ckpt"]
+    rows = [amp, f"ddp+{amp}", f"zero2+{amp}", f"zero3+{amp}"]
+    if n_head % gpus == 0:
+        rows.append(f"tp+{amp}")
+    rows.append("pp+amp" if amp == "amp" else "pp")  # pp takes no GradScaler: fp32 where bf16 is missing
+    return rows
+
+
+def plan_gpt(gpus: int, gpu_mem: int, sm: int) -> GptPlan:
+    """The lab's GPT-2 rows for `gpus` devices of `gpu_mem` bytes, compute capability `sm`/10."""
+    if gpus < 1:
+        raise ConfigError(f"--gpus {gpus}: expected at least 1")
+    budget = usable_bytes(gpu_mem)
+    precision = amp_for_sm(sm)
+    amp = "amp" if precision == "bf16" else "fp16"
+    single = f"{amp}+ckpt"  # the smallest single-GPU row: the model must fit it at micro-batch 1
+    model = next((m for m in MODELS if _row(m, single, 1, GLOBAL_BATCH, 1, sm, budget)), None)
+    if model is None:
+        raise ConfigError(f"--gpu-mem {gpu_mem / GiB:.1f} GiB: not even GPT-2 (124M) with {single} at micro-batch 1 "
+                          f"fits in {budget / GiB:.1f} GiB usable")
+    note = "" if model == HANDOUT_MODEL else (
+        f"{HANDOUT_MODEL} does not fit one GPU with {single} at micro-batch 1 "
+        f"({predict_row(HANDOUT_MODEL, single, 1, GLOBAL_BATCH, 1, sm)['total_bytes'] / GiB:.1f} GiB, "
+        f"{budget / GiB:.1f} GiB usable): {model}, the largest GPT-2 that does")
+    wanted = wanted_rows(gpus, sm, get_preset(model).n_head)
+
+    def rows_at(micro):
+        fitted = [(s, *_fitting(model, s, gpus, GLOBAL_BATCH, micro, sm, budget)) for s in wanted]
+        return [r for _, r, _ in fitted if r], [(s, why) for s, r, why in fitted if r is None]
+
+    # the largest micro-batch at which the single-GPU row fits and as many rows as anywhere
+    options = [(m, *rows_at(m)) for m in MICRO_BATCHES]
+    options = [o for o in options if o[1] and o[1][0].nproc == 1]
+    micro, rows, left_out = max(options, key=lambda o: (len(o[1]), o[0]))
+    best_strategy = f"{amp}+compile+accum"
+    best = next(r for m in MICRO_BATCHES if m < GLOBAL_BATCH
+                for r in [_row(model, best_strategy, 1, GLOBAL_BATCH, m, sm, budget, "fused")
+                          or _row(model, best_strategy + "+ckpt", 1, GLOBAL_BATCH, m, sm, budget, "fused")] if r)
+    baseline = next(r for m in MICRO_BATCHES for r in [_row(model, "ckpt", 1, GLOBAL_BATCH, m, sm, budget)] if r)
+    checked = tuple(s for s in (f"{amp}+ckpt", amp, "none") if _row(model, s, 1, 2, 2, sm, budget, "fused"))
+    return GptPlan(model, gpus, gpu_mem, budget, sm, precision, GLOBAL_BATCH, micro, tuple(rows), tuple(left_out),
+                   best, baseline, checked, note)
+
+
+def format_gpt_plan(p: GptPlan) -> str:
+    """The plan as the lines `trainlab lab --plan` prints under the steps."""
+    lines = [f"GPT-2 rows (planner: {p.gpus} GPU(s) of {p.gpu_mem_bytes / GiB:.1f} GiB, {p.usable_bytes / GiB:.1f} GiB "
+             f"usable, sm{p.sm}; {p.precision} autocast{' with a GradScaler' if p.precision == 'fp16' else ''}): "
+             f"model {p.model}, global batch {p.global_batch}, micro-batch {p.micro_batch}"]
+    if p.note:
+        lines.append(f"  {p.note}")
+    lines.append(f"  {'step':<16} {'strategy':<24} {'GPUs':>4} {'micro':>5} {'predicted':>10}  attention")
+    baseline = dataclasses.replace(p.baseline, note="HF GPT2LMHeadModel, predicted as our model")
+    named = [("gpt_best", p.best), ("gpt_baseline", baseline)] + [("gpt_strategies", r) for r in p.rows]
+    for step, r in named:
+        lines.append(f"  {step:<16} {r.strategy:<24} {r.nproc:>4} {r.micro_batch:>5} {r.predicted_bytes / GiB:>6.1f} GiB"
+                     f"  {r.attention}{f'  ({r.note})' if r.note else ''}")
+    lines += [f"  left out: {s}: {why}" for s, why in p.left_out]
+    lines.append(f"  gpt_planner_error: {','.join(p.planner_error)} at micro-batch 2 (one GPU)")
+    return "\n".join(lines)
