@@ -19,7 +19,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "trainlab"
 
-LAYER = {"errors": 0, "stats": 0, "io": 1, "device": 1, "flags": 1, "__init__": 0, "__main__": 5,
+LAYER = {"errors": 0, "stats": 0, "cuda_driver": 0, "schema": 1, "signals": 2, "io": 1, "device": 1, "flags": 1, "__init__": 0, "__main__": 5,
          "data": 2, "telemetry": 2, "distributed": 2, "ops": 3, "lenet": 4, "gpt": 4, "report": 5, "cli": 5,
          "lab": 6}
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from trainlab.distributed.launch import stop_tree
 from trainlab.errors import UserError
 from trainlab.io import MANIFEST, atomic_write_bytes, atomic_write_json, contained, owned_files, read_capped, read_json
-from trainlab.schema import INT, NUMBER, STR, DictOf, ListOf, Obj, Opt, check
+from trainlab.schema import check
+from trainlab.report.lab_folder import LAB_STATE
 from trainlab.lab.steps import PARTS, Hardware, Step, lab_steps, repo_root
 from trainlab.telemetry.rundir import LOCK_NAME, lock_folder, unlock_folder
 
@@ -71,20 +72,6 @@ def _partial_dir(root: Path, name: str) -> Path:
     return root / "steps" / f".{name}.partial"
 
 
-# What results.json must hold for a call to resume from it (`trainlab.schema`): a hand-edited or damaged
-# file is one line naming the key, never a traceback in the middle of a call.
-STEP_RECORD = Obj({"status": STR, "part": STR, "title": STR, "estimate_s": NUMBER, "limit_s": NUMBER, "seconds": NUMBER,
-                   "limit_used_s": NUMBER, "rc": Opt(INT), "pgid": INT, "reason": Opt(STR), "note": STR, "log": STR,
-                   "command": STR, "sizes": DictOf(), "started_utc": STR}, required=("status",))
-LAB_STATE = Obj({"version": INT, "steps": DictOf(STEP_RECORD),
-                 "calls": ListOf(Obj({"command": STR, "started_utc": STR, "budget_s": NUMBER, "used_s": NUMBER,
-                                      "parts": ListOf(STR)}), max_len=10_000),
-                 "size": Opt(STR), "hardware": Opt(Obj({"kind": STR, "gpus": INT, "name": STR, "cpus": INT})),
-                 "plan": ListOf(Obj({"name": STR, "part": STR, "title": STR, "estimate_s": NUMBER, "limit_s": NUMBER,
-                                     "sizes": DictOf()}, required=("name", "part", "title", "estimate_s", "limit_s", "sizes")),
-                                max_len=1000),
-                 "data": Opt(DictOf())},
-                required=("version", "steps", "calls"))
 
 
 def load_state(root: Path) -> dict:

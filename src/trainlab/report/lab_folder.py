@@ -13,6 +13,24 @@ from trainlab.report import format as fmt
 from trainlab.report.build import _figure
 from trainlab.report.inputs import ResultFile, TrainingRun, classify, load_run
 from trainlab.report.lab_text import STRATEGY_WORDS
+from trainlab.schema import INT, NUMBER, STR, DictOf, ListOf, Obj, Opt, check
+
+# The lab folder's results.json, which the lab writes and resumes from and the report reads: what it
+# must hold (`trainlab.schema`): a hand-edited or damaged
+# file is one line naming the key, never a traceback in the middle of a call.
+STEP_RECORD = Obj({"status": STR, "part": STR, "title": STR, "estimate_s": NUMBER, "limit_s": NUMBER, "seconds": NUMBER,
+                   "limit_used_s": NUMBER, "rc": Opt(INT), "pgid": INT, "reason": Opt(STR), "note": STR, "log": STR,
+                   "command": STR, "sizes": DictOf(), "started_utc": STR}, required=("status",))
+LAB_STATE = Obj({"version": INT, "steps": DictOf(STEP_RECORD),
+                 "calls": ListOf(Obj({"command": STR, "started_utc": STR, "budget_s": NUMBER, "used_s": NUMBER,
+                                      "parts": ListOf(STR)}), max_len=10_000),
+                 "size": Opt(STR), "hardware": Opt(Obj({"kind": STR, "gpus": INT, "name": STR, "cpus": INT})),
+                 "plan": ListOf(Obj({"name": STR, "part": STR, "title": STR, "estimate_s": NUMBER, "limit_s": NUMBER,
+                                     "sizes": DictOf()}, required=("name", "part", "title", "estimate_s", "limit_s", "sizes")),
+                                max_len=1000),
+                 "data": Opt(DictOf())},
+                required=("version", "steps", "calls"))
+
 
 RESULTS = "results.json"
 
@@ -173,8 +191,6 @@ def load_lab(root: Path) -> dict | None:
     f = Path(root) / RESULTS
     if not f.is_file():
         return None
-    from trainlab.lab.run import LAB_STATE  # the schema the lab itself resumes with
-    from trainlab.schema import check
 
     state = read_json(f)
     if not (isinstance(state, dict) and isinstance(state.get("steps"), dict)):
