@@ -39,7 +39,10 @@ train: $(STAMP)
 	@$(CHECK_DRIVER)
 	$(VENV)/bin/trainlab train $(ARGS)
 
+# ruff first (seconds): lint (pyproject's [tool.ruff]) and the formatter's verdict, then the tests
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-gpu: $(STAMP)

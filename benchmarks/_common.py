@@ -31,8 +31,10 @@ def check_output(out: str | Path, *stems: str, force: bool = False) -> Path:
     out = Path(out)
     existing = [out / f"{s}.{ext}" for s in stems for ext in ("json", "md", "log") if (out / f"{s}.{ext}").exists()]
     if existing and not force:
-        sys.exit(f"{Path(sys.argv[0]).name}: error: {existing[0]} exists; pass --force to overwrite it, "
-                 "or --out DIR to write elsewhere")
+        sys.exit(
+            f"{Path(sys.argv[0]).name}: error: {existing[0]} exists; pass --force to overwrite it, "
+            "or --out DIR to write elsewhere"
+        )
     set_force(force)  # trainlab.io's writers refuse files they did not write (committed results) unless forced
     return out
 

@@ -51,7 +51,9 @@ def collect_file(path: Path) -> set[str]:
                 if a.name.split(".")[0] in ROOTS:
                     used.add(a.name)
                     aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] in ROOTS:
+        elif (
+            isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] in ROOTS
+        ):
             for a in node.names:
                 full = f"{node.module}.{a.name}"
                 used.add(full)
@@ -62,7 +64,7 @@ def collect_file(path: Path) -> set[str]:
             if chain and chain[0] in aliases:
                 used.add(".".join([aliases[chain[0]], *chain[1:]]))
         for child in ast.iter_child_nodes(node):
-            child._parent_attr = node   # mark inner attributes so only the longest chain is kept
+            child._parent_attr = node  # mark inner attributes so only the longest chain is kept
     return {u for u in used if not u.startswith(OWN_PREFIXES)}
 
 
@@ -101,6 +103,7 @@ def main() -> int:
 
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
@@ -111,16 +114,29 @@ def main() -> int:
     out = Path(args.out)
     target = out / f"{stem}.json"
     if target.exists() and not args.force:
-        sys.exit(f"api_compat.py: error: {target} exists; pass --force to overwrite it, or --out DIR to write elsewhere")
+        sys.exit(
+            f"api_compat.py: error: {target} exists; pass --force to overwrite it, or --out DIR to write elsewhere"
+        )
     out.mkdir(parents=True, exist_ok=True)
     missing = sorted(n for n, ok in verdict.items() if not ok)
-    tmp = target.with_suffix(".json.tmp")   # temp file + rename: a killed run never leaves half a verdict
-    tmp.write_text(json.dumps({"command": "python benchmarks/api_compat.py --out " + args.out,
-                               "versions": versions, "present": verdict,
-                               "missing": {n: used[n] for n in missing}}, indent=1) + "\n")
+    tmp = target.with_suffix(".json.tmp")  # temp file + rename: a killed run never leaves half a verdict
+    tmp.write_text(
+        json.dumps(
+            {
+                "command": "python benchmarks/api_compat.py --out " + args.out,
+                "versions": versions,
+                "present": verdict,
+                "missing": {n: used[n] for n in missing},
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     os.replace(tmp, target)
-    print(f"{len(used)} torch/triton names used; {len(missing)} missing in torch {versions['torch']}, "
-          f"triton {versions['triton']}, Python {versions['python']}")
+    print(
+        f"{len(used)} torch/triton names used; {len(missing)} missing in torch {versions['torch']}, "
+        f"triton {versions['triton']}, Python {versions['python']}"
+    )
     for n in missing:
         print(f"  missing: {n}  ({', '.join(used[n])})")
     print(f"wrote {out / (stem + '.json')}")

@@ -53,18 +53,23 @@ def project_requirements() -> list[str]:
 
 def pypi_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env["PIP_CONFIG_FILE"] = os.devnull   # no global find-links / extra index / constraint file
+    env["PIP_CONFIG_FILE"] = os.devnull  # no global find-links / extra index / constraint file
     return env
 
 
 def find_python(version: str) -> str | None:
     """An interpreter of `version` with pip: python3.X on PATH, or one installed by pyenv."""
-    candidates = [shutil.which(f"python{version}")] + sorted(glob.glob(os.path.expanduser(
-        f"~/.pyenv/versions/{version}.*/bin/python{version}")), reverse=True)
+    candidates = [shutil.which(f"python{version}")] + sorted(
+        glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")), reverse=True
+    )
     for cand in filter(None, candidates):
         try:
-            proc = subprocess.run([cand, "-c", "import sys, pip; print('%d.%d' % sys.version_info[:2])"],
-                                  capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(
+                [cand, "-c", "import sys, pip; print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         except (OSError, subprocess.SubprocessError):
             continue
         if proc.returncode == 0 and proc.stdout.strip() == version:
@@ -75,22 +80,46 @@ def find_python(version: str) -> str | None:
 def resolve(name: str, args: list[str], env: dict, out: Path, python: str = sys.executable) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--report", str(report),
-               "-c", str(CONSTRAINTS), *args]
+        cmd = [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--report",
+            str(report),
+            "-c",
+            str(CONSTRAINTS),
+            *args,
+        ]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
         seconds = time.perf_counter() - t0
         pinned = {}
         if proc.returncode == 0 and report.is_file():
-            pinned = {i["metadata"]["name"].lower(): i["metadata"]["version"]
-                      for i in json.loads(report.read_text())["install"]}
+            pinned = {
+                i["metadata"]["name"].lower(): i["metadata"]["version"]
+                for i in json.loads(report.read_text())["install"]
+            }
     shown = " ".join(cmd).replace(str(ROOT) + "/", "")
-    config = "PIP_CONFIG_FILE=/dev/null (PyPI only)" if env.get("PIP_CONFIG_FILE") == os.devnull else "this machine's pip config"
+    config = (
+        "PIP_CONFIG_FILE=/dev/null (PyPI only)"
+        if env.get("PIP_CONFIG_FILE") == os.devnull
+        else "this machine's pip config"
+    )
     (out / f"{name}.log").write_text(f"$ {shown}\n# {config}\n{proc.stdout}{proc.stderr}")
-    return {"path": name, "ok": proc.returncode == 0, "returncode": proc.returncode, "seconds": round(seconds, 1),
-            "pip_config": config, "command": shown,
-            "key_versions": {k: pinned.get(k) for k in KEY_PACKAGES}, "resolved": pinned,
-            "error": None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    return {
+        "path": name,
+        "ok": proc.returncode == 0,
+        "returncode": proc.returncode,
+        "seconds": round(seconds, 1),
+        "pip_config": config,
+        "command": shown,
+        "key_versions": {k: pinned.get(k) for k in KEY_PACKAGES},
+        "resolved": pinned,
+        "error": None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1],
+    }
 
 
 def main() -> int:
@@ -112,19 +141,35 @@ def main() -> int:
         if python:
             runs.append(resolve(f"pypi-cp{tag}", project, pypi_env(), out, python=python))
             continue
-        wheels = ["--only-binary=:all:", "--python-version", version, "--implementation", "cp",
-                  *(f"--platform={p}" for p in PLATFORMS)]
+        wheels = [
+            "--only-binary=:all:",
+            "--python-version",
+            version,
+            "--implementation",
+            "cp",
+            *(f"--platform={p}" for p in PLATFORMS),
+        ]
         runs.append(resolve(f"pypi-cp{tag}", [*wheels, *project_requirements()], pypi_env(), out))
-    lines = ["| install path | resolves | " + " | ".join(KEY_PACKAGES) + " |",
-             "| --- | --- | " + " | ".join("---" for _ in KEY_PACKAGES) + " |"]
+    lines = [
+        "| install path | resolves | " + " | ".join(KEY_PACKAGES) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in KEY_PACKAGES) + " |",
+    ]
     for r in runs:
-        lines.append(f"| {r['path']} ({r['pip_config']}) | {'yes' if r['ok'] else 'NO: ' + str(r['error'])} | "
-                     + " | ".join(r["key_versions"][k] or "-" for k in KEY_PACKAGES) + " |")
+        lines.append(
+            f"| {r['path']} ({r['pip_config']}) | {'yes' if r['ok'] else 'NO: ' + str(r['error'])} | "
+            + " | ".join(r["key_versions"][k] or "-" for k in KEY_PACKAGES)
+            + " |"
+        )
     table = "\n".join(lines)
     print(table)
-    write_results(out, "install_check", {"runs": runs, "ok": all(r["ok"] for r in runs)},
-                  "# Install resolution (pip --dry-run)\n\n" + table + "\n\nRaw pip output: `<path>.log` beside this file.\n",
-                  [table], command_line())
+    write_results(
+        out,
+        "install_check",
+        {"runs": runs, "ok": all(r["ok"] for r in runs)},
+        "# Install resolution (pip --dry-run)\n\n" + table + "\n\nRaw pip output: `<path>.log` beside this file.\n",
+        [table],
+        command_line(),
+    )
     print(f"wrote {out}/install_check.{{json,md,log}} and one pip log per path")
     return 0 if all(r["ok"] for r in runs) else 1
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from _common import add_output_args, check_output, save
+
 from trainlab.lenet.compile_report import markdown, report
 
 

@@ -18,8 +18,8 @@ import argparse
 import time
 
 import torch
-
 from _common import add_output_args, check_output, save
+
 from trainlab.data.datasets import load_dataset
 from trainlab.data.mnist import normalize
 from trainlab.lenet.config import TrainConfig
@@ -31,7 +31,7 @@ from trainlab.lenet.step import make_step
 @torch.no_grad()
 def accuracy(model, x, y) -> float:
     model.eval()
-    correct = sum(int((model(x[i:i + 2000]).argmax(1) == y[i:i + 2000]).sum()) for i in range(0, len(y), 2000))
+    correct = sum(int((model(x[i : i + 2000]).argmax(1) == y[i : i + 2000]).sum()) for i in range(0, len(y), 2000))
     model.train()
     return 100.0 * correct / len(y)
 
@@ -58,54 +58,101 @@ def main() -> None:
         raise SystemExit(f"--size {args.size} must be a multiple of --distinct {args.distinct}")
 
     data = load_dataset(args.dataset)
-    x_all = normalize(torch.from_numpy(data.train_images[:args.size])).unsqueeze(1)
-    y_all = torch.from_numpy(data.train_labels[:args.size]).long()
-    x_test = normalize(torch.from_numpy(data.test_images[:args.test])).unsqueeze(1)
-    y_test = torch.from_numpy(data.test_labels[:args.test]).long()
-    sets = {"diverse": torch.arange(args.size),
-            "repeated": torch.arange(args.distinct).repeat(args.size // args.distinct)}  # same size, fewer distinct
+    x_all = normalize(torch.from_numpy(data.train_images[: args.size])).unsqueeze(1)
+    y_all = torch.from_numpy(data.train_labels[: args.size]).long()
+    x_test = normalize(torch.from_numpy(data.test_images[: args.test])).unsqueeze(1)
+    y_test = torch.from_numpy(data.test_labels[: args.test]).long()
+    sets = {
+        "diverse": torch.arange(args.size),
+        "repeated": torch.arange(args.distinct).repeat(args.size // args.distinct),
+    }  # same size, fewer distinct
     batches = [int(b) for b in args.batches.split(",")]
     # trainlab's step (lenet.step) with this benchmark's recipe: Adam at a constant lr, no weight decay, fp32
-    plan = resolve(TrainConfig(model=args.model, optimizer="adam", lr=args.lr, weight_decay=0.0, schedule="constant",
-                               amp="off", channels_last="off", device="cpu", seed=args.seed), torch.device("cpu"))
+    plan = resolve(
+        TrainConfig(
+            model=args.model,
+            optimizer="adam",
+            lr=args.lr,
+            weight_decay=0.0,
+            schedule="constant",
+            amp="off",
+            channels_last="off",
+            device="cpu",
+            seed=args.seed,
+        ),
+        torch.device("cpu"),
+    )
     rows, log_lines = [], []
     for batch in batches:
-        for name, index in sets.items():   # interleaved: the two sets of one batch size run back to back
+        for name, index in sets.items():  # interleaved: the two sets of one batch size run back to back
             model = build_model(plan)  # seeded: the same initial weights in every run
             train_step = make_step(plan, model, build_optimizer(plan, model))
             g = torch.Generator().manual_seed(args.seed)
             order, pos, curve, distinct_seen = torch.randperm(len(index), generator=g), 0, [], set()
             t0 = time.perf_counter()
             for step in range(1, args.steps + 1):
-                if pos + batch > len(order):   # a new epoch over the set: reshuffle
+                if pos + batch > len(order):  # a new epoch over the set: reshuffle
                     order, pos = torch.randperm(len(index), generator=g), 0
-                rows_ = index[order[pos:pos + batch]]
+                rows_ = index[order[pos : pos + batch]]
                 pos += batch
                 distinct_seen.update(rows_.tolist())
                 loss, _ = train_step(x_all[rows_], y_all[rows_])
                 if step % args.eval_every == 0 or step == 1:
-                    curve.append({"step": step, "test_accuracy": accuracy(model, x_test, y_test), "train_loss": loss.item(),
-                                  "distinct_images_seen": len(distinct_seen)})
+                    curve.append(
+                        {
+                            "step": step,
+                            "test_accuracy": accuracy(model, x_test, y_test),
+                            "train_loss": loss.item(),
+                            "distinct_images_seen": len(distinct_seen),
+                        }
+                    )
             seconds = time.perf_counter() - t0
-            line = (f"batch {batch:>5}  {name:<8}  " + "  ".join(f"s{c['step']}:{c['test_accuracy']:.1f}" for c in curve)
-                    + f"  ({len(distinct_seen)} distinct images seen, {seconds:.1f} s)")
+            line = (
+                f"batch {batch:>5}  {name:<8}  "
+                + "  ".join(f"s{c['step']}:{c['test_accuracy']:.1f}" for c in curve)
+                + f"  ({len(distinct_seen)} distinct images seen, {seconds:.1f} s)"
+            )
             print(line, flush=True)
             log_lines.append(line)
-            rows.append({"batch_size": batch, "set": name, "curve": curve, "seconds": seconds,
-                         "final_test_accuracy": curve[-1]["test_accuracy"], "distinct_images_seen": len(distinct_seen)})
+            rows.append(
+                {
+                    "batch_size": batch,
+                    "set": name,
+                    "curve": curve,
+                    "seconds": seconds,
+                    "final_test_accuracy": curve[-1]["test_accuracy"],
+                    "distinct_images_seen": len(distinct_seen),
+                }
+            )
 
-    md = [f"{args.model} on {args.dataset}: {args.steps} Adam steps (lr {args.lr:g}, constant) per run; `diverse` = {args.size} "
-          f"distinct training images, `repeated` = {args.distinct} distinct images × {args.size // args.distinct} "
-          f"(same size). Test accuracy (%) on {args.test} test images. Seed {args.seed}; one run per cell.", "",
-          "| global batch | set | " + " | ".join(f"step {c['step']}" for c in rows[0]["curve"]) + " | distinct images seen |",
-          "|---:|---|" + "---:|" * len(rows[0]["curve"]) + "---:|"]
+    md = [
+        f"{args.model} on {args.dataset}: {args.steps} Adam steps (lr {args.lr:g}, constant) per run; `diverse` = {args.size} "
+        f"distinct training images, `repeated` = {args.distinct} distinct images × {args.size // args.distinct} "
+        f"(same size). Test accuracy (%) on {args.test} test images. Seed {args.seed}; one run per cell.",
+        "",
+        "| global batch | set | "
+        + " | ".join(f"step {c['step']}" for c in rows[0]["curve"])
+        + " | distinct images seen |",
+        "|---:|---|" + "---:|" * len(rows[0]["curve"]) + "---:|",
+    ]
     for r in rows:
-        md.append(f"| {r['batch_size']} | {r['set']} | " + " | ".join(f"{c['test_accuracy']:.1f}" for c in r["curve"])
-                  + f" | {r['distinct_images_seen']:,} |")
-    md += ["", "Final test accuracy after the same number of steps, by batch size:", "",
-           "| global batch | diverse | repeated | diverse − repeated |", "|---:|---:|---:|---:|"]
+        md.append(
+            f"| {r['batch_size']} | {r['set']} | "
+            + " | ".join(f"{c['test_accuracy']:.1f}" for c in r["curve"])
+            + f" | {r['distinct_images_seen']:,} |"
+        )
+    md += [
+        "",
+        "Final test accuracy after the same number of steps, by batch size:",
+        "",
+        "| global batch | diverse | repeated | diverse − repeated |",
+        "|---:|---:|---:|---:|",
+    ]
     for b in batches:
-        d, r = (next(x["final_test_accuracy"] for x in rows if x["batch_size"] == b and x["set"] == s) for s in ("diverse", "repeated"))
+        d, r = (
+            next(x["final_test_accuracy"] for x in rows if x["batch_size"] == b and x["set"] == s)
+            for s in ("diverse", "repeated")
+        )
         md.append(f"| {b} | {d:.1f} | {r:.1f} | {d - r:+.1f} |")
     save(args.name, rows, "\n".join(md) + "\n", log_lines, device="cpu", out=out)
 

@@ -18,8 +18,8 @@ import tempfile
 import time
 
 import torch
-
 from _common import add_output_args, check_output, save
+
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.setup import scaled_lr
 
@@ -46,9 +46,20 @@ def main() -> None:
     rows, lines = [], []
     for batch in [int(b) for b in args.batches.split(",")]:
         for scale in args.scales.split(","):
-            cfg = TrainConfig(batch_size=batch, scale_lr=scale, epochs=args.epochs, optimizer=args.optimizer, lr=args.lr,
-                              schedule=args.schedule, warmup_epochs=args.warmup_epochs, seed=args.seed, device=args.device,
-                              progress=False, tensorboard=False, gpu_telemetry=False)
+            cfg = TrainConfig(
+                batch_size=batch,
+                scale_lr=scale,
+                epochs=args.epochs,
+                optimizer=args.optimizer,
+                lr=args.lr,
+                schedule=args.schedule,
+                warmup_epochs=args.warmup_epochs,
+                seed=args.seed,
+                device=args.device,
+                progress=False,
+                tensorboard=False,
+                gpu_telemetry=False,
+            )
             same = next((r for r in rows if r["global_batch"] == batch and r["lr"] == scaled_lr(cfg)), None)
             if same is not None:  # at the reference batch every rule gives the same lr: the same run
                 rows.append({**same, "scale_lr": scale})
@@ -58,13 +69,24 @@ def main() -> None:
                 cfg.out = d
                 s = train(cfg, log=lambda line: lines.append(line) if line.startswith(("epoch", "done")) else None)
             acc = s["test_accuracy"]
-            row = {"global_batch": batch, "scale_lr": scale, "lr": scaled_lr(cfg), "optimizer": args.optimizer,
-                   "schedule": args.schedule, "warmup_epochs": args.warmup_epochs, "epochs": args.epochs,
-                   "steps": s["epochs"] * (60_000 // batch + (60_000 % batch > 0)),
-                   "test_accuracy": acc, "test_loss": s["test_loss"], "train_seconds": s["train_seconds"]}
+            row = {
+                "global_batch": batch,
+                "scale_lr": scale,
+                "lr": scaled_lr(cfg),
+                "optimizer": args.optimizer,
+                "schedule": args.schedule,
+                "warmup_epochs": args.warmup_epochs,
+                "epochs": args.epochs,
+                "steps": s["epochs"] * (60_000 // batch + (60_000 % batch > 0)),
+                "test_accuracy": acc,
+                "test_loss": s["test_loss"],
+                "train_seconds": s["train_seconds"],
+            }
             rows.append(row)
-            line = (f"batch {batch:>5}  scale {scale:<6}  lr {row['lr']:.4g}  steps {row['steps']:>4}  "
-                    f"test_acc {acc:6.2f}%  test_loss {s['test_loss']:.4f}  ({time.perf_counter() - t0:.0f} s)")
+            line = (
+                f"batch {batch:>5}  scale {scale:<6}  lr {row['lr']:.4g}  steps {row['steps']:>4}  "
+                f"test_acc {acc:6.2f}%  test_loss {s['test_loss']:.4f}  ({time.perf_counter() - t0:.0f} s)"
+            )
             print(line, flush=True)
             lines.append(line)
             save(args.name, rows, markdown(rows), lines, device=args.device, out=args.out)
@@ -80,8 +102,10 @@ def markdown(rows: list[dict]) -> str:
         cells = [f"{by[b, s]['lr']:.3g} → {by[b, s]['test_accuracy']:.2f}" if (b, s) in by else "…" for s in scales]
         out.append(f"| {b} | " + " | ".join(cells) + " |")
     r0 = rows[0]
-    out.append(f"\n{r0['optimizer']}, {r0['schedule']} schedule with {r0['warmup_epochs']} warm-up epochs, {r0['epochs']} epochs, "
-               "seed 0, full MNIST training set, test accuracy on the 10k test set.")
+    out.append(
+        f"\n{r0['optimizer']}, {r0['schedule']} schedule with {r0['warmup_epochs']} warm-up epochs, {r0['epochs']} epochs, "
+        "seed 0, full MNIST training set, test accuracy on the 10k test set."
+    )
     return "\n".join(out)
 
 

@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import time
-
 from dataclasses import replace
 
 import torch
-
 from _common import add_output_args, check_output, save
-from trainlab.stats import format_spread, summarize
+
 from trainlab.data.loader import DeviceLoader
 from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device, synchronize
@@ -35,6 +33,7 @@ from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.plan import STEP_MODES, resolve
 from trainlab.lenet.setup import build_model, build_optimizer
 from trainlab.lenet.step import make_step
+from trainlab.stats import format_spread, summarize
 
 
 def build(variant, device, x0, y0):
@@ -90,7 +89,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    ap.add_argument("--variants", default=None, help="default: eager,compile (+ compile-reduce-overhead,cudagraph on CUDA)")
+    ap.add_argument(
+        "--variants", default=None, help="default: eager,compile (+ compile-reduce-overhead,cudagraph on CUDA)"
+    )
     add_output_args(ap)
     args = ap.parse_args()
     check_output(args.out, "dp_compile", force=args.force)
@@ -98,15 +99,28 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     on_cuda = device.type == "cuda"
-    variants = args.variants.split(",") if args.variants else (
-        ["eager", "compile", "compile-reduce-overhead", "cudagraph"] if on_cuda else ["eager", "compile"])
+    variants = (
+        args.variants.split(",")
+        if args.variants
+        else (["eager", "compile", "compile-reduce-overhead", "cudagraph"] if on_cuda else ["eager", "compile"])
+    )
     data = load_mnist(None)
-    loader = DeviceLoader(data.train_images[: args.batch_size * args.steps], data.train_labels[: args.batch_size * args.steps],
-                          args.batch_size, device, shuffle=False)
+    loader = DeviceLoader(
+        data.train_images[: args.batch_size * args.steps],
+        data.train_labels[: args.batch_size * args.steps],
+        args.batch_size,
+        device,
+        shuffle=False,
+    )
     batches = list(loader)
     x0, y0 = batches[0]
 
-    rows, lines = [], [f"device {device}, batch {args.batch_size}, {args.steps} timed steps, torch threads {torch.get_num_threads()}"]
+    rows, lines = (
+        [],
+        [
+            f"device {device}, batch {args.batch_size}, {args.steps} timed steps, torch threads {torch.get_num_threads()}"
+        ],
+    )
     for variant in variants:
         if variant in ("cudagraph", "compile-reduce-overhead") and not on_cuda:
             lines.append(f"{variant}: skipped (CUDA only)")
@@ -115,31 +129,49 @@ def main() -> None:
         times = time_steps(step, batches, device)
         queued, finished = async_demo(step, batches, device)
         s = summarize([t * 1e3 for t in times])
-        row = {"variant": variant, "device": str(device), "batch_size": args.batch_size, "steps": len(times),
-               # throughput of steps run back to back, as training runs them: the synced column's rate (a
-               # step synchronized on its own also pays the launch latency the next step would hide)
-               "step_ms": s, "setup_seconds": setup_s, "images_per_s": args.batch_size / finished,
-               "unsynced_ms_per_step": queued * 1e3, "synced_ms_per_step": finished * 1e3}
+        row = {
+            "variant": variant,
+            "device": str(device),
+            "batch_size": args.batch_size,
+            "steps": len(times),
+            # throughput of steps run back to back, as training runs them: the synced column's rate (a
+            # step synchronized on its own also pays the launch latency the next step would hide)
+            "step_ms": s,
+            "setup_seconds": setup_s,
+            "images_per_s": args.batch_size / finished,
+            "unsynced_ms_per_step": queued * 1e3,
+            "synced_ms_per_step": finished * 1e3,
+        }
         rows.append(row)
-        line = (f"{variant:<24} step {format_spread(s, unit=' ms')}  setup (compile/capture + 3 steps) {setup_s:.1f} s  "
-                f"async demo: queued {queued * 1e3:.2f} ms/step vs finished {finished * 1e3:.2f} ms/step")
+        line = (
+            f"{variant:<24} step {format_spread(s, unit=' ms')}  setup (compile/capture + 3 steps) {setup_s:.1f} s  "
+            f"async demo: queued {queued * 1e3:.2f} ms/step vs finished {finished * 1e3:.2f} ms/step"
+        )
         print(line, flush=True)
         lines.append(line)
     eager = next((r for r in rows if r["variant"] == "eager"), None)
-    md = ["| variant | step ms, median [p10–p90] | speed-up vs eager | images/s (back to back: batch / synced ms) | compile/capture s | "
-          "unsynced ms/step (queued) | synced ms/step (finished) |",
-          "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    md = [
+        "| variant | step ms, median [p10–p90] | speed-up vs eager | images/s (back to back: batch / synced ms) | compile/capture s | "
+        "unsynced ms/step (queued) | synced ms/step (finished) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         speedup = eager["step_ms"]["median"] / r["step_ms"]["median"] if eager else float("nan")
-        md.append(f"| {r['variant']} | {format_spread(r['step_ms'])} | {speedup:.2f}× | {r['images_per_s']:,.0f} | "
-                  f"{r['setup_seconds']:.1f} | {r['unsynced_ms_per_step']:.2f} | {r['synced_ms_per_step']:.2f} |")
+        md.append(
+            f"| {r['variant']} | {format_spread(r['step_ms'])} | {speedup:.2f}× | {r['images_per_s']:,.0f} | "
+            f"{r['setup_seconds']:.1f} | {r['unsynced_ms_per_step']:.2f} | {r['synced_ms_per_step']:.2f} |"
+        )
     if not on_cuda:
-        md.append("\nCUDA graphs (whole-step capture, and torch.compile mode=reduce-overhead) are CUDA-only: written in "
-                  "this script, skipped here. On a CPU 'queued' equals 'finished' — every op has run when it returns — so "
-                  "the asynchronous-timing demo only shows its point on a GPU (run with --device cuda).")
+        md.append(
+            "\nCUDA graphs (whole-step capture, and torch.compile mode=reduce-overhead) are CUDA-only: written in "
+            "this script, skipped here. On a CPU 'queued' equals 'finished' — every op has run when it returns — so "
+            "the asynchronous-timing demo only shows its point on a GPU (run with --device cuda)."
+        )
     load = os.getloadavg()
-    md.append(f"\nLoad average at the end: {load[0]:.1f} on {os.cpu_count()} cores (a shared machine: timings are noisy; "
-              "compare rows of one run, not runs).")
+    md.append(
+        f"\nLoad average at the end: {load[0]:.1f} on {os.cpu_count()} cores (a shared machine: timings are noisy; "
+        "compare rows of one run, not runs)."
+    )
     save("dp_compile", rows, "\n".join(md), lines, device=device, out=args.out)
 
 

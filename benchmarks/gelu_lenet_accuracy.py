@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from _common import add_output_args, check_output
+
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
@@ -51,12 +51,28 @@ def main(argv=None) -> int:
             continue
         if act == "gelu-triton" and not gpu:
             if not args.allow_interpreter:
-                rows.append({"act": act, "status": "skipped", "reason": "no GPU (pass --allow-interpreter to run interpreted)"})
+                rows.append(
+                    {"act": act, "status": "skipped", "reason": "no GPU (pass --allow-interpreter to run interpreted)"}
+                )
                 continue
             env["TRITON_INTERPRET"] = "1"
         out = Path(args.runs) / act
-        cmd = [sys.executable, "-m", "trainlab", "train", "--act", act, "--epochs", str(args.epochs),
-               "--out", str(out), "--overwrite", "--device", args.device, *args.extra.split()]  # its own runs, redone
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainlab",
+            "train",
+            "--act",
+            act,
+            "--epochs",
+            str(args.epochs),
+            "--out",
+            str(out),
+            "--overwrite",
+            "--device",
+            args.device,
+            *args.extra.split(),
+        ]  # its own runs, redone
         print("$", " ".join(cmd), flush=True)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=env)
@@ -65,8 +81,12 @@ def main(argv=None) -> int:
         summary_path = out / "summary.json"
         if proc.returncode == 0 and summary_path.exists():
             summary = json.loads(summary_path.read_text())
-            row.update(status="ok", accuracy=summary["test_accuracy"], test_loss=summary["test_loss"],
-                       train_seconds=summary["train_seconds"])
+            row.update(
+                status="ok",
+                accuracy=summary["test_accuracy"],
+                test_loss=summary["test_loss"],
+                train_seconds=summary["train_seconds"],
+            )
         else:
             row.update(status="failed")
         rows.append(row)
@@ -80,9 +100,15 @@ def main(argv=None) -> int:
     env_info = collect_env(args.device)
     command = "python " + " ".join(["benchmarks/gelu_lenet_accuracy.py"] + (argv if argv is not None else sys.argv[1:]))
     header = format_header({"command": command, "epochs": args.epochs, "device": args.device}, env_info)
-    write_results(args.out, "gelu_lenet_accuracy", rows,
-                  f"# LeNet-5 accuracy per GELU implementation\n\n```\n{header}\n\n{table}\n```",
-                  [header, "", table], command, env=env_info)
+    write_results(
+        args.out,
+        "gelu_lenet_accuracy",
+        rows,
+        f"# LeNet-5 accuracy per GELU implementation\n\n```\n{header}\n\n{table}\n```",
+        [header, "", table],
+        command,
+        env=env_info,
+    )
     return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1
 
 

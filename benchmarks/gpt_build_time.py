@@ -26,8 +26,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_output_args, check_output, save  # noqa: E402
 
 from trainlab.device import synchronize  # noqa: E402
-from trainlab.gpt.model import (GPT, _canonical_param_names, build_gpt, build_hf_model, count_params,  # noqa: E402
-                                get_preset, gpt_state_dict_to_hf, hf_config, init_gpt_weights, initial_value)
+from trainlab.gpt.model import (  # noqa: E402
+    GPT,
+    _canonical_param_names,
+    build_gpt,
+    build_hf_model,
+    count_params,
+    get_preset,
+    gpt_state_dict_to_hf,
+    hf_config,
+    init_gpt_weights,
+    initial_value,
+)
 
 
 def before_ours(cfg, device):
@@ -76,8 +86,17 @@ def main() -> None:
                 seconds = time.perf_counter() - t0
                 checksum = float(next(model.parameters()).detach().double().sum())
                 del model
-                rows.append({"model": model_name, "params": count_params(cfg), "variant": variant, "round": r,
-                             "device": str(device), "build_seconds": seconds, "first_param_sum": checksum})
+                rows.append(
+                    {
+                        "model": model_name,
+                        "params": count_params(cfg),
+                        "variant": variant,
+                        "round": r,
+                        "device": str(device),
+                        "build_seconds": seconds,
+                        "first_param_sum": checksum,
+                    }
+                )
                 line = f"{model_name:<12} {variant:<14} round {r}: {seconds:7.2f} s"
                 print(line, flush=True)
                 log.append(line)

@@ -28,17 +28,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_output_args, check_output, save  # noqa: E402
-
 from dataclasses import replace  # noqa: E402
 
+from _common import add_output_args, check_output, save  # noqa: E402
+
+from trainlab.distributed.launch import DistInfo  # noqa: E402
 from trainlab.gpt.attention_backend import AttentionChoice  # noqa: E402
 from trainlab.gpt.config import GPTBenchConfig  # noqa: E402
+from trainlab.gpt.engine import GPTEngine  # noqa: E402
+from trainlab.gpt.model import build_gpt, get_preset  # noqa: E402
 from trainlab.gpt.plan import Machine  # noqa: E402
 from trainlab.gpt.planner import measure_step_peak_bytes, predict_plan  # noqa: E402
-from trainlab.gpt.model import build_gpt, get_preset  # noqa: E402
-from trainlab.gpt.engine import GPTEngine  # noqa: E402
-from trainlab.distributed.launch import DistInfo  # noqa: E402
 
 MiB = 1024**2
 
@@ -82,8 +82,12 @@ def main() -> None:
     ap.add_argument("--vocab-multiple", type=int, default=1, help="issue 30's levers, as gpt bench's flags")
     ap.add_argument("--fused-qkv", action="store_true")
     ap.add_argument("--loss", default="cross_entropy", choices=("cross_entropy", "chunked"))
-    ap.add_argument("--attention", default="auto", choices=("auto", "math"),
-                    help="auto: the kernel PyTorch picks; math: force SDPA's math path (measured and predicted)")
+    ap.add_argument(
+        "--attention",
+        default="auto",
+        choices=("auto", "math"),
+        help="auto: the kernel PyTorch picks; math: force SDPA's math path (measured and predicted)",
+    )
     add_output_args(ap)
     args = ap.parse_args()
     check_output(args.out, args.name, force=args.force)
@@ -101,9 +105,18 @@ def main() -> None:
     log.append(head)
     for strategy in args.strategies.split(","):
         for b in map(int, args.micro_batches.split(",")):
-            plan = GPTBenchConfig(model=args.model, strategy=strategy, device=device.type, global_batch=b, micro_batch=b,
-                                  seq=seq, fused_optimizer=args.fused, vocab_multiple=args.vocab_multiple,
-                                  fused_qkv=args.fused_qkv, loss=args.loss).plan(machine)
+            plan = GPTBenchConfig(
+                model=args.model,
+                strategy=strategy,
+                device=device.type,
+                global_batch=b,
+                micro_batch=b,
+                seq=seq,
+                fused_optimizer=args.fused,
+                vocab_multiple=args.vocab_multiple,
+                fused_qkv=args.fused_qkv,
+                loss=args.loss,
+            ).plan(machine)
             if args.attention == "math":
                 plan = replace(plan, attention=AttentionChoice("math", cfg.head_dim, cfg.head_dim, True, "forced"))
             optimizer = plan.optimizer_kernel
@@ -113,14 +126,24 @@ def main() -> None:
                 err = pred["total_bytes"] / measured - 1
             except torch.OutOfMemoryError:
                 measured, reserved, err = None, None, None
-            row = {"strategy": strategy, "micro_batch": b, "seq": seq, "predicted_bytes": pred["total_bytes"],
-                   "measured_bytes": measured, "measured_reserved_bytes": reserved, "relative_error": err,
-                   "phases": pred["phase_bytes"], "attention": pred["attention"]["label"]}
+            row = {
+                "strategy": strategy,
+                "micro_batch": b,
+                "seq": seq,
+                "predicted_bytes": pred["total_bytes"],
+                "measured_bytes": measured,
+                "measured_reserved_bytes": reserved,
+                "relative_error": err,
+                "phases": pred["phase_bytes"],
+                "attention": pred["attention"]["label"],
+            }
             rows.append(row)
             phases = " ".join(f"{k}={v / MiB:.1f}" for k, v in pred["phase_bytes"].items())
-            line = (f"{strategy:<20}{b:>6}{pred['total_bytes'] / MiB:>15.2f}"
-                    f"{'OOM' if measured is None else f'{measured / MiB:.2f}':>14}"
-                    f"{'-' if err is None else f'{100 * err:+.1f}%':>8}  {phases}  [{pred['attention']['label']}]")
+            line = (
+                f"{strategy:<20}{b:>6}{pred['total_bytes'] / MiB:>15.2f}"
+                f"{'OOM' if measured is None else f'{measured / MiB:.2f}':>14}"
+                f"{'-' if err is None else f'{100 * err:+.1f}%':>8}  {phases}  [{pred['attention']['label']}]"
+            )
             print(line, flush=True)
             log.append(line)
             write(args, rows, log, seq, device, optimizer, final=False)  # as it goes: a kill loses one row
@@ -129,21 +152,30 @@ def main() -> None:
 
 def write(args, rows, log, seq, device, optimizer, final: bool) -> None:
     errs = [abs(r["relative_error"]) for r in rows if r["relative_error"] is not None]
-    summary = (f"max |error| {100 * max(errs):.1f}%, mean |error| {100 * sum(errs) / len(errs):.1f}% over {len(errs)} runs"
-               if errs else "no measurement yet")
+    summary = (
+        f"max |error| {100 * max(errs):.1f}%, mean |error| {100 * sum(errs) / len(errs):.1f}% over {len(errs)} runs"
+        if errs
+        else "no measurement yet"
+    )
     if not final:
         summary += " (so far: the run is still going)"
     else:
         print(summary)
         log = log + [summary]
     kind = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak live tensor bytes (TorchDispatchMode)"
-    md = [f"Model {args.model}, seq {seq}, device {device}, AdamW {optimizer}, attention {args.attention}. "
-          f"Measured: {kind}, second step.", "",
-          "| strategy | micro-batch | attention (SDPA kernel) | predicted MiB | measured MiB | error |", "|---|---|---|---|---|---|"]
+    md = [
+        f"Model {args.model}, seq {seq}, device {device}, AdamW {optimizer}, attention {args.attention}. "
+        f"Measured: {kind}, second step.",
+        "",
+        "| strategy | micro-batch | attention (SDPA kernel) | predicted MiB | measured MiB | error |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         m = "OOM" if r["measured_bytes"] is None else f"{r['measured_bytes'] / MiB:.2f}"
         e = "-" if r["relative_error"] is None else f"{100 * r['relative_error']:+.1f}%"
-        md.append(f"| {r['strategy']} | {r['micro_batch']} | {r['attention']} | {r['predicted_bytes'] / MiB:.2f} | {m} | {e} |")
+        md.append(
+            f"| {r['strategy']} | {r['micro_batch']} | {r['attention']} | {r['predicted_bytes'] / MiB:.2f} | {m} | {e} |"
+        )
     md += ["", summary]
     save(args.name, rows, "\n".join(md), log, device=device, out=args.out)
 

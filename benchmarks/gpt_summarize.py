@@ -1,6 +1,6 @@
 """Collect `trainlab gpt bench --json` results from a directory into one table (md + json).
 
-    python benchmarks/gpt_summarize.py DIR [--out OUT] [--force]   # writes OUT/summary.{md,json} (OUT: DIR)
+python benchmarks/gpt_summarize.py DIR [--out OUT] [--force]   # writes OUT/summary.{md,json} (OUT: DIR)
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ def _tf32(s: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| run | impl | strategy | TF32 | micro × accum | step ms median [p10–p90] | tokens/s | TFLOPS/dev 6N+attn "
-             "| TFLOPS/dev handout (8·N·B·T, N = its get_model_size) | TFLOPS/dev 8N (distinct N) | MFU | peak alloc GiB | reserved GiB "
-             "| predicted GiB | loss first→last |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | impl | strategy | TF32 | micro × accum | step ms median [p10–p90] | tokens/s | TFLOPS/dev 6N+attn "
+        "| TFLOPS/dev handout (8·N·B·T, N = its get_model_size) | TFLOPS/dev 8N (distinct N) | MFU | peak alloc GiB | reserved GiB "
+        "| predicted GiB | loss first→last |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, s in rows:
         st = s["step_seconds"]
         mem = s["peak_memory_per_rank"][0]
@@ -37,7 +39,8 @@ def table(rows: list[dict]) -> str:
             f"[{1e3 * st['p10']:.1f}–{1e3 * st['p90']:.1f}] | {s['tokens_per_s']:,.0f} | {s['tflops_per_device']:.1f} | "
             f"{s['tflops_per_device_handout']:.1f} | {s.get('tflops_per_device_8n', float('nan')):.1f} | {mfu} | {s['peak_memory_bytes'] / GiB:.2f} | "
             f"{'-' if res is None else f'{res / GiB:.2f}'} | {'-' if pred is None else f'{pred / GiB:.2f}'} | "
-            f"{s['losses'][0]:.3f}→{s['losses'][-1]:.3f} |")
+            f"{s['losses'][0]:.3f}→{s['losses'][-1]:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -65,11 +68,15 @@ def main() -> None:
 
     md = table(rows)
     first = rows[0][1] if rows else {}
-    head = (f"Device: {first.get('device_name', '?')}; peak {first.get('peak_tflops')} TFLOPS "
-            f"({first.get('peak_tflops_source', '')}); model {first.get('model')}; seq {first.get('seq_len')}; "
-            f"global batch {first.get('global_batch')}.\n\n")
+    head = (
+        f"Device: {first.get('device_name', '?')}; peak {first.get('peak_tflops')} TFLOPS "
+        f"({first.get('peak_tflops_source', '')}); model {first.get('model')}; seq {first.get('seq_len')}; "
+        f"global batch {first.get('global_batch')}.\n\n"
+    )
     atomic_write_text(out / "summary.md", head + md + "\n")
-    atomic_write_json(out / "summary.json", [{"run": n, **{k: v for k, v in s.items() if k not in ("env",)}} for n, s in rows])
+    atomic_write_json(
+        out / "summary.json", [{"run": n, **{k: v for k, v in s.items() if k not in ("env",)}} for n, s in rows]
+    )
     print(head + md)
 
 

@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-
 from _common import add_output_args, check_output, save
+
 from trainlab.io import read_json
 from trainlab.lenet.config import TrainConfig, apply_preset
 from trainlab.telemetry.rundir import RunDir
@@ -34,22 +34,46 @@ from trainlab.telemetry.rundir import RunDir
 # The `best` preset before issue 23's goal 4 (5 seeds: 99.55 ± 0.08 % on the test set, min 99.47): the
 # recipe the candidates below change. Each variant sets all of its fields, so it means the same run
 # whatever the preset is today.
-OLD_BEST = dict(batchnorm=True, augment=True, augment_degrees=10.0, augment_translate=0.1, augment_scale=0.1,
-                augment_p=0.75, epochs=60, batch_size=256, lr=5e-3, label_smoothing=0.05, weight_decay=5e-4, ema=0.999)
+OLD_BEST = dict(
+    batchnorm=True,
+    augment=True,
+    augment_degrees=10.0,
+    augment_translate=0.1,
+    augment_scale=0.1,
+    augment_p=0.75,
+    epochs=60,
+    batch_size=256,
+    lr=5e-3,
+    label_smoothing=0.05,
+    weight_decay=5e-4,
+    ema=0.999,
+)
 # Candidates scored with --holdout on the validation split (benchmarks/results/best_validation/).
 VARIANTS: dict[str, tuple[str, dict]] = {
     "preset": ("the old `best` recipe (60 epochs, batch 256, label smoothing 0.05, augment-p 0.75)", OLD_BEST),
     "e30": ("old recipe, 30 epochs", {**OLD_BEST, "epochs": 30}),
-    "e30-wd5e-2": ("old, 30 epochs, AdamW weight decay 5e-2 (from 5e-4)", {**OLD_BEST, "epochs": 30, "weight_decay": 5e-2}),
-    "e30-b128-ls0.1": ("old, 30 epochs, batch 128, label smoothing 0.1",
-                       {**OLD_BEST, "epochs": 30, "batch_size": 128, "label_smoothing": 0.1}),
+    "e30-wd5e-2": (
+        "old, 30 epochs, AdamW weight decay 5e-2 (from 5e-4)",
+        {**OLD_BEST, "epochs": 30, "weight_decay": 5e-2},
+    ),
+    "e30-b128-ls0.1": (
+        "old, 30 epochs, batch 128, label smoothing 0.1",
+        {**OLD_BEST, "epochs": 30, "batch_size": 128, "label_smoothing": 0.1},
+    ),
     "e30-ema0.9998": ("old, 30 epochs, EMA decay 0.9998 (from 0.999)", {**OLD_BEST, "epochs": 30, "ema": 0.9998}),
-    "e30-p1": ("old, 30 epochs, every training image distorted (augment-p 1)", {**OLD_BEST, "epochs": 30, "augment_p": 1.0}),
-    "e30-b128-ls0.1-p0.5": ("old, 30 epochs, batch 128, label smoothing 0.1, half the images distorted (augment-p 0.5): "
-                            "the `best` preset since", {**OLD_BEST, "epochs": 30, "batch_size": 128, "label_smoothing": 0.1,
-                                                       "augment_p": 0.5}),
-    "e60-b128-ls0.1-p0.5": ("the `best` preset at 60 epochs (measured after its test run, not used to choose it)",
-                            {**OLD_BEST, "epochs": 60, "batch_size": 128, "label_smoothing": 0.1, "augment_p": 0.5}),
+    "e30-p1": (
+        "old, 30 epochs, every training image distorted (augment-p 1)",
+        {**OLD_BEST, "epochs": 30, "augment_p": 1.0},
+    ),
+    "e30-b128-ls0.1-p0.5": (
+        "old, 30 epochs, batch 128, label smoothing 0.1, half the images distorted (augment-p 0.5): "
+        "the `best` preset since",
+        {**OLD_BEST, "epochs": 30, "batch_size": 128, "label_smoothing": 0.1, "augment_p": 0.5},
+    ),
+    "e60-b128-ls0.1-p0.5": (
+        "the `best` preset at 60 epochs (measured after its test run, not used to choose it)",
+        {**OLD_BEST, "epochs": 60, "batch_size": 128, "label_smoothing": 0.1, "augment_p": 0.5},
+    ),
     # Issue 29: the `fast` preset (batch 96, 625 steps) with fewer, larger steps for a GPU, where a step of
     # LeNet-5 costs about the same at batch 96 and 384 (launch-bound). Candidates for
     # `--preset fast --holdout 10000`; not yet measured. The lr grows with the square root of the batch.
@@ -70,11 +94,19 @@ def main() -> None:
     ap.add_argument("--tta", action="store_true", help="also report test-time-augmentation accuracy (separately)")
     ap.add_argument("--part", default=None, help="write a partial result (merged later with --merge)")
     ap.add_argument("--merge", default=None, help="comma-separated parts to merge into the final table")
-    ap.add_argument("--variant", default=None, choices=list(VARIANTS),
-                    help="a candidate recipe: these fields set over the preset (see VARIANTS in this file; "
-                         "default: the preset as it stands)")
-    ap.add_argument("--holdout", type=int, default=None,
-                    help="validation: train on all but the last N training images and score those N, not the test set")
+    ap.add_argument(
+        "--variant",
+        default=None,
+        choices=list(VARIANTS),
+        help="a candidate recipe: these fields set over the preset (see VARIANTS in this file; "
+        "default: the preset as it stands)",
+    )
+    ap.add_argument(
+        "--holdout",
+        type=int,
+        default=None,
+        help="validation: train on all but the last N training images and score those N, not the test set",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--note", default=None, help="a line put above the table (e.g. how busy the machine was)")
     ap.add_argument("--name", default=None, help="result file stem (default lenet_accuracy_<preset>_<act>)")
@@ -97,24 +129,50 @@ def main() -> None:
             rows += data["rows"]
             lines += (Path(args.out) / f"{name}.{part}.log").read_text().splitlines()
     for seed in [int(s) for s in args.seeds.split(",")] if not args.merge else []:
-        explicit = {**(VARIANTS[args.variant][1] if args.variant else {}), **({"epochs": args.epochs} if args.epochs else {})}
+        explicit = {
+            **(VARIANTS[args.variant][1] if args.variant else {}),
+            **({"epochs": args.epochs} if args.epochs else {}),
+        }
         explicit |= {"tta": True} if args.tta else {}
         explicit |= {"holdout": args.holdout} if args.holdout else {}
-        cfg = apply_preset(TrainConfig(device=args.device, seed=seed, act=args.act, progress=False, tensorboard=False, **explicit),
-                           args.preset, explicit=set(explicit))
+        cfg = apply_preset(
+            TrainConfig(device=args.device, seed=seed, act=args.act, progress=False, tensorboard=False, **explicit),
+            args.preset,
+            explicit=set(explicit),
+        )
         cfg.validate()
-        lines.append(f"# seed {seed}, variant {args.variant or 'none (the preset)'}, "
-                     + (f"scored on the last {args.holdout} training images" if args.holdout else "scored on the test set"))
+        lines.append(
+            f"# seed {seed}, variant {args.variant or 'none (the preset)'}, "
+            + (f"scored on the last {args.holdout} training images" if args.holdout else "scored on the test set")
+        )
         with tempfile.TemporaryDirectory() as d:
             cfg.out = d
-            s = train(cfg, log=lambda line: (print(line, flush=True), lines.append(line))
-                      if line.startswith(("epoch", "done", "test-time")) else None)
+            s = train(
+                cfg,
+                log=lambda line: (
+                    (print(line, flush=True), lines.append(line))
+                    if line.startswith(("epoch", "done", "test-time"))
+                    else None
+                ),
+            )
             last = RunDir(d).read_metrics()[-1]
-        rows.append({"preset": args.preset, "variant": args.variant, "holdout": args.holdout, "act": args.act, "seed": seed,
-                     "epochs": cfg.epochs, "test_accuracy": s["test_accuracy"],
-                     "live_test_accuracy": last.get("live_test_accuracy"), "tta_test_accuracy": s.get("tta_test_accuracy"),
-                     "train_seconds": s["train_seconds"], "time_to_99_s": s["time_to_99_seconds"], "device": s["device"],
-                     "config": cfg.to_dict()})
+        rows.append(
+            {
+                "preset": args.preset,
+                "variant": args.variant,
+                "holdout": args.holdout,
+                "act": args.act,
+                "seed": seed,
+                "epochs": cfg.epochs,
+                "test_accuracy": s["test_accuracy"],
+                "live_test_accuracy": last.get("live_test_accuracy"),
+                "tta_test_accuracy": s.get("tta_test_accuracy"),
+                "train_seconds": s["train_seconds"],
+                "time_to_99_s": s["time_to_99_seconds"],
+                "device": s["device"],
+                "config": cfg.to_dict(),
+            }
+        )
     if args.part:
         name += f".{args.part}"
     if any(r.get("holdout") for r in rows):
@@ -130,23 +188,34 @@ def _test_table(rows: list[dict], preset: str, act: str) -> tuple[list[str], dic
     accs = [r["test_accuracy"] for r in rows]
     mean = statistics.mean(accs)
     sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
-    md = ["| preset | act | seed | epochs | test acc (%) | live weights (%) | TTA, separate (%) | train s |",
-          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    md += [f"| {r['preset']} | {r['act']} | {r['seed']} | {r['epochs']} | {r['test_accuracy']:.2f} | {_pct(r.get('live_test_accuracy'))} | "
-           f"{_pct(r.get('tta_test_accuracy'))} | {r['train_seconds']:.0f} |" for r in rows]
-    md.append(f"\n**{preset} / {act}: {mean:.2f} ± {sd:.2f} % (mean ± sd over {len(accs)} seeds; min {min(accs):.2f}, max {max(accs):.2f})**")
+    md = [
+        "| preset | act | seed | epochs | test acc (%) | live weights (%) | TTA, separate (%) | train s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    md += [
+        f"| {r['preset']} | {r['act']} | {r['seed']} | {r['epochs']} | {r['test_accuracy']:.2f} | {_pct(r.get('live_test_accuracy'))} | "
+        f"{_pct(r.get('tta_test_accuracy'))} | {r['train_seconds']:.0f} |"
+        for r in rows
+    ]
+    md.append(
+        f"\n**{preset} / {act}: {mean:.2f} ± {sd:.2f} % (mean ± sd over {len(accs)} seeds; min {min(accs):.2f}, max {max(accs):.2f})**"
+    )
     result = {"rows": rows, "mean": mean, "sd": sd, "min": min(accs), "max": max(accs)}
     tta = [r["tta_test_accuracy"] for r in rows if r.get("tta_test_accuracy") is not None]
     if len(tta) == len(rows):
-        md.append(f"\nWith test-time augmentation (reported separately): {statistics.mean(tta):.2f} % mean, min {min(tta):.2f}.")
+        md.append(
+            f"\nWith test-time augmentation (reported separately): {statistics.mean(tta):.2f} % mean, min {min(tta):.2f}."
+        )
         result["tta_mean"], result["tta_min"] = statistics.mean(tta), min(tta)
     return md, result
 
 
 def _validation_table(rows: list[dict]) -> list[str]:
     """One line per variant, in the order of VARIANTS: the accuracy on the held-out images, per seed."""
-    md = ["| variant | what changes | scored on | seeds | accuracy per seed (%) | mean | min | live weights, mean | train s, mean |",
-          "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    md = [
+        "| variant | what changes | scored on | seeds | accuracy per seed (%) | mean | min | live weights, mean | train s, mean |",
+        "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for v in [*VARIANTS, None]:
         rs = sorted((r for r in rows if r.get("holdout") and r.get("variant") == v), key=lambda r: r["seed"])
         if not rs:
@@ -154,10 +223,12 @@ def _validation_table(rows: list[dict]) -> list[str]:
         accs = [r["test_accuracy"] for r in rs]
         live = [r["live_test_accuracy"] for r in rs if r.get("live_test_accuracy") is not None]
         held = "/".join(str(h) for h in sorted({r["holdout"] for r in rs}))
-        md.append(f"| {v or '—'} | {VARIANTS[v][0] if v else 'the preset as it stands'} | last {held} training images | "
-                  f"{','.join(str(r['seed']) for r in rs)} | {' / '.join(f'{a:.2f}' for a in accs)} | "
-                  f"{statistics.mean(accs):.3f} | {min(accs):.2f} | {_pct(statistics.mean(live) if live else None)} | "
-                  f"{statistics.mean(r['train_seconds'] for r in rs):.0f} |")
+        md.append(
+            f"| {v or '—'} | {VARIANTS[v][0] if v else 'the preset as it stands'} | last {held} training images | "
+            f"{','.join(str(r['seed']) for r in rs)} | {' / '.join(f'{a:.2f}' for a in accs)} | "
+            f"{statistics.mean(accs):.3f} | {min(accs):.2f} | {_pct(statistics.mean(live) if live else None)} | "
+            f"{statistics.mean(r['train_seconds'] for r in rs):.0f} |"
+        )
     return md
 
 

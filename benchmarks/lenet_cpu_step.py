@@ -31,8 +31,8 @@ import argparse
 import time
 
 import torch
-
 from _common import add_output_args, check_output, save
+
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.model import LeNet5
 from trainlab.lenet.plan import resolve
@@ -51,15 +51,20 @@ def parse_variant(spec: str, batch_size: int) -> dict:
         elif part in SETTINGS:
             v[part] = True
         else:
-            raise SystemExit(f"--variants: unknown setting {part!r} in {spec!r}; expected {', '.join(sorted(SETTINGS))}, bsN, @T")
+            raise SystemExit(
+                f"--variants: unknown setting {part!r} in {spec!r}; expected {', '.join(sorted(SETTINGS))}, bsN, @T"
+            )
     return v
 
 
 def build_model(v: dict) -> torch.nn.Module:
     """The variant's LeNet-5, from seed 0: every variant starts from the same weights."""
     torch.manual_seed(0)
-    model = LeNet5(batchnorm=bool(v.get("bn") or v.get("bn234")), batchnorm_conv1=not v.get("bn234"),
-                   ops="fused" if v.get("fused1") else "aten")
+    model = LeNet5(
+        batchnorm=bool(v.get("bn") or v.get("bn234")),
+        batchnorm_conv1=not v.get("bn234"),
+        ops="fused" if v.get("fused1") else "aten",
+    )
     if v.get("actpool"):  # swap each (max-pool, ReLU) pair back
         f = list(model.features)
         f[2:4], f[6:8] = f[3:1:-1], f[7:5:-1]
@@ -74,8 +79,14 @@ def build_model(v: dict) -> torch.nn.Module:
 def plan_of(v: dict):
     """The variant's settings as trainlab resolves them (precision, memory format, step mode); the
     layer surgeries (actpool, cl2) and the optimizer implementation stay the variant's own."""
-    cfg = TrainConfig(device="cpu", batch_size=v["batch_size"], lr=1e-3, amp="bf16" if v.get("bf16") else "off",
-                      channels_last="on" if v.get("cl") else "off", step_mode="compile" if v.get("compile") else "eager")
+    cfg = TrainConfig(
+        device="cpu",
+        batch_size=v["batch_size"],
+        lr=1e-3,
+        amp="bf16" if v.get("bf16") else "off",
+        channels_last="on" if v.get("cl") else "off",
+        step_mode="compile" if v.get("compile") else "eager",
+    )
     return resolve(cfg, torch.device("cpu"))
 
 
@@ -90,7 +101,7 @@ class Variant:
         self.y = torch.randint(0, 10, (v["batch_size"],))
         if plan.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-            self.x = self.x.contiguous(memory_format=torch.channels_last)   # as trainlab's loader does
+            self.x = self.x.contiguous(memory_format=torch.channels_last)  # as trainlab's loader does
         kw = {"fused": True} if v.get("fused") else {"foreach": True} if v.get("foreach") else {}
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=plan.lr, **kw)
         self.training_step = make_step(plan, self.model, self.optimizer)
@@ -114,7 +125,7 @@ def training_flops_per_image(model: torch.nn.Module) -> int:
         per_output = module.weight[0].numel()  # in_channels/groups × kernel area, or in_features
         macs.append(out[0].numel() * per_output)
 
-    if getattr(model, "fused", False):   # the fused stage's output is pooled: count the same network unfused
+    if getattr(model, "fused", False):  # the fused stage's output is pooled: count the same network unfused
         model = LeNet5(batchnorm=isinstance(model.features[5], torch.nn.BatchNorm2d), batchnorm_conv1=False)
     layers = [m for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
     handles = [m.register_forward_hook(hook) for m in layers]
@@ -143,21 +154,40 @@ class MatmulPeak:
 
 
 def roofline(variants: list, stats: dict, peaks: dict) -> tuple[str, list[dict]]:
-    rows, md = [], ["| variant | threads | matmul MFLOP per training image | ms/step median | achieved GFLOP/s | "
-                    "bf16 matmul peak GFLOP/s (share) | fp32 matmul peak GFLOP/s (share) |",
-                    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows, md = (
+        [],
+        [
+            "| variant | threads | matmul MFLOP per training image | ms/step median | achieved GFLOP/s | "
+            "bf16 matmul peak GFLOP/s (share) | fp32 matmul peak GFLOP/s (share) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ],
+    )
     for var in variants:
         threads = var.v["threads"] or torch.get_num_threads()
         flops = training_flops_per_image(var.model)
         ms = stats[var.v["spec"]]["median"] * 1e3
         achieved = flops * var.v["batch_size"] / ms / 1e6
-        bf16, fp32 = (2 * peaks[(dtype, threads)].n ** 3 / stats[peaks[(dtype, threads)].spec]["median"] / 1e9
-                      for dtype in (torch.bfloat16, torch.float32))
-        rows.append({"variant": var.v["spec"], "threads": threads, "flops_per_image": flops, "median_ms": ms,
-                     "achieved_gflops": achieved, "bf16_peak_gflops": bf16, "fp32_peak_gflops": fp32,
-                     "share_of_bf16_peak": achieved / bf16, "share_of_fp32_peak": achieved / fp32})
-        md.append(f"| {var.v['spec']} | {threads} | {flops / 1e6:.2f} | {ms:.2f} | {achieved:.1f} | "
-                  f"{bf16:.0f} ({100 * achieved / bf16:.0f} %) | {fp32:.0f} ({100 * achieved / fp32:.0f} %) |")
+        bf16, fp32 = (
+            2 * peaks[(dtype, threads)].n ** 3 / stats[peaks[(dtype, threads)].spec]["median"] / 1e9
+            for dtype in (torch.bfloat16, torch.float32)
+        )
+        rows.append(
+            {
+                "variant": var.v["spec"],
+                "threads": threads,
+                "flops_per_image": flops,
+                "median_ms": ms,
+                "achieved_gflops": achieved,
+                "bf16_peak_gflops": bf16,
+                "fp32_peak_gflops": fp32,
+                "share_of_bf16_peak": achieved / bf16,
+                "share_of_fp32_peak": achieved / fp32,
+            }
+        )
+        md.append(
+            f"| {var.v['spec']} | {threads} | {flops / 1e6:.2f} | {ms:.2f} | {achieved:.1f} | "
+            f"{bf16:.0f} ({100 * achieved / bf16:.0f} %) | {fp32:.0f} ({100 * achieved / fp32:.0f} %) |"
+        )
     return "\n".join(md), rows
 
 
@@ -180,9 +210,15 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=20, help="progress lines")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per variant between progress lines")
-    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                    help="wall: elapsed time; cpu: process CPU time (a loaded shared box; 1-thread variants only)")
-    ap.add_argument("--roofline", action="store_true", help="also time bf16/fp32 matmul peaks and report the roofline table")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: elapsed time; cpu: process CPU time (a loaded shared box; 1-thread variants only)",
+    )
+    ap.add_argument(
+        "--roofline", action="store_true", help="also time bf16/fp32 matmul peaks and report the roofline table"
+    )
     ap.add_argument("--name", default="lenet_cpu_step", help="result file stem: <out>/<name>.{json,md,log}")
     add_output_args(ap)
     args = ap.parse_args()
@@ -198,6 +234,7 @@ def main() -> None:
         line = f"built {v['spec']:<28} warm-up {variants[-1].warmup_s:6.2f} s"
         print(line, flush=True)
         lines.append(line)
+
     def progress(runs: int) -> None:
         if runs % args.steps == 0:
             line = f"round {runs // args.steps:>3}/{args.rounds}: {runs} steps of each variant"
@@ -205,30 +242,58 @@ def main() -> None:
             lines.append(line)
 
     # one bf16 and one fp32 matmul per thread count in use, taking turns with the variants
-    peaks = {(dtype, v["threads"] or torch.get_num_threads()): MatmulPeak(dtype, v["threads"])
-             for v in specs for dtype in (torch.bfloat16, torch.float32)} if args.roofline else {}
-    stats = time_interleaved({**{var.v["spec"]: var.step for var in variants}, **{p.spec: p.step for p in peaks.values()}},
-                             warmup=0, rounds=args.rounds * args.steps, on_round=progress,
-                             clock=time.process_time if args.clock == "cpu" else time.perf_counter)
+    peaks = (
+        {
+            (dtype, v["threads"] or torch.get_num_threads()): MatmulPeak(dtype, v["threads"])
+            for v in specs
+            for dtype in (torch.bfloat16, torch.float32)
+        }
+        if args.roofline
+        else {}
+    )
+    stats = time_interleaved(
+        {**{var.v["spec"]: var.step for var in variants}, **{p.spec: p.step for p in peaks.values()}},
+        warmup=0,
+        rounds=args.rounds * args.steps,
+        on_round=progress,
+        clock=time.process_time if args.clock == "cpu" else time.perf_counter,
+    )
     rows = []
     base = None
     for var in variants:
         st = stats[var.v["spec"]]
         med = st["median"] * 1e3
         base = base or med
-        rows.append({"variant": var.v["spec"], "batch_size": var.v["batch_size"], "threads": var.v["threads"] or torch.get_num_threads(),
-                     "median_ms": med, "p10_ms": st["p10"] * 1e3, "p90_ms": st["p90"] * 1e3,
-                     "images_per_s": var.v["batch_size"] / med * 1e3, "speedup": base / med * var.v["batch_size"] / specs[0]["batch_size"],
-                     "warmup_s": var.warmup_s})
-    md = ["| variant | batch | threads | ms/step median [p10, p90] | images/s | × first (images/s) | warm-up/compile (s) |",
-          "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    md += [f"| {r['variant']} | {r['batch_size']} | {r['threads']} | {r['median_ms']:.2f} [{r['p10_ms']:.2f}, {r['p90_ms']:.2f}] | "
-           f"{r['images_per_s']:,.0f} | {r['speedup']:.2f} | {r['warmup_s']:.1f} |" for r in rows]
+        rows.append(
+            {
+                "variant": var.v["spec"],
+                "batch_size": var.v["batch_size"],
+                "threads": var.v["threads"] or torch.get_num_threads(),
+                "median_ms": med,
+                "p10_ms": st["p10"] * 1e3,
+                "p90_ms": st["p90"] * 1e3,
+                "images_per_s": var.v["batch_size"] / med * 1e3,
+                "speedup": base / med * var.v["batch_size"] / specs[0]["batch_size"],
+                "warmup_s": var.warmup_s,
+            }
+        )
+    md = [
+        "| variant | batch | threads | ms/step median [p10, p90] | images/s | × first (images/s) | warm-up/compile (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    md += [
+        f"| {r['variant']} | {r['batch_size']} | {r['threads']} | {r['median_ms']:.2f} [{r['p10_ms']:.2f}, {r['p90_ms']:.2f}] | "
+        f"{r['images_per_s']:,.0f} | {r['speedup']:.2f} | {r['warmup_s']:.1f} |"
+        for r in rows
+    ]
     text = "\n".join(md)
     result = rows
     if peaks:
         roof_md, roof_rows = roofline(variants, stats, peaks)
-        text += "\n\nRoofline (matmul FLOPs only; the peaks are square 1024³ matmuls timed in the same rounds):\n\n" + roof_md
+        text += (
+            "\n\nRoofline (matmul FLOPs only; the peaks are square 1024³ matmuls timed in the same rounds):\n\n"
+            + roof_md
+        )
         result = {"steps": rows, "roofline": roof_rows}
     print(text)
     save(args.name, result, text, lines, out=args.out)

@@ -18,8 +18,8 @@ import statistics
 from pathlib import Path
 
 import torch
-
 from _common import add_output_args, check_output, save
+
 from trainlab.io import read_json
 from trainlab.lenet.sweep import SweepConfig, run_sweep
 
@@ -44,15 +44,25 @@ def main() -> None:
     ap.add_argument("--runs-dir", default="runs/lenet_models", help="where the sweep's run directories go")
     ap.add_argument("--name", default="lenet_models", help="result file stem")
     add_output_args(ap)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: on a shared machine more threads than "
-                                                            "free cores spin and slow the run down)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: on a shared machine more threads than free cores spin and slow the run down)",
+    )
     args = ap.parse_args()
     out = check_output(args.out, args.name, force=args.force)
     torch.set_num_threads(args.threads)
 
     models = args.models.split(",")
-    values = {"model": models, "epochs": [args.epochs], "train_subset": [args.train_subset], "dataset": [args.dataset],
-              "device": [args.device], "tensorboard": [False]}
+    values = {
+        "model": models,
+        "epochs": [args.epochs],
+        "train_subset": [args.train_subset],
+        "dataset": [args.dataset],
+        "device": [args.device],
+        "tensorboard": [False],
+    }
     log_lines: list[str] = []
 
     def log(line: str | None) -> None:
@@ -60,11 +70,15 @@ def main() -> None:
             print(line, flush=True)
             log_lines.append(line)
 
-    sweep_cmd = (f"trainlab sweep --model {args.models} --seeds {args.seeds} --epochs {args.epochs} "
-                 f"--train-subset {args.train_subset} --dataset {args.dataset} --device {args.device} --no-tensorboard "
-                 f"--out {args.runs_dir}")
+    sweep_cmd = (
+        f"trainlab sweep --model {args.models} --seeds {args.seeds} --epochs {args.epochs} "
+        f"--train-subset {args.train_subset} --dataset {args.dataset} --device {args.device} --no-tensorboard "
+        f"--out {args.runs_dir}"
+    )
     log(f"$ {sweep_cmd}")
-    failed = run_sweep(values, SweepConfig(out=args.runs_dir, seeds=args.seeds, gpus="none"), command=sweep_cmd, log=log)
+    failed = run_sweep(
+        values, SweepConfig(out=args.runs_dir, seeds=args.seeds, gpus="none"), command=sweep_cmd, log=log
+    )
     if failed:
         raise SystemExit(f"{failed} run(s) failed; see the log above")
 
@@ -72,41 +86,75 @@ def main() -> None:
     for model in models:
         runs = sorted(Path(args.runs_dir).glob(f"model={model}_seed=*"))
         summaries = [read_json(r / "summary.json") for r in runs]
-        histories = [[json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines() if line.strip()] for r in runs]
+        histories = [
+            [json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines() if line.strip()] for r in runs
+        ]
         epochs = min(len(h) for h in histories)
-        curve = {key: [statistics.mean(h[e][key] for h in histories) for e in range(epochs)]
-                 for key in ("train_accuracy", "test_accuracy", "train_test_gap", "train_loss", "test_loss")}
-        rows.append({
-            "model": model, "seeds": len(runs), "params": summaries[0]["params"],
-            "flops_per_image": summaries[0]["flops_per_image"],
-            "test_accuracy": _mean_sd([s["test_accuracy"] for s in summaries]),
-            "train_accuracy": _mean_sd([h[-1]["train_accuracy"] for h in histories]),
-            "gap": _mean_sd([h[-1]["train_test_gap"] for h in histories]),
-            "best_test_epoch": max(range(epochs), key=lambda e: curve["test_accuracy"][e]) + 1,
-            "min_test_loss_epoch": min(range(epochs), key=lambda e: curve["test_loss"][e]) + 1,
-            "train_seconds": _mean_sd([s["train_seconds"] for s in summaries]),
-            "curves_mean_over_seeds": curve,
-            "_raw": {"test": [s["test_accuracy"] for s in summaries], "train": [h[-1]["train_accuracy"] for h in histories],
-                     "gap": [h[-1]["train_test_gap"] for h in histories], "sec": [s["train_seconds"] for s in summaries]},
-        })
+        curve = {
+            key: [statistics.mean(h[e][key] for h in histories) for e in range(epochs)]
+            for key in ("train_accuracy", "test_accuracy", "train_test_gap", "train_loss", "test_loss")
+        }
+        rows.append(
+            {
+                "model": model,
+                "seeds": len(runs),
+                "params": summaries[0]["params"],
+                "flops_per_image": summaries[0]["flops_per_image"],
+                "test_accuracy": _mean_sd([s["test_accuracy"] for s in summaries]),
+                "train_accuracy": _mean_sd([h[-1]["train_accuracy"] for h in histories]),
+                "gap": _mean_sd([h[-1]["train_test_gap"] for h in histories]),
+                "best_test_epoch": max(range(epochs), key=lambda e: curve["test_accuracy"][e]) + 1,
+                "min_test_loss_epoch": min(range(epochs), key=lambda e: curve["test_loss"][e]) + 1,
+                "train_seconds": _mean_sd([s["train_seconds"] for s in summaries]),
+                "curves_mean_over_seeds": curve,
+                "_raw": {
+                    "test": [s["test_accuracy"] for s in summaries],
+                    "train": [h[-1]["train_accuracy"] for h in histories],
+                    "gap": [h[-1]["train_test_gap"] for h in histories],
+                    "sec": [s["train_seconds"] for s in summaries],
+                },
+            }
+        )
 
-    md = [f"Models on {args.dataset}, {args.train_subset} training images, {args.epochs} epochs, {args.seeds} seeds "
-          f"(mean ± sd), device {args.device}, {args.threads} thread(s). Gap = running train accuracy − test accuracy (points). Loaded box: times are noisy.",
-          "", "| model | params | forward MFLOP/image | test acc (%) | train acc (%) | gap (points) | best test epoch | "
-          "min test-loss epoch | train time (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    md = [
+        f"Models on {args.dataset}, {args.train_subset} training images, {args.epochs} epochs, {args.seeds} seeds "
+        f"(mean ± sd), device {args.device}, {args.threads} thread(s). Gap = running train accuracy − test accuracy (points). Loaded box: times are noisy.",
+        "",
+        "| model | params | forward MFLOP/image | test acc (%) | train acc (%) | gap (points) | best test epoch | "
+        "min test-loss epoch | train time (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         raw = r["_raw"]
-        md.append(f"| {r['model']} | {r['params']:,} | {r['flops_per_image'] / 1e6:.2f} | {_pm(raw['test'])} | {_pm(raw['train'])} | "
-                  f"{_pm(raw['gap'])} | {r['best_test_epoch']} | {r['min_test_loss_epoch']} | {_pm(raw['sec'], 1)} |")
+        md.append(
+            f"| {r['model']} | {r['params']:,} | {r['flops_per_image'] / 1e6:.2f} | {_pm(raw['test'])} | {_pm(raw['train'])} | "
+            f"{_pm(raw['gap'])} | {r['best_test_epoch']} | {r['min_test_loss_epoch']} | {_pm(raw['sec'], 1)} |"
+        )
     epochs = min(len(r["curves_mean_over_seeds"]["train_test_gap"]) for r in rows)
-    md += ["", "Train–test gap per epoch (points, mean over seeds):", "",
-           "| epoch | " + " | ".join(r["model"] for r in rows) + " |", "|---:|" + "---:|" * len(rows)]
+    md += [
+        "",
+        "Train–test gap per epoch (points, mean over seeds):",
+        "",
+        "| epoch | " + " | ".join(r["model"] for r in rows) + " |",
+        "|---:|" + "---:|" * len(rows),
+    ]
     for e in range(epochs):
-        md.append(f"| {e + 1} | " + " | ".join(f"{r['curves_mean_over_seeds']['train_test_gap'][e]:+.2f}" for r in rows) + " |")
-    md += ["", "Test loss per epoch (mean over seeds):", "",
-           "| epoch | " + " | ".join(r["model"] for r in rows) + " |", "|---:|" + "---:|" * len(rows)]
+        md.append(
+            f"| {e + 1} | "
+            + " | ".join(f"{r['curves_mean_over_seeds']['train_test_gap'][e]:+.2f}" for r in rows)
+            + " |"
+        )
+    md += [
+        "",
+        "Test loss per epoch (mean over seeds):",
+        "",
+        "| epoch | " + " | ".join(r["model"] for r in rows) + " |",
+        "|---:|" + "---:|" * len(rows),
+    ]
     for e in range(epochs):
-        md.append(f"| {e + 1} | " + " | ".join(f"{r['curves_mean_over_seeds']['test_loss'][e]:.4f}" for r in rows) + " |")
+        md.append(
+            f"| {e + 1} | " + " | ".join(f"{r['curves_mean_over_seeds']['test_loss'][e]:.4f}" for r in rows) + " |"
+        )
     for r in rows:
         r.pop("_raw")
     save(args.name, rows, "\n".join(md) + "\n", log_lines, device=args.device, out=out)

@@ -15,6 +15,7 @@ import statistics
 import tempfile
 
 from _common import add_output_args, check_output, save
+
 from trainlab.device import resolve_device
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
@@ -24,12 +25,28 @@ NOT_APPLICABLE = "TF32 does not apply: it is a tensor-core mode of NVIDIA GPUs (
 
 def one_run(device, tf32: str, epochs: int, seed: int, log) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        cfg = TrainConfig(device=str(device), amp="off", tf32=tf32, epochs=epochs, seed=seed, progress=False,
-                          tensorboard=False, gpu_telemetry=False, out=d)
+        cfg = TrainConfig(
+            device=str(device),
+            amp="off",
+            tf32=tf32,
+            epochs=epochs,
+            seed=seed,
+            progress=False,
+            tensorboard=False,
+            gpu_telemetry=False,
+            out=d,
+        )
         s = train(cfg, log=lambda line: log("  " + line) if line.startswith(("epoch", "done")) else None)
-    return {"tf32": tf32, "images_per_s": s["images_per_s_median"], "ms_per_step": s["ms_per_step"],
-            "step_mode": s["step_mode"], "batch_size": s["batch_size"], "test_accuracy": s["test_accuracy"],
-            "train_seconds": s["train_seconds"], "tf32_state": s["tf32"]}
+    return {
+        "tf32": tf32,
+        "images_per_s": s["images_per_s_median"],
+        "ms_per_step": s["ms_per_step"],
+        "step_mode": s["step_mode"],
+        "batch_size": s["batch_size"],
+        "test_accuracy": s["test_accuracy"],
+        "train_seconds": s["train_seconds"],
+        "tf32_state": s["tf32"],
+    }
 
 
 def main() -> None:
@@ -53,7 +70,9 @@ def main() -> None:
 
     if device.type != "cuda":
         rows = [{"recipe": "LeNet-5 default, fp32", "device": str(device), "tf32": "n/a", "note": NOT_APPLICABLE}]
-        text = f"| recipe | device | TF32 |\n| --- | --- | --- |\n| LeNet-5 default, fp32 | {device} | {NOT_APPLICABLE} |"
+        text = (
+            f"| recipe | device | TF32 |\n| --- | --- | --- |\n| LeNet-5 default, fp32 | {device} | {NOT_APPLICABLE} |"
+        )
         log(text)
         save(args.name, {"rows": rows}, text, lines, device, out=args.out)
         return
@@ -65,17 +84,34 @@ def main() -> None:
     rows = []
     for tf32 in ("off", "on"):
         rs = [x for x in runs if x["tf32"] == tf32]
-        rows.append({"recipe": "LeNet-5 default, fp32", "device": str(device), "tf32": tf32, "step_mode": rs[0]["step_mode"],
-                     "batch_size": rs[0]["batch_size"], "images_per_s": statistics.median(x["images_per_s"] for x in rs),
-                     "ms_per_step": statistics.median(x["ms_per_step"] for x in rs),
-                     "test_accuracy": statistics.median(x["test_accuracy"] for x in rs), "runs": len(rs)})
+        rows.append(
+            {
+                "recipe": "LeNet-5 default, fp32",
+                "device": str(device),
+                "tf32": tf32,
+                "step_mode": rs[0]["step_mode"],
+                "batch_size": rs[0]["batch_size"],
+                "images_per_s": statistics.median(x["images_per_s"] for x in rs),
+                "ms_per_step": statistics.median(x["ms_per_step"] for x in rs),
+                "test_accuracy": statistics.median(x["test_accuracy"] for x in rs),
+                "runs": len(rs),
+            }
+        )
     speedup = rows[1]["images_per_s"] / rows[0]["images_per_s"]
     rows[1]["speedup_vs_tf32_off"] = speedup
-    md = ["| recipe | TF32 | step | batch | images/s (median) | ms/step | test acc (%) |",
-          "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
-    md += [f"| {r['recipe']} | {r['tf32']} | {r['step_mode']} | {r['batch_size']} | {r['images_per_s']:,.0f} | "
-           f"{r['ms_per_step']:.3f} | {r['test_accuracy']:.2f} |" for r in rows]
-    text = "\n".join(md) + f"\n\nTF32 on ÷ off: {speedup:.2f}× images/s ({args.rounds} alternating rounds of {args.epochs} epochs)."
+    md = [
+        "| recipe | TF32 | step | batch | images/s (median) | ms/step | test acc (%) |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    md += [
+        f"| {r['recipe']} | {r['tf32']} | {r['step_mode']} | {r['batch_size']} | {r['images_per_s']:,.0f} | "
+        f"{r['ms_per_step']:.3f} | {r['test_accuracy']:.2f} |"
+        for r in rows
+    ]
+    text = (
+        "\n".join(md)
+        + f"\n\nTF32 on ÷ off: {speedup:.2f}× images/s ({args.rounds} alternating rounds of {args.epochs} epochs)."
+    )
     log(text)
     save(args.name, {"rows": rows, "runs": runs, "speedup": speedup}, text, lines, device, out=args.out)
 

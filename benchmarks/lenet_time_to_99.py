@@ -44,20 +44,20 @@ import argparse
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from pathlib import Path
-
 from _common import add_output_args, check_output, save
+
 from trainlab.data.mnist import MNIST, load_mnist
 from trainlab.device import resolve_device, synchronize
 from trainlab.io import read_json
 from trainlab.lenet.batches import build_test_batches
 from trainlab.lenet.config import TrainConfig, apply_preset
 from trainlab.lenet.evaluate import evaluate
-from trainlab.lenet.loop import TIME_TO_ACCURACY_TARGET as TARGET, train
+from trainlab.lenet.loop import TIME_TO_ACCURACY_TARGET as TARGET
+from trainlab.lenet.loop import train
 from trainlab.lenet.model import LeNet5
 from trainlab.telemetry.rundir import RunDir
 
@@ -94,31 +94,54 @@ def seed_style(device: torch.device, max_epochs: int, seed: int, log) -> dict:
         train_s += epoch_s[-1]
         acc = evaluate(model, test, device)["test_accuracy"]
         accs.append(acc)
-        log(f"  seed-style  epoch {epoch + 1:>2}  test_acc {acc:.2f}%  {len(data.train_labels) / epoch_s[-1]:>8,.0f} img/s  "
-            f"train {train_s:7.1f} s")
+        log(
+            f"  seed-style  epoch {epoch + 1:>2}  test_acc {acc:.2f}%  {len(data.train_labels) / epoch_s[-1]:>8,.0f} img/s  "
+            f"train {train_s:7.1f} s"
+        )
         if acc >= TARGET:
             break
     reached = accs[-1] >= TARGET
-    return {"time_to_99_s": train_s if reached else None, "epochs_to_99": len(accs) if reached else None,
-            "final_accuracy": accs[-1], "accuracies": accs, "warmup_s": 0.0,
-            "images_per_s": len(data.train_labels) / statistics.median(epoch_s)}
+    return {
+        "time_to_99_s": train_s if reached else None,
+        "epochs_to_99": len(accs) if reached else None,
+        "final_accuracy": accs[-1],
+        "accuracies": accs,
+        "warmup_s": 0.0,
+        "images_per_s": len(data.train_labels) / statistics.median(epoch_s),
+    }
 
 
 def trainlab_run(device: torch.device, seed: int, preset: str, log, variant: dict | None = None) -> dict:
     with tempfile.TemporaryDirectory() as d:
         variant = variant or {}
-        cfg = apply_preset(TrainConfig(device=str(device), seed=seed, progress=False, tensorboard=False,
-                                       gpu_telemetry=False, out=d, **variant), preset, explicit=set(variant))
+        cfg = apply_preset(
+            TrainConfig(
+                device=str(device), seed=seed, progress=False, tensorboard=False, gpu_telemetry=False, out=d, **variant
+            ),
+            preset,
+            explicit=set(variant),
+        )
         s = train(cfg, log=lambda line: log("  " + line) if line.startswith(("epoch", "done")) else None)
         history = RunDir(d).read_metrics()
     accs = [r["test_accuracy"] for r in history]
     epochs_to_99 = next((i + 1 for i, a in enumerate(accs) if a >= TARGET), None)
-    return {"time_to_99_s": s["time_to_99_seconds"], "epochs_to_99": epochs_to_99, "final_accuracy": s["test_accuracy"],
-            "accuracies": accs, "warmup_s": s["warmup_seconds"], "train_seconds": s["train_seconds"],
-            "images_per_s": s["images_per_s_median"], "epochs": s["epochs"],
-            # apart from the timed training, as airbench reports them: data loading, evaluation; and the step
-            "data_s": s["data_seconds"], "eval_s": s["eval_seconds"], "step_mode": s["step_mode"],
-            "batch_size": s["batch_size"], "steps": s["steps"], "ms_per_step": s["ms_per_step"]}
+    return {
+        "time_to_99_s": s["time_to_99_seconds"],
+        "epochs_to_99": epochs_to_99,
+        "final_accuracy": s["test_accuracy"],
+        "accuracies": accs,
+        "warmup_s": s["warmup_seconds"],
+        "train_seconds": s["train_seconds"],
+        "images_per_s": s["images_per_s_median"],
+        "epochs": s["epochs"],
+        # apart from the timed training, as airbench reports them: data loading, evaluation; and the step
+        "data_s": s["data_seconds"],
+        "eval_s": s["eval_seconds"],
+        "step_mode": s["step_mode"],
+        "batch_size": s["batch_size"],
+        "steps": s["steps"],
+        "ms_per_step": s["ms_per_step"],
+    }
 
 
 def parse_loop(spec: str) -> tuple[str, int | None]:
@@ -149,8 +172,10 @@ def _fmt(v, spec="{:.1f}"):
 
 
 def tables(rows: list[dict], loops: list[str], seeds: list[int]) -> tuple[str, dict]:
-    md = ["| loop | threads | reached 99 % | time to 99 % (s), median [min, max] | epochs to 99 % | images/s (median) |",
-          "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    md = [
+        "| loop | threads | reached 99 % | time to 99 % (s), median [min, max] | epochs to 99 % | images/s (median) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     summary = {}
     for spec in loops:
         rs = [r for r in rows if r["loop"] == spec]
@@ -158,9 +183,14 @@ def tables(rows: list[dict], loops: list[str], seeds: list[int]) -> tuple[str, d
         epochs = [r["epochs_to_99"] for r in rs if r["epochs_to_99"] is not None]
         name, _ = parse_loop(spec)
         med = statistics.median(times) if times else None
-        summary[spec] = {"reached": len(times), "of": len(rs), "median_s": med,
-                         "min_s": min(times) if times else None, "max_s": max(times) if times else None,
-                         "images_per_s_median": statistics.median(r["images_per_s"] for r in rs)}
+        summary[spec] = {
+            "reached": len(times),
+            "of": len(rs),
+            "median_s": med,
+            "min_s": min(times) if times else None,
+            "max_s": max(times) if times else None,
+            "images_per_s_median": statistics.median(r["images_per_s"] for r in rs),
+        }
         # the step and what is kept apart from the timed training (trainlab's loops)
         for key in ("batch_size", "steps", "ms_per_step", "data_s", "warmup_s", "eval_s"):
             vals = [r[key] for r in rs if r.get(key) is not None]
@@ -168,14 +198,18 @@ def tables(rows: list[dict], loops: list[str], seeds: list[int]) -> tuple[str, d
                 summary[spec][key + "_median"] = statistics.median(vals)
         if name != "seed-style":
             summary[spec]["step_mode"] = sorted({r.get("step_mode") for r in rs if r.get("step_mode")})
-        md.append(f"| {LOOPS[name]}{'' if spec == name else f' [{spec}]'} | {rs[0]['threads']} | {len(times)}/{len(rs)} | "
-                  f"{_fmt(med)} [{_fmt(min(times) if times else None)}, {_fmt(max(times) if times else None)}] | "
-                  f"{'/'.join(map(str, epochs)) or '—'} | {statistics.median(r['images_per_s'] for r in rs):,.0f} |")
+        md.append(
+            f"| {LOOPS[name]}{'' if spec == name else f' [{spec}]'} | {rs[0]['threads']} | {len(times)}/{len(rs)} | "
+            f"{_fmt(med)} [{_fmt(min(times) if times else None)}, {_fmt(max(times) if times else None)}] | "
+            f"{'/'.join(map(str, epochs)) or '—'} | {statistics.median(r['images_per_s'] for r in rs):,.0f} |"
+        )
     text = "\n".join(md)
     base_spec = next((spec for spec in loops if parse_loop(spec)[0] == "seed-style"), None)  # seed-style[@N]
     if base_spec is not None:
-        ratio_md = ["| seed | " + " | ".join(f"{base_spec} ÷ {s}" for s in loops if s != base_spec) + " |",
-                    "| ---: |" + " ---: |" * (len(loops) - 1)]
+        ratio_md = [
+            "| seed | " + " | ".join(f"{base_spec} ÷ {s}" for s in loops if s != base_spec) + " |",
+            "| ---: |" + " ---: |" * (len(loops) - 1),
+        ]
         ratios: dict[str, list[float]] = {s: [] for s in loops if s != base_spec}
         for seed in seeds:
             by = {r["loop"]: r for r in rows if r["seed"] == seed}
@@ -191,33 +225,54 @@ def tables(rows: list[dict], loops: list[str], seeds: list[int]) -> tuple[str, d
                 else:
                     cells.append("—")
             ratio_md.append(f"| {seed} | " + " | ".join(cells) + " |")
-        ratio_md.append("| **median** | " + " | ".join(f"**{statistics.median(v):.1f}×**" if v else "—" for v in ratios.values()) + " |")
+        ratio_md.append(
+            "| **median** | "
+            + " | ".join(f"**{statistics.median(v):.1f}×**" if v else "—" for v in ratios.values())
+            + " |"
+        )
         ratio_md.append("| min | " + " | ".join(f"{min(v):.1f}×" if v else "—" for v in ratios.values()) + " |")
         text += "\n\nSpeed-up in time-to-99 %, per seed (both sides measured back to back):\n\n" + "\n".join(ratio_md)
         base_med = summary[base_spec]["median_s"]
         for spec, v in ratios.items():
             med = summary[spec]["median_s"]
-            summary[spec]["speedup_vs_seed_style"] = {"per_seed": v, "median": statistics.median(v) if v else None,
-                                                      "min": min(v) if v else None,
-                                                      # over all seeds each loop ran (the baseline's may be fewer)
-                                                      "ratio_of_medians": base_med / med if base_med and med else None}
-        text += "\n\nRatio of the medians (seed-style median ÷ loop median, every seed each ran): " + ", ".join(
-            f"{spec} {_fmt(summary[spec]['speedup_vs_seed_style']['ratio_of_medians'], '{:.1f}×')}" for spec in ratios) + "."
-    step_md = ["| loop | step mode | batch | steps | ms/step | data load (s) | capture/compile (s) | evaluation (s) |",
-               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            summary[spec]["speedup_vs_seed_style"] = {
+                "per_seed": v,
+                "median": statistics.median(v) if v else None,
+                "min": min(v) if v else None,
+                # over all seeds each loop ran (the baseline's may be fewer)
+                "ratio_of_medians": base_med / med if base_med and med else None,
+            }
+        text += (
+            "\n\nRatio of the medians (seed-style median ÷ loop median, every seed each ran): "
+            + ", ".join(
+                f"{spec} {_fmt(summary[spec]['speedup_vs_seed_style']['ratio_of_medians'], '{:.1f}×')}"
+                for spec in ratios
+            )
+            + "."
+        )
+    step_md = [
+        "| loop | step mode | batch | steps | ms/step | data load (s) | capture/compile (s) | evaluation (s) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for spec in loops:
         sm = summary[spec]
         if "steps_median" in sm:
-            step_md.append(f"| {spec} | {'/'.join(sm['step_mode'])} | {sm['batch_size_median']:g} | {sm['steps_median']:g} | "
-                           f"{_fmt(sm.get('ms_per_step_median'), '{:.3f}')} | {_fmt(sm.get('data_s_median'), '{:.2f}')} | "
-                           f"{_fmt(sm.get('warmup_s_median'), '{:.2f}')} | {_fmt(sm.get('eval_s_median'), '{:.2f}')} |")
+            step_md.append(
+                f"| {spec} | {'/'.join(sm['step_mode'])} | {sm['batch_size_median']:g} | {sm['steps_median']:g} | "
+                f"{_fmt(sm.get('ms_per_step_median'), '{:.3f}')} | {_fmt(sm.get('data_s_median'), '{:.2f}')} | "
+                f"{_fmt(sm.get('warmup_s_median'), '{:.2f}')} | {_fmt(sm.get('eval_s_median'), '{:.2f}')} |"
+            )
     if len(step_md) > 2:
-        text += ("\n\nThe step, and the time kept apart from the timed training (medians over seeds):\n\n"
-                 + "\n".join(step_md))
+        text += "\n\nThe step, and the time kept apart from the timed training (medians over seeds):\n\n" + "\n".join(
+            step_md
+        )
     warm = [r for r in rows if r.get("warmup_s")]
     if warm:
-        text += "\n\nWarm-up/compile time (excluded from the clocks above): " + ", ".join(
-            f"{r['loop']} seed {r['seed']} {r['warmup_s']:.2f} s" for r in warm) + "."
+        text += (
+            "\n\nWarm-up/compile time (excluded from the clocks above): "
+            + ", ".join(f"{r['loop']} seed {r['seed']} {r['warmup_s']:.2f} s" for r in warm)
+            + "."
+        )
     return text, summary
 
 
@@ -225,17 +280,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seeds", default="0,1,2,3,4")
-    ap.add_argument("--loops", default="fast,default,seed-style",
-                    help="comma-separated: fast, default, seed-style; NAME@N runs it with N threads")
+    ap.add_argument(
+        "--loops",
+        default="fast,default,seed-style",
+        help="comma-separated: fast, default, seed-style; NAME@N runs it with N threads",
+    )
     ap.add_argument("--max-epochs", type=int, default=15, help="the seed-style loop gives up after this many epochs")
-    ap.add_argument("--baseline-seeds", default=None,
-                    help="run the seed-style loop on these seeds only (default: every seed); ratios per seed where both ran")
-    ap.add_argument("--fast-variant", default=None,
-                    help="run the fast loop with a candidate of benchmarks/lenet_accuracy.py's VARIANTS (e.g. fast-b384), "
-                         "chosen there on the validation split")
+    ap.add_argument(
+        "--baseline-seeds",
+        default=None,
+        help="run the seed-style loop on these seeds only (default: every seed); ratios per seed where both ran",
+    )
+    ap.add_argument(
+        "--fast-variant",
+        default=None,
+        help="run the fast loop with a candidate of benchmarks/lenet_accuracy.py's VARIANTS (e.g. fast-b384), "
+        "chosen there on the validation split",
+    )
     ap.add_argument("--name", default=None, help="result file stem (default lenet_time_to_99_<device>)")
-    ap.add_argument("--merge", default=None, help="comma-separated result stems in --out to merge into one table "
-                                                  "(no training; --loops and --seeds say which rows)")
+    ap.add_argument(
+        "--merge",
+        default=None,
+        help="comma-separated result stems in --out to merge into one table "
+        "(no training; --loops and --seeds say which rows)",
+    )
     add_output_args(ap)
     args = ap.parse_args()
     device = resolve_device(args.device)
@@ -269,8 +337,12 @@ def main() -> None:
             lines.extend([f"--- {stem}.log ---", *(Path(args.out) / f"{stem}.log").read_text().splitlines()])
         seeds = [seed for seed in seeds if any(r["seed"] == seed for r in rows)]
     else:
-        rows = [run_loop(spec, device, seed, args.max_epochs, log, fast_variant) for seed in seeds for spec in loops
-                if parse_loop(spec)[0] != "seed-style" or seed in baseline_seeds]
+        rows = [
+            run_loop(spec, device, seed, args.max_epochs, log, fast_variant)
+            for seed in seeds
+            for spec in loops
+            if parse_loop(spec)[0] != "seed-style" or seed in baseline_seeds
+        ]
     text, summary = tables(rows, loops, seeds)
     print(text)
     save(name, {"rows": rows, "summary": summary, "fast_variant": args.fast_variant}, text, lines, device, out=args.out)

@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-
 from _common import add_output_args, check_output, save
+
 from trainlab.io import read_json
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
@@ -59,10 +59,19 @@ def main() -> None:
     runs = Path(tempfile.mkdtemp(prefix="ops_lenet_epoch_"))
     run_dir = {v: runs / v.replace("=", "_") for v in variants}
     for epoch in range(args.epochs):
-        order = variants[epoch % len(variants):] + variants[:epoch % len(variants)]
+        order = variants[epoch % len(variants) :] + variants[: epoch % len(variants)]
         for v in order:
-            cfg = TrainConfig(ops=v, epochs=args.epochs, seed=args.seed, device=args.device, train_subset=args.train_subset,
-                              progress=False, tensorboard=False, stop_after=1, out=str(run_dir[v]))
+            cfg = TrainConfig(
+                ops=v,
+                epochs=args.epochs,
+                seed=args.seed,
+                device=args.device,
+                train_subset=args.train_subset,
+                progress=False,
+                tensorboard=False,
+                stop_after=1,
+                out=str(run_dir[v]),
+            )
             log(f"== {v}: epoch {epoch + 1}/{args.epochs}")
             train(cfg, resume=run_dir[v] if epoch else None, log=log)
 
@@ -73,28 +82,55 @@ def main() -> None:
         summary = read_json(run_dir[v] / "summary.json")
         epochs = epoch_seconds(run_dir[v])
         ratios = [e / b for e, b in zip(epochs, base_epochs)]
-        rows.append({"ops": v, "test_accuracy": summary["test_accuracy"],
-                     "accuracy_diff_vs_baseline": summary["test_accuracy"] - base["test_accuracy"],
-                     "epoch_s_median": statistics.median(epochs), "epoch_s_min": min(epochs), "epoch_s_max": max(epochs),
-                     "epoch_s": epochs, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-                     "ratio_max": max(ratios), "threads": torch.get_num_threads(), "epochs": args.epochs})
-    lines = [f"| ops | test acc (%) | Δ vs {variants[0]} (points) | epoch s, median [min–max] | × {variants[0]} epoch, median of "
-             "per-epoch ratios [min–max] |", "|---|---:|---:|---:|---:|"]
+        rows.append(
+            {
+                "ops": v,
+                "test_accuracy": summary["test_accuracy"],
+                "accuracy_diff_vs_baseline": summary["test_accuracy"] - base["test_accuracy"],
+                "epoch_s_median": statistics.median(epochs),
+                "epoch_s_min": min(epochs),
+                "epoch_s_max": max(epochs),
+                "epoch_s": epochs,
+                "ratio_median": statistics.median(ratios),
+                "ratio_min": min(ratios),
+                "ratio_max": max(ratios),
+                "threads": torch.get_num_threads(),
+                "epochs": args.epochs,
+            }
+        )
+    lines = [
+        f"| ops | test acc (%) | Δ vs {variants[0]} (points) | epoch s, median [min–max] | × {variants[0]} epoch, median of "
+        "per-epoch ratios [min–max] |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['ops']} | {r['test_accuracy']:.2f} | {r['accuracy_diff_vs_baseline']:+.2f} | "
-                     f"{r['epoch_s_median']:.2f} [{r['epoch_s_min']:.2f}–{r['epoch_s_max']:.2f}] | "
-                     f"{r['ratio_median']:.2f} [{r['ratio_min']:.2f}–{r['ratio_max']:.2f}] |")
+        lines.append(
+            f"| {r['ops']} | {r['test_accuracy']:.2f} | {r['accuracy_diff_vs_baseline']:+.2f} | "
+            f"{r['epoch_s_median']:.2f} [{r['epoch_s_min']:.2f}–{r['epoch_s_max']:.2f}] | "
+            f"{r['ratio_median']:.2f} [{r['ratio_min']:.2f}–{r['ratio_max']:.2f}] |"
+        )
     table = "\n".join(lines)
     print(table)
-    note = (f"{args.epochs} epochs per variant, epochs interleaved across variants (rotating order), seed {args.seed}, "
-            f"device {args.device}, torch threads {torch.get_num_threads()}")
-    save(args.name, rows, f"# LeNet-5: our operators vs ATen, full MNIST\n\n{note}\n\n{table}\n", log_lines + ["", table],
-         out=args.out)
+    note = (
+        f"{args.epochs} epochs per variant, epochs interleaved across variants (rotating order), seed {args.seed}, "
+        f"device {args.device}, torch threads {torch.get_num_threads()}"
+    )
+    save(
+        args.name,
+        rows,
+        f"# LeNet-5: our operators vs ATen, full MNIST\n\n{note}\n\n{table}\n",
+        log_lines + ["", table],
+        out=args.out,
+    )
 
 
 def epoch_seconds(run_dir: Path) -> list[float]:
     """The loop's own per-epoch training time, from the run's metrics.jsonl."""
-    return [json.loads(line)["epoch_seconds"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)["epoch_seconds"]
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
 
 
 if __name__ == "__main__":

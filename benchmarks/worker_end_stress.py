@@ -30,10 +30,29 @@ import time
 from pathlib import Path
 
 from _common import add_output_args, check_output, save
+
 from trainlab.distributed.launch import stop_tree
 
-DP_ARGS = ["dp", "compare", "--modes", "ddp", "--nproc", "2", "--epochs", "1", "--device", "cpu", "--train-subset", "256",
-           "--test-subset", "100", "--batch-size", "64", "--workers", ""]
+DP_ARGS = [
+    "dp",
+    "compare",
+    "--modes",
+    "ddp",
+    "--nproc",
+    "2",
+    "--epochs",
+    "1",
+    "--device",
+    "cpu",
+    "--train-subset",
+    "256",
+    "--test-subset",
+    "100",
+    "--batch-size",
+    "64",
+    "--workers",
+    "",
+]
 
 
 def busy_loops(n: int) -> list[subprocess.Popen]:
@@ -78,8 +97,12 @@ def one_run(i: int, variant: str, src: str | None, idle_s: float, cap_s: float, 
     t0 = time.monotonic()
     status = None
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "trainlab", *DP_ARGS, "--json", str(out)], stdout=f,
-                                stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainlab", *DP_ARGS, "--json", str(out)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         cpu, last_progress = -1.0, time.monotonic()
         try:
             while proc.poll() is None:
@@ -107,18 +130,31 @@ def one_run(i: int, variant: str, src: str | None, idle_s: float, cap_s: float, 
 
 
 def _commit(src: str) -> str:
-    return subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
+    return (
+        subprocess.run(
+            ["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        or "?"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=50, help="runs of each variant (default 50)")
-    ap.add_argument("--before", metavar="SRC", default=None,
-                    help="also run the trainlab in SRC (e.g. a checkout of the old code's src/), interleaved run by run")
-    ap.add_argument("--idle", type=float, default=90.0, help="a run whose working processes used no CPU this long is hung")
+    ap.add_argument(
+        "--before",
+        metavar="SRC",
+        default=None,
+        help="also run the trainlab in SRC (e.g. a checkout of the old code's src/), interleaved run by run",
+    )
+    ap.add_argument(
+        "--idle", type=float, default=90.0, help="a run whose working processes used no CPU this long is hung"
+    )
     ap.add_argument("--cap", type=float, default=900.0, help="a run still busy after this long is stopped as slow")
     ap.add_argument("--budget", type=float, default=None, help="start no new run after this many seconds")
-    ap.add_argument("--busy", type=int, default=os.cpu_count() or 1, help="busy loops beside the runs (default: one per core)")
+    ap.add_argument(
+        "--busy", type=int, default=os.cpu_count() or 1, help="busy loops beside the runs (default: one per core)"
+    )
     ap.add_argument("--name", default="worker_end_stress", help="result file stem")
     add_output_args(ap)
     args = ap.parse_args()
@@ -126,11 +162,16 @@ def main() -> None:
     import trainlab
 
     here = str(Path(trainlab.__file__).parent.parent)
-    variants = [("this", None, _commit(here))] + ([("before", args.before, _commit(args.before))] if args.before else [])
-    lines = [f"{len(variants)} variant(s): " + ", ".join(f"{v} = {c}" for v, _, c in variants)
-             + f"; {args.runs} runs each, interleaved; hung = no CPU for {args.idle:g} s; slow = busy at {args.cap:g} s; "
-             f"{args.busy} busy loop(s), {os.cpu_count()} cores (a shared box, loaded by others too)",
-             "$ python -m trainlab " + " ".join(DP_ARGS[:-1]) + " '' --json RUN.json"]
+    variants = [("this", None, _commit(here))] + (
+        [("before", args.before, _commit(args.before))] if args.before else []
+    )
+    lines = [
+        f"{len(variants)} variant(s): "
+        + ", ".join(f"{v} = {c}" for v, _, c in variants)
+        + f"; {args.runs} runs each, interleaved; hung = no CPU for {args.idle:g} s; slow = busy at {args.cap:g} s; "
+        f"{args.busy} busy loop(s), {os.cpu_count()} cores (a shared box, loaded by others too)",
+        "$ python -m trainlab " + " ".join(DP_ARGS[:-1]) + " '' --json RUN.json",
+    ]
     print(lines[0], flush=True)
     busy = busy_loops(args.busy)
     results, t_start = [], time.monotonic()
@@ -144,8 +185,11 @@ def main() -> None:
                 name, src, _ = variants[i % len(variants)]
                 r = one_run(i, name, src, args.idle, args.cap, Path(tmp))
                 results.append(r)
-                lines.append(f"run {i + 1:>3} ({name}): {r['status']:<6} rc {r['rc']}  {r['wall_s']:6.1f} s"
-                             + (f"  notes: {r['notes']}" if r["notes"] else "") + (f"\n{r['tail']}" if r["tail"] else ""))
+                lines.append(
+                    f"run {i + 1:>3} ({name}): {r['status']:<6} rc {r['rc']}  {r['wall_s']:6.1f} s"
+                    + (f"  notes: {r['notes']}" if r["notes"] else "")
+                    + (f"\n{r['tail']}" if r["tail"] else "")
+                )
                 print(lines[-1], flush=True)
     finally:
         for p in busy:
@@ -156,19 +200,29 @@ def main() -> None:
         mine = [r for r in results if r["variant"] == name]
         count = {st: sum(r["status"] == st for r in mine) for st in ("ok", "hang", "slow", "failed")}
         walls = [r["wall_s"] for r in mine if r["status"] in ("ok", "failed")]
-        row = {"variant": name, "commit": commit, "runs": len(mine), **count,
-               "runs_with_a_stopped_rank": sum(bool(r["notes"]) for r in mine),
-               "wall_s_median": statistics.median(walls) if walls else None, "wall_s_max": max(walls) if walls else None}
+        row = {
+            "variant": name,
+            "commit": commit,
+            "runs": len(mine),
+            **count,
+            "runs_with_a_stopped_rank": sum(bool(r["notes"]) for r in mine),
+            "wall_s_median": statistics.median(walls) if walls else None,
+            "wall_s_max": max(walls) if walls else None,
+        }
         summary.append(row)
-        md_rows.append(f"| {name} ({commit}) | {row['runs']} | {count['ok']} | {count['hang']} | {count['slow']} | "
-                       f"{count['failed']} | {row['runs_with_a_stopped_rank']} | {row['wall_s_median'] or 0:.1f} / "
-                       f"{row['wall_s_max'] or 0:.1f} |")
-    md = ("| code | runs | ok | hung | slow | failed | rank stopped at the end | wall s median / max |\n"
-          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n" + "\n".join(md_rows) + "\n\n"
-          f"2-process `trainlab dp compare --modes ddp` (gloo, CPU, 256 images), {args.busy} busy loop(s) at nice 19 "
-          f"beside the runs, on a shared {os.cpu_count()}-core box (loaded by other work too); variants interleaved run "
-          f"by run. Hung: the run's working processes used no CPU for {args.idle:g} s (then stopped); slow: still "
-          f"working after {args.cap:g} s.\n")
+        md_rows.append(
+            f"| {name} ({commit}) | {row['runs']} | {count['ok']} | {count['hang']} | {count['slow']} | "
+            f"{count['failed']} | {row['runs_with_a_stopped_rank']} | {row['wall_s_median'] or 0:.1f} / "
+            f"{row['wall_s_max'] or 0:.1f} |"
+        )
+    md = (
+        "| code | runs | ok | hung | slow | failed | rank stopped at the end | wall s median / max |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n" + "\n".join(md_rows) + "\n\n"
+        f"2-process `trainlab dp compare --modes ddp` (gloo, CPU, 256 images), {args.busy} busy loop(s) at nice 19 "
+        f"beside the runs, on a shared {os.cpu_count()}-core box (loaded by other work too); variants interleaved run "
+        f"by run. Hung: the run's working processes used no CPU for {args.idle:g} s (then stopped); slow: still "
+        f"working after {args.cap:g} s.\n"
+    )
     lines.append(json.dumps(summary))
     print(md)
     save(args.name, {"summary": summary, "runs": results}, md, lines, out=out)

@@ -16,8 +16,17 @@ from pathlib import Path
 
 import pytest
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 # After every image has loaded: each table, figure, image and code block must end inside the page,
 # unless it sits in a horizontal scroll wrapper (.scroll, which scrolls itself); the page itself must
@@ -47,11 +56,18 @@ def chromium_or_skip() -> str:
     if exe:
         return exe
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("headless Chromium is not installed and cannot be installed here (needs root and apt-get): "
-                    "apt-get install chromium")
+        pytest.skip(
+            "headless Chromium is not installed and cannot be installed here (needs root and apt-get): "
+            "apt-get install chromium"
+        )
     try:
-        proc = subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        proc = subprocess.run(
+            ["apt-get", "install", "-y", "-q", "chromium"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
     except subprocess.TimeoutExpired:
         pytest.skip("headless Chromium is not installed and apt-get install chromium timed out")
     exe = shutil.which("chromium")
@@ -69,9 +85,20 @@ def overflow(page: Path, width: int = 1000, height: int = 900) -> dict:
     probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
     try:
         with tempfile.TemporaryDirectory(prefix="chromium_") as profile:
-            proc = subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
-                                   "--virtual-time-budget=10000", "--dump-dom", probe.resolve().as_uri()],
-                                  capture_output=True, text=True, timeout=180)
+            proc = subprocess.run(
+                [
+                    exe,
+                    *FLAGS,
+                    f"--user-data-dir={profile}",
+                    f"--window-size={width},{height}",
+                    "--virtual-time-budget=10000",
+                    "--dump-dom",
+                    probe.resolve().as_uri(),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
     finally:
         probe.unlink()
     m = re.search(r'<pre id="overflow-result">(.*?)</pre>', proc.stdout, re.S)
@@ -82,6 +109,17 @@ def overflow(page: Path, width: int = 1000, height: int = 900) -> dict:
 def screenshot(page: Path, png: Path, width: int = 1100, height: int = 3000) -> Path:
     exe = chromium_or_skip()
     with tempfile.TemporaryDirectory(prefix="chromium_") as profile:
-        subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
-                        f"--screenshot={png}", page.resolve().as_uri()], capture_output=True, timeout=180, check=True)
+        subprocess.run(
+            [
+                exe,
+                *FLAGS,
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                f"--screenshot={png}",
+                page.resolve().as_uri(),
+            ],
+            capture_output=True,
+            timeout=180,
+            check=True,
+        )
     return png

@@ -47,8 +47,24 @@ def build(name: str, wrappers: str, out_dir: Path) -> ctypes.CDLL:
     if not lib.exists():
         src = out_dir / f"emu_{Path(name).stem}_{digest}.cpp"
         src.write_text(source)
-        proc = subprocess.run([cxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w", f"-I{SHIM}", f"-I{(OPS_DIR / name).parent}",
-                               str(src), "-o", str(lib)], capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                cxx,
+                "-std=c++20",
+                "-O1",
+                "-pthread",
+                "-shared",
+                "-fPIC",
+                "-w",
+                f"-I{SHIM}",
+                f"-I{(OPS_DIR / name).parent}",
+                str(src),
+                "-o",
+                str(lib),
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
     return ctypes.CDLL(str(lib))
 

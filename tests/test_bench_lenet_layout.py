@@ -37,8 +37,14 @@ def test_the_layout_benchmark_times_the_same_convolutions_in_both_layouts():
 
 
 def test_the_layout_benchmark_writes_where_out_says_and_refuses_bad_counts(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lenet_conv2_layout.py"), *a],  # noqa: E731
-                                    capture_output=True, text=True, cwd=tmp_path)
+    def run(*a):
+        return subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "lenet_conv2_layout.py"), *a],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
+
     ok = run("--batch-size", "4", "--rounds", "2", "--out", str(tmp_path))
     assert ok.returncode == 0, ok.stderr
     rows = json.loads((tmp_path / "lenet_conv2_layout.json").read_text())["rows"]

@@ -25,10 +25,17 @@ def test_a_broken_command_group_fails_loudly(monkeypatch):
         cli.build_parser()
 
 
-@pytest.mark.parametrize("argv, cls", [
-    (["train"], TrainConfig), (["dp", "compare"], DPCompareConfig), (["gpt", "bench"], GPTBenchConfig),
-    (["gpt", "plan"], PlanConfig), (["gelu", "check"], GeluCheckConfig), (["gelu", "bench"], GeluBenchConfig),
-])
+@pytest.mark.parametrize(
+    "argv, cls",
+    [
+        (["train"], TrainConfig),
+        (["dp", "compare"], DPCompareConfig),
+        (["gpt", "bench"], GPTBenchConfig),
+        (["gpt", "plan"], PlanConfig),
+        (["gelu", "check"], GeluCheckConfig),
+        (["gelu", "bench"], GeluBenchConfig),
+    ],
+)
 def test_every_cli_field_is_a_flag_and_defaults_come_from_the_dataclass(argv, cls):
     parser = cli.build_parser()
     sub = parser._subparsers._group_actions[0].choices[argv[0]]
@@ -42,7 +49,9 @@ def test_every_cli_field_is_a_flag_and_defaults_come_from_the_dataclass(argv, cl
 
 
 def test_gpt_compare_takes_the_shared_bench_flags_once():
-    args = cli.build_parser().parse_args(["gpt", "compare", "--model", "tiny", "--steps", "3", "--strategies", "none,ddp"])
+    args = cli.build_parser().parse_args(
+        ["gpt", "compare", "--model", "tiny", "--steps", "3", "--strategies", "none,ddp"]
+    )
     assert args.model == "tiny" and args.steps == 3 and args.strategies == "none,ddp"
     assert CompareConfig(strategies="none,ddp").strategy_list == ["none", "ddp"]
     assert GPTBenchConfig().model == "gpt2-1.6b"  # the one default, as documented
@@ -70,11 +79,22 @@ def test_worker_spec_must_name_a_known_worker(tmp_path, capsys):
 
 def test_a_worker_runs_from_its_json_spec_alone(tmp_path):
     # The parent's resolved config reaches the worker as JSON: here a 1-process train worker.
-    from trainlab.distributed.launch import worker_command, write_spec
     import subprocess
 
-    cfg = TrainConfig(epochs=1, train_subset=128, test_subset=64, batch_size=64, device="cpu", progress=False,
-                      tensorboard=False, gpu_telemetry=False, out=str(tmp_path / "run"), lr=2e-3)
+    from trainlab.distributed.launch import worker_command, write_spec
+
+    cfg = TrainConfig(
+        epochs=1,
+        train_subset=128,
+        test_subset=64,
+        batch_size=64,
+        device="cpu",
+        progress=False,
+        tensorboard=False,
+        gpu_telemetry=False,
+        out=str(tmp_path / "run"),
+        lr=2e-3,
+    )
     cmd = worker_command(1, write_spec(tmp_path / "spec.json", "train", config=cfg.to_dict(), resume=None))
     assert cmd[:4] == [sys.executable, "-m", "trainlab", "worker"]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
@@ -83,6 +103,7 @@ def test_a_worker_runs_from_its_json_spec_alone(tmp_path):
 
 
 # ----------------------------------------------------------------------------- --help for every command
+
 
 def _commands(parser, path=()):
     """(argv prefix, parser) for the root and every command and subcommand, the hidden worker aside."""
@@ -127,16 +148,25 @@ def test_a_percent_sign_in_help_text_is_printed_not_formatted(capsys):
     assert "50% of the time, 5 otherwise; 100% sure" in " ".join(capsys.readouterr().out.split())
 
 
-@pytest.mark.parametrize("argv, hint", [
-    (["train", "--lr-rate", "3"], "train: unrecognized argument --lr-rate (did you mean --lr?)"),
-    (["dp", "compare", "--nprocs", "2"], "dp compare: unrecognized argument --nprocs (did you mean --nproc?)"),
-    (["gpt", "plan", "--gpu-memory", "8GiB"], "gpt plan: unrecognized argument --gpu-memory (did you mean --gpu-mem?)"),
-    (["sweep", "--dry-run", "--seed=1,2", "--epoch-count", "1"], "sweep: unrecognized argument --epoch-count (did you mean --epochs?)"),
-])
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["train", "--lr-rate", "3"], "train: unrecognized argument --lr-rate (did you mean --lr?)"),
+        (["dp", "compare", "--nprocs", "2"], "dp compare: unrecognized argument --nprocs (did you mean --nproc?)"),
+        (
+            ["gpt", "plan", "--gpu-memory", "8GiB"],
+            "gpt plan: unrecognized argument --gpu-memory (did you mean --gpu-mem?)",
+        ),
+        (
+            ["sweep", "--dry-run", "--seed=1,2", "--epoch-count", "1"],
+            "sweep: unrecognized argument --epoch-count (did you mean --epochs?)",
+        ),
+    ],
+)
 def test_an_unknown_flag_gets_the_subcommands_usage_and_the_nearest_flag(argv, hint, capsys):
     with pytest.raises(SystemExit) as done:
         cli.main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert done.value.code == 2
-    assert err[0].startswith(f"usage: trainlab {' '.join(argv[:2 if argv[0] in ('dp', 'gpt') else 1])} ")
+    assert err[0].startswith(f"usage: trainlab {' '.join(argv[: 2 if argv[0] in ('dp', 'gpt') else 1])} ")
     assert err[-1].startswith(f"trainlab: error: {hint}"), err[-1]

@@ -20,7 +20,9 @@ def test_the_toys_break_where_they_should(rows):
 
 def test_lenet_forward_is_one_graph_and_its_step_breaks_at_backward(rows):
     forward = rows["LeNet-5 forward"]
-    assert (forward["graphs"], forward["graph_breaks"]) == (1, 0) and forward["ops"] >= 10  # conv, relu, pool ×2, 3 linear …
+    assert (forward["graphs"], forward["graph_breaks"]) == (1, 0) and forward[
+        "ops"
+    ] >= 10  # conv, relu, pool ×2, 3 linear …
     step = rows["LeNet-5 step: forward + loss + backward (lenet.step)"]
     assert (step["graphs"], step["graph_breaks"]) == (2, 1) and "backward" in step["first_break"]
     seed_style = rows["LeNet-5 seed-style step: loss.item(), then backward"]

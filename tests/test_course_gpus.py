@@ -20,6 +20,7 @@ def amp_dtype(cfg: TrainConfig, dev: torch.device):
     """The autocast type the LeNet plan resolves --amp to on `dev` (lenet.plan.resolve's precision)."""
     return AMP_DTYPES.get(_precision(cfg.amp, dev))
 
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -89,9 +90,21 @@ def test_fp16_training_goes_through_a_grad_scaler(tmp_path, monkeypatch):
             return super().step(optimizer, *a, **kw)
 
     monkeypatch.setattr(torch.amp, "GradScaler", Counting)
-    summary = train(TrainConfig(epochs=1, train_subset=512, test_subset=256, batch_size=128, device="cpu", amp="fp16",
-                                progress=False, tensorboard=False, gpu_telemetry=False, out=str(tmp_path / "run")),
-                    log=lambda *a: None)
+    summary = train(
+        TrainConfig(
+            epochs=1,
+            train_subset=512,
+            test_subset=256,
+            batch_size=128,
+            device="cpu",
+            amp="fp16",
+            progress=False,
+            tensorboard=False,
+            gpu_telemetry=False,
+            out=str(tmp_path / "run"),
+        ),
+        log=lambda *a: None,
+    )
     assert summary["amp"] == "float16"
     assert calls == {"scale": 4, "step": 4}  # 512 images / 128 per step
     assert summary["test_loss"] < 2.3026  # below ln 10, chance: the scaled steps did learn
@@ -104,18 +117,27 @@ def _no_cuda(monkeypatch, driver: str | None, cuda: str | None):
     monkeypatch.setattr(torch.version, "cuda", cuda)
 
 
-@pytest.mark.parametrize("driver,cuda,expected", [
-    ("535.104.05", "13.0", "NVIDIA driver 535.104.05 is older than 580, which torch's CUDA 13.0 build needs: update "
-                           "the NVIDIA driver, or install PyPI's CUDA 12 build: `make clean setup TORCH_CUDA=cu126`"),
-    ("470.82.01", "12.6", "NVIDIA driver 470.82.01 is older than 525, which torch's CUDA 12.6 build needs"),
-    ("580.159.04", None, "is a CPU-only build on a machine with NVIDIA driver 580.159.04: install a CUDA build"),
-])
+@pytest.mark.parametrize(
+    "driver,cuda,expected",
+    [
+        (
+            "535.104.05",
+            "13.0",
+            "NVIDIA driver 535.104.05 is older than 580, which torch's CUDA 13.0 build needs: update "
+            "the NVIDIA driver, or install PyPI's CUDA 12 build: `make clean setup TORCH_CUDA=cu126`",
+        ),
+        ("470.82.01", "12.6", "NVIDIA driver 470.82.01 is older than 525, which torch's CUDA 12.6 build needs"),
+        ("580.159.04", None, "is a CPU-only build on a machine with NVIDIA driver 580.159.04: install a CUDA build"),
+    ],
+)
 def test_device_auto_names_why_a_present_gpu_is_unusable(monkeypatch, capsys, driver, cuda, expected):
     _no_cuda(monkeypatch, driver, cuda)
     assert device.resolve_device("auto") == torch.device("cpu")
     assert device.resolve_device("auto") == torch.device("cpu")  # said once per process
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("trainlab: --device auto: the GPU is not usable, running on the CPU: ")
+    assert err.count("\n") == 1 and err.startswith(
+        "trainlab: --device auto: the GPU is not usable, running on the CPU: "
+    )
     assert expected in err
 
 
@@ -142,14 +164,17 @@ def test_lab_device_auto_says_it_too(monkeypatch, capsys):
     assert hw.kind == "cpu" and "older than 580" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args,driver,rc,line", [
-    ([], "535.104.05", 2, "make: NVIDIA driver 535.104.05 is older than 580"),
-    (["--build", "cu126"], "535.104.05", 0, ""),
-    (["--build", "cu118"], "535.104.05", 0, ""),
-    ([], "580.65.06", 0, ""),
-    ([], None, 0, ""),                      # no GPU: nothing to check
-    (["--build", "cu12"], "535.104.05", 2, "make: TORCH_CUDA='cu12': expected a PyTorch CUDA build name"),
-])
+@pytest.mark.parametrize(
+    "args,driver,rc,line",
+    [
+        ([], "535.104.05", 2, "make: NVIDIA driver 535.104.05 is older than 580"),
+        (["--build", "cu126"], "535.104.05", 0, ""),
+        (["--build", "cu118"], "535.104.05", 0, ""),
+        ([], "580.65.06", 0, ""),
+        ([], None, 0, ""),  # no GPU: nothing to check
+        (["--build", "cu12"], "535.104.05", 2, "make: TORCH_CUDA='cu12': expected a PyTorch CUDA build name"),
+    ],
+)
 def test_make_checks_the_driver_before_installing(monkeypatch, capsys, args, driver, rc, line):
     monkeypatch.setattr(cuda_driver, "driver_version", lambda: driver)
     assert cuda_driver.main(args) == rc
@@ -160,22 +185,34 @@ def test_make_checks_the_driver_before_installing(monkeypatch, capsys, args, dri
 def test_driver_version_is_read_from_the_kernel_module(monkeypatch, tmp_path):
     text = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)\n"
     real = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if str(self) == "/proc/driver/nvidia/version"
-                        else real(self, *a, **k))
+    monkeypatch.setattr(
+        Path,
+        "read_text",
+        lambda self, *a, **k: text if str(self) == "/proc/driver/nvidia/version" else real(self, *a, **k),
+    )
     assert cuda_driver.driver_version() == "580.159.04"
 
 
 def test_makefile_selects_the_cuda12_build_and_checks_the_driver_first():
-    dry = subprocess.run(["make", "-n", "-B", "setup", "train", "TORCH_CUDA=cu126", "VENV=/nonexistent/venv"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    dry = subprocess.run(
+        ["make", "-n", "-B", "setup", "train", "TORCH_CUDA=cu126", "VENV=/nonexistent/venv"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert dry.returncode == 0, dry.stderr
     lines = dry.stdout.splitlines()
     assert lines[0] == f"{'python3'} src/trainlab/cuda_driver.py --build cu126"
     install = next(x for x in lines if "-e '.[dev]'" in x)
     assert install.endswith("--extra-index-url https://download.pytorch.org/whl/cu126")
-    assert "src/trainlab/cuda_driver.py --build cu126" in lines[lines.index(next(x for x in lines if "trainlab train" in x)) - 1]
-    plain = subprocess.run(["make", "-n", "-B", "setup", "VENV=/nonexistent/venv"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=60).stdout
+    assert (
+        "src/trainlab/cuda_driver.py --build cu126"
+        in lines[lines.index(next(x for x in lines if "trainlab train" in x)) - 1]
+    )
+    plain = subprocess.run(
+        ["make", "-n", "-B", "setup", "VENV=/nonexistent/venv"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    ).stdout
     assert "download.pytorch.org" not in plain and plain.splitlines()[0] == "python3 src/trainlab/cuda_driver.py "
 
 

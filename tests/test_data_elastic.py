@@ -5,11 +5,20 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from data_fixtures import collect_epoch as _collect
+from data_fixtures import tiny_arrays
 
-from data_fixtures import collect_epoch as _collect, tiny_arrays
 from trainlab.data import MNIST, DeviceLoader, make_dataloader
-from trainlab.data.augment import (Distortion, affine_matrices, apply_affine, elastic_displacement, gaussian_blur_matrix,
-                                   gaussian_kernel1d, identity_matrices, seeded_generator)
+from trainlab.data.augment import (
+    Distortion,
+    affine_matrices,
+    apply_affine,
+    elastic_displacement,
+    gaussian_blur_matrix,
+    gaussian_kernel1d,
+    identity_matrices,
+    seeded_generator,
+)
 from trainlab.errors import ConfigError
 
 
@@ -76,8 +85,14 @@ def test_zero_displacement_leaves_images_unchanged():
 
 def test_device_loader_elastic_is_seeded_by_seed_and_epoch(arrays):
     def batches(seed, epoch, affine=False):
-        loader = DeviceLoader(arrays.train_images, arrays.train_labels, 32, "cpu", seed=seed,
-                              augment=Distortion(affine=affine, elastic_alpha=34.0))
+        loader = DeviceLoader(
+            arrays.train_images,
+            arrays.train_labels,
+            32,
+            "cpu",
+            seed=seed,
+            augment=Distortion(affine=affine, elastic_alpha=34.0),
+        )
         return _collect(loader, epoch)
 
     plain = _collect(DeviceLoader(arrays.train_images, arrays.train_labels, 32, "cpu", seed=1), 0)
@@ -98,8 +113,16 @@ def test_device_loader_elastic_is_seeded_by_seed_and_epoch(arrays):
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_elastic_rank_shards_concatenate_to_the_single_process_batch(arrays, world_size):
     def loader(rank, ws):
-        return DeviceLoader(arrays.train_images, arrays.train_labels, 12, "cpu", seed=9, rank=rank, world_size=ws,
-                            augment=Distortion(affine=True, degrees=10.0, elastic_alpha=20.0))
+        return DeviceLoader(
+            arrays.train_images,
+            arrays.train_labels,
+            12,
+            "cpu",
+            seed=9,
+            rank=rank,
+            world_size=ws,
+            augment=Distortion(affine=True, degrees=10.0, elastic_alpha=20.0),
+        )
 
     single = _collect(loader(0, 1), 2)
     shards = [_collect(loader(r, world_size), 2) for r in range(world_size)]
@@ -125,11 +148,19 @@ def test_dataset_path_elastic_is_per_sample_and_reproducible(arrays):
 @pytest.mark.parametrize("affine, alpha", [(True, 0.0), (False, 34.0), (True, 34.0)])
 def test_probability_leaves_the_other_images_untouched(arrays, affine, alpha):
     def epoch(p):
-        loader = DeviceLoader(arrays.train_images, arrays.train_labels, 16, "cpu", seed=5,
-                              augment=Distortion(affine=affine, elastic_alpha=alpha, p=p))
+        loader = DeviceLoader(
+            arrays.train_images,
+            arrays.train_labels,
+            16,
+            "cpu",
+            seed=5,
+            augment=Distortion(affine=affine, elastic_alpha=alpha, p=p),
+        )
         return torch.cat([x for x, _ in _collect(loader, 3)])
 
-    plain = torch.cat([x for x, _ in _collect(DeviceLoader(arrays.train_images, arrays.train_labels, 16, "cpu", seed=5), 3)])
+    plain = torch.cat(
+        [x for x, _ in _collect(DeviceLoader(arrays.train_images, arrays.train_labels, 16, "cpu", seed=5), 3)]
+    )
     always, half = epoch(1.0), epoch(0.5)
     untouched = (half - plain).abs().amax(dim=(1, 2, 3)) < 1e-4  # identity grid_sample: float rounding only
     assert 0.3 < float(untouched.float().mean()) < 0.7  # about half, drawn per image
@@ -137,7 +168,10 @@ def test_probability_leaves_the_other_images_untouched(arrays, affine, alpha):
     torch.testing.assert_close(half[~untouched], always[~untouched], rtol=0, atol=1e-6)
     assert (((always - plain).abs().amax(dim=(1, 2, 3))) > 1e-3).all()
     # The Dataset path draws the same way per sample.
-    ds, ds_plain = MNIST(arrays=arrays, augment=Distortion(affine=affine, elastic_alpha=alpha, p=0.5), seed=5), MNIST(arrays=arrays)
+    ds, ds_plain = (
+        MNIST(arrays=arrays, augment=Distortion(affine=affine, elastic_alpha=alpha, p=0.5), seed=5),
+        MNIST(arrays=arrays),
+    )
     same = [torch.equal(ds[i][0], ds_plain[i][0]) for i in range(len(ds))]
     assert 0.3 < sum(same) / len(same) < 0.7
 
@@ -145,7 +179,9 @@ def test_probability_leaves_the_other_images_untouched(arrays, affine, alpha):
 def test_affine_ranges_are_the_distortion_s():
     # A narrower Distortion draws from the narrower ranges (the same uniform numbers, rescaled).
     wide = Distortion(affine=True).matrices(2000, seeded_generator(0, 0)).double()
-    narrow = Distortion(affine=True, degrees=5.0, translate=0.05, scale=0.1).matrices(2000, seeded_generator(0, 0)).double()
+    narrow = (
+        Distortion(affine=True, degrees=5.0, translate=0.05, scale=0.1).matrices(2000, seeded_generator(0, 0)).double()
+    )
     assert torch.equal(wide.float(), affine_matrices(2000, seeded_generator(0, 0)))  # the defaults are the old ranges
     angle = torch.atan2(narrow[:, 0, 1], narrow[:, 0, 0]).rad2deg()
     zoom = 1 / narrow[:, :, :2].det().sqrt()
@@ -153,15 +189,18 @@ def test_affine_ranges_are_the_distortion_s():
     assert 0.9 <= zoom.min() < 0.91 and 1.09 < zoom.max() <= 1.1
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(elastic_alpha=-1.0), "--elastic-alpha -1"),
-    (dict(elastic_alpha=34.0, elastic_sigma=0.0), "--elastic-sigma 0"),
-    (dict(elastic_alpha=float("inf")), "--elastic-alpha inf"),
-    (dict(degrees=-1.0), "--augment-degrees -1"),
-    (dict(translate=1.5), "--augment-translate 1.5"),
-    (dict(scale=float("nan")), "--augment-scale nan"),
-    (dict(p=0.0), "--augment-p 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(elastic_alpha=-1.0), "--elastic-alpha -1"),
+        (dict(elastic_alpha=34.0, elastic_sigma=0.0), "--elastic-sigma 0"),
+        (dict(elastic_alpha=float("inf")), "--elastic-alpha inf"),
+        (dict(degrees=-1.0), "--augment-degrees -1"),
+        (dict(translate=1.5), "--augment-translate 1.5"),
+        (dict(scale=float("nan")), "--augment-scale nan"),
+        (dict(p=0.0), "--augment-p 0"),
+    ],
+)
 def test_bad_distortion_parameters_name_the_flag(kwargs, needle):
     with pytest.raises(ConfigError, match=needle):
         Distortion(affine=True, **kwargs)

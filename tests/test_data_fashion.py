@@ -8,16 +8,18 @@ import shutil
 
 import numpy as np
 import pytest
-
 from data_fixtures import write_idx_dir
+
 from trainlab.data import fashion_mnist
 from trainlab.data.datasets import load_dataset
 from trainlab.data.fashion_mnist import DECOMPRESSED_MD5, DEFAULT_DIR, load_fashion_mnist
 from trainlab.data.mnist import IDX_STEMS
 from trainlab.errors import DataError
 
-real = pytest.mark.skipif(not (DEFAULT_DIR / "train-images-idx3-ubyte.gz").exists(),
-                          reason=f"Fashion-MNIST not installed ({DEFAULT_DIR}; apt-get install dataset-fashion-mnist)")
+real = pytest.mark.skipif(
+    not (DEFAULT_DIR / "train-images-idx3-ubyte.gz").exists(),
+    reason=f"Fashion-MNIST not installed ({DEFAULT_DIR}; apt-get install dataset-fashion-mnist)",
+)
 
 
 @real
@@ -63,8 +65,11 @@ def test_one_changed_label_fails_the_fingerprint(tmp_path):
     raw = bytearray(gzip.decompress(path.read_bytes()))
     raw[8] = (raw[8] + 1) % 10  # the first label, still a valid 0-9 label in a valid IDX file
     path.write_bytes(gzip.compress(bytes(raw)))
-    with pytest.raises(DataError, match=r"train-labels-idx1-ubyte.gz: not the Fashion-MNIST train labels file "
-                                        r"\(decompressed md5 [0-9a-f]{32}, expected 9018921c3c673c538a1fc5bad174d6f9\)"):
+    with pytest.raises(
+        DataError,
+        match=r"train-labels-idx1-ubyte.gz: not the Fashion-MNIST train labels file "
+        r"\(decompressed md5 [0-9a-f]{32}, expected 9018921c3c673c538a1fc5bad174d6f9\)",
+    ):
         load_fashion_mnist(tmp_path)
 
 

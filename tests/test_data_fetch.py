@@ -3,8 +3,8 @@
 import hashlib
 
 import pytest
-
 from data_fixtures import write_idx_dir
+
 from trainlab.cli import main
 from trainlab.data import fetch
 from trainlab.errors import DataError, UserError
@@ -35,8 +35,14 @@ def test_verify_checksum(tmp_path):
 
 
 def test_official_checksum_table_is_complete():
-    assert sorted(fetch.FILES_MD5) == sorted(["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                                              "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"])
+    assert sorted(fetch.FILES_MD5) == sorted(
+        [
+            "train-images-idx3-ubyte.gz",
+            "train-labels-idx1-ubyte.gz",
+            "t10k-images-idx3-ubyte.gz",
+            "t10k-labels-idx1-ubyte.gz",
+        ]
+    )
     assert all(len(v) == 32 and int(v, 16) >= 0 for v in fetch.FILES_MD5.values())
 
 
@@ -97,4 +103,7 @@ def test_fetch_into_unwritable_dir(tmp_path, capsys):
     line = main(["data", "fetch", "--dir", str(blocker / "sub"), "--mirror", "file:///nonexistent/"])
     assert line == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("trainlab: error: ") and f"--dir '{blocker / 'sub'}': cannot be created: {blocker} is a file" in err
+    assert (
+        err.startswith("trainlab: error: ")
+        and f"--dir '{blocker / 'sub'}': cannot be created: {blocker} is a file" in err
+    )

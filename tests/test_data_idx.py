@@ -5,8 +5,8 @@ import struct
 
 import numpy as np
 import pytest
-
 from data_fixtures import write_idx_dir
+
 from trainlab.cli import main
 from trainlab.data.idx import read_idx, write_idx
 from trainlab.errors import DataError
@@ -52,16 +52,19 @@ def _labels_bytes(n=4, declared=None):
     return struct.pack(">II", 0x801, n if declared is None else declared) + bytes(range(n))
 
 
-@pytest.mark.parametrize("data, message", [
-    (b"", "truncated IDX file"),
-    (b"\x00\x00\x08", "truncated IDX file"),
-    (b"\x00\x00\x08\x03\x00\x00\x00\x02", "truncated IDX header"),
-    (_labels_bytes(4, declared=6), "truncated: dims \\[6\\] need 6 data bytes, found 4"),
-    (_labels_bytes(4, declared=2), "2 unexpected trailing bytes"),
-    (struct.pack(">II", 0x2049FFFF, 1) + b"\x00", "wrong magic number 0x2049ffff"),
-    (struct.pack(">II", 0x00000D01, 1) + b"\x00", "wrong magic number 0x00000d01"),  # float dtype
-    (struct.pack(">III", 0x802, 1, 1) + b"\x00", "wrong magic number 0x00000802"),  # 2-D
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"", "truncated IDX file"),
+        (b"\x00\x00\x08", "truncated IDX file"),
+        (b"\x00\x00\x08\x03\x00\x00\x00\x02", "truncated IDX header"),
+        (_labels_bytes(4, declared=6), "truncated: dims \\[6\\] need 6 data bytes, found 4"),
+        (_labels_bytes(4, declared=2), "2 unexpected trailing bytes"),
+        (struct.pack(">II", 0x2049FFFF, 1) + b"\x00", "wrong magic number 0x2049ffff"),
+        (struct.pack(">II", 0x00000D01, 1) + b"\x00", "wrong magic number 0x00000d01"),  # float dtype
+        (struct.pack(">III", 0x802, 1, 1) + b"\x00", "wrong magic number 0x00000802"),  # 2-D
+    ],
+)
 def test_malformed_files_raise_dataerror_naming_the_file(tmp_path, data, message):
     path = tmp_path / "bad-idx1-ubyte"
     path.write_bytes(data)
@@ -90,10 +93,13 @@ def _cli_error(capsys, argv):
     return err[-1]
 
 
-@pytest.mark.parametrize("case, message", [
-    ("truncated", "truncated: dims"),
-    ("magic", "wrong magic number"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("truncated", "truncated: dims"),
+        ("magic", "wrong magic number"),
+    ],
+)
 def test_cli_reports_bad_idx_in_one_line(tmp_path, capsys, case, message):
     write_idx_dir(tmp_path)
     target = tmp_path / "t10k-images-idx3-ubyte"

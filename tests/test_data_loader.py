@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from data_fixtures import tiny_arrays
+
 from trainlab.data import MNIST, DeviceLoader, epoch_permutation, make_dataloader, random_affine
 from trainlab.data.augment import affine_matrices, apply_affine, seeded_generator
 from trainlab.data.mnist import BACKGROUND, MEAN, STD
@@ -77,8 +77,9 @@ def test_dataloader_path_gives_identical_batches(arrays, workers):
 @pytest.mark.parametrize("world_size", [2, 3, 4, 5])
 def test_rank_shards_concatenate_to_the_single_process_batch(arrays, world_size, augment):
     def loader(rank, ws):
-        return DeviceLoader(arrays.train_images, arrays.train_labels, 12, "cpu", seed=9, augment=augment,
-                            rank=rank, world_size=ws)
+        return DeviceLoader(
+            arrays.train_images, arrays.train_labels, 12, "cpu", seed=9, augment=augment, rank=rank, world_size=ws
+        )
 
     single = _collect(loader(0, 1), 2)
     shards = [_collect(loader(r, world_size), 2) for r in range(world_size)]
@@ -94,8 +95,10 @@ def test_rank_shards_concatenate_to_the_single_process_batch(arrays, world_size,
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
 def test_shard_weights_make_the_rank_average_the_global_mean(arrays, world_size):
     # Σ_r (w_r / W) · mean_r(v) = mean(v) over the global batch: what weighting each rank's loss by w_r buys.
-    ranks = [DeviceLoader(arrays.train_images, arrays.train_labels, 12, "cpu", shuffle=False, rank=r, world_size=world_size)
-             for r in range(world_size)]
+    ranks = [
+        DeviceLoader(arrays.train_images, arrays.train_labels, 12, "cpu", shuffle=False, rank=r, world_size=world_size)
+        for r in range(world_size)
+    ]
     single = [y.double() for _, y in DeviceLoader(arrays.train_images, arrays.train_labels, 12, "cpu", shuffle=False)]
     weights = [r.shard_weights() for r in ranks]
     shards = [[y.double() for _, y in r] for r in ranks]
@@ -114,11 +117,14 @@ def test_last_batch_smaller_than_world_size_is_dropped():
     assert all(len(r) == 2 for r in ranks) and all(len(list(r)) == 2 for r in ranks)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(batch_size=3, world_size=4), "--batch-size 3 is smaller than the world size 4"),
-    (dict(batch_size=0), "--batch-size must be a positive integer"),
-    (dict(batch_size=8, rank=2, world_size=2), "rank 2 is not valid"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(batch_size=3, world_size=4), "--batch-size 3 is smaller than the world size 4"),
+        (dict(batch_size=0), "--batch-size must be a positive integer"),
+        (dict(batch_size=8, rank=2, world_size=2), "rank 2 is not valid"),
+    ],
+)
 def test_bad_loader_config(arrays, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         DeviceLoader(arrays.train_images, arrays.train_labels, device="cpu", **kwargs)
@@ -130,6 +136,7 @@ def test_bad_dataloader_config(arrays):
 
 
 # ----------------------------------------------------------------------------- augmentation
+
 
 def test_augmentation_shape_dtype_changes_and_reproducible(arrays):
     def batches(seed, epoch):
@@ -193,6 +200,7 @@ def test_parameter_ranges():
 @pytest.mark.parametrize("augment", [False, True])
 def test_cuda_loader_matches_cpu(augment):
     a = tiny_arrays(n_train=5000)  # > one normalization chunk on the device path
+
     def run(device):
         loader = DeviceLoader(a.train_images, a.train_labels, 512, device, seed=4, augment=augment)
         return _collect(loader, 1)

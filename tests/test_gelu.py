@@ -10,8 +10,7 @@ import torch.nn.functional as F
 from trainlab.cli import main
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.ops import GELU, IMPLS, gelu
-from trainlab.ops.gelu import gelu_math
-from trainlab.ops.gelu import GeluFunction
+from trainlab.ops.gelu import GeluFunction, gelu_math
 
 APPROX = ["none", "tanh"]
 
@@ -43,8 +42,10 @@ def test_python_hand_backward_passes_gradcheck(approximate):
 def test_python_backward_formula_against_autograd_of_the_formula():
     # d/dx of x*Phi(x) computed by autograd on the composite must equal the hand-derived one.
     x = _x(500).requires_grad_()
-    assert (torch.autograd.grad((0.5 * x * (1 + torch.erf(x / math.sqrt(2)))).sum(), x)[0]
-     - gelu_math.derivative(x.detach(), "none")).abs().max() < 1e-14
+    assert (
+        torch.autograd.grad((0.5 * x * (1 + torch.erf(x / math.sqrt(2)))).sum(), x)[0]
+        - gelu_math.derivative(x.detach(), "none")
+    ).abs().max() < 1e-14
 
 
 def test_python_saves_only_the_input():
@@ -58,11 +59,11 @@ def test_python_saves_only_the_input():
 def test_python_low_precision_close_to_torch(dtype, atol):
     x = _x(4000, dtype=dtype)
     y = gelu(x, impl="python")
-    ref = F.gelu(x.double()).to(dtype)   # correctly rounded reference
+    ref = F.gelu(x.double()).to(dtype)  # correctly rounded reference
     if dtype == torch.bfloat16:
         # one rounding of a float32 result: within one bf16 ulp (2^-7 relative) of the correctly
         # rounded value, and identical for nearly all elements; tiny outputs (x << 0) may flush to 0.
-        torch.testing.assert_close(y.double(), ref.double(), rtol=2.0 ** -7, atol=1e-5)
+        torch.testing.assert_close(y.double(), ref.double(), rtol=2.0**-7, atol=1e-5)
         big = ref.abs() > 1e-3
         assert (y[big] != ref[big]).float().mean() < 0.05
     else:
@@ -95,6 +96,7 @@ def test_module_wraps_impl_and_reprs():
 
 
 # ---- bad input ---------------------------------------------------------------------------------
+
 
 def test_unknown_impl_lists_valid_names():
     with pytest.raises(ConfigError, match="aten, python, cpp, triton, cuda"):
@@ -145,20 +147,24 @@ def test_cli_bench_rejects_bad_size(capsys):
 
 # ---- `trainlab gelu check --json` contract ------------------------------------------------------
 
+
 def test_check_json_contract_and_skipped_rows(capsys):
     from trainlab.ops.check import ROW_FIELDS
 
     rc = main(["gelu", "check", "--json", "--impl", "torch", "--impl", "python", "--impl", "cuda", "--n", "256"])
-    doc = json.loads(capsys.readouterr().out)   # exactly one JSON document on stdout
+    doc = json.loads(capsys.readouterr().out)  # exactly one JSON document on stdout
     assert rc == 0 and doc["ok"] is True
-    assert len(doc["rows"]) == 3 * 12 * 3   # rungs x (4 cases x 3 approximations) x dtypes
+    assert len(doc["rows"]) == 3 * 12 * 3  # rungs x (4 cases x 3 approximations) x dtypes
     for row in doc["rows"] + doc["autograd_rows"]:
         assert set(row) == set(ROW_FIELDS)
-    assert {r["case"] for r in doc["rows"]} == {f"{a}{s}" for a in ("none", "tanh", "sigmoid")
-                                                for s in ("", "-strided", "-0d", "-empty")}
-    py64 = [r for r in doc["rows"] if r["impl"] == "python" and r["dtype"] == "float64" and r["case"] in ("none", "tanh")]
+    assert {r["case"] for r in doc["rows"]} == {
+        f"{a}{s}" for a in ("none", "tanh", "sigmoid") for s in ("", "-strided", "-0d", "-empty")
+    }
+    py64 = [
+        r for r in doc["rows"] if r["impl"] == "python" and r["dtype"] == "float64" and r["case"] in ("none", "tanh")
+    ]
     assert len(py64) == 2 and all(r["ok"] and 0 < r["fwd_max_abs_err"] < 1e-13 and r["nonfinite_ok"] for r in py64)
-    assert all(r["checks"]["recipe_grad_mse"] < 1e-20 for r in py64)   # the handout's recipe, in the row
+    assert all(r["checks"]["recipe_grad_mse"] < 1e-20 for r in py64)  # the handout's recipe, in the row
     py32 = [r for r in doc["rows"] if r["impl"] == "python" and r["dtype"] == "float32" and r["case"] == "none"]
     assert 0 < py32[0]["fwd_max_abs_err"] < 2e-6
     py_grad = next(r for r in doc["autograd_rows"] if r["impl"] == "python")
@@ -181,7 +187,9 @@ def test_check_fails_with_nonzero_exit_when_a_row_is_out_of_tolerance(monkeypatc
 
     # A tolerance no float32 kernel can meet: the row must fail and the exit code must say so.
     monkeypatch.setitem(check.TOLERANCES["elementwise"], torch.float32, check.Tolerance(0.0, 0.0))
-    rc = main(["gelu", "check", "--json", "--impl", "python", "--dtype", "float32", "--approximate", "none", "--n", "256"])
+    rc = main(
+        ["gelu", "check", "--json", "--impl", "python", "--dtype", "float32", "--approximate", "none", "--n", "256"]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert rc == 1 and doc["ok"] is False and doc["rows"][0]["ok"] is False
 
@@ -205,6 +213,7 @@ def test_check_flags_a_wrong_backward(monkeypatch):
 
 # ---- `trainlab gelu bench` ---------------------------------------------------------------------
 
+
 def test_parse_size():
     from trainlab.ops.bench import format_size, parse_size
 
@@ -215,12 +224,15 @@ def test_parse_size():
 
 
 def test_bench_json_rows_and_baseline(capsys):
-    rc = main(["gelu", "bench", "--json", "--sizes", "1K,4K", "--impl", "python", "--budget", "0.01", "--device", "cpu"])
+    rc = main(
+        ["gelu", "bench", "--json", "--sizes", "1K,4K", "--impl", "python", "--budget", "0.01", "--device", "cpu"]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["sizes"] == [1024, 4096]
     rows = doc["rows"]
     assert {(r["impl"], r["pass"], r["size"]) for r in rows} == {
-        (i, p, s) for i in ("aten", "python") for p in ("fwd", "fwd+bwd") for s in (1024, 4096)}
+        (i, p, s) for i in ("aten", "python") for p in ("fwd", "fwd+bwd") for s in (1024, 4096)
+    }
     for r in rows:
         assert r["runs"] >= 5 and r["p10_s"] <= r["median_s"] <= r["p90_s"]
         elem_bytes = (2 if r["pass"] == "fwd" else 5) * r["size"] * 4
@@ -257,4 +269,7 @@ def test_bench_survives_an_impl_that_fails(monkeypatch, capsys):
     # the baseline was timed, the one rung asked for was not: the bench measured nothing asked for (issue 32)
     assert rc == 2 and {r["impl"] for r in doc["rows"]} == {"aten"}
     assert out.err.strip().splitlines()[-1].startswith("trainlab: error: nothing was timed")
-    assert doc["skipped"]["python"] == "RuntimeError: CUDA error: an illegal memory access was encountered (at 1K elements)"
+    assert (
+        doc["skipped"]["python"]
+        == "RuntimeError: CUDA error: an illegal memory access was encountered (at 1K elements)"
+    )

@@ -16,7 +16,7 @@ from trainlab.ops.gelu import gelu_math
 
 APPROX = ["none", "tanh"]
 # (atol, rtol) against float64 F.gelu on the same rounded input; justified in trainlab/ops/check.py.
-TOL = {torch.float64: (1e-13, 1e-12), torch.float32: (2e-6, 2e-6), torch.bfloat16: (1e-5, 2.0 ** -7)}
+TOL = {torch.float64: (1e-13, 1e-12), torch.float32: (2e-6, 2e-6), torch.bfloat16: (1e-5, 2.0**-7)}
 
 
 @pytest.fixture
@@ -55,8 +55,8 @@ def test_contiguous_matches_float64_reference(ext, dtype, approximate):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_non_contiguous_layouts(ext, dtype, approximate):
     base = _x((64, 48), dtype)
-    _assert_fwd_bwd(base.t(), approximate)                  # dense, transposed
-    _assert_fwd_bwd(base[:, ::3], approximate)              # strided gaps
+    _assert_fwd_bwd(base.t(), approximate)  # dense, transposed
+    _assert_fwd_bwd(base[:, ::3], approximate)  # strided gaps
     _assert_fwd_bwd(_x((4, 6, 9, 9), dtype).to(memory_format=torch.channels_last), approximate)
 
 
@@ -71,15 +71,16 @@ def test_bf16_agrees_with_aten_rounding(ext, approximate):
     y = gelu(x, impl="cpp", approximate=approximate)
     ref = F.gelu(x, approximate=approximate)
     big = ref.abs() > 1e-3
-    assert (y[big] != ref[big]).float().mean() < 0.02   # differs only at rounding boundaries
+    assert (y[big] != ref[big]).float().mean() < 0.02  # differs only at rounding boundaries
 
 
 @pytest.mark.parametrize("approximate", APPROX)
 def test_edge_values(ext, approximate):
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         tiny = torch.finfo(dtype).smallest_normal
-        x = torch.tensor([0.0, -0.0, 10.0, -10.0, 1e4, -1e4, math.inf, -math.inf, math.nan, tiny / 4, -tiny / 4],
-                         dtype=torch.float64).to(dtype)
+        x = torch.tensor(
+            [0.0, -0.0, 10.0, -10.0, 1e4, -1e4, math.inf, -math.inf, math.nan, tiny / 4, -tiny / 4], dtype=torch.float64
+        ).to(dtype)
         y = gelu(x, impl="cpp", approximate=approximate)
         ref = F.gelu(x.double(), approximate=approximate)
         assert torch.equal(torch.isnan(y), torch.isnan(ref)), (dtype, y)
@@ -87,9 +88,12 @@ def test_edge_values(ext, approximate):
         finite = torch.isfinite(ref)
         atol, rtol = TOL[dtype]
         torch.testing.assert_close(y.double()[finite], ref[finite], atol=atol, rtol=rtol)
-        assert math.copysign(1, y[1].item()) == -1   # -0 stays -0
+        assert math.copysign(1, y[1].item()) == -1  # -0 stays -0
         dx = torch.ops.trainlab.gelu_bwd(torch.ones_like(x), x, approximate)
-        assert torch.equal(torch.isnan(dx), torch.isnan(torch.ops.aten.gelu_backward(torch.ones_like(x.double()), x.double(), approximate=approximate)))
+        assert torch.equal(
+            torch.isnan(dx),
+            torch.isnan(torch.ops.aten.gelu_backward(torch.ones_like(x.double()), x.double(), approximate=approximate)),
+        )
 
 
 def test_empty_and_zero_dim(ext):
@@ -111,7 +115,9 @@ def test_opcheck_registered_ops(ext, approximate):
     g = torch.randn(3, 7)
     torch.library.opcheck(torch.ops.trainlab.gelu_fwd.default, (x, approximate))
     torch.library.opcheck(torch.ops.trainlab.gelu_bwd.default, (g.requires_grad_(), x, approximate))
-    torch.library.opcheck(torch.ops.trainlab.gelu_bwd2.default, (torch.randn(3, 7, requires_grad=True), g, x, approximate))
+    torch.library.opcheck(
+        torch.ops.trainlab.gelu_bwd2.default, (torch.randn(3, 7, requires_grad=True), g, x, approximate)
+    )
 
 
 def test_torch_compile_fullgraph_no_graph_break(ext):
@@ -164,21 +170,25 @@ def test_build_failure_is_one_clear_error(monkeypatch, tmp_path, module):
     loader = importlib.import_module(f"trainlab.ops.{module}")
 
     def failing_load(**kwargs):
-        raise RuntimeError("Error building extension 'x':\nfoo.cpp:1:1: error: expected unqualified-id\nninja: build stopped")
+        raise RuntimeError(
+            "Error building extension 'x':\nfoo.cpp:1:1: error: expected unqualified-id\nninja: build stopped"
+        )
 
     monkeypatch.setattr(loader.EXTENSION, "loaded", None)
     monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(cpp_extension, "load", failing_load)
-    with pytest.raises(HardwareError, match=r"failed \(foo.cpp:1:1: error: expected unqualified-id\).*impl='python'") as e:
+    with pytest.raises(
+        HardwareError, match=r"failed \(foo.cpp:1:1: error: expected unqualified-id\).*impl='python'"
+    ) as e:
         loader.load()
     assert "\n" not in str(e.value)
     assert str(tmp_path) in str(e.value)
 
 
 def test_failed_build_fails_gpu_tests_instead_of_skipping(monkeypatch):
-    from conftest import load_gelu_ext
-
     import importlib
+
+    from conftest import load_gelu_ext
 
     gelu_module = importlib.import_module("trainlab.ops.gelu")
 
@@ -203,13 +213,14 @@ def test_cache_dir_honours_trainlab_cache(monkeypatch, tmp_path):
 
 # ---- CUDA kernel (needs a GPU) -------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_cuda_kernel_matches_reference(ext, dtype, approximate):
     if dtype == torch.float16:
-        TOL[torch.float16] = (1e-4, 2.0 ** -10)
-    for n in (1, 7, 4099, 1 << 20):   # tails, a single vector, many waves
+        TOL[torch.float16] = (1e-4, 2.0**-10)
+    for n in (1, 7, 4099, 1 << 20):  # tails, a single vector, many waves
         _assert_fwd_bwd(_x(n, dtype), approximate, device="cuda", impl="cuda")
 
 
@@ -218,7 +229,7 @@ def test_cuda_kernel_layouts_and_misalignment(ext):
     base = _x((256, 130), torch.float32).cuda()
     _assert_fwd_bwd(base.t(), "none", device="cuda", impl="cuda")
     _assert_fwd_bwd(base[:, ::2], "none", device="cuda", impl="cuda")
-    _assert_fwd_bwd(base.reshape(-1)[1:], "none", device="cuda", impl="cuda")   # 4-byte offset: scalar path
+    _assert_fwd_bwd(base.reshape(-1)[1:], "none", device="cuda", impl="cuda")  # 4-byte offset: scalar path
     torch.library.opcheck(torch.ops.trainlab.gelu_fwd.default, (base.requires_grad_(), "none"))
 
 

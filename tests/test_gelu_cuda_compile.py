@@ -16,19 +16,34 @@ from pathlib import Path
 import pytest
 
 from trainlab.ops.build import OPS_DIR
-from trainlab.ops.kernel_check import (ARCHS, cuda_include_dir, demangle, find_nvcc, find_tool, nvcc_ptx, nvcc_sass,
-                                       ptx_entries, sass_functions, sass_vector_widths, vector_widths)
+from trainlab.ops.kernel_check import (
+    ARCHS,
+    cuda_include_dir,
+    demangle,
+    find_nvcc,
+    find_tool,
+    nvcc_ptx,
+    nvcc_sass,
+    ptx_entries,
+    sass_functions,
+    sass_vector_widths,
+    vector_widths,
+)
 
-CSRC = OPS_DIR / "gelu"   # GELU's folder: its kernels sit beside its Python
+CSRC = OPS_DIR / "gelu"  # GELU's folder: its kernels sit beside its Python
 KERNELS = CSRC / "gelu_cuda_kernels.cu"
 if find_nvcc() is None:
-    pytest.skip("no nvcc (CUDA_HOME, PATH, site-packages nvidia/*/bin): install it with "
-                "`pip install -c requirements/constraints.txt '.[nvcc]'` (`make test` does when nvcc is missing)",
-                allow_module_level=True)
+    pytest.skip(
+        "no nvcc (CUDA_HOME, PATH, site-packages nvidia/*/bin): install it with "
+        "`pip install -c requirements/constraints.txt '.[nvcc]'` (`make test` does when nvcc is missing)",
+        allow_module_level=True,
+    )
 
 # (vec|scalar)_kernel<dtype, Op<Approx form>> in Itanium mangling; parsed without c++filt.
-_NAME = re.compile(r"(vec|scalar)_kernelI(f|d|13__nv_bfloat16|6__half)NS\d*_\d+(Forward|Backward|DoubleBackward)"
-                   r"ILNS_6ApproxE([012])E")
+_NAME = re.compile(
+    r"(vec|scalar)_kernelI(f|d|13__nv_bfloat16|6__half)NS\d*_\d+(Forward|Backward|DoubleBackward)"
+    r"ILNS_6ApproxE([012])E"
+)
 DTYPE_BITS = {"f": 32, "d": 64, "13__nv_bfloat16": 16, "6__half": 16}
 
 
@@ -87,7 +102,15 @@ def test_aten_glue_compiles_against_this_torch(tmp_path):
     stub = tmp_path / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
     stub.parent.mkdir(parents=True)
     stub.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-    cmd = [cxx, "-std=c++20", "-fsyntax-only", "-w", *(f"-I{p}" for p in torch_inc), f"-I{tmp_path}",
-           f"-I{cuda_inc}", str(CSRC / "gelu_cuda.cpp")]
+    cmd = [
+        cxx,
+        "-std=c++20",
+        "-fsyntax-only",
+        "-w",
+        *(f"-I{p}" for p in torch_inc),
+        f"-I{tmp_path}",
+        f"-I{cuda_inc}",
+        str(CSRC / "gelu_cuda.cpp"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

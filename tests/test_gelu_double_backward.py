@@ -40,9 +40,9 @@ def _x(n, dtype=torch.float64, seed=0):
 @pytest.mark.parametrize("approximate", APPROX)
 def test_closed_form_derivatives_match_autograd_of_f_gelu(approximate):
     x = torch.linspace(-12, 12, 2001, dtype=torch.float64, requires_grad=True)
-    d1, = torch.autograd.grad(F.gelu(x, approximate=approximate).sum(), x, create_graph=True)
-    d2, = torch.autograd.grad(d1.sum(), x, create_graph=True)
-    d3, = torch.autograd.grad(d2.sum(), x)
+    (d1,) = torch.autograd.grad(F.gelu(x, approximate=approximate).sum(), x, create_graph=True)
+    (d2,) = torch.autograd.grad(d1.sum(), x, create_graph=True)
+    (d3,) = torch.autograd.grad(d2.sum(), x)
     xs = x.detach()
     torch.testing.assert_close(gelu_math.derivative(xs, approximate), d1.detach(), atol=1e-14, rtol=1e-12)
     torch.testing.assert_close(gelu_math.second_derivative(xs, approximate), d2.detach(), atol=1e-13, rtol=1e-11)
@@ -52,11 +52,10 @@ def test_closed_form_derivatives_match_autograd_of_f_gelu(approximate):
 @pytest.mark.parametrize("approximate", APPROX)
 def test_gradgradcheck_float64(impl, approximate):
     x = _x(24).to(_device(impl)).requires_grad_()
-    fast = impl == "triton" and not torch.cuda.is_available()   # the interpreter is slow; still catches a wrong Jacobian
+    fast = impl == "triton" and not torch.cuda.is_available()  # the interpreter is slow; still catches a wrong Jacobian
     with warnings.catch_warnings():
-        warnings.simplefilter("error")   # the old fallback warned "autograd kernel was not registered"
-        assert torch.autograd.gradgradcheck(lambda t: gelu(t, impl=impl, approximate=approximate), (x,),
-                                            fast_mode=fast)
+        warnings.simplefilter("error")  # the old fallback warned "autograd kernel was not registered"
+        assert torch.autograd.gradgradcheck(lambda t: gelu(t, impl=impl, approximate=approximate), (x,), fast_mode=fast)
 
 
 @pytest.mark.parametrize("approximate", APPROX)
@@ -81,13 +80,13 @@ def test_double_backward_low_precision_vs_float64(impl, dtype, approximate):
 
     def second(fn):
         xr = x.clone().requires_grad_()
-        d, = torch.autograd.grad(fn(xr), xr, g, create_graph=True)
+        (d,) = torch.autograd.grad(fn(xr), xr, g, create_graph=True)
         return torch.autograd.grad(d, xr, gg)[0].double()
 
     ours = (second(lambda t: gelu(t, impl=impl, approximate=approximate)) - ref).abs().max()
     aten = (second(lambda t: F.gelu(t, approximate=approximate)) - ref).abs().max()
     scale = float((gg.double() * g.double()).abs().max())
-    bound = {torch.float32: 4e-6, torch.bfloat16: 2.0 ** -7 * 2}[dtype] * scale
+    bound = {torch.float32: 4e-6, torch.bfloat16: 2.0**-7 * 2}[dtype] * scale
     assert ours <= max(bound, 1.01 * aten), (float(ours), float(aten))
 
 
@@ -102,7 +101,7 @@ def test_gradient_penalty_matches_f_gelu(impl):
 
     def penalty_grads(act):
         score = (act(x @ w1.t()) @ w2.t()).sum()
-        gx, = torch.autograd.grad(score, x, create_graph=True)
+        (gx,) = torch.autograd.grad(score, x, create_graph=True)
         penalty = ((gx.norm(dim=1) - 1) ** 2).mean()
         return torch.autograd.grad(penalty, (w1, w2, x))
 
@@ -110,13 +109,17 @@ def test_gradient_penalty_matches_f_gelu(impl):
     ours = penalty_grads(lambda t: gelu(t, impl=impl))
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
-    assert ref[0].abs().sum() > 0.1   # the second-derivative path carries real gradient
+    assert ref[0].abs().sum() > 0.1  # the second-derivative path carries real gradient
 
 
 def test_opcheck_double_backward_op(gelu_ext):
     for approximate in APPROX:
-        args = (torch.randn(4, 5, requires_grad=True), torch.randn(4, 5, requires_grad=True),
-                torch.randn(4, 5, requires_grad=True), approximate)
+        args = (
+            torch.randn(4, 5, requires_grad=True),
+            torch.randn(4, 5, requires_grad=True),
+            torch.randn(4, 5, requires_grad=True),
+            approximate,
+        )
         torch.library.opcheck(torch.ops.trainlab.gelu_bwd2.default, args)
     with pytest.raises(RuntimeError, match="grad_grad shape"):
         torch.ops.trainlab.gelu_bwd2(torch.zeros(3), torch.zeros(4), torch.zeros(4), "none")

@@ -31,6 +31,7 @@ def _flags() -> tuple[str, ...]:
 
 # ---- the math ----------------------------------------------------------------------------------------
 
+
 def test_three_forms_listed_once():
     assert APPROXIMATIONS == gelu_math.APPROXIMATIONS == ("none", "tanh", "sigmoid")
 
@@ -38,9 +39,9 @@ def test_three_forms_listed_once():
 def test_sigmoid_form_derivatives_match_autograd_of_its_forward():
     x = torch.linspace(-30, 30, 4001, dtype=torch.float64, requires_grad=True)
     y = gelu_math.forward(x, "sigmoid")
-    d, = torch.autograd.grad(y.sum(), x, create_graph=True)
-    d2, = torch.autograd.grad(d.sum(), x, create_graph=True)
-    d3, = torch.autograd.grad(d2.sum(), x)
+    (d,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    (d2,) = torch.autograd.grad(d.sum(), x, create_graph=True)
+    (d3,) = torch.autograd.grad(d2.sum(), x)
     xd = x.detach()
     torch.testing.assert_close(y, xd * torch.sigmoid(1.702 * xd), rtol=1e-14, atol=1e-15)
     torch.testing.assert_close(d, gelu_math.derivative(xd, "sigmoid"), rtol=1e-12, atol=1e-14)
@@ -74,6 +75,7 @@ def test_check_table_reports_error_vs_exact_for_every_form():
 
 # ---- the CPU rungs and Triton's interpreter, sigmoid form --------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def ext():
     from trainlab.ops.gelu import load
@@ -84,21 +86,22 @@ def ext():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 def test_cpp_sigmoid_form_matches_reference_every_order(ext, dtype):
     gen = torch.Generator().manual_seed(0)
-    x = torch.cat([torch.randn(3000, dtype=torch.float64, generator=gen) * 4,
-                   torch.tensor([0.0, -0.0, 30.0, -30.0, 1e4, -1e4])]).to(dtype)
+    x = torch.cat(
+        [torch.randn(3000, dtype=torch.float64, generator=gen) * 4, torch.tensor([0.0, -0.0, 30.0, -30.0, 1e4, -1e4])]
+    ).to(dtype)
     g = torch.randn(x.shape, dtype=torch.float64, generator=gen).to(dtype)
     xr = x.clone().requires_grad_()
     y = gelu(xr, impl="cpp", approximate="sigmoid")
-    dx, = torch.autograd.grad(y, xr, g, create_graph=True)
+    (dx,) = torch.autograd.grad(y, xr, g, create_graph=True)
     x64 = x.double().requires_grad_()
     ref = gelu_math.reference(x64, "sigmoid")
-    ref_dx, = torch.autograd.grad(ref, x64, g.double(), create_graph=True)
-    atol, rtol = {torch.float32: (2e-6, 2e-6), torch.float64: (1e-13, 1e-12), torch.bfloat16: (1e-5, 2.0 ** -7)}[dtype]
+    (ref_dx,) = torch.autograd.grad(ref, x64, g.double(), create_graph=True)
+    atol, rtol = {torch.float32: (2e-6, 2e-6), torch.float64: (1e-13, 1e-12), torch.bfloat16: (1e-5, 2.0**-7)}[dtype]
     torch.testing.assert_close(y.double(), ref.detach(), atol=atol, rtol=rtol)
     torch.testing.assert_close(dx.double(), ref_dx.detach(), atol=atol * 4, rtol=rtol)
-    if dtype == torch.float64:   # the double backward through gelu_bwd's C++ formula and gelu_bwd2
-        h, = torch.autograd.grad(dx, xr, g)
-        ref_h, = torch.autograd.grad(ref_dx, x64, g.double())
+    if dtype == torch.float64:  # the double backward through gelu_bwd's C++ formula and gelu_bwd2
+        (h,) = torch.autograd.grad(dx, xr, g)
+        (ref_h,) = torch.autograd.grad(ref_dx, x64, g.double())
         torch.testing.assert_close(h, ref_h, atol=1e-12, rtol=1e-10)
 
 
@@ -113,12 +116,12 @@ def test_triton_interpreted_sigmoid_form_every_order():
     pytest.importorskip("triton")
     from trainlab.ops.gelu.gelu_triton import gelu_triton
 
-    x64 = (torch.randn(300, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) * 4)
+    x64 = torch.randn(300, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) * 4
     for dtype, tol in ((torch.float32, 4e-6), (torch.float64, 1e-12)):
         x = x64.to(dtype).requires_grad_()
         y = gelu_triton(x, "sigmoid", interpret=True)
-        dx, = torch.autograd.grad(y, x, torch.ones_like(y), create_graph=True)
-        h, = torch.autograd.grad(dx.sum(), x)
+        (dx,) = torch.autograd.grad(y, x, torch.ones_like(y), create_graph=True)
+        (h,) = torch.autograd.grad(dx.sum(), x)
         xd = x.detach().double()
         torch.testing.assert_close(y.double(), gelu_math.forward(xd, "sigmoid"), atol=tol, rtol=tol)
         torch.testing.assert_close(dx.double(), gelu_math.derivative(xd, "sigmoid"), atol=tol, rtol=tol)
@@ -126,6 +129,7 @@ def test_triton_interpreted_sigmoid_form_every_order():
 
 
 # ---- autograd in C++ ---------------------------------------------------------------------------------
+
 
 def test_forward_and_backward_autograd_are_cpp_kernels(ext):
     """A Python formula (torch.library.register_autograd) puts the interpreter, and on a GPU the GIL
@@ -135,23 +139,25 @@ def test_forward_and_backward_autograd_are_cpp_kernels(ext):
     x = torch.randn(5, requires_grad=True)
     y = torch.ops.trainlab.gelu_fwd(x, "none")
     assert "CppNode" in type(y.grad_fn).__name__ or "GeluFwdFunction" in y.grad_fn.name(), y.grad_fn.name()
-    dx, = torch.autograd.grad(y.sum(), x, create_graph=True)
+    (dx,) = torch.autograd.grad(y.sum(), x, create_graph=True)
     assert "GeluBwdFunction" in dx.grad_fn.name(), dx.grad_fn.name()
 
 
 def test_compiled_graph_traces_the_cpp_autograd(ext):
     x = torch.randn(64, requires_grad=True)
     f = torch.compile(lambda t: gelu(t, impl="cpp", approximate="sigmoid").sum(), fullgraph=True, backend="aot_eager")
-    g, = torch.autograd.grad(f(x), x)
+    (g,) = torch.autograd.grad(f(x), x)
     torch.testing.assert_close(g, gelu_math.derivative(x.detach(), "sigmoid"), atol=2e-6, rtol=2e-6)
 
 
 # ---- CUDA kernels compiled, no GPU -----------------------------------------------------------------
 
-_NAME = re.compile(r"(vec|scalar)_kernelI(f|d|13__nv_bfloat16|6__half)NS\d*_\d+(Forward|Backward|DoubleBackward)"
-                   r"ILNS_6ApproxE([012])E")
+_NAME = re.compile(
+    r"(vec|scalar)_kernelI(f|d|13__nv_bfloat16|6__half)NS\d*_\d+(Forward|Backward|DoubleBackward)"
+    r"ILNS_6ApproxE([012])E"
+)
 _INPUTS = {"Forward": 1, "Backward": 2, "DoubleBackward": 3}
-_PACKS = {"f": 2, "d": 4, "13__nv_bfloat16": 1, "6__half": 1}   # 16-byte packs per thread: 8 elements
+_PACKS = {"f": 2, "d": 4, "13__nv_bfloat16": 1, "6__half": 1}  # 16-byte packs per thread: 8 elements
 
 
 @needs_nvcc
@@ -171,7 +177,11 @@ def test_vector_kernel_is_one_shot_128_threads_8_elements(arch):
         seen += 1
         loads = re.findall(r"ld\.global(?:\.[a-z]+)*\.v\d\.", body)
         stores = re.findall(r"st\.global(?:\.[a-z]+)*\.v\d\.", body)
-        assert len(loads) == _INPUTS[op] * _PACKS[dtype] and len(stores) == _PACKS[dtype], (name, len(loads), len(stores))
+        assert len(loads) == _INPUTS[op] * _PACKS[dtype] and len(stores) == _PACKS[dtype], (
+            name,
+            len(loads),
+            len(stores),
+        )
         # a loop is a branch to a label defined earlier in the body
         defined = set()
         for line in body.splitlines():
@@ -188,21 +198,28 @@ def test_vector_kernel_is_one_shot_128_threads_8_elements(arch):
 def test_float_and_half_forward_backward_fit_32_registers_without_spills(arch, tmp_path):
     """16 blocks of 128 threads per SM (a full SM) need <= 32 registers per thread: ptxas -v."""
     nvcc = find_nvcc()
-    proc = subprocess.run([nvcc, f"-arch=sm_{arch}", "-cubin", "-Xptxas", "-v", *_flags(), "-o",
-                           str(tmp_path / "k.cubin"), str(KERNELS)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [nvcc, f"-arch=sm_{arch}", "-cubin", "-Xptxas", "-v", *_flags(), "-o", str(tmp_path / "k.cubin"), str(KERNELS)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    blocks = re.findall(r"Compiling entry function '(\S+)'.*?\n(?:.*\n)*?.*?(\d+) bytes spill stores, (\d+) bytes spill "
-                        r"loads\n.*?Used (\d+) registers", proc.stderr)
+    blocks = re.findall(
+        r"Compiling entry function '(\S+)'.*?\n(?:.*\n)*?.*?(\d+) bytes spill stores, (\d+) bytes spill "
+        r"loads\n.*?Used (\d+) registers",
+        proc.stderr,
+    )
     checked = 0
     for name, stores, loads, regs in blocks:
         m = _NAME.search(name)
         if m and m.group(2) != "d" and m.group(3) != "DoubleBackward":
             checked += 1
             assert int(regs) <= 32 and stores == loads == "0", (name, regs, stores, loads)
-    assert checked == 2 * 3 * 2 * 3   # vec+scalar x float/bf16/half x fwd/bwd x forms
+    assert checked == 2 * 3 * 2 * 3  # vec+scalar x float/bf16/half x fwd/bwd x forms
 
 
 # ---- on a GPU ------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("approximate", APPROXIMATIONS)
@@ -213,16 +230,16 @@ def test_cuda_tails_and_misaligned_views(approximate, dtype):
     load()
     for n in (1, 7, 1023, 1024, 1025, 4097, 3 * 1024 * 1024 + 5):
         base = (torch.randn(n + 1, dtype=torch.float64, device="cuda") * 3).to(dtype)
-        for x in (base[:n], base[1:]):   # 16-byte aligned (vector kernel + tail) and misaligned (scalar)
+        for x in (base[:n], base[1:]):  # 16-byte aligned (vector kernel + tail) and misaligned (scalar)
             g = torch.randn(x.shape, dtype=torch.float64, device="cuda").to(dtype)
             y = torch.ops.trainlab.gelu_fwd(x, approximate)
             dx = torch.ops.trainlab.gelu_bwd(g, x, approximate)
             x64 = x.double().requires_grad_()
             ref = gelu_math.reference(x64, approximate)
-            ref_dx, = torch.autograd.grad(ref, x64, g.double())
-            atol, rtol = {torch.float64: (1e-13, 1e-12), torch.float32: (2e-6, 2e-6)}.get(dtype, (1e-5, 2.0 ** -7))
+            (ref_dx,) = torch.autograd.grad(ref, x64, g.double())
+            atol, rtol = {torch.float64: (1e-13, 1e-12), torch.float32: (2e-6, 2e-6)}.get(dtype, (1e-5, 2.0**-7))
             if dtype == torch.float16:
-                rtol = 2.0 ** -10
+                rtol = 2.0**-10
             torch.testing.assert_close(y.double(), ref.detach(), atol=atol, rtol=rtol)
             torch.testing.assert_close(dx.double(), ref_dx, atol=atol * float(g.abs().max()), rtol=rtol)
 
@@ -258,7 +275,7 @@ int emu_gelu_double_backward(int dtype, int approx, const void* gg, const void* 
 }
 }
 """
-_EMU_DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.float16: 3}   # the kernels' Dtype enum
+_EMU_DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.float16: 3}  # the kernels' Dtype enum
 
 
 @pytest.fixture(scope="module")
@@ -282,17 +299,17 @@ def test_emulated_cuda_kernels_every_path_and_form(emu_gelu, dtype):
     gen = torch.Generator().manual_seed(11)
     values = {k: (torch.randn(n, dtype=torch.float64, generator=gen) * 3).to(dtype) for k in ("x", "g", "gg")}
 
-    def placed(offset):   # the same values at a 16-byte aligned address (0) or one element past it (1)
+    def placed(offset):  # the same values at a 16-byte aligned address (0) or one element past it (1)
         out = {}
         for k, v in values.items():
             buf = torch.empty(n + 1, dtype=dtype)
-            buf[offset:offset + n] = v
-            out[k] = buf[offset:offset + n]
+            buf[offset : offset + n] = v
+            out[k] = buf[offset : offset + n]
         return out
 
-    atol, rtol = {torch.float64: (1e-13, 1e-12), torch.float32: (4e-6, 4e-6)}.get(dtype, (2e-5, 2.0 ** -7))
+    atol, rtol = {torch.float64: (1e-13, 1e-12), torch.float32: (4e-6, 4e-6)}.get(dtype, (2e-5, 2.0**-7))
     if dtype == torch.float16:
-        rtol = 2.0 ** -10
+        rtol = 2.0**-10
     for form, approx in enumerate(APPROXIMATIONS):
         results = []
         for offset in (0, 1):
@@ -301,14 +318,26 @@ def test_emulated_cuda_kernels_every_path_and_form(emu_gelu, dtype):
             assert (x.data_ptr() % 16 == 0) == (offset == 0)
             outs = [torch.empty_like(x) for _ in range(3)]
             assert emu_gelu.emu_gelu_forward(_EMU_DTYPES[dtype], form, x.data_ptr(), outs[0].data_ptr(), n) == 0
-            assert emu_gelu.emu_gelu_backward(_EMU_DTYPES[dtype], form, g.data_ptr(), x.data_ptr(), outs[1].data_ptr(), n) == 0
-            assert emu_gelu.emu_gelu_double_backward(_EMU_DTYPES[dtype], form, gg.data_ptr(), g.data_ptr(), x.data_ptr(),
-                                                     outs[2].data_ptr(), n) == 0
+            assert (
+                emu_gelu.emu_gelu_backward(_EMU_DTYPES[dtype], form, g.data_ptr(), x.data_ptr(), outs[1].data_ptr(), n)
+                == 0
+            )
+            assert (
+                emu_gelu.emu_gelu_double_backward(
+                    _EMU_DTYPES[dtype], form, gg.data_ptr(), g.data_ptr(), x.data_ptr(), outs[2].data_ptr(), n
+                )
+                == 0
+            )
             x64, g64, gg64 = x.double(), g.double(), gg.double()
-            refs = (gelu_math.forward(x64, approx), g64 * gelu_math.derivative(x64, approx),
-                    gg64 * g64 * gelu_math.second_derivative(x64, approx))
+            refs = (
+                gelu_math.forward(x64, approx),
+                g64 * gelu_math.derivative(x64, approx),
+                gg64 * g64 * gelu_math.second_derivative(x64, approx),
+            )
             for out, ref, scale in zip(outs, refs, (1.0, float(g64.abs().max()), float((gg64 * g64).abs().max()))):
-                torch.testing.assert_close(out.double(), ref, atol=atol * scale * 4, rtol=rtol, msg=f"{approx} offset {offset}")
+                torch.testing.assert_close(
+                    out.double(), ref, atol=atol * scale * 4, rtol=rtol, msg=f"{approx} offset {offset}"
+                )
             results.append(outs)
         for a, b in zip(*results):
             assert torch.equal(a, b), approx

@@ -22,7 +22,7 @@ def _synthetic_mnist(n=STEPS * BATCH, seed=0):
     y = torch.randint(0, 10, (n,), generator=g)
     x = torch.randn(n, 1, 28, 28, generator=g) * 0.3
     for c in range(10):
-        x[y == c, 0, 2 * c:2 * c + 6, 4:24] += 1.0
+        x[y == c, 0, 2 * c : 2 * c + 6, 4:24] += 1.0
     return x, y
 
 
@@ -33,7 +33,7 @@ def _train(act: str) -> list[float]:
     x, y = _synthetic_mnist()
     losses = []
     for i in range(STEPS):
-        xb, yb = x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
+        xb, yb = x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]
         loss = F.cross_entropy(model(xb), yb)
         opt.zero_grad()
         loss.backward()
@@ -54,9 +54,9 @@ def test_losses_agree_with_f_gelu(reference, act, monkeypatch, request):
         if not torch.cuda.is_available():
             monkeypatch.setenv("TRITON_INTERPRET", "1")
     if act == "gelu-cpp":
-        request.getfixturevalue("gelu_ext")   # skips without a compiler, fails on a GPU machine
+        request.getfixturevalue("gelu_ext")  # skips without a compiler, fails on a GPU machine
     losses = _train(act)
-    assert reference[-1] < reference[0]   # it is learning
+    assert reference[-1] < reference[0]  # it is learning
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=1e-4, atol=1e-5)
 
 

@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 from trainlab.ops import gelu  # noqa: E402
 
 APPROX = ["none", "tanh"]
-TOL = {torch.float64: (1e-13, 1e-12), torch.float32: (2e-6, 2e-6), torch.bfloat16: (1e-5, 2.0 ** -7)}
+TOL = {torch.float64: (1e-13, 1e-12), torch.float32: (2e-6, 2e-6), torch.bfloat16: (1e-5, 2.0**-7)}
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def _device():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_fwd_bwd_match_float64_reference(interpret, dtype, approximate):
     atol, rtol = TOL[dtype]
-    x = _x(10007, dtype).to(_device()).requires_grad_()   # not a multiple of the block: masked tail
+    x = _x(10007, dtype).to(_device()).requires_grad_()  # not a multiple of the block: masked tail
     g = torch.randn_like(x)
     y = gelu(x, impl="triton", approximate=approximate)
     y.backward(g)
@@ -54,8 +54,10 @@ def test_bf16_rounds_to_nearest_even_like_aten(interpret, approximate):
     ref = F.gelu(x, approximate=approximate)
     big = ref.abs() > 1e-3
     assert (y[big] != ref[big]).float().mean() < 0.1
-    assert torch.equal(torch.isnan(gelu(torch.tensor([math.nan], dtype=torch.bfloat16, device=_device()), impl="triton")),
-                       torch.tensor([True], device=_device()))
+    assert torch.equal(
+        torch.isnan(gelu(torch.tensor([math.nan], dtype=torch.bfloat16, device=_device()), impl="triton")),
+        torch.tensor([True], device=_device()),
+    )
 
 
 def test_edge_values_and_layouts(interpret):
@@ -75,7 +77,9 @@ def test_edge_values_and_layouts(interpret):
 @pytest.mark.parametrize("approximate", APPROX)
 def test_gradcheck_float64(interpret, approximate):
     x = _x(24, torch.float64).to(_device()).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t: gelu(t, impl="triton", approximate=approximate), (x,), eps=1e-6, atol=1e-6)
+    assert torch.autograd.gradcheck(
+        lambda t: gelu(t, impl="triton", approximate=approximate), (x,), eps=1e-6, atol=1e-6
+    )
 
 
 def test_interpreter_env_is_read_per_call(monkeypatch):

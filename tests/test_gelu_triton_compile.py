@@ -10,8 +10,7 @@ import pytest
 pytest.importorskip("triton")
 
 from trainlab.ops.gelu.gelu_triton import FORMS, ORDERS, _gelu_kernel  # noqa: E402
-from trainlab.ops.kernel_check import (ARCHS, cubin_sass, find_tool, sass_vector_widths, triton_asm,  # noqa: E402
-                                       vector_widths)
+from trainlab.ops.kernel_check import ARCHS, cubin_sass, find_tool, sass_vector_widths, triton_asm, vector_widths  # noqa: E402
 
 POINTERS = ("x_ptr", "g_ptr", "gg_ptr", "out_ptr")
 DTYPES = ("fp32", "bf16", "fp16", "fp64")
@@ -32,8 +31,9 @@ def _consts(order: int, dtype: str, form: int) -> dict:
 @pytest.mark.parametrize("order", list(ORDERS.values()), ids=list(ORDERS))
 def test_every_variant_compiles_with_128_bit_accesses(order, dtype, tanh):
     for arch in ARCHS:
-        ptx = triton_asm(_gelu_kernel, _signature(dtype), _consts(order, dtype, tanh), arch,
-                         aligned=(*POINTERS, "n"))["ptx"]
+        ptx = triton_asm(_gelu_kernel, _signature(dtype), _consts(order, dtype, tanh), arch, aligned=(*POINTERS, "n"))[
+            "ptx"
+        ]
         assert f".target sm_{arch}" in ptx
         assert vector_widths(ptx) == {"ld": {128}, "st": {128}}, (arch, vector_widths(ptx))
 
@@ -59,4 +59,6 @@ def test_offsets_are_64_bit():
     assert pid, ttir[:2000]
     widened = re.search(rf"(%[\w.]+) = arith\.extsi {re.escape(pid.group(1))} : i32 to i64", ttir)
     assert widened, "program_id is not sign-extended to i64"
-    assert re.search(rf"arith\.muli {re.escape(widened.group(1))}, %[\w.]+ : i64", ttir), "offset multiply is not 64-bit"
+    assert re.search(rf"arith\.muli {re.escape(widened.group(1))}, %[\w.]+ : i64", ttir), (
+        "offset multiply is not 64-bit"
+    )

@@ -13,14 +13,22 @@ def test_rows_alone_cumulative_peer_and_the_last_cumulative_row_is_gpt_best():
     base = baseline(bench)
     assert (base.impl, base.strategy, base.tf32, base.fused_optimizer) == ("hf", "ckpt", "off", False)
     alone = {r["changes"][-1]: r for r in rows if r["group"] == "alone"}
-    assert all(r["changes"][0] == "tf32" for r in alone.values())          # TF32 first, then each change alone
-    assert alone["vocab-pad"]["changes"] == ["tf32", "ours", "vocab-pad"]   # a lever of our model takes our model
+    assert all(r["changes"][0] == "tf32" for r in alone.values())  # TF32 first, then each change alone
+    assert alone["vocab-pad"]["changes"] == ["tf32", "ours", "vocab-pad"]  # a lever of our model takes our model
     assert alone["bf16"]["config"].impl == "hf" and alone["bf16"]["config"].strategy == "amp+ckpt"
     cumulative = [r for r in rows if r["group"] == "cumulative"]
     assert len(cumulative) == len(CHANGES) and cumulative[0]["changes"] == ["tf32"]
     best = cumulative[-1]["config"]
-    assert (best.impl, best.strategy, best.tf32, best.fused_optimizer, best.vocab_multiple, best.fused_qkv, best.loss,
-            best.micro_batch_auto) == ("ours", "amp+compile", "on", True, 64, True, "chunked", True)
+    assert (
+        best.impl,
+        best.strategy,
+        best.tf32,
+        best.fused_optimizer,
+        best.vocab_multiple,
+        best.fused_qkv,
+        best.loss,
+        best.micro_batch_auto,
+    ) == ("ours", "amp+compile", "on", True, 64, True, "chunked", True)
     p = peer(bench)
     assert (p.impl, p.strategy, p.fused_optimizer, p.micro_batch_auto) == ("hf", "amp+compile", True, True)
     assert rows[-1]["group"] == "separate" and rows[-1]["config"] is None and rows[-1]["status"]
@@ -28,18 +36,47 @@ def test_rows_alone_cumulative_peer_and_the_last_cumulative_row_is_gpt_best():
 
 def test_ablation_runs_on_cpu_same_tokens_report_schema(tmp_path, capsys):
     out = tmp_path / "abl"
-    argv = ["gpt", "ablation", "--model", "tiny", "--device", "cpu", "--global-batch", "2", "--micro-batch", "2",
-            "--seq", "16", "--steps", "2", "--warmup", "0", "--changes", "tf32,ours", "--groups", "baseline,cumulative",
-            "--out", str(out)]
+    argv = [
+        "gpt",
+        "ablation",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--global-batch",
+        "2",
+        "--micro-batch",
+        "2",
+        "--seq",
+        "16",
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "--changes",
+        "tf32,ours",
+        "--groups",
+        "baseline,cumulative",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     data = json.loads((out / "ablation.json").read_text())
     assert data["total_tokens"] == 2 * 16 * 2
     assert [r["group"] for r in data["rows"]] == ["baseline", "cumulative", "cumulative"]
-    for r in data["rows"]:   # the keys trainlab.report.ablation renders
+    for r in data["rows"]:  # the keys trainlab.report.ablation renders
         assert r["status"] == "ok", r
         assert r["tokens"] == data["total_tokens"]
-        for key in ("label", "tokens_per_s", "step_seconds_median", "total_seconds", "peak_memory_bytes",
-                    "tflops_per_device", "tflops_per_device_handout", "mfu"):
+        for key in (
+            "label",
+            "tokens_per_s",
+            "step_seconds_median",
+            "total_seconds",
+            "peak_memory_bytes",
+            "tflops_per_device",
+            "tflops_per_device_handout",
+            "mfu",
+        ):
             assert r[key] is not None and r[key] == r[key], key
         assert r["total_seconds"] > 0 and r["tokens_per_s"] > 0
     assert data["peak_tflops"] and data["peak_tflops_source"]

@@ -8,6 +8,10 @@ import sys
 
 import pytest
 
+from trainlab.cli import main
+from trainlab.gpt.bench import run_bench, token_batches
+from trainlab.gpt.compare import _classify, run_compare
+from trainlab.gpt.config import CompareConfig, GPTBenchConfig
 from trainlab.gpt.flops import (
     attention_flops_per_token,
     flops_per_token,
@@ -15,20 +19,32 @@ from trainlab.gpt.flops import (
     hardware_flops_per_token,
     mfu,
 )
-from trainlab.gpt.bench import run_bench, token_batches
-from trainlab.gpt.config import CompareConfig, GPTBenchConfig
-from trainlab.gpt.compare import _classify, run_compare
-from trainlab.cli import main
 from trainlab.gpt.model import count_params, get_preset
 
-TINY = ["--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--global-batch", "4",
-        "--micro-batch", "4", "--seq", "32"]
+TINY = [
+    "--model",
+    "tiny",
+    "--device",
+    "cpu",
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--global-batch",
+    "4",
+    "--micro-batch",
+    "4",
+    "--seq",
+    "32",
+]
 
 
 def test_flops_formulas_by_hand():
     cfg = get_preset("tiny")  # C=64, L=4, T=64, V=512
     N = count_params(cfg)
-    assert N == 512 * 64 + 64 * 64 + 4 * (4 * 64 + 4 * (64 * 64 + 64) + 64 * 256 + 256 + 256 * 64 + 64) + 2 * 64 == 236_928
+    assert (
+        N == 512 * 64 + 64 * 64 + 4 * (4 * 64 + 4 * (64 * 64 + 64) + 64 * 256 + 256 + 256 * 64 + 64) + 2 * 64 == 236_928
+    )
     assert attention_flops_per_token(cfg, 64) == 12 * 4 * 64 * 64 == 196_608
     assert flops_per_token(cfg, 64) == 6 * 236_928 + 196_608 == 1_618_176
     assert flops_per_token(cfg, 64, checkpointing=True) == 8 * 236_928 + 196_608
@@ -59,8 +75,17 @@ def test_bench_json_contract_and_run_dir(tmp_path, capsys):
     assert text.startswith("== trainlab") and "config:" in text  # header first
     assert "step 1/2" in text and "summary none" in text
     s = json.loads(out_json.read_text())
-    for key in ("strategy", "world_size", "params", "step_seconds_median", "tokens_per_s", "tflops_per_device", "mfu",
-                "peak_memory_bytes", "losses"):
+    for key in (
+        "strategy",
+        "world_size",
+        "params",
+        "step_seconds_median",
+        "tokens_per_s",
+        "tflops_per_device",
+        "mfu",
+        "peak_memory_bytes",
+        "losses",
+    ):
         assert key in s, key
     assert s["strategy"] == "none" and s["world_size"] == 1 and s["params"] == 236_928
     assert len(s["losses"]) == 3 and all(math.isfinite(x) for x in s["losses"])
@@ -70,7 +95,9 @@ def test_bench_json_contract_and_run_dir(tmp_path, capsys):
     assert s["tflops_per_device"] == pytest.approx(flops_per_token(get_preset("tiny"), 32) * s["tokens_per_s"] / 1e12)
     # the handout's N (its get_model_size: tied 512×64 embedding twice) and the distinct N
     assert s["params_handout"] == 236_928 + 512 * 64
-    assert s["tflops_per_device_handout"] == pytest.approx(handout_tflops(236_928 + 512 * 64, 4, 32, s["step_seconds_median"]))
+    assert s["tflops_per_device_handout"] == pytest.approx(
+        handout_tflops(236_928 + 512 * 64, 4, 32, s["step_seconds_median"])
+    )
     assert s["tflops_per_device_8n"] == pytest.approx(handout_tflops(236_928, 4, 32, s["step_seconds_median"]))
     assert s["tf32"] == {"matmul_allow_tf32": False, "cudnn_allow_tf32": False, "float32_matmul_precision": "highest"}
     assert s["config"]["tf32"] == "off"
@@ -79,7 +106,9 @@ def test_bench_json_contract_and_run_dir(tmp_path, capsys):
     assert s["predicted_peak_bytes"] == pre.predicted_peak_bytes > 0
     assert s["config"]["strategy"]["text"] == "none" and s["config"]["device"] == "cpu"  # config.json is the plan
     assert 0 < s["mfu"] < 5 and s["peak_memory_bytes"] > 10**7
-    assert (run_dir / "summary.json").exists() and (run_dir / "config.json").exists() and (run_dir / "env.json").exists()
+    assert (
+        (run_dir / "summary.json").exists() and (run_dir / "config.json").exists() and (run_dir / "env.json").exists()
+    )
     assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
 
@@ -97,29 +126,34 @@ def test_same_seed_same_start_across_strategies_and_impls():
     """none, accum and the HF model (+ckpt) start from the same weights, see the same tokens, train alike."""
     base = dict(model="tiny", device="cpu", steps=2, warmup=0, global_batch=4, micro_batch=4, seq=32, seed=3)
     ref = run_bench(GPTBenchConfig(strategy="none", **base).plan(), log=lambda *a: None)["losses"]
-    accum = run_bench(GPTBenchConfig(strategy="accum", **{**base, "micro_batch": 2}).plan(), log=lambda *a: None)["losses"]
+    accum = run_bench(GPTBenchConfig(strategy="accum", **{**base, "micro_batch": 2}).plan(), log=lambda *a: None)[
+        "losses"
+    ]
     hf = run_bench(GPTBenchConfig(strategy="ckpt", impl="hf", **base).plan(), log=lambda *a: None)["losses"]
     assert accum == pytest.approx(ref, abs=1e-5)
     assert hf == pytest.approx(ref, abs=1e-4)  # HF GPT2LMHeadModel with gradient checkpointing
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--model", "gpt5"], "--model"),
-    (["--micro-batch", "3"], "--micro-batch"),
-    (["--strategy", "warp"], "--strategy"),
-    (["--strategy", "ddp+zero3"], "--strategy"),
-    (["--steps", "0"], "--steps"),
-    (["--nproc", "2"], "--nproc"),                   # strategy none is single-process
-    (["--strategy", "tp", "--nproc", "2", "--tp", "3"], "--"),
-    (["--seq", "999"], "--seq"),
-    (["--device", "cuda"], "--device"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--model", "gpt5"], "--model"),
+        (["--micro-batch", "3"], "--micro-batch"),
+        (["--strategy", "warp"], "--strategy"),
+        (["--strategy", "ddp+zero3"], "--strategy"),
+        (["--steps", "0"], "--steps"),
+        (["--nproc", "2"], "--nproc"),  # strategy none is single-process
+        (["--strategy", "tp", "--nproc", "2", "--tp", "3"], "--"),
+        (["--seq", "999"], "--seq"),
+        (["--device", "cuda"], "--device"),
+    ],
+)
 def test_bench_bad_input_is_one_line_exit_2(argv, flag, capsys):
     args = list(TINY)
     for i in range(0, len(argv), 2):  # override defaults in TINY
         if argv[i] in args:
             j = args.index(argv[i])
-            del args[j:j + 2]
+            del args[j : j + 2]
     if "--device" in argv and __import__("torch").cuda.is_available():
         pytest.skip("a GPU is present")
     assert main(["gpt", "bench", *args, *argv]) == 2
@@ -132,7 +166,9 @@ def test_compare_classifies_failures():
     assert _classify(1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB") == "OOM"
     assert _classify(1, "RuntimeError: DefaultCPUAllocator: can't allocate memory") == "OOM"
     assert _classify(2, "trainlab: error: --tp 3: must divide") == "invalid"
-    assert _classify(3, "trainlab: error: gpt bench: the loss became non-finite (nan on rank 0) at step 2") == "diverged"
+    assert (
+        _classify(3, "trainlab: error: gpt bench: the loss became non-finite (nan on rank 0) at step 2") == "diverged"
+    )
     assert _classify(-9, "Killed") == "failed"
 
 
@@ -163,22 +199,32 @@ def test_bench_nproc_2_relaunches_under_torchrun_and_matches_single_process(tmp_
     args = ["-m", "trainlab", "gpt", "bench", *TINY, "--micro-batch", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ddp = tmp_path / "ddp.json"
-    proc = subprocess.run([sys.executable, *args, "--strategy", "ddp", "--nproc", "2", "--json", str(ddp)],
-                          capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run(
+        [sys.executable, *args, "--strategy", "ddp", "--nproc", "2", "--json", str(ddp)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "launching 2 workers (torch.distributed elastic agent)" in proc.stdout
-    single = run_bench(GPTBenchConfig(model="tiny", device="cpu", steps=2, warmup=1, global_batch=4, micro_batch=2, seq=32).plan(),
-                       log=lambda *a: None)
+    single = run_bench(
+        GPTBenchConfig(model="tiny", device="cpu", steps=2, warmup=1, global_batch=4, micro_batch=2, seq=32).plan(),
+        log=lambda *a: None,
+    )
     d = json.loads(ddp.read_text())
     assert d["world_size"] == 2 and len(d["peak_memory_per_rank"]) == 2
     assert d["losses"] == pytest.approx(single["losses"], abs=1e-5)
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--strategies", "none,warp"], "--strategy"),
-    (["--timeout", "0"], "--timeout"),
-    (["--model", "gpt5"], "--model"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--strategies", "none,warp"], "--strategy"),
+        (["--timeout", "0"], "--timeout"),
+        (["--model", "gpt5"], "--model"),
+    ],
+)
 def test_compare_bad_input_is_one_line_exit_2(argv, flag, tmp_path, capsys):
     assert main(["gpt", "compare", *TINY, "--out", str(tmp_path), *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -187,8 +233,12 @@ def test_compare_bad_input_is_one_line_exit_2(argv, flag, tmp_path, capsys):
 
 @pytest.mark.gpu
 def test_bench_on_cuda_reports_allocator_peaks(tmp_path):
-    s = run_bench(GPTBenchConfig(model="tiny", device="cuda", strategy="amp", steps=2, warmup=1, global_batch=4,
-                              micro_batch=4, seq=32).plan(), log=lambda *a: None)
+    s = run_bench(
+        GPTBenchConfig(
+            model="tiny", device="cuda", strategy="amp", steps=2, warmup=1, global_batch=4, micro_batch=4, seq=32
+        ).plan(),
+        log=lambda *a: None,
+    )
     mem = s["peak_memory_per_rank"][0]
     assert mem["peak_allocated_bytes"] > 0 and mem["peak_reserved_bytes"] >= mem["peak_allocated_bytes"]
     assert s["peak_memory_kind"] == "allocated" and s["peak_tflops"] is not None and 0 < s["mfu"] < 1

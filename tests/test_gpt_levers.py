@@ -35,7 +35,9 @@ def _loss_and_grads(cfg: GPTConfig, chunked: bool = False, amp: bool = False, ch
     model = build_gpt(cfg, seed=0)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
         if chunked:
-            loss = model(TOKENS, targets=TOKENS, hidden_loss=lambda h, w, m, t: chunked_lm_loss(h, w, m, t, chunk=chunk))
+            loss = model(
+                TOKENS, targets=TOKENS, hidden_loss=lambda h, w, m, t: chunked_lm_loss(h, w, m, t, chunk=chunk)
+            )
         else:
             loss = lm_loss(model(TOKENS), TOKENS)
     loss.backward()
@@ -50,7 +52,7 @@ def _unfused(grads: dict, cfg: GPTConfig) -> dict:
             for part, piece in zip(("q_proj", "k_proj", "v_proj"), g.chunk(3)):
                 out[n.replace("qkv_proj", part)] = piece
         elif n in ("wte.weight", "lm_head.weight"):
-            out[n] = g[:cfg.vocab_size]
+            out[n] = g[: cfg.vocab_size]
         else:
             out[n] = g
     return out
@@ -64,6 +66,7 @@ def _assert_same(a: dict, b: dict):
 
 # ---------------------------------------------------------------------------------------------- padding
 
+
 def test_padded_vocabulary_masks_pad_logits_and_keeps_loss_and_grads():
     padded = replace(ODD, vocab_multiple=64)
     assert padded.padded_vocab == 512 and replace(get_preset("gpt2-1.6b"), vocab_multiple=64).padded_vocab == 50304
@@ -71,10 +74,10 @@ def test_padded_vocabulary_masks_pad_logits_and_keeps_loss_and_grads():
     loss, grads, model = _loss_and_grads(padded)
     logits = model(TOKENS)
     assert logits.shape[-1] == 512
-    assert torch.isneginf(logits[..., 500:]).all()            # a pad logit never wins the softmax
+    assert torch.isneginf(logits[..., 500:]).all()  # a pad logit never wins the softmax
     assert torch.isfinite(logits[..., :500]).all()
     torch.testing.assert_close(loss, base_loss, **TOL)
-    assert (grads["wte.weight"][500:] == 0).all()              # pad rows are never trained
+    assert (grads["wte.weight"][500:] == 0).all()  # pad rows are never trained
     _assert_same(_unfused(grads, padded), base_grads)
 
 
@@ -97,6 +100,7 @@ def test_padded_vocabulary_hf_parity_both_ways():
 
 # ---------------------------------------------------------------------------------------------- fused QKV
 
+
 def test_fused_qkv_is_one_linear_with_the_same_loss_and_grads():
     fused = replace(ODD, fused_qkv=True)
     base_loss, base_grads, _ = _loss_and_grads(ODD)
@@ -109,13 +113,14 @@ def test_fused_qkv_is_one_linear_with_the_same_loss_and_grads():
 
 def test_fused_qkv_starts_from_hfs_function():
     fused = replace(ODD, fused_qkv=True)
-    hf = build_hf_model(fused, seed=0).eval()                # HF's own layout, our seeded init
+    hf = build_hf_model(fused, seed=0).eval()  # HF's own layout, our seeded init
     ours = build_gpt(fused, seed=0).eval()
     with torch.no_grad():
         torch.testing.assert_close(ours(TOKENS), hf(input_ids=TOKENS, use_cache=False).logits, **TOL)
 
 
 # ---------------------------------------------------------------------------------------------- chunked CE
+
 
 @pytest.mark.parametrize("cfg", [ODD, replace(ODD, vocab_multiple=64)], ids=["plain", "padded"])
 @pytest.mark.parametrize("chunk", [7, 48, 4096])  # 48 = all 3·16 tokens; 7 leaves a ragged last chunk
@@ -130,7 +135,7 @@ def test_chunked_cross_entropy_under_bf16_autocast_is_the_plain_path_within_bf16
     base_loss, base_grads, _ = _loss_and_grads(ODD, amp=True)
     loss, grads, _ = _loss_and_grads(ODD, chunked=True, amp=True)
     torch.testing.assert_close(loss, base_loss, rtol=2e-3, atol=2e-3)
-    for n in base_grads:   # bf16 GEMMs in both, summed in different orders
+    for n in base_grads:  # bf16 GEMMs in both, summed in different orders
         err = (grads[n] - base_grads[n]).abs().max() / base_grads[n].abs().max().clamp_min(1e-12)
         assert err < 0.02, (n, float(err))
 
@@ -149,6 +154,7 @@ def test_chunked_loss_scales_with_the_upstream_gradient():
 
 # ---------------------------------------------------------------------------------------------- plan fields
 
+
 def _trained(plan, steps=2):
     engine = GPTEngine(plan, DistInfo())
     gen = torch.Generator().manual_seed(1)
@@ -156,9 +162,16 @@ def _trained(plan, steps=2):
     return losses, engine.full_state_dict()
 
 
-@pytest.mark.parametrize("flags", [dict(vocab_multiple=64), dict(fused_qkv=True), dict(loss="chunked"),
-                                   dict(vocab_multiple=64, fused_qkv=True, loss="chunked")],
-                         ids=["pad", "qkv", "chunked", "all"])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(vocab_multiple=64),
+        dict(fused_qkv=True),
+        dict(loss="chunked"),
+        dict(vocab_multiple=64, fused_qkv=True, loss="chunked"),
+    ],
+    ids=["pad", "qkv", "chunked", "all"],
+)
 def test_each_lever_is_a_plan_field_that_trains_like_the_plain_engine(flags):
     """Two AdamW steps with accumulation: same losses and weights as the plain plan (HF's layout compared)."""
     common = dict(strategy="accum", global_batch=4, micro_batch=2, seq_len=16)
@@ -175,12 +188,15 @@ def test_each_lever_is_a_plan_field_that_trains_like_the_plain_engine(flags):
         torch.testing.assert_close(a[n], b[n], rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")
 
 
-@pytest.mark.parametrize("flags,strategy,impl,match", [
-    (dict(vocab_multiple=64), "none", "hf", "--vocab-multiple"),
-    (dict(fused_qkv=True), "none", "hf", "--fused-qkv"),
-    (dict(loss="chunked"), "none", "hf", "--loss chunked"),
-    (dict(vocab_multiple=2048), "none", "ours", "--vocab-multiple 2048"),
-])
+@pytest.mark.parametrize(
+    "flags,strategy,impl,match",
+    [
+        (dict(vocab_multiple=64), "none", "hf", "--vocab-multiple"),
+        (dict(fused_qkv=True), "none", "hf", "--fused-qkv"),
+        (dict(loss="chunked"), "none", "hf", "--loss chunked"),
+        (dict(vocab_multiple=2048), "none", "ours", "--vocab-multiple 2048"),
+    ],
+)
 def test_levers_refuse_what_they_cannot_do(flags, strategy, impl, match):
     with pytest.raises(ConfigError, match=match):
         make_plan("tiny", strategy, impl=impl, **flags)
@@ -202,12 +218,13 @@ def test_plan_round_trips_the_levers():
 
 # ---------------------------------------------------------------------------------------------- planner
 
+
 def test_planner_models_padding_and_the_chunked_loss():
     big = get_preset("gpt2-1.6b")
     plain = predict_memory(big, "amp", micro_batch=16, optimizer="fused")
     padded = predict_memory(replace(big, vocab_multiple=64), "amp", micro_batch=16, optimizer="fused")
     chunked = predict_memory(replace(big, vocab_multiple=64), "amp", micro_batch=16, optimizer="fused", loss="chunked")
-    assert padded["params_bytes"] - plain["params_bytes"] == 4 * 47 * 1600      # 47 pad rows in fp32
+    assert padded["params_bytes"] - plain["params_bytes"] == 4 * 47 * 1600  # 47 pad rows in fp32
     # 16·1024 tokens × 50304 × (fp32 log-softmax + 2 fp32 + 1 bf16 gradient) no longer at once
     assert plain["total_bytes"] - chunked["total_bytes"] > 8 * 2**30
     assert chunked["activations_bytes"] < padded["activations_bytes"]
@@ -218,8 +235,16 @@ def test_chunked_loss_prediction_matches_measured_peak(strategy, b):
     """Live tensor bytes on CPU (exact), as test_gpt_planner does for the strategies; tiny, seq 64."""
     from trainlab.gpt.planner import measure_step_peak_bytes
 
-    plan = make_plan(replace(get_preset("tiny"), vocab_size=500), strategy, global_batch=b, micro_batch=b, seq_len=64,
-                     vocab_multiple=64, fused_qkv=True, loss="chunked")
+    plan = make_plan(
+        replace(get_preset("tiny"), vocab_size=500),
+        strategy,
+        global_batch=b,
+        micro_batch=b,
+        seq_len=64,
+        vocab_multiple=64,
+        fused_qkv=True,
+        loss="chunked",
+    )
     tokens = torch.randint(500, (b, 64), generator=torch.Generator().manual_seed(0))
     measured = measure_step_peak_bytes(GPTEngine(plan, DistInfo()), tokens)
     predicted = predict_plan(plan)["total_bytes"]
@@ -227,6 +252,7 @@ def test_chunked_loss_prediction_matches_measured_peak(strategy, b):
 
 
 # ---------------------------------------------------------------------------------------------- micro-batch
+
 
 def _auto(mem, **kw):
     kw = {"seq": 64, **kw}
@@ -237,23 +263,37 @@ def _auto(mem, **kw):
 def test_auto_micro_batch_is_the_largest_that_fits_with_no_accumulation_when_it_can():
     roomy = _auto(2**40)
     assert (roomy.micro_batch, roomy.micro_steps, roomy.micro_batch_auto) == (16, 1, True)
-    peaks = {mb: make_plan("tiny", global_batch=16, micro_batch=mb, seq_len=64).predicted_peak_bytes for mb in (1, 2, 4, 8, 16)}
-    budget = (peaks[4] + peaks[8]) // 2       # the host budget is the machine's memory on CPU
+    peaks = {
+        mb: make_plan("tiny", global_batch=16, micro_batch=mb, seq_len=64).predicted_peak_bytes
+        for mb in (1, 2, 4, 8, 16)
+    }
+    budget = (peaks[4] + peaks[8]) // 2  # the host budget is the machine's memory on CPU
     tight = _auto(budget)
     assert (tight.micro_batch, tight.micro_steps) == (4, 4)
     assert tight.predicted_peak_bytes == peaks[4]
-    assert _auto(2**40, strategy="accum").micro_batch == 8     # accum asks for 2+ micro-steps
+    assert _auto(2**40, strategy="accum").micro_batch == 8  # accum asks for 2+ micro-steps
     with pytest.raises(HardwareError, match="--micro-batch-auto: no micro-batch fits"):
         _auto(peaks[1] // 2)
 
 
 # ---------------------------------------------------------------------------------------------- distributed
 
+
 def _levers_under(info, cases):
     out = {}
     for name, strategy in cases:
-        plan = make_plan("tiny", strategy, world=info.world_size, global_batch=4, micro_batch=2, seq_len=16,
-                         optimizer="sgd", vocab_multiple=100, fused_qkv=True, loss="chunked")
+        plan = make_plan(
+            "tiny",
+            strategy,
+            world=info.world_size,
+            global_batch=4,
+            micro_batch=2,
+            seq_len=16,
+            optimizer="sgd",
+            vocab_multiple=100,
+            fused_qkv=True,
+            loss="chunked",
+        )
         engine = GPTEngine(plan, info)
         gen = torch.Generator().manual_seed(1)
         losses = [engine.train_step(torch.randint(512, (4, 16), generator=gen)) for _ in range(2)]
@@ -283,6 +323,7 @@ def test_levers_under_ddp_and_zero3_train_like_the_plain_single_process():
 
 # ---------------------------------------------------------------------------------------------- on a GPU
 
+
 def _cuda_step(cfg: GPTConfig, chunked: bool, b: int = 4, seq: int = 256):
     """One bf16-autocast forward/backward of `cfg` on the GPU: loss, grads (plain layout), peak bytes."""
     torch.cuda.reset_peak_memory_stats()
@@ -291,8 +332,7 @@ def _cuda_step(cfg: GPTConfig, chunked: bool, b: int = 4, seq: int = 256):
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = (model(tokens, targets=tokens, hidden_loss=chunked_lm_loss) if chunked
-                else lm_loss(model(tokens), tokens))
+        loss = model(tokens, targets=tokens, hidden_loss=chunked_lm_loss) if chunked else lm_loss(model(tokens), tokens)
     loss.backward()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
@@ -324,8 +364,18 @@ def test_lever_plan_prediction_matches_cuda_allocator_peak(strategy):
     torch.cuda.max_memory_allocated of the engine's step: GPT-2 small, seq 256, micro-batch 4; 15 %."""
     from trainlab.gpt.plan import Machine as M
 
-    plan = make_plan("gpt2", strategy, device="cuda", global_batch=4, micro_batch=4, seq_len=256,
-                     vocab_multiple=64, fused_qkv=True, loss="chunked", machine=M.detect())
+    plan = make_plan(
+        "gpt2",
+        strategy,
+        device="cuda",
+        global_batch=4,
+        micro_batch=4,
+        seq_len=256,
+        vocab_multiple=64,
+        fused_qkv=True,
+        loss="chunked",
+        machine=M.detect(),
+    )
     tokens = torch.randint(50257, (4, 256))
     engine = GPTEngine(plan, DistInfo(device=torch.device("cuda", 0)))
     engine.train_step(tokens)
@@ -344,8 +394,16 @@ def test_auto_micro_batch_on_this_gpu_fits_and_runs():
     from trainlab.gpt.planner import usable_bytes
 
     machine = Machine.detect()
-    plan = GPTBenchConfig(model="gpt2", strategy="amp", device="cuda", global_batch=32, micro_batch_auto=True,
-                          vocab_multiple=64, fused_qkv=True, loss="chunked").plan(machine)
+    plan = GPTBenchConfig(
+        model="gpt2",
+        strategy="amp",
+        device="cuda",
+        global_batch=32,
+        micro_batch_auto=True,
+        vocab_multiple=64,
+        fused_qkv=True,
+        loss="chunked",
+    ).plan(machine)
     assert plan.micro_batch_auto and plan.predicted_peak_bytes <= usable_bytes(machine.memory_bytes)
     engine = GPTEngine(plan, DistInfo(device=torch.device("cuda", 0)))
     torch.cuda.reset_peak_memory_stats()
@@ -354,8 +412,9 @@ def test_auto_micro_batch_on_this_gpu_fits_and_runs():
 
 
 def _offload_run(info, fused):
-    plan = make_plan("tiny", "offload", world=info.world_size, global_batch=4, micro_batch=2, seq_len=16,
-                     fused_optimizer=fused)
+    plan = make_plan(
+        "tiny", "offload", world=info.world_size, global_batch=4, micro_batch=2, seq_len=16, fused_optimizer=fused
+    )
     engine = GPTEngine(plan, info)
     gen = torch.Generator().manual_seed(1)
     losses = [engine.train_step(torch.randint(512, (4, 16), generator=gen)) for _ in range(3)]
@@ -373,7 +432,7 @@ def test_offload_with_the_fused_cpu_adamw_trains_like_the_default_kernel():
     kernel1, losses1, sd1 = spawn_for_test(_offload_run, 2, True, timeout_s=200)[0]
     assert (kernel0, kernel1) == ("forloop", "fused")
     assert losses1 == pytest.approx(losses0, rel=1e-5)
-    for k in sd0:   # Adam's ≈ lr·sign(g) first steps: within a fraction of lr, as test_gpt_parallel's AdamW cases
+    for k in sd0:  # Adam's ≈ lr·sign(g) first steps: within a fraction of lr, as test_gpt_parallel's AdamW cases
         assert (sd1[k] - sd0[k]).abs().max() <= 0.2 * 5e-4, k
 
 

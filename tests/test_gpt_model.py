@@ -32,7 +32,7 @@ def test_param_count_1_6b_on_meta_distinct_parameters():
     cfg = get_preset("gpt2-1.6b")
     model = build_gpt(cfg, device="meta")
     assert all(p.is_meta for p in model.parameters())
-    assert sum(p.numel() for p in model.parameters()) == 1_557_611_200   # each parameter once
+    assert sum(p.numel() for p in model.parameters()) == 1_557_611_200  # each parameter once
     assert count_params(cfg) == 1_557_611_200
 
 
@@ -44,7 +44,7 @@ def test_handouts_get_model_size_counts_the_tied_embedding_twice():
     from trainlab.gpt.flops import handout_model_size, handout_param_count
     from trainlab.gpt.model import hf_config
 
-    def get_model_size(model):   # the handout's code, verbatim
+    def get_model_size(model):  # the handout's code, verbatim
         total_numel = 0
         for module in model.modules():
             for p in module.parameters(recurse=False):

@@ -22,17 +22,16 @@ import time
 
 import pytest
 import torch
+from gpt_plans import make_plan
 
-from trainlab.gpt.model import get_preset, initial_value
-from trainlab.gpt.engine import GPTEngine
 from trainlab.distributed.launch import DistInfo
 from trainlab.distributed.spawn import spawn_for_test
-
-from gpt_plans import make_plan
+from trainlab.gpt.engine import GPTEngine
+from trainlab.gpt.model import get_preset, initial_value
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 
-PRESET = "tiny"          # C=64, L=4, H=4, V=512
+PRESET = "tiny"  # C=64, L=4, H=4, V=512
 GLOBAL_BATCH, SEQ, STEPS = 8, 32, 3
 LR = {"sgd": 0.5, "adamw": 5e-4}  # SGD lr large so a wrong gradient moves parameters visibly
 
@@ -75,8 +74,17 @@ def batches(cfg) -> torch.Tensor:
 
 def train(info: DistInfo, strategy: str, optimizer: str, preset: str = PRESET, **kwargs):
     cfg = get_preset(preset)
-    plan = make_plan(preset, strategy, world=info.world_size, lr=LR[optimizer], seed=7, global_batch=GLOBAL_BATCH,
-                     seq_len=SEQ, optimizer=optimizer, **kwargs)
+    plan = make_plan(
+        preset,
+        strategy,
+        world=info.world_size,
+        lr=LR[optimizer],
+        seed=7,
+        global_batch=GLOBAL_BATCH,
+        seq_len=SEQ,
+        optimizer=optimizer,
+        **kwargs,
+    )
     engine = GPTEngine(plan, info)
     losses = [engine.train_step(x) for x in batches(cfg)]
     train.param_bytes = engine.local_parameter_bytes()
@@ -89,8 +97,12 @@ def run_cases(info: DistInfo, cases: list[tuple[str, str, dict]]) -> dict:
     for name, optimizer, kwargs in cases:
         t0 = time.perf_counter()
         losses, sd = train(info, optimizer=optimizer, **dict(kwargs))
-        out[(name, optimizer)] = {"losses": losses, "state": sd, "seconds": time.perf_counter() - t0,
-                                  "param_bytes": train.param_bytes}
+        out[(name, optimizer)] = {
+            "losses": losses,
+            "state": sd,
+            "seconds": time.perf_counter() - t0,
+            "param_bytes": train.param_bytes,
+        }
     return out
 
 
@@ -143,10 +155,18 @@ def test_strategy_matches_single_process(spawned, name, optimizer):
     _assert_params_match(rank0["state"], ref_state, optimizer)
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("ddp", "replicated"), ("zero1", "replicated"), ("zero2", "halved"), ("zero3", "halved"),
-    ("offload", "halved"), ("tp", "blocks halved"), ("pp-1f1b", "stages"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("ddp", "replicated"),
+        ("zero1", "replicated"),
+        ("zero2", "halved"),
+        ("zero3", "halved"),
+        ("offload", "halved"),
+        ("tp", "blocks halved"),
+        ("pp-1f1b", "stages"),
+    ],
+)
 def test_strategy_really_partitions_parameters(spawned, name, expected):
     """Guards against a strategy that silently falls back to full replication."""
     from trainlab.gpt.model import count_params
@@ -171,8 +191,19 @@ def test_reference_actually_trains():
     """Guards the tests above against a vacuous reference: SGD with lr 0.5 lowers the loss on a
     repeated batch and moves every parameter tensor away from its initial value."""
     cfg = get_preset(PRESET)
-    engine = GPTEngine(make_plan(PRESET, "none", lr=LR["sgd"], seed=7, global_batch=GLOBAL_BATCH, seq_len=SEQ,
-                                 micro_batch=GLOBAL_BATCH, optimizer="sgd"), DistInfo())
+    engine = GPTEngine(
+        make_plan(
+            PRESET,
+            "none",
+            lr=LR["sgd"],
+            seed=7,
+            global_batch=GLOBAL_BATCH,
+            seq_len=SEQ,
+            micro_batch=GLOBAL_BATCH,
+            optimizer="sgd",
+        ),
+        DistInfo(),
+    )
     x = batches(cfg)[0]
     losses = [engine.train_step(x) for _ in range(3)]
     assert losses[2] < losses[0] - 1e-3

@@ -8,12 +8,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from gpt_plans import make_plan
 
-from trainlab.gpt.engine import GPTEngine
 from trainlab.distributed.launch import DistInfo
 from trainlab.distributed.spawn import SpawnError, spawn_for_test
-
-from gpt_plans import make_plan
+from trainlab.gpt.engine import GPTEngine
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 
@@ -42,7 +41,9 @@ def test_hung_rank_times_out_instead_of_hanging():
     # rank 1's 60 s sleep or the harness's 50 s limit
     assert "rank 0 failed" in str(err.value)
     # the engine names the cause in one line (PeerFailure, a HardwareError → `trainlab: error: ...` in the CLI)
-    assert "PeerFailure: rank 0/2: a collective failed: another rank died or stalled longer than the 3 s" in str(err.value)
+    assert "PeerFailure: rank 0/2: a collective failed: another rank died or stalled longer than the 3 s" in str(
+        err.value
+    )
     assert elapsed < 45
 
 

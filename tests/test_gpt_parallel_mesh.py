@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from test_gpt_parallel import _assert_params_match, reference, run_cases
+
 from trainlab.distributed.spawn import spawn_for_test
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(420)]
 
 
 def test_tp_pp_2x2_matches_single_process():
-    cases = [("tp+pp", "sgd", dict(strategy="tp+pp", micro_batch=2, pp_schedule="1f1b")),
-             ("tp+pp", "adamw", dict(strategy="tp+pp", micro_batch=2, pp_schedule="gpipe"))]
+    cases = [
+        ("tp+pp", "sgd", dict(strategy="tp+pp", micro_batch=2, pp_schedule="1f1b")),
+        ("tp+pp", "adamw", dict(strategy="tp+pp", micro_batch=2, pp_schedule="gpipe")),
+    ]
     results = spawn_for_test(run_cases, 4, cases, timeout_s=400)
     for optimizer in ("sgd", "adamw"):
         ref_losses, ref_state = reference(optimizer)

@@ -24,8 +24,9 @@ def _bench(strategy: str, device: str, **kw) -> GPTBenchConfig:
     spec = parse_strategy(strategy)
     nproc = 2 if spec.distributed else 1
     micro = 2 if spec.accum or spec.pp else 4
-    return GPTBenchConfig(model="gpt2-1.6b", strategy=strategy, nproc=nproc, device=device, global_batch=8,
-                          micro_batch=micro, **kw)
+    return GPTBenchConfig(
+        model="gpt2-1.6b", strategy=strategy, nproc=nproc, device=device, global_batch=8, micro_batch=micro, **kw
+    )
 
 
 def test_issue_28_device_auto_and_cuda_predict_the_same():
@@ -51,36 +52,48 @@ def test_preflight_and_in_run_predictions_are_equal(strategy, device):
 
 
 def test_plan_resolves_every_setting():
-    p = GPTBenchConfig(model="tiny", strategy="bf16+accum+ckpt", global_batch=8, micro_batch=2, seq=32,
-                       fused_optimizer=True).plan(Machine(gpus=1, sm=80))
+    p = GPTBenchConfig(
+        model="tiny", strategy="bf16+accum+ckpt", global_batch=8, micro_batch=2, seq=32, fused_optimizer=True
+    ).plan(Machine(gpus=1, sm=80))
     assert (p.device, p.sm, p.amp, p.checkpointing, p.offload) == ("cuda", 80, "bf16", "full", False)
     assert (p.per_rank_batch, p.micro_batch, p.micro_steps, p.seq) == (8, 2, 4, 32)
     assert p.optimizer_kernel == "fused" and p.attention.backend == "flash"
     assert p.strategy.text == "bf16+accum+ckpt" and p.model.n_layer == 4
     # a pipeline's micro-batch is the per-rank batch over its micro-batches, whatever --micro-batch said
-    pp = GPTBenchConfig(model="tiny", strategy="pp", nproc=2, device="cpu", global_batch=8, micro_batch=2,
-                        microbatches=2).plan(Machine())
+    pp = GPTBenchConfig(
+        model="tiny", strategy="pp", nproc=2, device="cpu", global_batch=8, micro_batch=2, microbatches=2
+    ).plan(Machine())
     assert (pp.degrees.pp, pp.micro_steps, pp.micro_batch) == (2, 2, 4)
-    assert pp.predicted_peak_bytes == predict_memory(pp.model, "pp", 2, 4, 64, microbatches=2, device_type="cpu",
-                                                     optimizer="forloop")["total_bytes"]
+    assert (
+        pp.predicted_peak_bytes
+        == predict_memory(pp.model, "pp", 2, 4, 64, microbatches=2, device_type="cpu", optimizer="forloop")[
+            "total_bytes"
+        ]
+    )
     # tp mixes DTensors and plain tensors: the per-parameter loop, whatever was asked
-    tp = GPTBenchConfig(model="tiny", strategy="tp", nproc=2, global_batch=8, micro_batch=8,
-                        fused_optimizer=True).plan(H100)
+    tp = GPTBenchConfig(model="tiny", strategy="tp", nproc=2, global_batch=8, micro_batch=8, fused_optimizer=True).plan(
+        H100
+    )
     assert tp.optimizer_kernel == "forloop"
 
 
 def test_unmodelled_runs_have_no_prediction():
-    hf = GPTBenchConfig(model="tiny", impl="hf", strategy="ckpt", device="cpu", global_batch=4, micro_batch=4).plan(Machine())
+    hf = GPTBenchConfig(model="tiny", impl="hf", strategy="ckpt", device="cpu", global_batch=4, micro_batch=4).plan(
+        Machine()
+    )
     assert hf.predicted_peak_bytes is None
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: d.update(bogus=1), "unknown plan keys: bogus"),
-    (lambda d: d["model"].update(n_heads=3), "not a plan trainlab wrote"),
-    (lambda d: d.update(optimizer="lion"), "--optimizer 'lion'"),
-    (lambda d: d.update(device="tpu"), "--device 'tpu'"),
-    (lambda d: d.update(loss="focal"), "--loss 'focal'"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: d.update(bogus=1), "unknown plan keys: bogus"),
+        (lambda d: d["model"].update(n_heads=3), "not a plan trainlab wrote"),
+        (lambda d: d.update(optimizer="lion"), "--optimizer 'lion'"),
+        (lambda d: d.update(device="tpu"), "--device 'tpu'"),
+        (lambda d: d.update(loss="focal"), "--loss 'focal'"),
+    ],
+)
 def test_damaged_spec_is_one_error(damage, message):
     d = GPTBenchConfig(model="tiny", device="cpu", global_batch=4, micro_batch=4).plan(Machine()).to_dict()
     damage(d)
@@ -103,7 +116,9 @@ def test_a_loss_is_a_plan_field_and_a_table_entry(monkeypatch):
     from trainlab.gpt.model import lm_loss
 
     monkeypatch.setitem(plan_module.LOSSES, "double", lambda logits, tokens: 2 * lm_loss(logits, tokens))
-    base = GPTBenchConfig(model="tiny", strategy="accum", device="cpu", global_batch=4, micro_batch=2, seq=16).plan(Machine())
+    base = GPTBenchConfig(model="tiny", strategy="accum", device="cpu", global_batch=4, micro_batch=2, seq=16).plan(
+        Machine()
+    )
     tokens = torch.randint(512, (4, 16), generator=torch.Generator().manual_seed(0))
     plain = GPTEngine(base, DistInfo()).train_step(tokens)
     doubled = GPTEngine(replace(base, loss="double"), DistInfo()).train_step(tokens)

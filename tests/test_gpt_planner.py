@@ -5,7 +5,14 @@ import math
 
 import pytest
 import torch
+from gpt_plans import make_plan
 
+from trainlab.cli import main
+from trainlab.errors import ConfigError
+from trainlab.gpt.config import PlanConfig
+from trainlab.gpt.engine import GPTEngine
+from trainlab.gpt.model import GPTConfig, count_params, get_preset
+from trainlab.gpt.plan import Machine
 from trainlab.gpt.planner import (
     korthikanti_layer_bytes,
     layer_activation_bytes_per_token,
@@ -14,16 +21,8 @@ from trainlab.gpt.planner import (
     parse_bytes,
     plan,
     predict_memory,
+    predict_plan,
 )
-from trainlab.cli import main
-from trainlab.errors import ConfigError
-from trainlab.gpt.config import PlanConfig
-from trainlab.gpt.engine import GPTEngine
-from trainlab.gpt.model import GPTConfig, count_params, get_preset
-from trainlab.gpt.plan import Machine
-from trainlab.gpt.planner import predict_plan
-
-from gpt_plans import make_plan
 
 GIB = 1024**3
 SMALL = GPTConfig(vocab_size=100, n_positions=16, n_embd=8, n_layer=2, n_head=2)
@@ -58,8 +57,8 @@ def test_partitioning_by_strategy():
     ddp = predict_memory(cfg, "ddp", 4, 2, 64)
     z1 = predict_memory(cfg, "zero1", 4, 2, 64)
     z3 = predict_memory(cfg, "zero3", 4, 2, 64)
-    assert ddp["buffers_bytes"] == 4 * P            # DDP gradient buckets
-    assert z1["optimizer_bytes"] == 8 * P // 4        # optimizer states sharded
+    assert ddp["buffers_bytes"] == 4 * P  # DDP gradient buckets
+    assert z1["optimizer_bytes"] == 8 * P // 4  # optimizer states sharded
     assert z3["optimizer_bytes"] == 8 * P // 4
     assert z3["params_bytes"] < none["params_bytes"]
     off = predict_memory(cfg, "zero3+offload", 4, 2, 64)
@@ -70,9 +69,9 @@ def test_partitioning_by_strategy():
     assert layer_param_count(cfg, 2) == (12 * C * C + 7 * C) // 2 + 6 * C
     assert tp["params_on_device"] == L * layer_param_count(cfg, 2) + (cfg.vocab_size + cfg.n_positions) * C + 2 * C
     with pytest.raises(ConfigError, match="--tp 3"):
-        predict_memory(cfg, "tp", 3, 2, 64)           # 4 heads
+        predict_memory(cfg, "tp", 3, 2, 64)  # 4 heads
     with pytest.raises(ConfigError, match="--pp 8"):
-        predict_memory(cfg, "pp", 8, 2, 64)           # 4 layers
+        predict_memory(cfg, "pp", 8, 2, 64)  # 4 layers
 
 
 def test_checkpointing_and_tp_reduce_activations():
@@ -82,11 +81,16 @@ def test_checkpointing_and_tp_reduce_activations():
     none = predict_memory(cfg, "none", 1, 1, 1024)["activations_bytes"]
     assert full < sel < none
     # Korthikanti: full recompute keeps 2sbh bytes per layer (16-bit); ours keeps the fp32 block input
-    assert layer_activation_bytes_per_token(cfg, "full", 2, 2) * 1024 == korthikanti_layer_bytes(cfg, 1, 1024, recompute="full")
+    assert layer_activation_bytes_per_token(cfg, "full", 2, 2) * 1024 == korthikanti_layer_bytes(
+        cfg, 1, 1024, recompute="full"
+    )
     # the paper's TP formula sbh(10 + 24/t + 5as/(ht)) by hand for s=1024, b=1, h=1600, a=32, t=2
-    assert korthikanti_layer_bytes(cfg, 1, 1024, tp=2) == pytest.approx(1024 * 1600 * (10 + (24 + 5 * 32 * 1024 / 1600) / 2))
+    assert korthikanti_layer_bytes(cfg, 1, 1024, tp=2) == pytest.approx(
+        1024 * 1600 * (10 + (24 + 5 * 32 * 1024 / 1600) / 2)
+    )
     assert korthikanti_layer_bytes(cfg, 1, 1024, tp=2, sequence_parallel=True) == pytest.approx(
-        1024 * 1600 * (34 + 5 * 32 * 1024 / 1600) / 2)
+        1024 * 1600 * (34 + 5 * 32 * 1024 / 1600) / 2
+    )
     # without the s×s term (flash attention, no dropout) ours at 16-bit matches 10 + 24/t minus dropout masks
     t1 = layer_activation_bytes_per_token(cfg, "none", 2, 2, tp=1)
     t2 = layer_activation_bytes_per_token(cfg, "none", 2, 2, tp=2)
@@ -109,7 +113,7 @@ def test_prediction_matches_measured_peak(strategy, b):
     tokens = torch.randint(512, (b, 64))
     measured = measure_step_peak_bytes(_engine(strategy, b), tokens)
     predicted = predict_memory(get_preset("tiny"), strategy, 1, b, 64, optimizer="forloop", device_type="cpu")
-    assert predicted["attention"]["backend"] == "flash-cpu"   # what torch runs on CPU for every dtype
+    assert predicted["attention"]["backend"] == "flash-cpu"  # what torch runs on CPU for every dtype
     assert abs(predicted["total_bytes"] / measured - 1) < 0.12, (predicted["total_bytes"], measured)
 
 
@@ -126,10 +130,14 @@ def test_math_attention_prediction_matches_measured_peak(strategy, b):
     with sdpa_kernel([SDPBackend.MATH]):
         measured = measure_step_peak_bytes(_engine(strategy, b), tokens)
     math = AttentionChoice("math", 16, 16, True, "forced")
-    predicted = predict_memory(get_preset("tiny"), strategy, 1, b, 64, optimizer="forloop", attention=math)["total_bytes"]
+    predicted = predict_memory(get_preset("tiny"), strategy, 1, b, 64, optimizer="forloop", attention=math)[
+        "total_bytes"
+    ]
     assert abs(predicted / measured - 1) < 0.12, (predicted, measured)
-    fused = predict_memory(get_preset("tiny"), strategy, 1, b, 64, optimizer="forloop", device_type="cpu")["total_bytes"]
-    if strategy == "none":   # without the scores term the planner would under-predict
+    fused = predict_memory(get_preset("tiny"), strategy, 1, b, 64, optimizer="forloop", device_type="cpu")[
+        "total_bytes"
+    ]
+    if strategy == "none":  # without the scores term the planner would under-predict
         assert fused < 0.9 * measured, (fused, measured)
 
 
@@ -175,13 +183,18 @@ def test_1_6b_fp32_micro_batch_8_does_not_fit_80_gib():
     """fp32 with head_dim 50 runs SDPA's math path: 32 heads × 1024² fp32 probabilities per layer
     and sequence, 48 GiB over 48 layers at micro-batch 8 — on top of 23 GiB of weights and AdamW."""
     cfg = get_preset("gpt2-1.6b")
-    res = plan(PlanConfig(model="gpt2-1.6b").resolver(), 1, parse_bytes("80GiB"), micro_batch=8,
-               strategies=["none", "amp", "amp+ckpt"])
+    res = plan(
+        PlanConfig(model="gpt2-1.6b").resolver(),
+        1,
+        parse_bytes("80GiB"),
+        micro_batch=8,
+        strategies=["none", "amp", "amp+ckpt"],
+    )
     rows = {r["strategy"]: r for r in res["strategies"]}
     assert not rows["none"]["fits"] and rows["none"]["max_micro_batch"] < 8
     scores = 48 * 8 * 1024 * 32 * 1024 * 4
     assert scores == 48 * GIB
-    without = predict_memory(cfg, "none", 1, 8, 1024, device_type="cpu")   # a fused kernel would keep none
+    without = predict_memory(cfg, "none", 1, 8, 1024, device_type="cpu")  # a fused kernel would keep none
     assert rows["none"]["activations_bytes"] - without["activations_bytes"] == scores
     assert rows["amp"]["fits"] and rows["amp+ckpt"]["fits"]
 
@@ -192,28 +205,31 @@ def test_plan_names_the_attention_kernel(capsys):
     assert "math (stores s×s scores)" in text and "flash (heads padded 50→56)" in text
     assert "memory-efficient needs head_dim % 4 == 0, got 50" in text
     assert main(["gpt", "plan", "--model", "gpt2", "--sm", "80", "--strategies", "none,amp"]) == 0
-    text = capsys.readouterr().out   # head_dim 64 on an A100: fp32 efficient, bf16 flash
+    text = capsys.readouterr().out  # head_dim 64 on an A100: fp32 efficient, bf16 flash
     assert " efficient" in text and " flash" in text and "math" not in text
 
 
-@pytest.mark.parametrize("head_dim,dtype,device,sm,backend,padded", [
-    (50, "fp32", "cuda", 90, "math", 50),
-    (50, "bf16", "cuda", 90, "flash", 56),
-    (50, "bf16", "cuda", 80, "flash", 56),
-    (64, "fp32", "cuda", 80, "efficient", 64),
-    (64, "bf16", "cuda", 80, "flash", 64),
-    (64, "bf16", "cuda", 90, "cudnn", 64),      # preferred on sm90 with cuDNN > 9.15
-    (50, "fp16", "cuda", 75, "math", 50),       # no flash below sm80, 50 % 8 for efficient
-    (64, "fp16", "cuda", 75, "efficient", 64),
-    (50, "fp32", "cpu", 0, "flash-cpu", 50),
-    (50, "bf16", "cpu", 0, "flash-cpu", 50),
-])
+@pytest.mark.parametrize(
+    "head_dim,dtype,device,sm,backend,padded",
+    [
+        (50, "fp32", "cuda", 90, "math", 50),
+        (50, "bf16", "cuda", 90, "flash", 56),
+        (50, "bf16", "cuda", 80, "flash", 56),
+        (64, "fp32", "cuda", 80, "efficient", 64),
+        (64, "bf16", "cuda", 80, "flash", 64),
+        (64, "bf16", "cuda", 90, "cudnn", 64),  # preferred on sm90 with cuDNN > 9.15
+        (50, "fp16", "cuda", 75, "math", 50),  # no flash below sm80, 50 % 8 for efficient
+        (64, "fp16", "cuda", 75, "efficient", 64),
+        (50, "fp32", "cpu", 0, "flash-cpu", 50),
+        (50, "bf16", "cpu", 0, "flash-cpu", 50),
+    ],
+)
 def test_attention_backend_rules(head_dim, dtype, device, sm, backend, padded):
     from trainlab.gpt.attention_backend import choose
 
     c = choose(head_dim, dtype, device, sm)
     assert (c.backend, c.padded_head_dim, c.stores_scores) == (backend, padded, backend == "math")
-    assert choose(64, "bf16", "cuda", 90, cudnn_version=91500).backend == "flash"   # old cuDNN: not preferred
+    assert choose(64, "bf16", "cuda", 90, cudnn_version=91500).backend == "flash"  # old cuDNN: not preferred
 
 
 def test_plan_table_and_largest_micro_batch(capsys):
@@ -225,14 +241,17 @@ def test_plan_table_and_largest_micro_batch(capsys):
     assert not none["fits"] and none["max_micro_batch"] == 0  # 16 B/param = 23.2 GiB + activations
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--gpu-mem", "lots"], "--gpu-mem"),
-    (["--gpus", "0"], "--gpus"),
-    (["--model", "gpt9"], "--model"),
-    (["--strategies", "none,warp"], "--strategy"),
-    (["--seq", "4096"], "--seq"),
-    (["--micro-batch", "0"], "--micro-batch"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--gpu-mem", "lots"], "--gpu-mem"),
+        (["--gpus", "0"], "--gpus"),
+        (["--model", "gpt9"], "--model"),
+        (["--strategies", "none,warp"], "--strategy"),
+        (["--seq", "4096"], "--seq"),
+        (["--micro-batch", "0"], "--micro-batch"),
+    ],
+)
 def test_plan_bad_input_is_one_line_exit_2(argv, flag, capsys):
     assert main(["gpt", "plan", *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -280,7 +299,11 @@ def _sdpa_kernel_run(q):
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
     names = " ".join(e.name for e in prof.events())
-    for backend, op in (("cudnn", "cudnn_attention"), ("flash", "flash_attention"), ("efficient", "efficient_attention")):
+    for backend, op in (
+        ("cudnn", "cudnn_attention"),
+        ("flash", "flash_attention"),
+        ("efficient", "efficient_attention"),
+    ):
         if op in names:
             return backend
     return "math"
@@ -294,8 +317,15 @@ def test_attention_backend_is_the_one_torch_runs(head_dim, dtype):
 
     device = torch.device("cuda", 0)
     machine = Machine.detect()
-    q = torch.randn(2, 4, 256, head_dim, device=device, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16,
-                    requires_grad=True)
+    q = torch.randn(
+        2,
+        4,
+        256,
+        head_dim,
+        device=device,
+        dtype=torch.float32 if dtype == "fp32" else torch.bfloat16,
+        requires_grad=True,
+    )
     assert _sdpa_kernel_run(q) == choose(head_dim, dtype, "cuda", machine.sm, machine.cudnn_version).backend
 
 

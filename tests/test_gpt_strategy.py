@@ -6,15 +6,14 @@ import importlib.util
 
 import pytest
 import torch
+from gpt_plans import make_plan
 
-from trainlab.errors import ConfigError, HardwareError
-from trainlab.gpt.model import count_params, get_preset, initial_value
-from trainlab.gpt.engine import GPTEngine
 from trainlab.distributed.launch import DistInfo, init_distributed, needs_launch
+from trainlab.errors import ConfigError, HardwareError
+from trainlab.gpt.engine import GPTEngine
+from trainlab.gpt.model import count_params, get_preset, initial_value
 from trainlab.gpt.plan import Machine
 from trainlab.gpt.strategy import STRATEGY_NAMES, Degrees, parse_strategy, resolve_degrees, validate_strategy
-
-from gpt_plans import make_plan
 
 TINY = get_preset("tiny")  # 4 layers, 4 heads
 
@@ -30,26 +29,45 @@ def test_parse_canonical_and_fields():
     assert parse_strategy("offload").data_parallel == "zero3"  # offload implies full sharding
     assert parse_strategy("zero2+offload").data_parallel == "zero2"
     assert parse_strategy("none").distributed is False
-    assert set(STRATEGY_NAMES) >= {"none", "ddp", "zero1", "zero2", "zero3", "tp", "pp", "amp", "bf16", "fp16",
-                                   "accum", "ckpt", "ckpt-selective", "offload", "nvme", "compile"}
+    assert set(STRATEGY_NAMES) >= {
+        "none",
+        "ddp",
+        "zero1",
+        "zero2",
+        "zero3",
+        "tp",
+        "pp",
+        "amp",
+        "bf16",
+        "fp16",
+        "accum",
+        "ckpt",
+        "ckpt-selective",
+        "offload",
+        "nvme",
+        "compile",
+    }
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "expected one or more"),
-    ("dpp", "unknown name 'dpp'; valid: none, ddp"),
-    ("ddp++amp", "empty name"),
-    ("ddp+ddp", "given twice"),
-    ("none+amp", "'none' means plain training"),
-    ("ddp+zero3", "ddp and zero3 are alternative"),
-    ("zero1+nvme", "zero1 and nvme are alternative"),
-    ("bf16+fp16", "pick one precision"),
-    ("ckpt+ckpt-selective", "pick one of ckpt"),
-    ("ddp+offload", "combine it with zero2 or zero3"),
-    ("zero3+tp", "not supported"),
-    ("pp+fp16", "use bf16 with pp"),
-    ("pp+accum", "drop accum"),
-    ("nvme+compile", "compile is not supported"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "expected one or more"),
+        ("dpp", "unknown name 'dpp'; valid: none, ddp"),
+        ("ddp++amp", "empty name"),
+        ("ddp+ddp", "given twice"),
+        ("none+amp", "'none' means plain training"),
+        ("ddp+zero3", "ddp and zero3 are alternative"),
+        ("zero1+nvme", "zero1 and nvme are alternative"),
+        ("bf16+fp16", "pick one precision"),
+        ("ckpt+ckpt-selective", "pick one of ckpt"),
+        ("ddp+offload", "combine it with zero2 or zero3"),
+        ("zero3+tp", "not supported"),
+        ("pp+fp16", "use bf16 with pp"),
+        ("pp+accum", "drop accum"),
+        ("nvme+compile", "compile is not supported"),
+    ],
+)
 def test_parse_rejects(text, message):
     with pytest.raises(ConfigError, match=None) as err:
         parse_strategy(text)
@@ -70,28 +88,31 @@ def _validate(strategy, world=2, gb=8, mb=4, **kw):
     return validate_strategy(parse_strategy(strategy), TINY, world, gb, mb, **kw)
 
 
-@pytest.mark.parametrize("strategy, kw, message", [
-    ("tp", dict(world=3, gb=6, mb=6), "--tp 3: must divide the number of heads (4)"),
-    ("tp+pp", dict(world=6, tp=4), "--nproc 6: not divisible by tp×pp = 4×1"),
-    ("pp", dict(world=8, gb=8, mb=1), "--pp 8: more pipeline stages than layers (4)"),
-    ("pp", dict(world=1), "pp needs >= 2 stages"),
-    ("tp", dict(world=1), "tp needs a degree >= 2"),
-    ("ddp", dict(gb=8, mb=3), "--micro-batch 3: must divide the per-rank batch 4"),
-    ("ddp", dict(world=3, gb=8, mb=1), "--global-batch 8: not divisible by the 3 data-parallel ranks"),
-    ("ddp+accum", dict(gb=8, mb=4), "accum needs --micro-batch smaller than the per-rank batch 4"),
-    ("none", dict(world=2), "is single-process"),
-    ("bf16", dict(world=2), "is single-process"),
-    ("pp", dict(gb=8, mb=2, microbatches=3), "--microbatches 3: must divide the per-rank batch 8"),
-    ("ddp", dict(microbatches=2), "only used with pp"),
-    ("pp", dict(world=4, gb=8, mb=4), "--microbatches 2: 1F1B needs at least as many micro-batches as stages (4)"),
-    ("pp", dict(gb=8, mb=2, pp_schedule="zb"), "--pp-schedule 'zb': expected gpipe or 1f1b"),
-    ("ddp", dict(tp=2), "--tp 2: the strategy 'ddp' has no tp"),
-    ("tp", dict(impl="hf", gb=8, mb=8), "--impl hf"),
-    ("ddp+ckpt-selective", dict(impl="hf"), "only for --impl ours"),
-    ("ddp", dict(impl="jax"), "--impl 'jax': expected ours or hf"),
-    ("ddp", dict(seq_len=65), "--seq 65: expected 2..64"),
-    ("ddp", dict(gb=0), "expected positive integers"),
-])
+@pytest.mark.parametrize(
+    "strategy, kw, message",
+    [
+        ("tp", dict(world=3, gb=6, mb=6), "--tp 3: must divide the number of heads (4)"),
+        ("tp+pp", dict(world=6, tp=4), "--nproc 6: not divisible by tp×pp = 4×1"),
+        ("pp", dict(world=8, gb=8, mb=1), "--pp 8: more pipeline stages than layers (4)"),
+        ("pp", dict(world=1), "pp needs >= 2 stages"),
+        ("tp", dict(world=1), "tp needs a degree >= 2"),
+        ("ddp", dict(gb=8, mb=3), "--micro-batch 3: must divide the per-rank batch 4"),
+        ("ddp", dict(world=3, gb=8, mb=1), "--global-batch 8: not divisible by the 3 data-parallel ranks"),
+        ("ddp+accum", dict(gb=8, mb=4), "accum needs --micro-batch smaller than the per-rank batch 4"),
+        ("none", dict(world=2), "is single-process"),
+        ("bf16", dict(world=2), "is single-process"),
+        ("pp", dict(gb=8, mb=2, microbatches=3), "--microbatches 3: must divide the per-rank batch 8"),
+        ("ddp", dict(microbatches=2), "only used with pp"),
+        ("pp", dict(world=4, gb=8, mb=4), "--microbatches 2: 1F1B needs at least as many micro-batches as stages (4)"),
+        ("pp", dict(gb=8, mb=2, pp_schedule="zb"), "--pp-schedule 'zb': expected gpipe or 1f1b"),
+        ("ddp", dict(tp=2), "--tp 2: the strategy 'ddp' has no tp"),
+        ("tp", dict(impl="hf", gb=8, mb=8), "--impl hf"),
+        ("ddp+ckpt-selective", dict(impl="hf"), "only for --impl ours"),
+        ("ddp", dict(impl="jax"), "--impl 'jax': expected ours or hf"),
+        ("ddp", dict(seq_len=65), "--seq 65: expected 2..64"),
+        ("ddp", dict(gb=0), "expected positive integers"),
+    ],
+)
 def test_validate_rejects_before_launch(strategy, kw, message):
     with pytest.raises(ConfigError) as err:
         _validate(strategy, **kw)
@@ -134,9 +155,15 @@ def test_engine_rejects_bad_tokens_and_optimizer():
 
 
 def test_same_seed_same_initial_weights():
-    a = GPTEngine(make_plan("tiny", "none", seed=3, global_batch=2, micro_batch=2, seq_len=8), DistInfo()).full_state_dict()
-    b = GPTEngine(make_plan("tiny", "ckpt+bf16", seed=3, global_batch=2, micro_batch=1, seq_len=8), DistInfo()).full_state_dict()
-    c = GPTEngine(make_plan("tiny", "none", seed=4, global_batch=2, micro_batch=2, seq_len=8), DistInfo()).full_state_dict()
+    a = GPTEngine(
+        make_plan("tiny", "none", seed=3, global_batch=2, micro_batch=2, seq_len=8), DistInfo()
+    ).full_state_dict()
+    b = GPTEngine(
+        make_plan("tiny", "ckpt+bf16", seed=3, global_batch=2, micro_batch=1, seq_len=8), DistInfo()
+    ).full_state_dict()
+    c = GPTEngine(
+        make_plan("tiny", "none", seed=4, global_batch=2, micro_batch=2, seq_len=8), DistInfo()
+    ).full_state_dict()
     for k, v in a.items():
         assert torch.equal(v, b[k]) and torch.equal(v, initial_value(TINY, k, 3)), k
     assert not torch.equal(a["h.0.mlp.fc.weight"], c["h.0.mlp.fc.weight"])
@@ -148,7 +175,10 @@ def test_single_process_accumulation_and_checkpointing_match_plain():
     toks = torch.randint(0, TINY.vocab_size, (2, 4, 16), generator=torch.Generator().manual_seed(0))
     runs = {}
     for strategy, mb in [("none", 4), ("accum", 2), ("ckpt", 4), ("ckpt-selective", 4)]:
-        e = GPTEngine(make_plan("tiny", strategy, seed=1, global_batch=4, micro_batch=mb, seq_len=16, optimizer="sgd", lr=0.5), DistInfo())
+        e = GPTEngine(
+            make_plan("tiny", strategy, seed=1, global_batch=4, micro_batch=mb, seq_len=16, optimizer="sgd", lr=0.5),
+            DistInfo(),
+        )
         runs[strategy] = ([e.train_step(x) for x in toks], e.full_state_dict())
     ref_losses, ref_sd = runs.pop("none")
     assert ref_losses[1] != ref_losses[0]
@@ -165,8 +195,12 @@ def test_hf_impl_trains_like_ours():
     toks = torch.randint(0, TINY.vocab_size, (2, 2, 16), generator=torch.Generator().manual_seed(0))
     runs = {}
     for impl in ("ours", "hf"):
-        e = GPTEngine(make_plan("tiny", "none", seed=1, global_batch=2, micro_batch=2, seq_len=16, impl=impl,
-                      optimizer="sgd", lr=0.5), DistInfo())
+        e = GPTEngine(
+            make_plan(
+                "tiny", "none", seed=1, global_batch=2, micro_batch=2, seq_len=16, impl=impl, optimizer="sgd", lr=0.5
+            ),
+            DistInfo(),
+        )
         runs[impl] = ([e.train_step(x) for x in toks], e.full_state_dict())
     torch.testing.assert_close(torch.tensor(runs["hf"][0]), torch.tensor(runs["ours"][0]), rtol=1e-5, atol=0)
     assert set(runs["hf"][1]) == set(runs["ours"][1])
@@ -190,7 +224,9 @@ def test_compile_matches_eager_on_gpu():
     info = DistInfo(device=torch.device("cuda"))
     runs = {}
     for strategy in ("none", "compile"):
-        e = GPTEngine(make_plan("tiny", strategy, device="cuda", seed=1, global_batch=4, micro_batch=4, seq_len=32), info)
+        e = GPTEngine(
+            make_plan("tiny", strategy, device="cuda", seed=1, global_batch=4, micro_batch=4, seq_len=32), info
+        )
         runs[strategy] = [e.train_step(x) for x in toks]
     torch.testing.assert_close(torch.tensor(runs["compile"]), torch.tensor(runs["none"]), rtol=1e-4, atol=0)
 
@@ -205,8 +241,12 @@ def test_fsdp_offload_and_ddp_in_one_process_match_plain():
         runs = {}
         for strategy in ("none", "offload", "zero2+accum", "ddp"):
             mb = 2 if "accum" in strategy else 4
-            e = GPTEngine(make_plan("tiny", strategy, seed=1, global_batch=4, micro_batch=mb, seq_len=16,
-                          optimizer="sgd", lr=0.5), DistInfo())
+            e = GPTEngine(
+                make_plan(
+                    "tiny", strategy, seed=1, global_batch=4, micro_batch=mb, seq_len=16, optimizer="sgd", lr=0.5
+                ),
+                DistInfo(),
+            )
             runs[strategy] = ([e.train_step(x) for x in toks], e.full_state_dict())
             assert e.local_parameter_bytes() == 4 * count_params(TINY)  # one rank holds everything
             assert e.describe()["micro_steps"] == (2 if "accum" in strategy else 1)

@@ -5,8 +5,14 @@ import os
 import pytest
 
 from trainlab.ops import kernel_check
-from trainlab.ops.kernel_check import (find_tool, ptx_entries, sass_functions, sass_vector_widths, triton_ptx,
-                                       vector_widths)
+from trainlab.ops.kernel_check import (
+    find_tool,
+    ptx_entries,
+    sass_functions,
+    sass_vector_widths,
+    triton_ptx,
+    vector_widths,
+)
 
 
 def test_vector_widths_reads_ptx_access_widths():
@@ -20,8 +26,10 @@ def test_vector_widths_reads_ptx_access_widths():
 
 
 def test_ptx_entries_split_kernels():
-    ptx = (".version 8.0\n.visible .entry vec(\n ld.global.nc.v4.u32 {%r1,%r2,%r3,%r4}, [%rd1];\n}\n"
-           ".entry _ZN1a6scalarEv(\n ld.global.u16 %rs1, [%rd1];\n}\n")
+    ptx = (
+        ".version 8.0\n.visible .entry vec(\n ld.global.nc.v4.u32 {%r1,%r2,%r3,%r4}, [%rd1];\n}\n"
+        ".entry _ZN1a6scalarEv(\n ld.global.u16 %rs1, [%rd1];\n}\n"
+    )
     entries = ptx_entries(ptx)
     assert list(entries) == ["vec", "_ZN1a6scalarEv"]
     assert vector_widths(entries["vec"]) == {"ld": {128}, "st": set()}
@@ -70,8 +78,18 @@ def test_triton_kernel_compiles_for_sm90_with_vector_accesses_when_aligned(monke
 
     # TRITON_INTERPRET=1 must not turn the ahead-of-time compile into an interpreter wrapper
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    sig = {"x_ptr": "*fp32", "g_ptr": "*fp32", "gg_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
-           "ORDER": "constexpr", "FORM": "constexpr", "F64": "constexpr", "BLOCK": "constexpr", "RNE_BF16": "constexpr"}
+    sig = {
+        "x_ptr": "*fp32",
+        "g_ptr": "*fp32",
+        "gg_ptr": "*fp32",
+        "out_ptr": "*fp32",
+        "n": "i32",
+        "ORDER": "constexpr",
+        "FORM": "constexpr",
+        "F64": "constexpr",
+        "BLOCK": "constexpr",
+        "RNE_BF16": "constexpr",
+    }
     consts = {"ORDER": 0, "FORM": 0, "F64": False, "BLOCK": 1024, "RNE_BF16": False}
     aligned = ("x_ptr", "g_ptr", "gg_ptr", "out_ptr", "n")
     assert vector_widths(triton_ptx(_gelu_kernel, sig, consts, 90, aligned=aligned)) == {"ld": {128}, "st": {128}}

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from browser import overflow
+
 from trainlab.cli import main
 from trainlab.data.mnist import default_cache_dir
 from trainlab.lab import run as lab_run
@@ -66,8 +66,23 @@ def test_plan_for_an_h100_from_a_cpu_fits_the_gpu_lease(capsys, tmp_path):
     root = tmp_path / "lab"
     planned: list[str] = []
     for parts in ("gpt", "gpt", "lenet,gelu,dp", "ops"):
-        assert main(["lab", "--out", str(root), "--plan", "--budget", "9m", "--parts", parts,
-                     "--device-name", "NVIDIA H100 80GB HBM3"]) == 0
+        assert (
+            main(
+                [
+                    "lab",
+                    "--out",
+                    str(root),
+                    "--plan",
+                    "--budget",
+                    "9m",
+                    "--parts",
+                    parts,
+                    "--device-name",
+                    "NVIDIA H100 80GB HBM3",
+                ]
+            )
+            == 0
+        )
         out = capsys.readouterr().out
         assert "NVIDIA H100 80GB HBM3 (cuda, 1 GPU(s), peak 989 TFLOP/s), size full, budget 540 s" in out
         now = [line.split()[0] for line in out.splitlines() if "runs (from" in line]
@@ -83,19 +98,24 @@ def test_plan_for_an_h100_from_a_cpu_fits_the_gpu_lease(capsys, tmp_path):
 
 
 def test_budget_is_a_hard_wall_and_a_step_that_does_not_fit_says_so(monkeypatch, tmp_path):
-    fake_steps(monkeypatch, [
-        Step("quick", "lenet", "quick", 1.0, _py(WRITE) + ("{out}/res",)),
-        Step("hangs", "gelu", "hangs", 1.0, _py("import time; time.sleep(600)")),
-        Step("big", "ops", "big", 10_000.0, _py("pass")),
-        Step("never", "dp", "never", 1.0, _py("pass"), cannot_run="needs a GPU"),
-    ])
+    fake_steps(
+        monkeypatch,
+        [
+            Step("quick", "lenet", "quick", 1.0, _py(WRITE) + ("{out}/res",)),
+            Step("hangs", "gelu", "hangs", 1.0, _py("import time; time.sleep(600)")),
+            Step("big", "ops", "big", 10_000.0, _py("pass")),
+            Step("never", "dp", "never", 1.0, _py("pass"), cannot_run="needs a GPU"),
+        ],
+    )
     t0 = time.monotonic()
     state = lab_run.run_lab(tmp_path / "lab", CPU, "tiny", 4.0, list(PARTS), "test", log=lambda _: None)
     assert time.monotonic() - t0 < 30  # the hung step was stopped at the budget, not at its own limit
     steps = state["steps"]
     assert steps["quick"]["status"] == "ok" and (tmp_path / "lab" / "steps" / "quick" / "res" / "r.json").exists()
     assert steps["hangs"]["status"] == "stopped" and "budget ran out" in steps["hangs"]["reason"]
-    assert steps["big"] == {**steps["big"], "status": "not run"} and steps["big"]["reason"].startswith("budget (needs ≈10000 s")
+    assert steps["big"] == {**steps["big"], "status": "not run"} and steps["big"]["reason"].startswith(
+        "budget (needs ≈10000 s"
+    )
     assert steps["never"]["reason"] == "needs a GPU"
     page = (tmp_path / "lab" / "report" / "index.html").read_text()
     assert "not run: budget (needs ≈10000 s" in page and "not run: needs a GPU" in page
@@ -138,8 +158,13 @@ run.run_lab(__import__("pathlib").Path({str(root)!r}), Hardware("cpu", 0, "cpu")
     else:
         pytest.fail("the killed lab's step is still running")
     marker.unlink()
-    fake_steps(monkeypatch, [Step("first", "lenet", "first", 1.0, _py("raise SystemExit(3)")),
-                             Step("second", "gelu", "second", 1.0, _py(WRITE) + ("{out}/res",))])
+    fake_steps(
+        monkeypatch,
+        [
+            Step("first", "lenet", "first", 1.0, _py("raise SystemExit(3)")),
+            Step("second", "gelu", "second", 1.0, _py(WRITE) + ("{out}/res",)),
+        ],
+    )
     state = lab_run.run_lab(root, Hardware("cpu", 0, "cpu"), "tiny", 60.0, ["lenet", "gelu"], "t2", log=lambda _: None)
     assert state["steps"]["first"]["status"] == "ok"  # kept: not run again (its stand-in now would fail)
     assert state["steps"]["second"]["status"] == "ok" and not list((root / "steps").glob(".*partial"))
@@ -149,16 +174,29 @@ run.run_lab(__import__("pathlib").Path({str(root)!r}), Hardware("cpu", 0, "cpu")
 def _files(folder: Path) -> set[str]:
     """Every file under `folder` but git's and Python's own caches (importing writes __pycache__)."""
     skip = {".git", "__pycache__", ".pytest_cache", ".ruff_cache"}
-    return {str(p.relative_to(folder)) for p in folder.rglob("*")
-            if p.is_file() and not skip.intersection(p.relative_to(folder).parts)}
+    return {
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
+        if p.is_file() and not skip.intersection(p.relative_to(folder).parts)
+    }
 
 
 def test_lab_from_another_working_folder_writes_only_into_the_lab_folder(monkeypatch, tmp_path):
     """Issue 31: `trainlab lab --out lab` from a folder that is not the checkout. A step gets its
     {out} and writes one file relative to its working folder: both land in DIR/steps/NAME, none in
     the checkout or the caller's folder."""
-    fake_steps(monkeypatch, [Step("writes", "lenet", "writes", 1.0, _py(
-        WRITE + "; pathlib.Path('stray.txt').write_text('relative')") + ("{out}/res",))])
+    fake_steps(
+        monkeypatch,
+        [
+            Step(
+                "writes",
+                "lenet",
+                "writes",
+                1.0,
+                _py(WRITE + "; pathlib.Path('stray.txt').write_text('relative')") + ("{out}/res",),
+            )
+        ],
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -227,7 +265,9 @@ def test_tiny_lab_end_to_end_killed_mid_step_resumed_and_reported(tmp_path):
     assert statuses["gelu_check"] == "ok"  # the killed step ran again
     assert set(statuses.values()) <= {"ok", "not run"}, statuses
     for s in state["steps"].values():
-        assert s["status"] == "ok" or s["reason"].startswith(("budget (needs ≈", "trains to 99 %", "TF32 does not apply")), s
+        assert s["status"] == "ok" or s["reason"].startswith(
+            ("budget (needs ≈", "trains to 99 %", "TF32 does not apply")
+        ), s
     page = html.unescape((out / "report" / "index.html").read_text())  # the page's text, entities decoded
     from trainlab.report.lab_text import TOC
 

@@ -57,31 +57,51 @@ def test_replayed_lab_plan_fits_and_runs_on_the_hardware(hw_name, capsys, monkey
     not_run = [line for line in printed.splitlines() if "not run" in line]
     assert all(sm < 80 and "needs sm80+" in line for line in not_run), not_run
     if sm < 80:
-        assert {line.split()[0] for line in not_run} == {"lenet_tf32", "gpt_baseline_tf32", "gpt_ablation", "gpt_offload"}
-    hw = detect_hardware("auto", dict(zip(flags[::2], flags[1::2])).get("--device-name"), gpus, None,
-                         flags[flags.index("--gpu-mem") + 1], True, parse_sm(dict(zip(flags[::2], flags[1::2])).get("--sm")))
+        assert {line.split()[0] for line in not_run} == {
+            "lenet_tf32",
+            "gpt_baseline_tf32",
+            "gpt_ablation",
+            "gpt_offload",
+        }
+    hw = detect_hardware(
+        "auto",
+        dict(zip(flags[::2], flags[1::2])).get("--device-name"),
+        gpus,
+        None,
+        flags[flags.index("--gpu-mem") + 1],
+        True,
+        parse_sm(dict(zip(flags[::2], flags[1::2])).get("--sm")),
+    )
     assert (hw.gpus, hw.sm) == (gpus, sm)
     steps = {s.name: s for s in lab_steps(hw, "full")}
     gp = plan_gpt(gpus, hw.memory_bytes, sm)
     budget = planner.usable_bytes(hw.memory_bytes)
 
     _fake_gpus(monkeypatch, gpus, sm, hw.name)
-    machine = Machine(gpus=gpus, sm=sm, memory_bytes=hw.memory_bytes)  # the hardware planned for, described: its plans are checked as gpt bench's
+    machine = Machine(
+        gpus=gpus, sm=sm, memory_bytes=hw.memory_bytes
+    )  # the hardware planned for, described: its plans are checked as gpt bench's
     checked = []
     for name in ("gpt_best", "gpt_baseline", "gpt_strategies"):
         args = _args(steps[name])
         if name == "gpt_strategies":
-            cc = CompareConfig(bench=GPTBenchConfig(**explicit_values(args, GPTBenchConfig, exclude=COMPARE_EXCLUDED_BENCH_FLAGS)),
-                               **explicit_values(args, CompareConfig))
+            cc = CompareConfig(
+                bench=GPTBenchConfig(**explicit_values(args, GPTBenchConfig, exclude=COMPARE_EXCLUDED_BENCH_FLAGS)),
+                **explicit_values(args, CompareConfig),
+            )
             cc.validate()
             runs = [_strategy_run(cc.bench, s) for s in cc.strategy_list]
             assert len({r.global_batch for r in runs}) == 1  # the same data for every row
         else:
             runs = [GPTBenchConfig(**explicit_values(args, GPTBenchConfig))]
         for run in runs:
-            run.plan(machine)  # gpt bench's own checks on this many GPUs of this compute capability (bf16 below sm80 fails)
+            run.plan(
+                machine
+            )  # gpt bench's own checks on this many GPUs of this compute capability (bf16 below sm80 fails)
             assert run.nproc <= gpus
-            ours = run if run.impl == "ours" else GPTBenchConfig(**{**run.to_dict(), "impl": "ours"})  # HF: our model's prediction
+            ours = (
+                run if run.impl == "ours" else GPTBenchConfig(**{**run.to_dict(), "impl": "ours"})
+            )  # HF: our model's prediction
             plan = ours.plan(machine)
             need = plan.predicted_peak_bytes
             assert need is not None and need <= budget, (hw_name, run.strategy, need / 2**30)
@@ -96,7 +116,9 @@ def test_replayed_lab_plan_fits_and_runs_on_the_hardware(hw_name, capsys, monkey
         assert any(n == 1 and parse_strategy(s).amp for s, n, _ in checked)
         for kind in ("ddp", "zero2", "zero3", "tp", "pp"):
             assert any(s.split("+")[0] == kind and n == gpus for s, n, _ in checked), (kind, strategies)
-        assert all(parse_strategy(s).amp or s.startswith("pp") for s in strategies if not s.startswith("ckpt")), strategies
+        assert all(parse_strategy(s).amp or s.startswith("pp") for s in strategies if not s.startswith("ckpt")), (
+            strategies
+        )
         assert amp in printed
     assert gp.model == ("gpt2-1.6b" if sm >= 80 else "gpt2-medium")  # 1.6B cannot fit an 11 GB card
     for r in gp.rows:
@@ -106,7 +128,9 @@ def test_replayed_lab_plan_fits_and_runs_on_the_hardware(hw_name, capsys, monkey
     for name in ("lenet_train", "gelu_train", "ops_train"):
         args = _args(steps[name])
         cfg = TrainConfig(**explicit_values(args, TrainConfig))
-        assert AMP_DTYPES.get(_precision(cfg.amp, torch.device("cuda"))) is (torch.bfloat16 if sm >= 80 else torch.float16)
+        assert AMP_DTYPES.get(_precision(cfg.amp, torch.device("cuda"))) is (
+            torch.bfloat16 if sm >= 80 else torch.float16
+        )
     for name in ("dp_compare", "dp_weak"):
         if name not in steps:
             assert gpus == 1

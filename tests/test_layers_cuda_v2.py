@@ -12,7 +12,6 @@ import ctypes
 import pytest
 import torch
 import torch.nn.functional as F
-
 from cuda_emu import build, ptr
 
 WRAPPERS = r"""
@@ -55,8 +54,14 @@ def emu(tmp_path_factory):
     for f in ("emu_conv_packed_elems", "emu_conv_wgrad_slices"):
         getattr(lib, f).restype = ctypes.c_int64
     lib.emu_conv_backward_weight_f32.argtypes = lib.emu_conv_backward_weight_f64.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-        ctypes.c_int64]
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int64,
+    ]
     return lib
 
 
@@ -81,15 +86,17 @@ class EmulatedConv:
 
     def forward(self, bias):
         y = torch.empty(self.out_shape, dtype=self.x.dtype)
-        rc = getattr(self.lib, f"emu_conv_forward_{self.sfx}")(ptr(self.x), ptr(self.weight), ptr(bias), ptr(y),
-                                                                ptr(self.packed), ptr(self.geom))
+        rc = getattr(self.lib, f"emu_conv_forward_{self.sfx}")(
+            ptr(self.x), ptr(self.weight), ptr(bias), ptr(y), ptr(self.packed), ptr(self.geom)
+        )
         assert rc == 0, rc
         return y
 
     def backward_input(self, dy):
         dx = torch.empty(self.x.shape, dtype=self.x.dtype)
-        rc = getattr(self.lib, f"emu_conv_backward_input_{self.sfx}")(ptr(dy.contiguous()), ptr(self.weight), ptr(dx),
-                                                                       ptr(self.packed), ptr(self.geom))
+        rc = getattr(self.lib, f"emu_conv_backward_input_{self.sfx}")(
+            ptr(dy.contiguous()), ptr(self.weight), ptr(dx), ptr(self.packed), ptr(self.geom)
+        )
         assert rc == 0, rc
         return dx
 
@@ -99,8 +106,14 @@ class EmulatedConv:
         partial = torch.empty(slices, oc * (ckk + bias), dtype=self.x.dtype)
         acc = torch.empty(oc, ckk + bias, dtype=self.x.dtype)
         rc = getattr(self.lib, f"emu_conv_backward_weight_{self.sfx}")(
-            ptr(dy.contiguous()).value, ptr(self.x).value, ptr(partial).value, ptr(acc).value, ptr(self.geom).value,
-            int(bias), slices)
+            ptr(dy.contiguous()).value,
+            ptr(self.x).value,
+            ptr(partial).value,
+            ptr(acc).value,
+            ptr(self.geom).value,
+            int(bias),
+            slices,
+        )
         assert rc == 0, rc
         return acc[:, :ckk].reshape(self.weight.shape), (acc[:, ckk] if bias else None), slices
 
@@ -113,7 +126,7 @@ CASES = {
     "lenet-conv2": ((3, 6, 14, 14), (16, 6, 5, 5), (0, 0)),
     "oc3": ((2, 2, 9, 9), (3, 2, 3, 3), (1, 1)),
     "oc20-two-tiles": ((2, 3, 8, 8), (20, 3, 3, 3), (1, 1)),
-    "c21-chunks": ((1, 21, 6, 6), (2, 21, 5, 5), (2, 2)),   # float64: 20 channels of weights per chunk
+    "c21-chunks": ((1, 21, 6, 6), (2, 21, 5, 5), (2, 2)),  # float64: 20 channels of weights per chunk
     "non-square": ((2, 2, 7, 12), (3, 2, 3, 5), (1, 2)),
     "wide-padding": ((2, 2, 4, 5), (4, 2, 2, 2), (3, 2)),
 }
@@ -121,9 +134,11 @@ CASES = {
 
 # Every case in float64 (errors ~1e-15: an indexing slip cannot hide); float32 on a few. The emulator
 # runs one fiber per CUDA thread, so the cases are small.
-@pytest.mark.parametrize("case,dtype", [(c, torch.float64) for c in CASES]
-                         + [(c, torch.float32) for c in ("lenet-conv1", "non-square", "oc20-two-tiles")],
-                         ids=lambda v: v if isinstance(v, str) else str(v).replace("torch.", ""))
+@pytest.mark.parametrize(
+    "case,dtype",
+    [(c, torch.float64) for c in CASES] + [(c, torch.float32) for c in ("lenet-conv1", "non-square", "oc20-two-tiles")],
+    ids=lambda v: v if isinstance(v, str) else str(v).replace("torch.", ""),
+)
 def test_emulated_cuda_conv_matches_aten(emu, case, dtype):
     x_shape, w_shape, padding = CASES[case]
     gen = torch.Generator().manual_seed(0)
@@ -173,13 +188,16 @@ def test_emulated_forward_without_bias(emu):
     torch.testing.assert_close(y, F.conv2d(x, w, None, padding=padding), atol=1e-12, rtol=1e-12)
 
 
-@pytest.mark.parametrize("window", [((2, 2), (2, 2), (0, 0)), ((3, 3), (1, 1), (1, 1)), ((3, 2), (2, 1), (1, 0))],
-                         ids=["lenet", "overlap", "non-square"])
+@pytest.mark.parametrize(
+    "window",
+    [((2, 2), (2, 2), (0, 0)), ((3, 3), (1, 1), (1, 1)), ((3, 2), (2, 1), (1, 0))],
+    ids=["lenet", "overlap", "non-square"],
+)
 def test_emulated_max_pool_32_bit_index_path_matches_aten(emu, window):
     """The pooling kernels' 32-bit index path (every LeNet call takes it) against ATen, ties and all."""
     (kh, kw), (sh, sw), (ph, pw) = window
     gen = torch.Generator().manual_seed(6)
-    x = torch.randn(2, 3, 9, 8, generator=gen).round()   # rounded: many ties, ATen's first-wins rule
+    x = torch.randn(2, 3, 9, 8, generator=gen).round()  # rounded: many ties, ATen's first-wins rule
     oh, ow = (9 + 2 * ph - kh) // sh + 1, (8 + 2 * pw - kw) // sw + 1
     g = torch.tensor([2, 3, 9, 8, kh, kw, sh, sw, ph, pw, oh, ow], dtype=torch.int64)
     y = torch.empty(2, 3, oh, ow)
@@ -195,6 +213,7 @@ def test_emulated_max_pool_32_bit_index_path_matches_aten(emu, window):
 
 
 # ---- on a GPU ------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layer", ["lenet-conv1", "lenet-conv2"])
@@ -223,6 +242,7 @@ def test_cuda_conv_at_batch_4096_matches_aten_and_is_deterministic(layer):
 
 
 # ---- autograd of the C++/CUDA layer ops, in C++ ----------------------------------------------------
+
 
 def test_conv_linear_relu_autograd_are_cpp_kernels():
     """The cpp/cuda rungs' conv2d, linear and relu carry their autograd formulas in C++ (no Python

@@ -19,9 +19,27 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "trainlab"
 
-LAYER = {"errors": 0, "stats": 0, "cuda_driver": 0, "schema": 1, "signals": 2, "io": 1, "device": 1, "flags": 1, "__init__": 0, "__main__": 5,
-         "data": 2, "telemetry": 2, "distributed": 2, "ops": 3, "lenet": 4, "gpt": 4, "report": 5, "cli": 5,
-         "lab": 6}
+LAYER = {
+    "errors": 0,
+    "stats": 0,
+    "cuda_driver": 0,
+    "schema": 1,
+    "signals": 2,
+    "io": 1,
+    "device": 1,
+    "flags": 1,
+    "__init__": 0,
+    "__main__": 5,
+    "data": 2,
+    "telemetry": 2,
+    "distributed": 2,
+    "ops": 3,
+    "lenet": 4,
+    "gpt": 4,
+    "report": 5,
+    "cli": 5,
+    "lab": 6,
+}
 
 
 def _unit(module: str) -> str:
@@ -52,9 +70,15 @@ def test_no_import_runs_back_up(path):
         if unit == "__version__":
             continue
         assert unit in LAYER, f"{rel}:{line} imports {target}: unknown unit {unit!r} (add it to LAYER)"
-        assert LAYER[unit] <= LAYER[me], f"{rel}:{line} imports {target}: layer {LAYER[unit]} is above {me}'s {LAYER[me]}"
-        assert not (me == "lenet" and unit == "gpt") and not (me == "gpt" and unit == "lenet"), f"{rel}:{line}: workloads are independent"
-        assert not (me == "report" and unit in ("lenet", "gpt", "ops")), f"{rel}:{line}: the report reads files, not workloads"
+        assert LAYER[unit] <= LAYER[me], (
+            f"{rel}:{line} imports {target}: layer {LAYER[unit]} is above {me}'s {LAYER[me]}"
+        )
+        assert not (me == "lenet" and unit == "gpt") and not (me == "gpt" and unit == "lenet"), (
+            f"{rel}:{line}: workloads are independent"
+        )
+        assert not (me == "report" and unit in ("lenet", "gpt", "ops")), (
+            f"{rel}:{line}: the report reads files, not workloads"
+        )
 
 
 def test_every_workload_folder_is_a_command_group():

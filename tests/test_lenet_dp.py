@@ -7,16 +7,24 @@ import pytest
 import torch
 
 from trainlab.cli import main
-from trainlab.lenet.config import TrainConfig
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.lenet.model import LeNet5
 from trainlab.lenet.allreduce import make_buckets
-from trainlab.lenet.data_parallel import DataParallelContext, check_launch, setup_data_parallel
 from trainlab.lenet.batches import build_train_batches
+from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.data_parallel import DataParallelContext, check_launch, setup_data_parallel
 from trainlab.lenet.loop import train
+from trainlab.lenet.model import LeNet5
 
-SMALL = dict(epochs=1, train_subset=384, test_subset=200, batch_size=64, device="cpu", progress=False,
-             tensorboard=False, gpu_telemetry=False)
+SMALL = dict(
+    epochs=1,
+    train_subset=384,
+    test_subset=200,
+    batch_size=64,
+    device="cpu",
+    progress=False,
+    tensorboard=False,
+    gpu_telemetry=False,
+)
 
 
 def quiet(*_a, **_k):
@@ -32,14 +40,17 @@ def _error_line(capsys, argv):
     return lines[0]
 
 
-@pytest.mark.parametrize("argv, needles", [
-    (["--parallel", "pipeline"], ["--parallel 'pipeline'", "none, dp, ddp, allreduce"]),
-    (["--parallel", "ring", "--nproc", "3", "--batch-size", "2"], ["--batch-size 2", "smaller than --nproc 3"]),
-    (["--parallel", "none", "--nproc", "2"], ["--nproc 2", "--parallel ddp, allreduce or ring"]),
-    (["--parallel", "ddp", "--nproc", "0"], ["--nproc 0", "expected an integer >= 1"]),
-    (["--parallel", "dp", "--device", "cpu"], ["--parallel dp", "CUDA GPUs"]),
-    (["--parallel", "ddp", "--dist-timeout", "0"], ["--dist-timeout 0", "expected a finite number > 0"]),
-])
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["--parallel", "pipeline"], ["--parallel 'pipeline'", "none, dp, ddp, allreduce"]),
+        (["--parallel", "ring", "--nproc", "3", "--batch-size", "2"], ["--batch-size 2", "smaller than --nproc 3"]),
+        (["--parallel", "none", "--nproc", "2"], ["--nproc 2", "--parallel ddp, allreduce or ring"]),
+        (["--parallel", "ddp", "--nproc", "0"], ["--nproc 0", "expected an integer >= 1"]),
+        (["--parallel", "dp", "--device", "cpu"], ["--parallel dp", "CUDA GPUs"]),
+        (["--parallel", "ddp", "--dist-timeout", "0"], ["--dist-timeout 0", "expected a finite number > 0"]),
+    ],
+)
 def test_bad_launches_are_one_line_errors_before_anything_starts(tmp_path, capsys, argv, needles):
     line = _error_line(capsys, ["train", "--device", "cpu", "--out", str(tmp_path / "r"), *argv])
     for needle in needles:
@@ -133,8 +144,9 @@ def test_world_of_one_on_cuda_matches_the_plain_trainer(tmp_path, mode):
     cuda = {**SMALL, "device": "cuda", "amp": "off", "channels_last": "off"}
     ref = train(TrainConfig(**cuda, out=str(tmp_path / "none")), log=quiet)
     got = train(TrainConfig(**cuda, parallel=mode, out=str(tmp_path / mode), step_timing=True), log=quiet)
-    torch.testing.assert_close(torch.tensor(_losses(tmp_path / mode)), torch.tensor(_losses(tmp_path / "none")),
-                               rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(
+        torch.tensor(_losses(tmp_path / mode)), torch.tensor(_losses(tmp_path / "none")), rtol=1e-3, atol=1e-4
+    )
     assert got["test_loss"] == pytest.approx(ref["test_loss"], rel=1e-3)
     assert got["step_times"]["steps"] == 6
 
@@ -145,8 +157,9 @@ def test_dataparallel_matches_single_gpu(tmp_path):
     cuda = {**SMALL, "device": "cuda", "amp": "off", "channels_last": "off"}
     ref = train(TrainConfig(**cuda, out=str(tmp_path / "none")), log=quiet)
     got = train(TrainConfig(**cuda, parallel="dp", out=str(tmp_path / "dp")), log=quiet)
-    torch.testing.assert_close(torch.tensor(_losses(tmp_path / "dp")), torch.tensor(_losses(tmp_path / "none")),
-                               rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(
+        torch.tensor(_losses(tmp_path / "dp")), torch.tensor(_losses(tmp_path / "none")), rtol=1e-3, atol=1e-4
+    )
     assert got["test_loss"] == pytest.approx(ref["test_loss"], rel=1e-3)
 
 
@@ -160,7 +173,9 @@ def test_scale_lr_rules_and_warmup():
     assert scaled_lr(TrainConfig(batch_size=512, lr=0.1, scale_lr="none")) == pytest.approx(0.1)
     with pytest.raises(ConfigError, match="--scale-lr 'cubic'"):
         TrainConfig(scale_lr="cubic").validate()  # the one owner of the check (setup.py trusts it)
-    cfg = TrainConfig(batch_size=512, lr=0.1, scale_lr="linear", schedule="cosine", warmup_epochs=1, epochs=3, optimizer="sgd")
+    cfg = TrainConfig(
+        batch_size=512, lr=0.1, scale_lr="linear", schedule="cosine", warmup_epochs=1, epochs=3, optimizer="sgd"
+    )
     model = LeNet5()
     plan = resolve(cfg, torch.device("cpu"))
     assert plan.lr == pytest.approx(scaled_lr(cfg))

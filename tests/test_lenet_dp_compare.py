@@ -11,15 +11,45 @@ pytestmark = pytest.mark.dist
 
 def test_compare_writes_the_contract_rows_and_modes_agree(tmp_path, capsys):
     out = tmp_path / "cmp.json"
-    argv = ["dp", "compare", "--modes", "none,ddp,ring", "--nproc", "2", "--epochs", "1", "--device", "cpu",
-            "--train-subset", "512", "--test-subset", "200", "--batch-size", "64", "--workers", "0",
-            "--json", str(out), "--md", str(tmp_path / "cmp.md")]
+    argv = [
+        "dp",
+        "compare",
+        "--modes",
+        "none,ddp,ring",
+        "--nproc",
+        "2",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--train-subset",
+        "512",
+        "--test-subset",
+        "200",
+        "--batch-size",
+        "64",
+        "--workers",
+        "0",
+        "--json",
+        str(out),
+        "--md",
+        str(tmp_path / "cmp.md"),
+    ]
     assert main(argv) == 0
     rows = json.loads(out.read_text())
     assert [r["mode"] for r in rows] == ["none", "ddp", "ring"]
     assert [r["world_size"] for r in rows] == [1, 2, 2]
     for r in rows:
-        for key in ("mode", "world_size", "epoch_seconds", "images_per_s", "test_accuracy", "data_ms", "compute_ms", "comm_ms"):
+        for key in (
+            "mode",
+            "world_size",
+            "epoch_seconds",
+            "images_per_s",
+            "test_accuracy",
+            "data_ms",
+            "compute_ms",
+            "comm_ms",
+        ):
             assert r[key] is not None, key
         assert r["epoch_seconds"] > 0
         assert r["images_per_s"] == pytest.approx(512 / r["epoch_seconds"], rel=1e-6)
@@ -50,8 +80,19 @@ def test_train_resume_relaunches_under_torchrun(tmp_path):
     from trainlab.lenet.loop import train
 
     run = tmp_path / "run"
-    cfg = TrainConfig(epochs=2, train_subset=256, test_subset=100, batch_size=64, device="cpu", parallel="ddp",
-                      progress=False, tensorboard=False, gpu_telemetry=False, stop_after=1, out=str(run))
+    cfg = TrainConfig(
+        epochs=2,
+        train_subset=256,
+        test_subset=100,
+        batch_size=64,
+        device="cpu",
+        parallel="ddp",
+        progress=False,
+        tensorboard=False,
+        gpu_telemetry=False,
+        stop_after=1,
+        out=str(run),
+    )
     assert train(cfg, log=lambda *a: None)["interrupted"]
     first = (run / "metrics.jsonl").read_text().splitlines()
     assert main(["train", "--resume", str(run), "--nproc", "2"]) == 0
@@ -64,8 +105,32 @@ def test_train_resume_relaunches_under_torchrun(tmp_path):
 def test_train_ring_on_three_ranks_with_uneven_shards_from_the_cli(tmp_path, capfd):
     # 64 images over 3 ranks: 21, 21, 22 — accepted, weighted, and the run directory says ring × 3.
     run = tmp_path / "ring3"
-    assert main(["train", "--parallel", "ring", "--nproc", "3", "--device", "cpu", "--epochs", "1", "--train-subset", "300",
-                 "--test-subset", "100", "--batch-size", "64", "--no-progress", "--no-tensorboard", "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--parallel",
+                "ring",
+                "--nproc",
+                "3",
+                "--device",
+                "cpu",
+                "--epochs",
+                "1",
+                "--train-subset",
+                "300",
+                "--test-subset",
+                "100",
+                "--batch-size",
+                "64",
+                "--no-progress",
+                "--no-tensorboard",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 3 and summary["parallel"] == "ring"
     assert int(sum(map(sum, summary["confusion_matrix"]))) == 100  # the sharded test set, gathered whole

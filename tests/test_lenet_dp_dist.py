@@ -14,16 +14,27 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trainlab.lenet.config import TrainConfig
 from trainlab.distributed.spawn import free_port, spawn_for_test
+from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
 
 pytestmark = pytest.mark.dist
 
 # SGD: its update is linear in the gradient, so float-level differences stay float-level (Adam's
 # m/√v can amplify a rounding difference in a near-zero gradient to a full step).
-BASE = dict(epochs=2, train_subset=512, test_subset=300, batch_size=64, optimizer="sgd", lr=0.05, device="cpu",
-            progress=False, tensorboard=False, gpu_telemetry=False, seed=1)  # 8 steps per epoch
+BASE = dict(
+    epochs=2,
+    train_subset=512,
+    test_subset=300,
+    batch_size=64,
+    optimizer="sgd",
+    lr=0.05,
+    device="cpu",
+    progress=False,
+    tensorboard=False,
+    gpu_telemetry=False,
+    seed=1,
+)  # 8 steps per epoch
 
 
 def quiet(*_a, **_k):
@@ -54,7 +65,9 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dp")
     ranks = spawn_for_test(_ranks_job, 2, str(tmp), timeout_s=240)
     single = train(TrainConfig(**BASE, parallel="none", out=str(tmp / "single")), log=quiet)
-    single["ema_tta"] = train(TrainConfig(**{**BASE, **EMA_TTA}, parallel="none", out=str(tmp / "single_ema")), log=quiet)
+    single["ema_tta"] = train(
+        TrainConfig(**{**BASE, **EMA_TTA}, parallel="none", out=str(tmp / "single_ema")), log=quiet
+    )
     return tmp, ranks, single
 
 
@@ -75,8 +88,9 @@ def test_two_ranks_match_single_process_training(runs, mode):
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=2e-5, msg=f"{mode}: parameter {k} differs")
     # Logged losses are the mean over ranks of each rank's shard loss = the global batch's mean loss.
-    torch.testing.assert_close(torch.tensor(_step_losses(tmp / mode)), torch.tensor(_step_losses(tmp / "single")),
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(_step_losses(tmp / mode)), torch.tensor(_step_losses(tmp / "single")), rtol=1e-4, atol=1e-5
+    )
     assert len(_step_losses(tmp / mode)) == 16
     # Every replica ends identical: both ranks evaluate the full test set to the same loss.
     assert ranks[0][mode]["test_loss"] == ranks[1][mode]["test_loss"]
@@ -143,16 +157,53 @@ def test_a_killed_rank_makes_the_other_exit_with_a_clear_error(tmp_path):
     # Timed from rank 1's death, not from the start: start-up (imports, data) on a loaded shared box
     # can take a minute by itself, which made a bound on the whole run flaky.
     port = free_port()
-    argv = ["train", "--parallel", "ddp", "--device", "cpu", "--epochs", "1", "--train-subset", "640", "--test-subset", "100",
-            "--batch-size", "64", "--optimizer", "sgd", "--lr", "0.05", "--no-progress", "--no-tensorboard",
-            "--no-gpu-telemetry", "--dist-timeout", "10", "--out", str(tmp_path / "run")]
+    argv = [
+        "train",
+        "--parallel",
+        "ddp",
+        "--device",
+        "cpu",
+        "--epochs",
+        "1",
+        "--train-subset",
+        "640",
+        "--test-subset",
+        "100",
+        "--batch-size",
+        "64",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.05",
+        "--no-progress",
+        "--no-tensorboard",
+        "--no-gpu-telemetry",
+        "--dist-timeout",
+        "10",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     procs, logs = [], []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
         logs.append(open(tmp_path / f"rank{rank}.err", "w+"))  # a file, not a pipe: nothing can block on it
-        procs.append(subprocess.Popen([sys.executable, "-c", _CRASH_ON_RANK_1, *argv], env=env, text=True,
-                                      stdout=subprocess.DEVNULL, stderr=logs[-1]))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _CRASH_ON_RANK_1, *argv],
+                env=env,
+                text=True,
+                stdout=subprocess.DEVNULL,
+                stderr=logs[-1],
+            )
+        )
     try:
         procs[1].wait(timeout=600)
         died = time.monotonic()

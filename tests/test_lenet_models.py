@@ -40,13 +40,22 @@ def resnet18_params(in_channels=1, classes=10):
 
 
 EXPECTED_PARAMS = {
-    "linear": fc(784, 10),                                             # 7,850
-    "mlp": fc(784, 300) + fc(300, 100) + fc(100, 10),                  # 266,610
-    "one-conv": conv(1, 8, 5) + fc(8 * 14 * 14, 128) + fc(128, 10),    # 202,330
+    "linear": fc(784, 10),  # 7,850
+    "mlp": fc(784, 300) + fc(300, 100) + fc(100, 10),  # 266,610
+    "one-conv": conv(1, 8, 5) + fc(8 * 14 * 14, 128) + fc(128, 10),  # 202,330
     "lenet5": conv(1, 6, 5) + conv(6, 16, 5) + fc(400, 120) + fc(120, 84) + fc(84, 10),  # 61,706
     # BatchNorm replaces the biases of the convs and hidden FCs (not of the last layer)
-    "lenet5-bn": (conv(1, 6, 5, False) + bn(6) + conv(6, 16, 5, False) + bn(16) + 400 * 120 + bn(120)
-                  + 120 * 84 + bn(84) + fc(84, 10)),
+    "lenet5-bn": (
+        conv(1, 6, 5, False)
+        + bn(6)
+        + conv(6, 16, 5, False)
+        + bn(16)
+        + 400 * 120
+        + bn(120)
+        + 120 * 84
+        + bn(84)
+        + fc(84, 10)
+    ),
     "resnet18": resnet18_params(),
 }
 
@@ -97,12 +106,18 @@ def test_flop_probe_leaves_batchnorm_statistics_alone():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(model="vgg"), r"--model 'vgg': expected one of"),
-    (dict(model="resnet18", batchnorm=True), r"--batchnorm is a LeNet-5 option; --model resnet18 has its own BatchNorm"),
-    (dict(model="one-conv", ops="own"), r"--ops own: our operators build LeNet-5 only"),
-    (dict(model="mlp", pool="avg"), r"--pool avg: --model mlp has no pooling layer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(model="vgg"), r"--model 'vgg': expected one of"),
+        (
+            dict(model="resnet18", batchnorm=True),
+            r"--batchnorm is a LeNet-5 option; --model resnet18 has its own BatchNorm",
+        ),
+        (dict(model="one-conv", ops="own"), r"--ops own: our operators build LeNet-5 only"),
+        (dict(model="mlp", pool="avg"), r"--pool avg: --model mlp has no pooling layer"),
+    ],
+)
 def test_model_flag_conflicts_are_one_line(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         make_model(**kwargs)
@@ -120,12 +135,27 @@ def test_each_model_trains_end_to_end(tmp_path, name):
     from trainlab.lenet.config import TrainConfig
     from trainlab.lenet.loop import train
 
-    s = train(TrainConfig(model=name, epochs=2, train_subset=1024, test_subset=500, batch_size=64, device="cpu",
-                          progress=False, tensorboard=True, gpu_telemetry=False, out=str(tmp_path / name)),
-              log=lambda *_: None)
+    s = train(
+        TrainConfig(
+            model=name,
+            epochs=2,
+            train_subset=1024,
+            test_subset=500,
+            batch_size=64,
+            device="cpu",
+            progress=False,
+            tensorboard=True,
+            gpu_telemetry=False,
+            out=str(tmp_path / name),
+        ),
+        log=lambda *_: None,
+    )
     assert s["model"] == name and s["params"] == EXPECTED_PARAMS[name]
     assert s["flops_per_image"] == flops_per_image(make_model(name))
     assert s["test_accuracy"] > 50  # chance is 10 %; 2 epochs on 1,024 digits reach well above it
     import json
+
     records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-    assert [r["train_test_gap"] for r in records] == pytest.approx([r["train_accuracy"] - r["test_accuracy"] for r in records])
+    assert [r["train_test_gap"] for r in records] == pytest.approx(
+        [r["train_accuracy"] - r["test_accuracy"] for r in records]
+    )

@@ -17,8 +17,9 @@ from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
 from trainlab.lenet.model import LeNet5, NCHWConv2d, parse_ops
 
-SUBSET = dict(epochs=1, train_subset=2048, test_subset=500, batch_size=64, device="cpu", progress=False,
-              tensorboard=False, seed=1)
+SUBSET = dict(
+    epochs=1, train_subset=2048, test_subset=500, batch_size=64, device="cpu", progress=False, tensorboard=False, seed=1
+)
 
 
 def quiet(*_a, **_k):
@@ -27,8 +28,11 @@ def quiet(*_a, **_k):
 
 def run(tmp_path, ops, **kw):
     summary = train(TrainConfig(**{**SUBSET, **kw, "ops": ops, "out": str(tmp_path / ops)}), log=quiet)
-    losses = [loss for rec in map(json.loads, (tmp_path / ops / "metrics.jsonl").read_text().splitlines())
-              for loss in rec["step_losses"]]
+    losses = [
+        loss
+        for rec in map(json.loads, (tmp_path / ops / "metrics.jsonl").read_text().splitlines())
+        for loss in rec["step_losses"]
+    ]
     return summary, losses
 
 
@@ -41,7 +45,7 @@ def aten_run(tmp_path_factory):
 def test_own_operators_train_to_the_same_accuracy(tmp_path, aten_run, ops):
     ref, ref_losses = aten_run
     summary, losses = run(tmp_path, ops)
-    assert ref["test_accuracy"] > 60   # it learned (~80 % after 32 steps; chance is 10 %)
+    assert ref["test_accuracy"] > 60  # it learned (~80 % after 32 steps; chance is 10 %)
     assert abs(summary["test_accuracy"] - ref["test_accuracy"]) <= 0.15
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
     saved = torch.load(tmp_path / ops / "checkpoint.pt", weights_only=False)
@@ -97,9 +101,9 @@ def test_ops_auto_resolves_to_fused_on_a_cpu_where_it_applies():
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert resolve_ops("auto", cpu, "relu", "max", batchnorm=True, batchnorm_conv1=False) == "fused"
-    assert resolve_ops("auto", gpu, "relu", "max", batchnorm=False) == "aten"          # cuDNN on a GPU
-    assert resolve_ops("auto", cpu, "gelu", "max", batchnorm=False) == "aten"          # not conv → ReLU → pool
-    assert resolve_ops("auto", cpu, "relu", "max", batchnorm=True) == "aten"           # BatchNorm between conv1 and ReLU
+    assert resolve_ops("auto", gpu, "relu", "max", batchnorm=False) == "aten"  # cuDNN on a GPU
+    assert resolve_ops("auto", cpu, "gelu", "max", batchnorm=False) == "aten"  # not conv → ReLU → pool
+    assert resolve_ops("auto", cpu, "relu", "max", batchnorm=True) == "aten"  # BatchNorm between conv1 and ReLU
     assert resolve_ops("own", cpu, "relu", "max", batchnorm=False) == "own"
     with pytest.raises(ConfigError, match="--ops auto is resolved for a device first"):
         LeNet5(ops="auto")
@@ -128,7 +132,9 @@ def test_wrong_backward_is_detected(monkeypatch):
     from trainlab.ops import max_pool2d as pool
 
     real = pool.MaxPool2dFunction.backward
-    monkeypatch.setattr(pool.MaxPool2dFunction, "backward", staticmethod(lambda ctx, g: (real(ctx, g)[0] * 0.25, None, None, None)))
+    monkeypatch.setattr(
+        pool.MaxPool2dFunction, "backward", staticmethod(lambda ctx, g: (real(ctx, g)[0] * 0.25, None, None, None))
+    )
     ref, broken = _curve("aten", 4, 16), _curve("own=python", 4, 16)
     assert max(abs(a - b) for a, b in zip(ref[1:], broken[1:])) > 1e-3
 
@@ -136,25 +142,37 @@ def test_wrong_backward_is_detected(monkeypatch):
 def test_triton_rung_trains_like_aten_for_a_few_steps(monkeypatch):
     pytest.importorskip("triton")
     if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")   # slow: 3 steps of batch 4
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # slow: 3 steps of batch 4
     torch.testing.assert_close(torch.tensor(_curve("own=triton")), torch.tensor(_curve("aten")), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec,impl", [("aten", None), ("fused", None), ("auto", None), ("own", "cpp"), ("own=python", "python"),
-                                       ("own=triton", "triton")])
+@pytest.mark.parametrize(
+    "spec,impl",
+    [
+        ("aten", None),
+        ("fused", None),
+        ("auto", None),
+        ("own", "cpp"),
+        ("own=python", "python"),
+        ("own=triton", "triton"),
+    ],
+)
 def test_parse_ops(spec, impl):
     assert parse_ops(spec) == impl
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--ops", "mine"], "--ops 'mine': expected aten, auto, fused, own or own=python"),
-    (["--ops", "own=fortran"], "expected aten, auto, fused, own or own=python"),
-    (["--ops", "fused", "--batchnorm"], "no BatchNorm on conv1 (add --no-batchnorm-conv1)"),
-    (["--ops", "fused", "--act", "gelu"], "needs --act relu and --pool max (got --act gelu --pool max)"),
-    (["--ops", "own", "--pool", "avg"], "use --pool max"),
-    (["--ops", "own", "--act", "tanh"], "--act must be one of relu, gelu, gelu-tanh"),
-    (["--ops", "fused", "--preset", "best"], "no BatchNorm on conv1"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--ops", "mine"], "--ops 'mine': expected aten, auto, fused, own or own=python"),
+        (["--ops", "own=fortran"], "expected aten, auto, fused, own or own=python"),
+        (["--ops", "fused", "--batchnorm"], "no BatchNorm on conv1 (add --no-batchnorm-conv1)"),
+        (["--ops", "fused", "--act", "gelu"], "needs --act relu and --pool max (got --act gelu --pool max)"),
+        (["--ops", "own", "--pool", "avg"], "use --pool max"),
+        (["--ops", "own", "--act", "tanh"], "--act must be one of relu, gelu, gelu-tanh"),
+        (["--ops", "fused", "--preset", "best"], "no BatchNorm on conv1"),
+    ],
+)
 def test_bad_ops_flags_fail_before_data_loads(tmp_path, capsys, flags, message, monkeypatch):
     import trainlab.lenet.loop as loop
 
@@ -166,15 +184,49 @@ def test_bad_ops_flags_fail_before_data_loads(tmp_path, capsys, flags, message, 
 
 # ---- trainlab profile ------------------------------------------------------------------------------
 
+
 def test_profile_attributes_every_layer_forward_and_backward(tmp_path, capsys):
     out = tmp_path / "prof"
-    assert main(["profile", "--ops", "aten", "--ops", "own", "--steps", "3", "--warmup", "1", "--batch-size", "64",
-                 "--device", "cpu", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--ops",
+                "aten",
+                "--ops",
+                "own",
+                "--steps",
+                "3",
+                "--warmup",
+                "1",
+                "--batch-size",
+                "64",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "profile.json").read_text())
     assert result["variants"] == ["aten", "own"] and result["steps"] == 3
     rows = {(r["variant"], r["layer"]): r for r in result["rows"]}
     for variant in ("aten", "own"):
-        for layer in ("conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "fc1", "relu3", "fc2", "relu4", "fc3", "loss"):
+        for layer in (
+            "conv1",
+            "relu1",
+            "pool1",
+            "conv2",
+            "relu2",
+            "pool2",
+            "fc1",
+            "relu3",
+            "fc2",
+            "relu4",
+            "fc3",
+            "loss",
+        ):
             r = rows[(variant, layer)]
             assert r["fwd_ms_median"] > 0 and r["bwd_ms_median"] > 0, (variant, layer)
     # Nothing is lost or counted twice: in every profiled step the parts (layers, loss, optimizer and
@@ -200,8 +252,27 @@ def test_report_renders_a_profile(tmp_path):
     from trainlab.report.build import build_report
 
     out = tmp_path / "prof"
-    assert main(["profile", "--ops", "aten", "--steps", "2", "--warmup", "0", "--batch-size", "32", "--device", "cpu",
-                 "--no-trace", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--ops",
+                "aten",
+                "--steps",
+                "2",
+                "--warmup",
+                "0",
+                "--batch-size",
+                "32",
+                "--device",
+                "cpu",
+                "--no-trace",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     build_report([str(out / "profile.json")], tmp_path / "report")
     md = (tmp_path / "report" / "report.md").read_text()
     assert "LeNet-5 per-layer profile" in md and "| aten | conv1 |" in md
@@ -209,13 +280,35 @@ def test_report_renders_a_profile(tmp_path):
 
 # ---- trainlab ops check | bench ---------------------------------------------------------------------
 
+
 def test_ops_check_cli_subset_passes_and_writes_results(tmp_path, capsys):
-    code = main(["ops", "check", "--op", "max_pool2d", "--impl", "aten", "--impl", "cpp", "--case", "lenet-pool2",
-                 "--case", "nan-inf-ties", "--no-gelu", "--out", str(tmp_path)])
+    code = main(
+        [
+            "ops",
+            "check",
+            "--op",
+            "max_pool2d",
+            "--impl",
+            "aten",
+            "--impl",
+            "cpp",
+            "--case",
+            "lenet-pool2",
+            "--case",
+            "nan-inf-ties",
+            "--no-gelu",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "all ok" in out and "nan-inf-ties" in out
     data = json.loads((tmp_path / "ops_check.json").read_text())
-    assert len(data["rows"]) == 8 and all(r["ok"] for r in data["rows"]) and data["command"].startswith("trainlab ops check")
+    assert (
+        len(data["rows"]) == 8
+        and all(r["ok"] for r in data["rows"])
+        and data["command"].startswith("trainlab ops check")
+    )
 
 
 def test_ops_check_exit_code_is_nonzero_when_a_row_fails(monkeypatch, capsys):
@@ -223,14 +316,34 @@ def test_ops_check_exit_code_is_nonzero_when_a_row_fails(monkeypatch, capsys):
 
     real = check.check_row
     monkeypatch.setattr(check, "check_row", lambda *a, **k: {**real(*a, **k), "ok": False, "reason": "forced"})
-    assert main(["ops", "check", "--op", "relu", "--impl", "cpp", "--case", "nan-inf-zero", "--dtype", "float32",
-                 "--no-gelu"]) == 1
+    assert (
+        main(
+            [
+                "ops",
+                "check",
+                "--op",
+                "relu",
+                "--impl",
+                "cpp",
+                "--case",
+                "nan-inf-zero",
+                "--dtype",
+                "float32",
+                "--no-gelu",
+            ]
+        )
+        == 1
+    )
     assert "FAILED relu/nan-inf-zero/cpp/float32: forced" in capsys.readouterr().out
 
 
 def test_ops_bench_quick_one_layer(tmp_path, capsys):
-    assert main(["ops", "bench", "--quick", "--layer", "pool2", "--batch", "32", "--device", "cpu",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            ["ops", "bench", "--quick", "--layer", "pool2", "--batch", "32", "--device", "cpu", "--out", str(tmp_path)]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "ops_bench.json").read_text())
     impls = {r["impl"] for r in data["rows"]}
     assert impls == {"aten", "python", "cpp"}
@@ -238,12 +351,15 @@ def test_ops_bench_quick_one_layer(tmp_path, capsys):
     assert "pool2" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["ops", "bench", "--batch", "0"], "--batch '0'"),
-    (["ops", "bench", "--layer", "conv9"], "--layer 'conv9'"),
-    (["ops", "bench", "--threads", "0"], "--threads 0"),
-    (["ops", "check", "--batch", "0", "--no-gelu"], "--batch 0"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["ops", "bench", "--batch", "0"], "--batch '0'"),
+        (["ops", "bench", "--layer", "conv9"], "--layer 'conv9'"),
+        (["ops", "bench", "--threads", "0"], "--threads 0"),
+        (["ops", "check", "--batch", "0", "--no-gelu"], "--batch 0"),
+    ],
+)
 def test_ops_bad_flags_are_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -258,8 +374,8 @@ def test_config_rejects_a_non_string_ops_in_json():
 def test_ops_auto_falls_back_to_pytorch_layers_without_a_compiler(monkeypatch):
     """`auto` (the fast preset) is a speed choice: no C++ toolchain means PyTorch's layers, not a failure;
     an explicit --ops fused still says what is missing."""
-    from trainlab.lenet import plan
     from trainlab.errors import HardwareError
+    from trainlab.lenet import plan
 
     def no_compiler(with_cuda):
         raise HardwareError("impl='cpp': no C++ compiler found")
@@ -270,8 +386,12 @@ def test_ops_auto_falls_back_to_pytorch_layers_without_a_compiler(monkeypatch):
     cfg.ops = "fused"
     assert plan.resolve(cfg, torch.device("cpu")).ops == "fused"
     monkeypatch.undo()
-    assert plan.resolve(TrainConfig(device="cpu", batchnorm=True, batchnorm_conv1=False, ops="auto"),
-                        torch.device("cpu")).ops == "fused"
+    assert (
+        plan.resolve(
+            TrainConfig(device="cpu", batchnorm=True, batchnorm_conv1=False, ops="auto"), torch.device("cpu")
+        ).ops
+        == "fused"
+    )
 
 
 def test_profile_names_the_fused_stage_and_keeps_the_later_names():

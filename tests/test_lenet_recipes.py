@@ -17,7 +17,9 @@ from trainlab.lenet.loop import train
 from trainlab.lenet.model import LeNet5, count_parameters
 from trainlab.lenet.tta import evaluate_tta, shifted
 
-SMALL = dict(epochs=1, train_subset=512, test_subset=500, batch_size=128, device="cpu", progress=False, tensorboard=False)
+SMALL = dict(
+    epochs=1, train_subset=512, test_subset=500, batch_size=128, device="cpu", progress=False, tensorboard=False
+)
 
 
 def quiet(*_a, **_k):
@@ -25,6 +27,7 @@ def quiet(*_a, **_k):
 
 
 # ----------------------------------------------------------------------------- EMA
+
 
 def test_ema_follows_the_formula_with_its_warm_up_ramp():
     torch.manual_seed(0)
@@ -110,6 +113,7 @@ def test_the_ema_weights_are_what_is_reported_and_what_eval_reloads(tmp_path, ca
 
 # ----------------------------------------------------------------------------- TTA
 
+
 def test_shifted_view_is_a_roll_with_background_fill():
     x = torch.randn(3, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     right = torch.full_like(x, BACKGROUND)
@@ -139,6 +143,7 @@ def test_tta_averages_softmax_over_the_views():
 
 # ----------------------------------------------------------------------------- presets and flags
 
+
 @pytest.mark.parametrize("batchnorm_conv1, bn_layers", [(True, (6, 16, 120, 84)), (False, (16, 120, 84))])
 def test_batchnorm_variants_are_lenet5_plus_named_batchnorm(batchnorm_conv1, bn_layers):
     model = LeNet5(batchnorm=True, batchnorm_conv1=batchnorm_conv1)
@@ -155,7 +160,13 @@ def test_presets_keep_lenet5():
         cfg = TrainConfig(**preset)
         model = LeNet5(act=cfg.act, pool=cfg.pool, batchnorm=cfg.batchnorm, batchnorm_conv1=cfg.batchnorm_conv1)
         convs_and_fcs = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-        assert [tuple(m.weight.shape) for m in convs_and_fcs] == [(6, 1, 5, 5), (16, 6, 5, 5), (120, 400), (84, 120), (10, 84)], name
+        assert [tuple(m.weight.shape) for m in convs_and_fcs] == [
+            (6, 1, 5, 5),
+            (16, 6, 5, 5),
+            (120, 400),
+            (84, 120),
+            (10, 84),
+        ], name
 
 
 def test_presets_resolve_and_explicit_flags_win():
@@ -168,8 +179,14 @@ def test_presets_resolve_and_explicit_flags_win():
     add_flags(parser, TrainConfig)
     fast = config_from_args(parser.parse_args(["--preset", "fast", "--epochs", "3"]))
     assert fast.preset == "fast" and fast.epochs == 3  # the explicit flag wins over the preset
-    assert (fast.batchnorm, fast.batchnorm_conv1, fast.amp, fast.channels_last, fast.label_smoothing, fast.lr) == \
-        (True, False, "bf16", "on", 0.1, 3e-2)
+    assert (fast.batchnorm, fast.batchnorm_conv1, fast.amp, fast.channels_last, fast.label_smoothing, fast.lr) == (
+        True,
+        False,
+        "bf16",
+        "on",
+        0.1,
+        3e-2,
+    )
     assert (fast.batch_size, fast.schedule, fast.warmup_epochs) == (96, "linear", 0.2)  # one epoch, linear to 0
     assert config_from_args(parser.parse_args(["--preset", "fast"])).epochs == 1
     best = config_from_args(parser.parse_args(["--preset", "best"]))
@@ -189,13 +206,16 @@ def test_fast_preset_trains_in_bf16_on_the_cpu(tmp_path):
     assert 10.0 < summary["test_accuracy"] <= 100.0
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--ema", "1.5"], "--ema 1.5"),
-    (["--ema", "nan"], "--ema nan"),
-    (["--elastic-alpha", "-3"], "--elastic-alpha -3"),
-    (["--elastic-sigma", "0"], "--elastic-sigma 0"),
-    (["--augment-degrees", "200"], "--augment-degrees 200"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--ema", "1.5"], "--ema 1.5"),
+        (["--ema", "nan"], "--ema nan"),
+        (["--elastic-alpha", "-3"], "--elastic-alpha -3"),
+        (["--elastic-sigma", "0"], "--elastic-sigma 0"),
+        (["--augment-degrees", "200"], "--augment-degrees 200"),
+    ],
+)
 def test_bad_recipe_flags_are_one_line_errors(tmp_path, capsys, argv, needle):
     assert main(["train", *argv, "--out", str(tmp_path / "x"), "--device", "cpu", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -204,6 +224,7 @@ def test_bad_recipe_flags_are_one_line_errors(tmp_path, capsys, argv, needle):
 
 
 # ----------------------------------------------------------------------------- one-epoch recipe: schedule, validation split
+
 
 def test_linear_schedule_warms_up_then_decays_to_zero():
     from trainlab.lenet.plan import resolve
@@ -226,7 +247,9 @@ def test_holdout_trains_on_the_rest_and_scores_the_held_out_training_images(tmp_
     data = load_mnist()
     split = data.holdout(1000)
     assert len(split.train_labels) == 59_000 and len(split.test_labels) == 1000
-    assert np_equal(split.train_images, data.train_images[:59_000]) and np_equal(split.test_images, data.train_images[59_000:])
+    assert np_equal(split.train_images, data.train_images[:59_000]) and np_equal(
+        split.test_images, data.train_images[59_000:]
+    )
     assert np_equal(split.test_labels, data.train_labels[59_000:])
     summary = train(TrainConfig(**dict(SMALL, test_subset=None, holdout=300, out=str(tmp_path / "h"))), log=quiet)
     # scored on the 300 held-out training images (the confusion matrix counts them), not on test images
@@ -251,6 +274,7 @@ def test_holdout_of_the_whole_training_set_is_a_one_line_error(tmp_path, capsys,
 
 # ----------------------------------------------------------------------------- batch-size warm-up
 
+
 def test_batch_warmup_serves_small_batches_first_and_every_image_once_per_epoch():
     from trainlab.data.loader import DeviceLoader
 
@@ -273,8 +297,12 @@ def test_batch_warmup_serves_small_batches_first_and_every_image_once_per_epoch(
 def test_batch_warmup_over_the_whole_epoch_is_exactly_the_small_batch_run(tmp_path):
     kw = dict(SMALL, train_subset=640, schedule="linear", warmup_epochs=0.2, label_smoothing=0.1, batchnorm=True)
     small = train(TrainConfig(**dict(kw, batch_size=64), out=str(tmp_path / "small")), log=quiet)
-    warm = train(TrainConfig(**dict(kw, batch_size=256, warmup_batch_size=64, batch_warmup_epochs=1.0),
-                             out=str(tmp_path / "warm")), log=quiet)
+    warm = train(
+        TrainConfig(
+            **dict(kw, batch_size=256, warmup_batch_size=64, batch_warmup_epochs=1.0), out=str(tmp_path / "warm")
+        ),
+        log=quiet,
+    )
     a, b = (json.loads((tmp_path / d / "metrics.jsonl").read_text().splitlines()[0]) for d in ("small", "warm"))
     assert len(a["step_losses"]) == 10 and a["step_losses"] == b["step_losses"]
     assert small["test_accuracy"] == warm["test_accuracy"] and small["test_loss"] == warm["test_loss"]
@@ -283,8 +311,16 @@ def test_batch_warmup_over_the_whole_epoch_is_exactly_the_small_batch_run(tmp_pa
 def test_batch_warmup_schedule_spans_all_steps_and_resume_continues_it(tmp_path):
     # 640 images, a quarter in batches of 32 (5 steps), the rest in batches of 128 (4 steps) in epoch 0;
     # then 5 steps of 128 per epoch. The linear schedule reaches 0 exactly at the last step.
-    kw = dict(SMALL, epochs=2, train_subset=640, batch_size=128, warmup_batch_size=32, batch_warmup_epochs=0.25,
-              schedule="linear", warmup_epochs=0.2)
+    kw = dict(
+        SMALL,
+        epochs=2,
+        train_subset=640,
+        batch_size=128,
+        warmup_batch_size=32,
+        batch_warmup_epochs=0.25,
+        schedule="linear",
+        warmup_epochs=0.2,
+    )
     full = train(TrainConfig(**kw, out=str(tmp_path / "full")), log=quiet)
     records = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert [r["global_step"] for r in records] == [9, 14] and [len(r["step_losses"]) for r in records] == [9, 5]

@@ -28,8 +28,18 @@ SIZES = (1, 3, 5, 64, 1000, 4097)  # fewer elements than ranks, not divisible by
 MODES = ("ddp", "allreduce", "ring")
 # 250 images = 8 global batches of 30 (or 31) + a last one of 10 (or 2): uneven shards everywhere.
 BATCH = {2: 31, 4: 30}
-BASE = dict(epochs=2, train_subset=250, test_subset=203, optimizer="sgd", lr=0.1, device="cpu", progress=False,
-            tensorboard=False, gpu_telemetry=False, seed=3)
+BASE = dict(
+    epochs=2,
+    train_subset=250,
+    test_subset=203,
+    optimizer="sgd",
+    lr=0.1,
+    device="cpu",
+    progress=False,
+    tensorboard=False,
+    gpu_telemetry=False,
+    seed=3,
+)
 
 
 def quiet(*_a, **_k):
@@ -140,7 +150,9 @@ def test_uneven_shards_train_exactly_like_one_process(job, mode):
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=2e-5, msg=f"{mode}×{world}: {k} differs")
     a, b = _records(tmp / mode), _records(tmp / "single")
     steps = lambda rs, key: [x for r in rs for x in r[key]]  # noqa: E731
-    torch.testing.assert_close(torch.tensor(steps(a, "step_losses")), torch.tensor(steps(b, "step_losses")), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(steps(a, "step_losses")), torch.tensor(steps(b, "step_losses")), rtol=1e-4, atol=1e-5
+    )
     assert steps(a, "step_accuracies") == pytest.approx(steps(b, "step_accuracies"), abs=100 / 30 + 1e-9)  # ≤ 1 image
     assert [r["train_accuracy"] for r in a] == pytest.approx([r["train_accuracy"] for r in b], abs=0.5)
 
@@ -187,10 +199,34 @@ def test_ring_on_two_gpus_equals_one_gpu(tmp_path):
     # backward's events, the optimizer's stream waiting on the comm stream. 2 ranks, uneven shards.
     from trainlab.cli import main
 
-    small = ["--epochs", "1", "--train-subset", "1000", "--test-subset", "500", "--batch-size", "99", "--optimizer", "sgd",
-             "--lr", "0.05", "--amp", "off", "--channels-last", "off", "--no-progress", "--no-tensorboard", "--no-gpu-telemetry"]
+    small = [
+        "--epochs",
+        "1",
+        "--train-subset",
+        "1000",
+        "--test-subset",
+        "500",
+        "--batch-size",
+        "99",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.05",
+        "--amp",
+        "off",
+        "--channels-last",
+        "off",
+        "--no-progress",
+        "--no-tensorboard",
+        "--no-gpu-telemetry",
+    ]
     assert main(["train", *small, "--device", "cuda", "--out", str(tmp_path / "one")]) == 0
-    assert main(["train", *small, "--device", "cuda", "--parallel", "ring", "--nproc", "2", "--out", str(tmp_path / "ring")]) == 0
+    assert (
+        main(
+            ["train", *small, "--device", "cuda", "--parallel", "ring", "--nproc", "2", "--out", str(tmp_path / "ring")]
+        )
+        == 0
+    )
     ref, got = _params(tmp_path / "one"), _params(tmp_path / "ring")
     for k in ref:
         torch.testing.assert_close(got[k].cpu(), ref[k].cpu(), rtol=1e-3, atol=1e-4, msg=k)

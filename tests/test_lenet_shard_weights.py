@@ -18,8 +18,19 @@ from trainlab.lenet.loop import train
 from trainlab.lenet.shard_weights import SLOW_ENV, check_shard_weights, parse_shard_weights, slowdown_factor
 
 # SGD keeps float-level differences float-level (see test_lenet_dp_dist); 8 steps per epoch.
-BASE = dict(epochs=2, train_subset=512, test_subset=200, batch_size=64, optimizer="sgd", lr=0.05, device="cpu",
-            progress=False, tensorboard=False, gpu_telemetry=False, seed=3)
+BASE = dict(
+    epochs=2,
+    train_subset=512,
+    test_subset=200,
+    batch_size=64,
+    optimizer="sgd",
+    lr=0.05,
+    device="cpu",
+    progress=False,
+    tensorboard=False,
+    gpu_telemetry=False,
+    seed=3,
+)
 
 
 def quiet(*_a, **_k):

@@ -30,6 +30,7 @@ def _values(plan: LeNetPlan) -> list:
 
 # ----------------------------------------------------------------------------- the plan
 
+
 @pytest.mark.parametrize("preset", ["default", "fast", "best"])
 @pytest.mark.parametrize("device", [CPU, CUDA])
 def test_no_auto_survives_the_plan(preset, device):
@@ -44,25 +45,40 @@ def test_no_auto_survives_the_plan(preset, device):
 def test_auto_step_mode_is_cudagraph_for_the_fast_recipe_on_cuda_only():
     fast = apply_preset(TrainConfig(), "fast")
     cuda = resolve(fast, CUDA)
-    assert (cuda.step_mode, cuda.capturable, cuda.ops, cuda.precision, cuda.channels_last) == ("cudagraph", True, "aten", "bf16", True)
+    assert (cuda.step_mode, cuda.capturable, cuda.ops, cuda.precision, cuda.channels_last) == (
+        "cudagraph",
+        True,
+        "aten",
+        "bf16",
+        True,
+    )
     assert resolve(fast, CPU).step_mode == "eager" and not resolve(fast, CPU).capturable
     assert cuda.optimizer_in_graph
     # the default recipe graphs too: forward + backward captured, the fused AdamW step after each replay
     # (OneCycle's beta1 is a host float the fused kernel takes as an argument, frozen if captured)
     default = resolve(TrainConfig(), CUDA)
-    assert (default.step_mode, default.capturable, default.fused_optimizer, default.optimizer_in_graph) == \
-        ("cudagraph", False, True, False)
+    assert (default.step_mode, default.capturable, default.fused_optimizer, default.optimizer_in_graph) == (
+        "cudagraph",
+        False,
+        True,
+        False,
+    )
     assert resolve(TrainConfig(), CPU).step_mode == "eager"
     assert resolve(TrainConfig(compile=True), CUDA).step_mode == "compile"
     assert resolve(dataclasses.replace(fast, parallel="ddp"), CUDA).step_mode == "eager"
-    assert resolve(dataclasses.replace(fast, act="gelu-cuda"), CUDA).step_mode == "eager"  # our kernels: not graphed by auto
+    assert (
+        resolve(dataclasses.replace(fast, act="gelu-cuda"), CUDA).step_mode == "eager"
+    )  # our kernels: not graphed by auto
 
 
-@pytest.mark.parametrize("changes, needle", [
-    ({"device": "cpu"}, "--step-mode cudagraph: CUDA graphs need a CUDA device"),
-    ({"optimizer": "sgd"}, "--step-mode cudagraph: not with --optimizer sgd"),
-    ({"compile": True}, "--step-mode cudagraph: conflicts with --compile"),
-])
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        ({"device": "cpu"}, "--step-mode cudagraph: CUDA graphs need a CUDA device"),
+        ({"optimizer": "sgd"}, "--step-mode cudagraph: not with --optimizer sgd"),
+        ({"compile": True}, "--step-mode cudagraph: conflicts with --compile"),
+    ],
+)
 def test_a_cudagraph_request_the_recipe_cannot_honour_names_the_flag(changes, needle):
     cfg = dataclasses.replace(TrainConfig(schedule="linear", step_mode="cudagraph"), **changes)
     with pytest.raises(ConfigError, match=needle):
@@ -72,16 +88,28 @@ def test_a_cudagraph_request_the_recipe_cannot_honour_names_the_flag(changes, ne
 def test_cudagraph_on_a_cpu_is_one_line_and_no_run_directory(tmp_path, capsys):
     assert main(["train", "--device", "cpu", "--step-mode", "cudagraph", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["trainlab: error: --step-mode cudagraph: CUDA graphs need a CUDA device, not cpu (use --step-mode eager "
-                   + "or compile)"]
+    assert err == [
+        "trainlab: error: --step-mode cudagraph: CUDA graphs need a CUDA device, not cpu (use --step-mode eager "
+        + "or compile)"
+    ]
     assert not (tmp_path / "r").exists()
 
 
 def test_summary_records_the_resolved_plan(tmp_path):
     from trainlab.lenet.loop import train
 
-    cfg = apply_preset(TrainConfig(device="cpu", train_subset=192, test_subset=100, progress=False, tensorboard=False,
-                                   gpu_telemetry=False, out=str(tmp_path / "r")), "fast")
+    cfg = apply_preset(
+        TrainConfig(
+            device="cpu",
+            train_subset=192,
+            test_subset=100,
+            progress=False,
+            tensorboard=False,
+            gpu_telemetry=False,
+            out=str(tmp_path / "r"),
+        ),
+        "fast",
+    )
     cfg.ops = "aten"  # the fused C++ stage would build its extension: not what this test is about
     summary = train(cfg, log=lambda *a: None)
     recorded = json.loads((tmp_path / "r" / "summary.json").read_text())
@@ -94,6 +122,7 @@ def test_summary_records_the_resolved_plan(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the step's modes
+
 
 def _run(plan: LeNetPlan, batches, steps_per_epoch: int) -> tuple[list[float], dict]:
     """Train `plan`'s model through the library's step on `batches` → (per-step losses, final weights)."""
@@ -128,11 +157,22 @@ COMPILE_TOL = 1e-4
 
 @pytest.mark.slow
 def test_compile_step_matches_the_eager_step_on_cpu():
-    base = TrainConfig(device="cpu", batchnorm=True, schedule="linear", warmup_epochs=0.5, lr=1e-2, label_smoothing=0.1,
-                       amp="off", channels_last="off", epochs=1)
+    base = TrainConfig(
+        device="cpu",
+        batchnorm=True,
+        schedule="linear",
+        warmup_epochs=0.5,
+        lr=1e-2,
+        label_smoothing=0.1,
+        amp="off",
+        channels_last="off",
+        epochs=1,
+    )
     batches = _batches(CPU, 6 * 32, 32, channels_last=False)
     eager_losses, eager_w = _run(resolve(base, CPU), batches, len(batches))
-    compiled_losses, compiled_w = _run(resolve(dataclasses.replace(base, step_mode="compile"), CPU), batches, len(batches))
+    compiled_losses, compiled_w = _run(
+        resolve(dataclasses.replace(base, step_mode="compile"), CPU), batches, len(batches)
+    )
     assert eager_losses == pytest.approx(compiled_losses, rel=COMPILE_TOL, abs=COMPILE_TOL)
     assert eager_losses[0] != pytest.approx(eager_losses[-1], abs=1e-3)  # it trained
     for k in eager_w:
@@ -242,9 +282,22 @@ GRAPH_TOL = 1e-4
 def test_cudagraph_steps_match_eager_steps(amp, tol, recipe):
     """`linear`: the whole step in the graph (fused capturable AdamW). `default`: OneCycle AdamW with beta1
     cycled per step, graphed forward + backward and the fused step after each replay (`auto` picks it)."""
-    base = (TrainConfig(device="cuda", batchnorm=True, batchnorm_conv1=False, schedule="linear", warmup_epochs=0.3,
-                        lr=1e-2, label_smoothing=0.1, amp=amp, channels_last="on", epochs=1) if recipe == "linear"
-            else TrainConfig(device="cuda", amp=amp, channels_last="on", epochs=1))
+    base = (
+        TrainConfig(
+            device="cuda",
+            batchnorm=True,
+            batchnorm_conv1=False,
+            schedule="linear",
+            warmup_epochs=0.3,
+            lr=1e-2,
+            label_smoothing=0.1,
+            amp=amp,
+            channels_last="on",
+            epochs=1,
+        )
+        if recipe == "linear"
+        else TrainConfig(device="cuda", amp=amp, channels_last="on", epochs=1)
+    )
     # 11 full batches of 64 and a last one of 32: graphed, then the short one eagerly through the same step
     batches = _batches(CUDA, 11 * 64 + 32, 64, channels_last=True)
     eager = resolve(dataclasses.replace(base, step_mode="eager"), CUDA)
@@ -262,8 +315,18 @@ def test_cudagraph_steps_match_eager_steps(amp, tol, recipe):
 def test_fast_preset_on_cuda_trains_with_the_graphed_step(tmp_path):
     from trainlab.lenet.loop import train
 
-    cfg = apply_preset(TrainConfig(device="cuda", train_subset=96 * 20 + 40, test_subset=1000, progress=False,
-                                   tensorboard=False, gpu_telemetry=False, out=str(tmp_path / "r")), "fast")
+    cfg = apply_preset(
+        TrainConfig(
+            device="cuda",
+            train_subset=96 * 20 + 40,
+            test_subset=1000,
+            progress=False,
+            tensorboard=False,
+            gpu_telemetry=False,
+            out=str(tmp_path / "r"),
+        ),
+        "fast",
+    )
     summary = train(cfg, log=lambda *a: None)
     assert summary["step_mode"] == "cudagraph" and summary["steps"] == 21
     assert summary["test_accuracy"] > 50  # ~2,000 images, one epoch: it learned (chance is 10 %)
@@ -276,11 +339,21 @@ def test_default_recipe_on_cuda_trains_with_the_graphed_step(tmp_path):
     None) between replays, and the next epoch's replays must still update the weights."""
     from trainlab.lenet.loop import train
 
-    cfg = TrainConfig(device="cuda", epochs=2, train_subset=256 * 8 + 40, test_subset=1000, progress=False,
-                      tensorboard=False, gpu_telemetry=False, out=str(tmp_path / "r"))
+    cfg = TrainConfig(
+        device="cuda",
+        epochs=2,
+        train_subset=256 * 8 + 40,
+        test_subset=1000,
+        progress=False,
+        tensorboard=False,
+        gpu_telemetry=False,
+        out=str(tmp_path / "r"),
+    )
     summary = train(cfg, log=lambda *a: None)
     assert summary["step_mode"] == "cudagraph" and not summary["plan"]["capturable"] and summary["steps"] == 18
-    assert summary["test_accuracy"] > 40  # ~2,000 images, two epochs of OneCycle: ~70 % on a CPU in eager mode (chance 10 %)
+    assert (
+        summary["test_accuracy"] > 40
+    )  # ~2,000 images, two epochs of OneCycle: ~70 % on a CPU in eager mode (chance 10 %)
 
 
 @pytest.mark.gpu

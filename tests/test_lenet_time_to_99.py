@@ -15,21 +15,40 @@ from lenet_time_to_99 import tables  # noqa: E402
 
 
 def _fast(seed, t):
-    return {"loop": "fast", "seed": seed, "threads": 16, "time_to_99_s": t, "epochs_to_99": 1, "images_per_s": 6e5,
-            "warmup_s": 0.4, "data_s": 0.8, "eval_s": 0.05, "batch_size": 96, "steps": 625, "ms_per_step": t / 625 * 1e3,
-            "step_mode": "cudagraph"}
+    return {
+        "loop": "fast",
+        "seed": seed,
+        "threads": 16,
+        "time_to_99_s": t,
+        "epochs_to_99": 1,
+        "images_per_s": 6e5,
+        "warmup_s": 0.4,
+        "data_s": 0.8,
+        "eval_s": 0.05,
+        "batch_size": 96,
+        "steps": 625,
+        "ms_per_step": t / 625 * 1e3,
+        "step_mode": "cudagraph",
+    }
 
 
 def _seed_style(seed, t):
-    return {"loop": "seed-style", "seed": seed, "threads": 16, "time_to_99_s": t, "epochs_to_99": 5, "images_per_s": 14e3,
-            "warmup_s": 0.0}
+    return {
+        "loop": "seed-style",
+        "seed": seed,
+        "threads": 16,
+        "time_to_99_s": t,
+        "epochs_to_99": 5,
+        "images_per_s": 14e3,
+        "warmup_s": 0.0,
+    }
 
 
 def test_gpu_summary_with_the_baseline_on_fewer_seeds():
     fast_times = [0.20 + 0.01 * s for s in range(10)]
     rows = [_fast(s, t) for s, t in enumerate(fast_times)]
     rows.insert(1, _seed_style(0, 20.0))
-    rows.insert(3, _seed_style(1, None))   # did not reach 99 % within --max-epochs
+    rows.insert(3, _seed_style(1, None))  # did not reach 99 % within --max-epochs
     rows.insert(5, _seed_style(2, 30.0))
     text, summary = tables(rows, ["fast", "seed-style"], list(range(10)))
     fast = summary["fast"]

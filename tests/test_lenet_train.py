@@ -22,7 +22,11 @@ def run(tmp_path, name, **kw):
 
 
 def step_losses(run_dir):
-    return [loss for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) for loss in rec["step_losses"]]
+    return [
+        loss
+        for rec in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        for loss in rec["step_losses"]
+    ]
 
 
 def test_same_seed_same_loss_curve_and_other_seed_differs(tmp_path):
@@ -107,8 +111,16 @@ def test_tensorboard_tags_read_back(tmp_path):
     acc = EventAccumulator(str(d), size_guidance={"scalars": 0, "images": 0})
     acc.Reload()
     scalars = set(acc.Tags()["scalars"])
-    expected = {"train/loss", "train/lr", "test/loss", "test/accuracy", "perf/images_per_s", "train/accuracy",
-                "train/accuracy_epoch", "train/loss_epoch"}
+    expected = {
+        "train/loss",
+        "train/lr",
+        "test/loss",
+        "test/accuracy",
+        "perf/images_per_s",
+        "train/accuracy",
+        "train/accuracy_epoch",
+        "train/loss_epoch",
+    }
     expected |= {f"test/class_accuracy/{c}" for c in range(10)}
     assert expected <= scalars
     assert len(acc.Scalars("train/loss")) == 16  # 8 steps per epoch × 2 epochs
@@ -116,7 +128,9 @@ def test_tensorboard_tags_read_back(tmp_path):
     summary = json.loads((d / "summary.json").read_text())
     records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
     assert acc.Scalars("test/accuracy")[-1].value == pytest.approx(summary["test_accuracy"], rel=1e-6)
-    assert [e.value for e in acc.Scalars("train/accuracy_epoch")] == pytest.approx([r["train_accuracy"] for r in records])
+    assert [e.value for e in acc.Scalars("train/accuracy_epoch")] == pytest.approx(
+        [r["train_accuracy"] for r in records]
+    )
     assert {"layers/conv1_filters", "layers/conv1_feature_maps", "test/misclassified"} <= set(acc.Tags()["images"])
 
 
@@ -147,8 +161,8 @@ def test_train_accuracy_is_the_batches_accuracy_before_each_update(tmp_path):
 def test_misclassified_images_are_the_ones_the_checkpoint_gets_wrong(tmp_path):
     import numpy as np
 
-    from trainlab.data.mnist import load_mnist
     from trainlab.data.loader import DeviceLoader
+    from trainlab.data.mnist import load_mnist
     from trainlab.lenet.plan import resolve
     from trainlab.lenet.setup import build_model
 
@@ -171,8 +185,9 @@ def test_misclassified_images_are_the_ones_the_checkpoint_gets_wrong(tmp_path):
 
 def test_real_mnist_reaches_98_percent_and_eval_reproduces_it(tmp_path, capsys):
     """The acceptance bar of the handout (≥98%) on the full 60k/10k, inside the suite."""
-    cfg = TrainConfig(epochs=2, batch_size=128, device="cpu", progress=False, tensorboard=False,
-                      out=str(tmp_path / "real"))
+    cfg = TrainConfig(
+        epochs=2, batch_size=128, device="cpu", progress=False, tensorboard=False, out=str(tmp_path / "real")
+    )
     summary = train(cfg, log=quiet)
     assert summary["test_accuracy"] >= 98.0
     assert main(["eval", str(tmp_path / "real"), "--device", "cpu", "--json", "-"]) == 0
@@ -181,13 +196,16 @@ def test_real_mnist_reaches_98_percent_and_eval_reproduces_it(tmp_path, capsys):
     assert evaluated["test_samples"] == 10_000
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["train", "--optimizer", "lion"], "--optimizer 'lion'"),
-    (["train", "--loader", "magic"], "--loader 'magic'"),
-    (["train", "--act", "swishy"], "--act 'swishy'"),
-    (["train", "--schedule", "steps"], "--schedule 'steps'"),
-    (["train", "--epochs", "0"], "--epochs"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["train", "--optimizer", "lion"], "--optimizer 'lion'"),
+        (["train", "--loader", "magic"], "--loader 'magic'"),
+        (["train", "--act", "swishy"], "--act 'swishy'"),
+        (["train", "--schedule", "steps"], "--schedule 'steps'"),
+        (["train", "--epochs", "0"], "--epochs"),
+    ],
+)
 def test_bad_flags_are_one_line_errors(tmp_path, capsys, argv, needle):
     assert main(argv + ["--out", str(tmp_path / "x"), "--device", "cpu", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -11,25 +11,40 @@ def _row(batch, layer, impl, fwd, bwd):
 
 
 def test_layers_come_from_every_operators_folder_in_lenet_order():
-    assert bench.LAYER_NAMES == ("conv1", "relu1", "pool1", "stage1", "conv2", "relu2", "pool2",
-                                 "fc1", "relu3", "fc2", "relu4", "fc3")
+    assert bench.LAYER_NAMES == (
+        "conv1",
+        "relu1",
+        "pool1",
+        "stage1",
+        "conv2",
+        "relu2",
+        "pool2",
+        "fc1",
+        "relu3",
+        "fc2",
+        "relu4",
+        "fc3",
+    )
     assert {layer.op for layer in bench.LAYERS} == {op for op in registry.OPS if registry.module(op).BENCH}
 
 
 def test_totals_sum_only_layers_every_rung_timed():
     step = [layer.name for layer in bench.LAYERS if layer.in_step]
     rows = [_row(256, name, "aten", 1.0, 2.0) for name in step]
-    rows += [_row(256, name, "cuda", 2.0, 2.0) for name in step if name != "fc3"]   # failed at fc3
+    rows += [_row(256, name, "cuda", 2.0, 2.0) for name in step if name != "fc3"]  # failed at fc3
     rows += [_row(256, name, "cuda-atomic", 0.5, 0.5) for name in ("pool1", "pool2")]
-    rows += [_row(256, "stage1", impl, 9.0, 9.0) for impl in ("aten", "cuda")]      # fused stage: not in a step
+    rows += [_row(256, "stage1", impl, 9.0, 9.0) for impl in ("aten", "cuda")]  # fused stage: not in a step
     totals = {t["impl"]: t for t in bench._totals(rows)}
     common = [n for n in step if n != "fc3"]
     assert totals["aten"]["layers"] == totals["cuda"]["layers"] == common
-    assert totals["aten"]["fwd_s"] == pytest.approx(len(common)) and totals["cuda"]["fwd_s"] == pytest.approx(2 * len(common))
+    assert totals["aten"]["fwd_s"] == pytest.approx(len(common)) and totals["cuda"]["fwd_s"] == pytest.approx(
+        2 * len(common)
+    )
     assert totals["cuda"]["ratio_to_aten"] == pytest.approx(4 / 3)
     # the pool-only rung is divided by aten's pools, not by aten's whole step
     assert totals["cuda-atomic"]["layers"] == ["pool1", "pool2"]
     assert totals["cuda-atomic"]["ratio_to_aten"] == pytest.approx(1 / 3)
-    table = bench.format_layer_table({"device": "cuda", "torch_threads": 1, "rows": [], "skipped": {},
-                                      "totals": list(totals.values())})
+    table = bench.format_layer_table(
+        {"device": "cuda", "torch_threads": 1, "rows": [], "skipped": {}, "totals": list(totals.values())}
+    )
     assert "(pool1, pool2 only)" in table and table.count("only)") == 1

@@ -15,18 +15,38 @@ def test_gelu_and_conv2d_rows_have_the_same_schema(capsys):
     the fields of ROW_FIELDS, so one reader serves every operator."""
     docs = {}
     for op, case in (("gelu", "none"), ("conv2d", "batch1")):
-        assert main(["ops", "check", "--op", op, "--impl", "aten", "--impl", "python", "--dtype", "float32",
-                     "--case", case, "--n", "64", "--json"]) == 0
+        assert (
+            main(
+                [
+                    "ops",
+                    "check",
+                    "--op",
+                    op,
+                    "--impl",
+                    "aten",
+                    "--impl",
+                    "python",
+                    "--dtype",
+                    "float32",
+                    "--case",
+                    case,
+                    "--n",
+                    "64",
+                    "--json",
+                ]
+            )
+            == 0
+        )
         docs[op] = __import__("json").loads(capsys.readouterr().out)
     for op, doc in docs.items():
         rows = doc["rows"] + doc["autograd_rows"]
         assert len(doc["rows"]) == 2 and len(doc["autograd_rows"]) == 2
         assert all(list(r) == list(check.ROW_FIELDS) for r in rows), op
         assert all(r["op"] == op and r["ok"] is True for r in rows)
-    gelu, conv = docs["gelu"]["rows"][1], docs["conv2d"]["rows"][1]   # the python rung of each
+    gelu, conv = docs["gelu"]["rows"][1], docs["conv2d"]["rows"][1]  # the python rung of each
     for key in ("fwd_max_abs_err", "grad_max_abs_err", "worst_ratio_to_tol", "fwd_vs_aten", "grad_vs_aten"):
         assert isinstance(gelu[key], float) and isinstance(conv[key], float), key
-    assert gelu["checks"]["recipe_loss_diff"] == 0.0 and conv["checks"] is None   # a case's own checks, in one field
+    assert gelu["checks"]["recipe_loss_diff"] == 0.0 and conv["checks"] is None  # a case's own checks, in one field
 
 
 def test_autograd_is_handed_only_tensors_on_the_rungs_device():
@@ -75,13 +95,14 @@ def test_the_toy_operator_of_the_architecture_doc_is_its_folder_plus_one_registr
     module = types.ModuleType("trainlab.ops.square")
     exec(compile(source, "docs/architecture.md", "exec"), module.__dict__)
     monkeypatch.setitem(sys.modules, "trainlab.ops.square", module)
-    monkeypatch.setattr(registry, "OPS", (*registry.OPS, "square"))   # the one registry line
+    monkeypatch.setattr(registry, "OPS", (*registry.OPS, "square"))  # the one registry line
     # what check and bench gathered from the registry when they were imported, gathered again
     monkeypatch.setattr(check, "OPS", registry.OPS)
     monkeypatch.setitem(check.CASES, "square", registry.module("square").CASES)
     monkeypatch.setattr(bench, "LAYERS", (*bench.LAYERS, *registry.module("square").BENCH))
     result = check.run_check(ops=["square"], impls=["aten", "python"], batch=3)
     assert result["ok"] and len(result["rows"]) == 4 and len(result["autograd_rows"]) == 2
-    timed = bench.run_layer_bench(batches=[4], impls=["python"], layers=["square"], device="cpu", budget_s=0.01,
-                                  min_runs=2, warmup=0)
+    timed = bench.run_layer_bench(
+        batches=[4], impls=["python"], layers=["square"], device="cpu", budget_s=0.01, min_runs=2, warmup=0
+    )
     assert {r["impl"] for r in timed["rows"]} == {"aten", "python"}

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from conftest import load_ext, skipped_by_design
+
 from trainlab.errors import ConfigError, HardwareError, UserError
 from trainlab.ops import check
 from trainlab.ops.conv2d import Conv2d, conv2d
@@ -24,15 +24,14 @@ from trainlab.ops.linear import Linear, linear
 from trainlab.ops.max_pool2d import MaxPool2d, max_pool2d
 from trainlab.ops.relu import ReLU, relu
 
-ALL_CASES = [case for op, cases in check.CASES.items() if op != "gelu" for case in cases]   # GELU's: test_gelu*
-
+ALL_CASES = [case for op, cases in check.CASES.items() if op != "gelu" for case in cases]  # GELU's: test_gelu*
 
 
 @pytest.fixture(scope="module")
 def ext():
     from trainlab.ops.layers.layers_cpp import load
 
-    return load_ext(load)   # skips without a compiler on a CPU machine, fails on a GPU machine
+    return load_ext(load)  # skips without a compiler on a CPU machine, fails on a GPU machine
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -44,8 +43,9 @@ def test_rung_matches_aten_within_tolerance(ext, impl, case, dtype):
         return
     assert row["ok"], row
     assert row["worst_ratio_to_tol"] <= 1.0
-    if case.op == "relu" or (case.op == "max_pool2d" and case.name in ("lenet-pool1", "lenet-pool2", "strided-input",
-                                                                        "nan-inf-ties")):
+    if case.op == "relu" or (
+        case.op == "max_pool2d" and case.name in ("lenet-pool1", "lenet-pool2", "strided-input", "nan-inf-ties")
+    ):
         # selections without overlapping windows are exact in any dtype: same values, same routing
         assert row["fwd_max_abs_err"] == 0 and row["grad_max_abs_err"] == 0 and row["fwd_vs_aten"] == 0
 
@@ -74,27 +74,40 @@ def test_gradcheck_and_opcheck(ext, op, impl):
 
 
 def test_pool_ties_nan_and_all_inf_windows_route_like_aten(ext):
-    x = torch.tensor([[[[1.0, 1.0, math.nan, 2.0], [1.0, 1.0, 2.0, math.nan],
-                        [-math.inf, -math.inf, 3.0, 3.0], [-math.inf, -math.inf, 3.0, 3.0]]]], requires_grad=True)
+    x = torch.tensor(
+        [
+            [
+                [
+                    [1.0, 1.0, math.nan, 2.0],
+                    [1.0, 1.0, 2.0, math.nan],
+                    [-math.inf, -math.inf, 3.0, 3.0],
+                    [-math.inf, -math.inf, 3.0, 3.0],
+                ]
+            ]
+        ],
+        requires_grad=True,
+    )
     g = torch.arange(1.0, 5.0).view(1, 1, 2, 2)
     ref = torch.autograd.grad(F.max_pool2d(x, 2), x, g)[0]
     for impl in ("python", "cpp"):
         y = max_pool2d(x, 2, impl=impl)
         assert torch.equal(torch.isnan(y), torch.isnan(F.max_pool2d(x, 2)))
-        assert torch.equal(torch.autograd.grad(y, x, g)[0], ref), impl   # first max wins, the last NaN wins, -inf → first
+        assert torch.equal(torch.autograd.grad(y, x, g)[0], ref), (
+            impl
+        )  # first max wins, the last NaN wins, -inf → first
 
 
 def test_pool_saves_one_byte_per_output(ext):
     _, idx = torch.ops.trainlab.max_pool2d_fwd(torch.randn(2, 3, 8, 8), [2, 2], [2, 2], [0, 0])
     assert idx.dtype == torch.uint8 and idx.max() <= 3
     _, big = torch.ops.trainlab.max_pool2d_fwd(torch.randn(1, 1, 17, 17), [17, 17], [1, 1], [0, 0])
-    assert big.dtype == torch.int32   # windows above 256 elements need a wider index
+    assert big.dtype == torch.int32  # windows above 256 elements need a wider index
 
 
 def test_conv_batch_beyond_one_chunk_matches_aten(ext):
     # More samples than one cache-sized chunk (17 forward, 15 weight-gradient for conv2): the chunk
     # loop, the last partial chunk and the weight gradient accumulated across chunks, at tolerance.
-    case = check.CASES["conv2d"][1]   # lenet-conv2
+    case = check.CASES["conv2d"][1]  # lenet-conv2
     row = check.check_row(case, "cpp", torch.float32, batch=70)
     assert row["ok"] and row["worst_ratio_to_tol"] < 0.5, row
 
@@ -133,12 +146,27 @@ def test_modules_start_from_the_same_weights_as_torch_nn():
 # ---- bad input: one clear error, the same from every rung ------------------------------------------------
 
 BAD = [
-    (lambda impl: conv2d(torch.zeros(1, 1, 8, 8, dtype=torch.long), torch.zeros(2, 1, 3, 3), impl=impl), "integer tensor"),
+    (
+        lambda impl: conv2d(torch.zeros(1, 1, 8, 8, dtype=torch.long), torch.zeros(2, 1, 3, 3), impl=impl),
+        "integer tensor",
+    ),
     (lambda impl: conv2d(torch.zeros(1, 8, 8), torch.zeros(2, 1, 3, 3), impl=impl), "must be 4-D"),
-    (lambda impl: conv2d(torch.zeros(1, 3, 8, 8), torch.zeros(2, 1, 3, 3), impl=impl), "3 channels but weight expects 1"),
-    (lambda impl: conv2d(torch.zeros(1, 1, 4, 4), torch.zeros(2, 1, 5, 5), impl=impl), "kernel 5x5 is larger than the input 4x4"),
-    (lambda impl: conv2d(torch.zeros(1, 1, 8, 8), torch.zeros(2, 1, 3, 3, dtype=torch.float64), impl=impl), "use one dtype"),
-    (lambda impl: conv2d(torch.zeros(1, 1, 8, 8), torch.zeros(2, 1, 3, 3), torch.zeros(3), impl=impl), "bias has 3 entries"),
+    (
+        lambda impl: conv2d(torch.zeros(1, 3, 8, 8), torch.zeros(2, 1, 3, 3), impl=impl),
+        "3 channels but weight expects 1",
+    ),
+    (
+        lambda impl: conv2d(torch.zeros(1, 1, 4, 4), torch.zeros(2, 1, 5, 5), impl=impl),
+        "kernel 5x5 is larger than the input 4x4",
+    ),
+    (
+        lambda impl: conv2d(torch.zeros(1, 1, 8, 8), torch.zeros(2, 1, 3, 3, dtype=torch.float64), impl=impl),
+        "use one dtype",
+    ),
+    (
+        lambda impl: conv2d(torch.zeros(1, 1, 8, 8), torch.zeros(2, 1, 3, 3), torch.zeros(3), impl=impl),
+        "bias has 3 entries",
+    ),
     (lambda impl: conv2d(torch.zeros(1, 1, 8, 8), torch.zeros(2, 1, 3, 3), padding=-1, impl=impl), "padding must be"),
     (lambda impl: max_pool2d(torch.zeros(1, 1, 3, 3), 4, impl=impl), "kernel 4x4 is larger than the input 3x3"),
     (lambda impl: max_pool2d(torch.zeros(1, 1, 8, 8), 2, padding=2, impl=impl), "at most half the kernel"),
@@ -174,16 +202,21 @@ def test_direct_op_calls_are_checked_in_cpp_too(ext):
     with pytest.raises(RuntimeError, match="x has 3 channels, weight expects 1"):
         torch.ops.trainlab.conv2d_fwd(torch.zeros(1, 3, 8, 8), torch.zeros(2, 1, 3, 3), None, [0, 0])
     with pytest.raises(RuntimeError, match="indices must be Byte"):
-        torch.ops.trainlab.max_pool2d_bwd(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2, dtype=torch.long),
-                                          [4, 4], [2, 2], [2, 2], [0, 0])
+        torch.ops.trainlab.max_pool2d_bwd(
+            torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2, dtype=torch.long), [4, 4], [2, 2], [2, 2], [0, 0]
+        )
 
 
 # ---- the fused first stage (conv2d → relu → 2x2 max-pool, ops/conv_relu_pool2d/conv_relu_pool_cpu.cpp) ----------
 
+
 def _fused_inputs(n, seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, 1, 28, 28, generator=g, dtype=dtype), torch.randn(6, 1, 5, 5, generator=g, dtype=dtype) * 0.2,
-            torch.randn(6, generator=g, dtype=dtype) * 0.1)
+    return (
+        torch.randn(n, 1, 28, 28, generator=g, dtype=dtype),
+        torch.randn(6, 1, 5, 5, generator=g, dtype=dtype) * 0.2,
+        torch.randn(6, generator=g, dtype=dtype) * 0.1,
+    )
 
 
 def test_fused_stage_matches_aten_across_chunks_and_layouts(ext):
@@ -192,17 +225,19 @@ def test_fused_stage_matches_aten_across_chunks_and_layouts(ext):
     from trainlab.ops.conv_relu_pool2d import conv_relu_pool2d
 
     x, w, b = _fused_inputs(37)
-    for channels_last in (None, 0, 1):   # NCHW; x channels-last; the weight channels-last
+    for channels_last in (None, 0, 1):  # NCHW; x channels-last; the weight channels-last
         # .to restrides a one-channel tensor (.contiguous(channels_last) would keep its strides)
-        leaves = [(t.to(memory_format=torch.channels_last) if i == channels_last else t.clone()).requires_grad_()
-                  for i, t in enumerate((x, w, b))]
+        leaves = [
+            (t.to(memory_format=torch.channels_last) if i == channels_last else t.clone()).requires_grad_()
+            for i, t in enumerate((x, w, b))
+        ]
         ref_leaves = [t.detach().clone().requires_grad_() for t in leaves]
         out = conv_relu_pool2d(*leaves, 2, impl="cpp")
         ref = F.max_pool2d(F.relu(F.conv2d(*ref_leaves, padding=2)), 2)
         assert out.shape == (37, 6, 14, 14)
         if channels_last is None:
             assert out.is_contiguous() and ref.is_contiguous()
-        else:   # as ATen's conv: channels-last when the input or the weight is
+        else:  # as ATen's conv: channels-last when the input or the weight is
             assert out.stride(1) == 1 and ref.stride(1) == 1 and out.is_contiguous(memory_format=torch.channels_last)
         torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
         dy = torch.randn_like(ref)
@@ -227,7 +262,7 @@ def test_fused_stage_weight_gradient_does_not_depend_on_the_thread_count(ext):
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, c) for a, c in zip(*grads))
-    assert grads[0][0].abs().sum() > 0   # a real gradient, not two zeros
+    assert grads[0][0].abs().sum() > 0  # a real gradient, not two zeros
 
 
 def test_fused_stage_saves_the_input_and_one_byte_per_output(ext):
@@ -240,7 +275,7 @@ def test_fused_stage_saves_the_input_and_one_byte_per_output(ext):
         conv_relu_pool2d(x, w, b, 2, impl="cpp")
     codes = [t for t in saved if t.dtype == torch.uint8]
     assert len(codes) == 1 and codes[0].shape == (4, 6, 14, 14)
-    assert {t.data_ptr() for t in saved} >= {x.data_ptr()}   # the input itself, not a copy or the conv output
+    assert {t.data_ptr() for t in saved} >= {x.data_ptr()}  # the input itself, not a copy or the conv output
 
 
 def test_fused_stage_traces_under_torch_compile(ext):
@@ -251,8 +286,12 @@ def test_fused_stage_traces_under_torch_compile(ext):
     x = torch.randn(3, 1, 28, 28)
     compiled = torch.compile(layer, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x), layer(x))
-    torch.testing.assert_close(layer(x), F.max_pool2d(F.relu(nn.functional.conv2d(x, layer.weight, layer.bias, padding=2)), 2),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        layer(x),
+        F.max_pool2d(F.relu(nn.functional.conv2d(x, layer.weight, layer.bias, padding=2)), 2),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_fused_stage_bad_input_is_one_line():
@@ -261,7 +300,9 @@ def test_fused_stage_bad_input_is_one_line():
     with pytest.raises(OpInputError, match=r"convolution output is 1x1, smaller than the 2x2 pooling window"):
         conv_relu_pool2d(torch.randn(1, 1, 3, 3), torch.randn(2, 1, 3, 3), None, 0, impl="python")
     with pytest.raises(OpInputError, match=r"impl='cpp': the fused kernel runs on the CPU, the input is on meta"):
-        conv_relu_pool2d(torch.randn(1, 1, 8, 8, device="meta"), torch.randn(2, 1, 3, 3, device="meta"), None, 0, impl="cpp")
+        conv_relu_pool2d(
+            torch.randn(1, 1, 8, 8, device="meta"), torch.randn(2, 1, 3, 3, device="meta"), None, 0, impl="cpp"
+        )
     with pytest.raises(OpInputError, match="x has 2 channels but weight expects 1"):
         conv_relu_pool2d(torch.randn(1, 2, 8, 8), torch.randn(2, 1, 3, 3), None, 0, impl="cpp")
 
@@ -271,11 +312,54 @@ def test_the_walkthrough_commands_for_the_fused_stage_run(ext, tmp_path, capsys)
     (rungs and budget cut down: the same subcommands and flags)."""
     from trainlab.cli import main
 
-    assert main(["ops", "check", "--op", "conv_relu_pool2d", "--impl", "aten", "--impl", "cpp",
-                 "--dtype", "float32", "--case", "lenet-stage1"]) == 0
+    assert (
+        main(
+            [
+                "ops",
+                "check",
+                "--op",
+                "conv_relu_pool2d",
+                "--impl",
+                "aten",
+                "--impl",
+                "cpp",
+                "--dtype",
+                "float32",
+                "--case",
+                "lenet-stage1",
+            ]
+        )
+        == 0
+    )
     assert "all ok" in capsys.readouterr().out
-    assert main(["ops", "bench", "--device", "cpu", "--threads", "1", "--layer", "conv1", "--layer", "relu1",
-                 "--layer", "pool1", "--layer", "stage1", "--batch", "256", "--impl", "cpp", "--budget", "0.05",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "ops",
+                "bench",
+                "--device",
+                "cpu",
+                "--threads",
+                "1",
+                "--layer",
+                "conv1",
+                "--layer",
+                "relu1",
+                "--layer",
+                "pool1",
+                "--layer",
+                "stage1",
+                "--batch",
+                "256",
+                "--impl",
+                "cpp",
+                "--budget",
+                "0.05",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     rows = json.loads((tmp_path / "ops_bench.json").read_text())["rows"]
     assert {(r["layer"], r["impl"]) for r in rows} >= {("stage1", "aten"), ("stage1", "cpp")}

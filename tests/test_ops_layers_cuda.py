@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import skipped_by_design
+
 from trainlab.ops import check
 from trainlab.ops.kernel_check import ARCHS, cuda_include_dir, find_nvcc, nvcc_ptx, vector_widths
 
@@ -29,7 +29,7 @@ def ptx():
         pytest.skip("nvcc not found (set CUDA_HOME or `pip install nvidia-cuda-nvcc`)")
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
 
-    flags = ("-O3", *COMMON_NVCC_FLAGS)   # -D__CUDA_NO_BFLOAT16_CONVERSIONS__ etc., as in the real build
+    flags = ("-O3", *COMMON_NVCC_FLAGS)  # -D__CUDA_NO_BFLOAT16_CONVERSIONS__ etc., as in the real build
     with ThreadPoolExecutor(len(ARCHS)) as pool:
         return dict(zip(ARCHS, pool.map(lambda a: nvcc_ptx(CSRC / "layers_cuda.cu", a, flags), ARCHS)))
 
@@ -38,8 +38,17 @@ def test_cuda_kernels_compile_for_sm80_and_sm90(ptx):
     for arch, code in ptx.items():
         assert f".target sm_{arch}" in code
         entries = re.findall(r"\.entry\s+(\S+)\(", code)
-        for kernel in ("conv_fwd_kernel", "pack_weights_kernel", "conv_wgrad_kernel", "max_pool_fwd_kernel", "max_pool_bwd_gather_kernel",
-                       "max_pool_bwd_atomic_kernel", "column_sums_kernel", "relu_fwd_kernel", "relu_bwd_kernel"):
+        for kernel in (
+            "conv_fwd_kernel",
+            "pack_weights_kernel",
+            "conv_wgrad_kernel",
+            "max_pool_fwd_kernel",
+            "max_pool_bwd_gather_kernel",
+            "max_pool_bwd_atomic_kernel",
+            "column_sums_kernel",
+            "relu_fwd_kernel",
+            "relu_bwd_kernel",
+        ):
             assert any(kernel in e for e in entries), (arch, kernel)
 
 
@@ -51,7 +60,7 @@ def test_pool_backward_versions_differ_where_the_lesson_says(ptx):
     gather = [b for name, b in bodies.items() if "max_pool_bwd_gather_kernel" in name]
     assert atomic and all("atom.global.add" in b or "red.global.add" in b for b in atomic)
     assert gather and not any("atom." in b or "red." in b for b in gather)
-    assert 8 in vector_widths(code)["ld"]   # the one-byte window indices
+    assert 8 in vector_widths(code)["ld"]  # the one-byte window indices
 
 
 def test_aten_glue_compiles_against_torch_headers(tmp_path):
@@ -66,13 +75,22 @@ def test_aten_glue_compiles_against_torch_headers(tmp_path):
     stub = tmp_path / "c10" / "cuda" / "impl"
     stub.mkdir(parents=True)
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-    cmd = [cxx, "-fsyntax-only", "-std=c++20", f"-I{tmp_path}", *(f"-I{p}" for p in include_paths()),
-           f"-I{cuda_inc}", f"-I{sysconfig.get_paths()['include']}", str(CSRC / "layers_cuda_glue.cpp")]
+    cmd = [
+        cxx,
+        "-fsyntax-only",
+        "-std=c++20",
+        f"-I{tmp_path}",
+        *(f"-I{p}" for p in include_paths()),
+        f"-I{cuda_inc}",
+        f"-I{sysconfig.get_paths()['include']}",
+        str(CSRC / "layers_cuda_glue.cpp"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 # ---- on a GPU ------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

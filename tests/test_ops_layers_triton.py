@@ -10,12 +10,17 @@ import torch
 pytest.importorskip("triton")
 
 from conftest import skipped_by_design  # noqa: E402
+
 from trainlab.ops import check  # noqa: E402
 from trainlab.ops.kernel_check import ARCHS, triton_ptx  # noqa: E402
 
 # Small shapes: the interpreter runs each program instance in NumPy.
-CASES = [c for c in (check.CASES["conv2d"][1:4] + check.CASES["max_pool2d"][2:]
-                     + check.CASES["linear"][2:] + check.CASES["relu"][1:])]
+CASES = [
+    c
+    for c in (
+        check.CASES["conv2d"][1:4] + check.CASES["max_pool2d"][2:] + check.CASES["linear"][2:] + check.CASES["relu"][1:]
+    )
+]
 
 
 @pytest.fixture
@@ -64,12 +69,13 @@ def test_split_k_geometry():
     from trainlab.ops.layers.layers_triton import _splits
 
     assert _splits(1000, 32, 4, interpreted=True) == (1, 1000)
-    splits, per = _splits(256 * 784, 32, 5, interpreted=False)   # conv1's dW at batch 256
+    splits, per = _splits(256 * 784, 32, 5, interpreted=False)  # conv1's dW at batch 256
     assert per % 32 == 0 and splits * per >= 256 * 784 and (splits - 1) * per < 256 * 784
-    assert 50 <= splits * 5 <= 600   # fills an H100's 132 SMs a few times over, no more
+    assert 50 <= splits * 5 <= 600  # fills an H100's 132 SMs a few times over, no more
 
 
 # ---- ahead-of-time compilation: every kernel, sm_80 and sm_90 ---------------------------------------
+
 
 @pytest.fixture(scope="session")
 def ptx():
@@ -102,6 +108,7 @@ def test_bf16_gemms_use_tensor_cores_and_fp32_does_not(ptx):
 
 
 # ---- compiled on a GPU -----------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

@@ -19,14 +19,14 @@ def _headline(text: str, heading: str) -> str:
     """The section under `heading` (up to the next heading of the same level)."""
     level = heading.split(" ")[0]
     start = text.index(heading)
-    end = re.search(rf"(?m)^{level} ", text[start + len(heading):])
-    return text[start:start + len(heading) + end.start()] if end else text[start:]
+    end = re.search(rf"(?m)^{level} ", text[start + len(heading) :])
+    return text[start : start + len(heading) + end.start()] if end else text[start:]
 
 
 def _by_hand(section: str) -> list[str]:
     """Measured figures in a section that no `fig:` marker or quoted output produced."""
     section = re.sub(r"<!-- fig: [\w.]+ -->.*?<!-- /fig -->", "", section, flags=re.DOTALL)
-    section = re.sub(r"```.*?```", "", section, flags=re.DOTALL)          # quoted output, checked on its own
+    section = re.sub(r"```.*?```", "", section, flags=re.DOTALL)  # quoted output, checked on its own
     section = re.sub(r"[≥≤<>]\s?\d[\d.]*\s?(?:%|×|s|ms|min)", "", section)  # targets, not measurements
     section = re.sub(r"(?<![\d.])9[89] ?%", "", section)  # the lab's accuracy targets ("time to 99 %")
     return MEASURED.findall(section)
@@ -37,15 +37,18 @@ def test_every_generated_figure_is_what_the_committed_results_give(page):
     assert EXCERPTS.figure_problems(page) == []
 
 
-@pytest.mark.parametrize("page,heading", [
-    (PAGES[0], "# trainlab"),                    # the first screen, up to Quick start
-    (PAGES[0], "## Headline figures"),
-    (PAGES[1], "## On one H100"),
-    (PAGES[1], "## Headline figures (CPU)"),
-])
+@pytest.mark.parametrize(
+    "page,heading",
+    [
+        (PAGES[0], "# trainlab"),  # the first screen, up to Quick start
+        (PAGES[0], "## Headline figures"),
+        (PAGES[1], "## On one H100"),
+        (PAGES[1], "## Headline figures (CPU)"),
+    ],
+)
 def test_no_headline_number_is_written_by_hand(page, heading):
     text = page.read_text()
-    section = _headline(text, heading) if heading != "# trainlab" else text[:text.index("## Quick start")]
+    section = _headline(text, heading) if heading != "# trainlab" else text[: text.index("## Quick start")]
     assert len(EXCERPTS.figures(section)) >= 5, f"{page.name} {heading}: its figures are not generated"
     assert _by_hand(section) == [], f"{page.name} {heading}: figures typed by hand"
 
@@ -53,7 +56,9 @@ def test_no_headline_number_is_written_by_hand(page, heading):
 def test_the_h100_figures_are_quoted_in_the_readme_and_the_results():
     for page in PAGES[:2]:
         names = {name for name, _, _ in EXCERPTS.figures(page.read_text())}
-        assert {"h100.t99_s", "h100.gpt_mfu", "h100.gelu_cuda_copy", "h100.steps_ok", "h100.minutes"} <= names, page.name
+        assert {"h100.t99_s", "h100.gpt_mfu", "h100.gelu_cuda_copy", "h100.steps_ok", "h100.minutes"} <= names, (
+            page.name
+        )
 
 
 def test_the_walkthrough_quotes_one_time_to_99_the_readme_quotes():
@@ -64,10 +69,15 @@ def test_the_walkthrough_quotes_one_time_to_99_the_readme_quotes():
 def test_the_checker_fails_on_a_drifted_or_hand_written_figure(tmp_path):
     doc = tmp_path / "doc.md"
     good = EXCERPTS.FIGURES["h100.t99_s"]()
-    doc.write_text(f"x <!-- fig: h100.t99_s -->{good}<!-- /fig --> y <!-- fig: cpu.t99_ratio -->13.8×<!-- /fig -->"
-                   " <!-- fig: no.such -->1<!-- /fig -->\n")
+    doc.write_text(
+        f"x <!-- fig: h100.t99_s -->{good}<!-- /fig --> y <!-- fig: cpu.t99_ratio -->13.8×<!-- /fig -->"
+        " <!-- fig: no.such -->1<!-- /fig -->\n"
+    )
     problems = EXCERPTS.figure_problems(doc)
     assert len(problems) == 2 and "cpu.t99_ratio says '13.8×'" in problems[0] and "no.such" in problems[1]
     EXCERPTS.regenerate(doc)
     assert "13.8×" not in doc.read_text() and len(EXCERPTS.figure_problems(doc)) == 1  # the unknown name stays
-    assert _by_hand("## H\nmedian **3.1 s**, 13.8× the loop, ≥ 99 % target <!-- fig: a -->2 s<!-- /fig -->") == ["3.1 s", "13.8×"]
+    assert _by_hand("## H\nmedian **3.1 s**, 13.8× the loop, ≥ 99 % target <!-- fig: a -->2 s<!-- /fig -->") == [
+        "3.1 s",
+        "13.8×",
+    ]

@@ -46,8 +46,15 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     out = []
     for seed in (0, 1):
-        cfg = TrainConfig(epochs=1, train_subset=512, test_subset=300, device="cpu", progress=False, seed=seed,
-                          out=str(root / f"relu-s{seed}"))
+        cfg = TrainConfig(
+            epochs=1,
+            train_subset=512,
+            test_subset=300,
+            device="cpu",
+            progress=False,
+            seed=seed,
+            out=str(root / f"relu-s{seed}"),
+        )
         train(cfg, log=lambda *_: None)
         out.append(root / f"relu-s{seed}")
     return out
@@ -119,8 +126,18 @@ def test_gpu_record_is_plotted(runs, tmp_path):
     with (run / "gpu.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
-        w.writerows({"time_s": i / 10, "gpu": 0, "utilization_pct": 90 + i % 5, "memory_used_mib": 1500 + i,
-                     "memory_total_mib": 81559, "power_w": 300.0, "temperature_c": 55} for i in range(50))
+        w.writerows(
+            {
+                "time_s": i / 10,
+                "gpu": 0,
+                "utilization_pct": 90 + i % 5,
+                "memory_used_mib": 1500 + i,
+                "memory_total_mib": 81559,
+                "power_w": 300.0,
+                "temperature_c": 55,
+            }
+            for i in range(50)
+        )
     out = tmp_path / "report"
     assert main(["report", str(run), "-o", str(out)]) == 0
     page = check_page(out)
@@ -140,8 +157,31 @@ def test_report_with_gelu_check_and_gpt_bench_json(runs, tmp_path, capsys):
     check = json.loads(capsys.readouterr().out)
     (tmp_path / "gelu_check.json").write_text(json.dumps(check))
     bench_json = tmp_path / "gpt_bench.json"
-    assert main(["gpt", "bench", "--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
-                 "--global-batch", "2", "--micro-batch", "2", "--seq", "16", "--json", str(bench_json)]) == 0
+    assert (
+        main(
+            [
+                "gpt",
+                "bench",
+                "--model",
+                "tiny",
+                "--device",
+                "cpu",
+                "--steps",
+                "2",
+                "--warmup",
+                "1",
+                "--global-batch",
+                "2",
+                "--micro-batch",
+                "2",
+                "--seq",
+                "16",
+                "--json",
+                str(bench_json),
+            ]
+        )
+        == 0
+    )
     bench = json.loads(bench_json.read_text())
     out = tmp_path / "report"
     assert main(["report", str(runs[0]), str(tmp_path / "gelu_check.json"), str(bench_json), "-o", str(out)]) == 0
@@ -150,7 +190,12 @@ def test_report_with_gelu_check_and_gpt_bench_json(runs, tmp_path, capsys):
     assert "GELU correctness" in text and "GPT benchmark" in text
     for row in check["rows"]:
         assert fmt.number(row["fwd_max_abs_err"]) in text and fmt.number(row["grad_max_abs_err"]) in text
-    assert f"{bench['params']:,}" in text and fmt.rate(bench["tokens_per_s"], "tokens/s") in text and fmt.value("mfu", bench["mfu"]) in text and "%" in fmt.value("mfu", bench["mfu"])
+    assert (
+        f"{bench['params']:,}" in text
+        and fmt.rate(bench["tokens_per_s"], "tokens/s") in text
+        and fmt.value("mfu", bench["mfu"]) in text
+        and "%" in fmt.value("mfu", bench["mfu"])
+    )
     assert ", ".join(fmt.number(x) for x in bench["losses"]) in text
 
 
@@ -159,7 +204,14 @@ def test_report_shows_gelu_rows_that_could_not_run_as_skipped(runs, tmp_path):
 
     ran = check.check_row(check.CASES["gelu"][0], "python", torch.float64, n=64)
     # a cuda row from a machine without a GPU, in today's form and in the older form (ok: true)
-    skipped = {**ran, "impl": "cuda", "skipped": True, "ok": None, "status": "skipped", "reason": "no CUDA GPU on this machine"}
+    skipped = {
+        **ran,
+        "impl": "cuda",
+        "skipped": True,
+        "ok": None,
+        "status": "skipped",
+        "reason": "no CUDA GPU on this machine",
+    }
     older = {k: v for k, v in {**skipped, "impl": "cuda-old", "ok": True}.items() if k != "status"}
     path = tmp_path / "gelu_check.json"
     path.write_text(json.dumps({"rows": [ran, skipped, older], "tolerances": {}, "reference": "float64"}))

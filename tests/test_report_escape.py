@@ -52,8 +52,20 @@ def assert_escaped(page: str, expect_visible: int = 1) -> None:
 def hostile_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("hostile")
     run = root / HOSTILE_NAME
-    train(TrainConfig(epochs=1, train_subset=256, test_subset=100, batch_size=64, device="cpu", progress=False,
-                      tensorboard=False, gpu_telemetry=False, out=str(run)), log=lambda *_: None)
+    train(
+        TrainConfig(
+            epochs=1,
+            train_subset=256,
+            test_subset=100,
+            batch_size=64,
+            device="cpu",
+            progress=False,
+            tensorboard=False,
+            gpu_telemetry=False,
+            out=str(run),
+        ),
+        log=lambda *_: None,
+    )
     s = json.loads((run / "summary.json").read_text())
     s.update(device=HOSTILE, device_name=HOSTILE, act=HOSTILE, parallel=HOSTILE, world_size=2, **{HOSTILE: HOSTILE})
     (run / "summary.json").write_text(json.dumps(s))
@@ -70,18 +82,60 @@ def _result_files(folder: Path) -> dict[str, Path]:
     """One file of every result kind the report renders, every text field hostile."""
     h = HOSTILE
     kinds = {
-        "gelu_check": {"rows": [{"impl": h, "approximate": h, "dtype": h, "fwd_max_abs_err": h, "grad_max_abs_err": h,
-                                 "recipe_loss_diff": h, "recipe_grad_mse": h, "gradcheck": h, "gradgradcheck": h,
-                                 "status": h, "reason": h, "skipped": True}]},
-        "gelu_bench": {"rows": [{"impl": h, "size": h, "median_s": h, "pass": h, "dtype": h, "approximate": h, "gbps": h}]},
-        "dp_compare": [{"mode": h, "world_size": h, "epoch_seconds": h, "loader": h, "workers": h, "images_per_s": 5.0,
-                        "busbw_gbps": h, "grad_bytes": h, "bytes_sent_per_step": h}],
-        "gpt_bench": {"strategy": h, "tokens_per_s": h, "world_size": h, "params": h, "mfu": h, "losses": [h, h],
-                      "tflops_per_device": h},
+        "gelu_check": {
+            "rows": [
+                {
+                    "impl": h,
+                    "approximate": h,
+                    "dtype": h,
+                    "fwd_max_abs_err": h,
+                    "grad_max_abs_err": h,
+                    "recipe_loss_diff": h,
+                    "recipe_grad_mse": h,
+                    "gradcheck": h,
+                    "gradgradcheck": h,
+                    "status": h,
+                    "reason": h,
+                    "skipped": True,
+                }
+            ]
+        },
+        "gelu_bench": {
+            "rows": [{"impl": h, "size": h, "median_s": h, "pass": h, "dtype": h, "approximate": h, "gbps": h}]
+        },
+        "dp_compare": [
+            {
+                "mode": h,
+                "world_size": h,
+                "epoch_seconds": h,
+                "loader": h,
+                "workers": h,
+                "images_per_s": 5.0,
+                "busbw_gbps": h,
+                "grad_bytes": h,
+                "bytes_sent_per_step": h,
+            }
+        ],
+        "gpt_bench": {
+            "strategy": h,
+            "tokens_per_s": h,
+            "world_size": h,
+            "params": h,
+            "mfu": h,
+            "losses": [h, h],
+            "tflops_per_device": h,
+        },
         "gpt_plan": {"params": h, "strategies": [{"strategy": h, "total_bytes": h, "fits": h}]},
-        "gpt_compare": {"rows": [{"strategy": h, "status": h, "tokens_per_s": 10.0, "peak_memory_bytes": 5.0, "mfu": h}]},
-        "lenet_profile": {"rows": [{"variant": h, "layer": h, "fwd_ms_median": h}], "steps": h, "batch_size": h,
-                          "device": h, "trace": h},
+        "gpt_compare": {
+            "rows": [{"strategy": h, "status": h, "tokens_per_s": 10.0, "peak_memory_bytes": 5.0, "mfu": h}]
+        },
+        "lenet_profile": {
+            "rows": [{"variant": h, "layer": h, "fwd_ms_median": h}],
+            "steps": h,
+            "batch_size": h,
+            "device": h,
+            "trace": h,
+        },
         "ops_check": {"rows": [{"op": h, "case": h, "impl": h, "worst_ratio_to_tol": h, "ok": h, "dtype": h}]},
         "ops_bench": {"rows": [{"layer": h, "impl": h, "fwd_median_s": h, "batch": h}]},
     }
@@ -114,14 +168,22 @@ def test_the_lab_report_escapes_its_state_and_step_outputs(tmp_path):
 
     root = tmp_path / "lab"
     (root / "steps" / "dp_compile").mkdir(parents=True)
-    (root / "steps" / "dp_compile" / "dp_compile.json").write_text(json.dumps({"rows": [{"variant": HOSTILE, HOSTILE: 1.0}]}))
+    (root / "steps" / "dp_compile" / "dp_compile.json").write_text(
+        json.dumps({"rows": [{"variant": HOSTILE, HOSTILE: 1.0}]})
+    )
     (root / "steps" / "gelu_check").mkdir(parents=True)
     (root / "steps" / "gelu_check" / "log.txt").write_text(HOSTILE)
-    state = {"version": 1, "size": "tiny", "hardware": Hardware("cpu", 0, HOSTILE).to_dict(),
-             "calls": [{"command": HOSTILE, "started_utc": HOSTILE, "budget_s": 60, "used_s": 1}],
-             "steps": {"dp_compile": {"status": "ok", "title": HOSTILE, "command": HOSTILE, "seconds": 1.0, "estimate_s": 1.0},
-                       "gelu_check": {"status": "failed", "rc": 1, "log": HOSTILE, "title": HOSTILE},
-                       "lenet_train": {"status": "not run", "reason": HOSTILE}}}
+    state = {
+        "version": 1,
+        "size": "tiny",
+        "hardware": Hardware("cpu", 0, HOSTILE).to_dict(),
+        "calls": [{"command": HOSTILE, "started_utc": HOSTILE, "budget_s": 60, "used_s": 1}],
+        "steps": {
+            "dp_compile": {"status": "ok", "title": HOSTILE, "command": HOSTILE, "seconds": 1.0, "estimate_s": 1.0},
+            "gelu_check": {"status": "failed", "rc": 1, "log": HOSTILE, "title": HOSTILE},
+            "lenet_train": {"status": "not run", "reason": HOSTILE},
+        },
+    }
     write_outputs(root, state)
     page = (root / "report" / "index.html").read_text()
     assert_escaped(page, expect_visible=5)

@@ -25,17 +25,32 @@ from trainlab.lenet.loop import train
 
 IDLE_SMI = "| N/A   40C    P0   119W /  700W |  995MiB /  81559MiB |      2%      Default |  (at start-up)"
 BUSY_SMI = "| N/A   41C    P0   160W /  700W | 1596MiB /  81559MiB |     17%      Default |  (during training)"
-COPY_BW = 0.9691710145034872       # gelu bench: a fraction of the copy bandwidth (97 %)
+COPY_BW = 0.9691710145034872  # gelu bench: a fraction of the copy bandwidth (97 %)
 OPS_ERROR = "FAILED conv_relu_pool2d/ties-nan-inf/cuda/float32: RuntimeError: invalid gradient at index 0"
 
 
 def _bench(strategy, tps, step_s, timed_steps, peak_bytes, impl="ours"):
-    return {"strategy": strategy, "impl": impl, "model": "gpt2-1.6b", "world_size": 1, "params": 1557611200,
-            "global_batch": 16, "micro_batch": 8, "seq_len": 1024, "tokens_per_step": 16384, "timed_steps": timed_steps,
-            "step_seconds_median": step_s, "tokens_per_s": tps, "tflops_per_device": tps * 1.029e10 / 1e12,
-            "tflops_per_device_handout": tps * 8 * 1638022400 / 1e12, "peak_tflops": 989.0,
-            "peak_tflops_source": "data sheet (NVIDIA H100 80GB HBM3, dense bf16)", "mfu": tps * 1.029e10 / 1e12 / 989.0,
-            "peak_memory_bytes": peak_bytes, "losses": [11.1, 11.2]}
+    return {
+        "strategy": strategy,
+        "impl": impl,
+        "model": "gpt2-1.6b",
+        "world_size": 1,
+        "params": 1557611200,
+        "global_batch": 16,
+        "micro_batch": 8,
+        "seq_len": 1024,
+        "tokens_per_step": 16384,
+        "timed_steps": timed_steps,
+        "step_seconds_median": step_s,
+        "tokens_per_s": tps,
+        "tflops_per_device": tps * 1.029e10 / 1e12,
+        "tflops_per_device_handout": tps * 8 * 1638022400 / 1e12,
+        "peak_tflops": 989.0,
+        "peak_tflops_source": "data sheet (NVIDIA H100 80GB HBM3, dense bf16)",
+        "mfu": tps * 1.029e10 / 1e12 / 989.0,
+        "peak_memory_bytes": peak_bytes,
+        "losses": [11.1, 11.2],
+    }
 
 
 def _write(path: Path, data) -> None:
@@ -49,13 +64,24 @@ def make_lab(root: Path, run_template: Path) -> Path:
 
     def step(name, part, title, status="ok", **rec):
         plan.append({"name": name, "part": part, "title": title, "estimate_s": 60.0, "limit_s": 180.0, "sizes": {}})
-        recs[name] = {"part": part, "title": title, "status": status, "rc": 0 if status == "ok" else 1, "seconds": 20.0,
-                      "estimate_s": 60.0, "limit_s": 180.0, "command": f"python -m trainlab {name}",
-                      "log": f"steps/{name}/log.txt", **rec}
+        recs[name] = {
+            "part": part,
+            "title": title,
+            "status": status,
+            "rc": 0 if status == "ok" else 1,
+            "seconds": 20.0,
+            "estimate_s": 60.0,
+            "limit_s": 180.0,
+            "command": f"python -m trainlab {name}",
+            "log": f"steps/{name}/log.txt",
+            **rec,
+        }
         _write(steps / name / "log.txt", f"{name}: done\n")
 
-    for name, part, title, act in (("lenet_train", "lenet", "LeNet-5, default recipe", "relu"),
-                                   ("gelu_train", "gelu", "LeNet-5 trained with our GELU", "gelu-python")):
+    for name, part, title, act in (
+        ("lenet_train", "lenet", "LeNet-5, default recipe", "relu"),
+        ("gelu_train", "gelu", "LeNet-5 trained with our GELU", "gelu-python"),
+    ):
         step(name, part, title)
         run = steps / name / f"lenet-{act}"
         shutil.copytree(run_template, run)
@@ -64,50 +90,158 @@ def make_lab(root: Path, run_template: Path) -> Path:
         env["nvidia_smi_busy"] = {"text": BUSY_SMI, "taken_utc": env["time_utc"]}
         (run / "env.json").write_text(json.dumps(env))
         summary = json.loads((run / "summary.json").read_text())
-        summary.update(act=act, gpu={"samples": 40, "utilization_mean_pct": 15.25, "utilization_max_pct": 20,
-                                     "memory_used_max_mib": 1596.8})
+        summary.update(
+            act=act,
+            gpu={
+                "samples": 40,
+                "utilization_mean_pct": 15.25,
+                "utilization_max_pct": 20,
+                "memory_used_max_mib": 1596.8,
+            },
+        )
         (run / "summary.json").write_text(json.dumps(summary))
         with (run / "gpu.rank0.csv").open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["time_s", "gpu", "utilization_pct", "memory_used_mib", "memory_total_mib",
-                                              "power_w", "temperature_c"])
+            w = csv.DictWriter(
+                f,
+                fieldnames=[
+                    "time_s",
+                    "gpu",
+                    "utilization_pct",
+                    "memory_used_mib",
+                    "memory_total_mib",
+                    "power_w",
+                    "temperature_c",
+                ],
+            )
             w.writeheader()
-            w.writerows({"time_s": i / 10, "gpu": 0, "utilization_pct": 10 + i % 10, "memory_used_mib": 1500 + i,
-                         "memory_total_mib": 81559, "power_w": 150.0, "temperature_c": 40} for i in range(40))
+            w.writerows(
+                {
+                    "time_s": i / 10,
+                    "gpu": 0,
+                    "utilization_pct": 10 + i % 10,
+                    "memory_used_mib": 1500 + i,
+                    "memory_total_mib": 81559,
+                    "power_w": 150.0,
+                    "temperature_c": 40,
+                }
+                for i in range(40)
+            )
     step("gelu_check", "gelu", "GELU: Python / C++ / GPU implementations against a float64 reference")
-    _write(steps / "gelu_check" / "gelu_check.json", {"rows": [
-        {"op": "gelu", "impl": impl, "approximate": "none", "dtype": dtype, "fwd_max_abs_err": 4e-7, "grad_max_abs_err": 3e-7,
-         "recipe_loss_diff": 0.0, "recipe_grad_mse": 7e-18, "gradcheck": dtype == "float64" or None,
-         "gradgradcheck": dtype == "float64" or None, "ok": True}
-        for impl in ("aten", "python", "cpp", "triton", "cuda") for dtype in ("float32", "float64", "bfloat16")]})
+    _write(
+        steps / "gelu_check" / "gelu_check.json",
+        {
+            "rows": [
+                {
+                    "op": "gelu",
+                    "impl": impl,
+                    "approximate": "none",
+                    "dtype": dtype,
+                    "fwd_max_abs_err": 4e-7,
+                    "grad_max_abs_err": 3e-7,
+                    "recipe_loss_diff": 0.0,
+                    "recipe_grad_mse": 7e-18,
+                    "gradcheck": dtype == "float64" or None,
+                    "gradgradcheck": dtype == "float64" or None,
+                    "ok": True,
+                }
+                for impl in ("aten", "python", "cpp", "triton", "cuda")
+                for dtype in ("float32", "float64", "bfloat16")
+            ]
+        },
+    )
     step("gelu_bench", "gelu", "GELU speed: forward and backward against F.gelu")
-    _write(steps / "gelu_bench" / "gelu_bench.json", {"rows": [
-        {"size": n, "impl": impl, "pass": p, "dtype": "float32", "approximate": "none", "median_s": 2e-4, "p10_s": 1.9e-4,
-         "p90_s": 2.1e-4, "gbps": 2641.2, "ratio_to_torch": 1.0 if impl == "aten" else 1.43, "pct_of_copy_bw": COPY_BW}
-        for n in (1024, 67108864) for impl in ("aten", "python", "cuda", "triton") for p in ("fwd", "fwd+bwd")]})
+    _write(
+        steps / "gelu_bench" / "gelu_bench.json",
+        {
+            "rows": [
+                {
+                    "size": n,
+                    "impl": impl,
+                    "pass": p,
+                    "dtype": "float32",
+                    "approximate": "none",
+                    "median_s": 2e-4,
+                    "p10_s": 1.9e-4,
+                    "p90_s": 2.1e-4,
+                    "gbps": 2641.2,
+                    "ratio_to_torch": 1.0 if impl == "aten" else 1.43,
+                    "pct_of_copy_bw": COPY_BW,
+                }
+                for n in (1024, 67108864)
+                for impl in ("aten", "python", "cuda", "triton")
+                for p in ("fwd", "fwd+bwd")
+            ]
+        },
+    )
     step("ops_check", "ops", "Own conv2d / max-pool / linear / ReLU against ATen", status="failed")
     _write(steps / "ops_check" / "log.txt", f"ops check: 159 rows\n{OPS_ERROR}\n12 of 159 row(s) failed\n")
     step("dp_compile", "dp", "Eager vs torch.compile vs CUDA graphs")
-    _write(steps / "dp_compile" / "dp_compile.json", {"rows": [
-        {"variant": v, "device": "cuda", "batch_size": 128, "steps": 200,
-         "step_ms": {"n": 200, "median": med, "p10": med * 0.9, "p90": med * 1.1}, "setup_seconds": 0.5,
-         "images_per_s": 128 / (med / 1e3), "unsynced_ms_per_step": queued, "synced_ms_per_step": synced}
-        for v, med, queued, synced in (("eager", 2.203, 2.4076, 2.408), ("cudagraph", 0.4374, 0.245, 0.404))]})
+    _write(
+        steps / "dp_compile" / "dp_compile.json",
+        {
+            "rows": [
+                {
+                    "variant": v,
+                    "device": "cuda",
+                    "batch_size": 128,
+                    "steps": 200,
+                    "step_ms": {"n": 200, "median": med, "p10": med * 0.9, "p90": med * 1.1},
+                    "setup_seconds": 0.5,
+                    "images_per_s": 128 / (med / 1e3),
+                    "unsynced_ms_per_step": queued,
+                    "synced_ms_per_step": synced,
+                }
+                for v, med, queued, synced in (("eager", 2.203, 2.4076, 2.408), ("cudagraph", 0.4374, 0.245, 0.404))
+            ]
+        },
+    )
     step("gpt_baseline", "gpt", "GPT-2: the handout's baseline")
     _write(steps / "gpt_baseline" / "bench.json", _bench("ckpt", 2678.0, 6.12, 4, 32_530_000_000, impl="hf"))
     step("gpt_best", "gpt", "GPT-2: our fastest single-device configuration")
     _write(steps / "gpt_best" / "bench.json", _bench("amp+accum+compile", 31964.0, 0.513, 8, 55_606_583_296))
     step("gpt_strategies", "gpt", "GPT-2: parallel and memory strategies side by side")
     _write(steps / "gpt_strategies" / "amp.json", _bench("amp", 26647.0, 0.615, 3, 56_900_000_000))
-    _write(steps / "gpt_strategies" / "compare.json", {"rows": [
-        {"strategy": "amp", "nproc": 1, "status": "ok", "step_ms_median": 615.0, "tokens_per_s": 26647.0,
-         "peak_memory_bytes": 56_900_000_000, "predicted_bytes": 58_300_000_000},
-        {"strategy": "ckpt", "nproc": 1, "status": "ok", "step_ms_median": 5843.0, "tokens_per_s": 2804.0,
-         "peak_memory_bytes": 32_530_000_000, "predicted_bytes": 32_500_000_000}]})
+    _write(
+        steps / "gpt_strategies" / "compare.json",
+        {
+            "rows": [
+                {
+                    "strategy": "amp",
+                    "nproc": 1,
+                    "status": "ok",
+                    "step_ms_median": 615.0,
+                    "tokens_per_s": 26647.0,
+                    "peak_memory_bytes": 56_900_000_000,
+                    "predicted_bytes": 58_300_000_000,
+                },
+                {
+                    "strategy": "ckpt",
+                    "nproc": 1,
+                    "status": "ok",
+                    "step_ms_median": 5843.0,
+                    "tokens_per_s": 2804.0,
+                    "peak_memory_bytes": 32_530_000_000,
+                    "predicted_bytes": 32_500_000_000,
+                },
+            ]
+        },
+    )
     step("gpt_ablation", "gpt", "GPT-2: the ablation", status="not run", reason="budget (needs ≈400 s, 12 s left)")
-    state = {"version": 1, "size": "full", "plan": plan, "steps": recs,
-             "hardware": {"kind": "cuda", "gpus": 1, "name": "NVIDIA H100 80GB HBM3", "cpus": 16},
-             "calls": [{"command": "trainlab lab --out /tmp/lab --budget 9m", "started_utc": "2026-11-25T17:07:54Z",
-                        "budget_s": 540, "used_s": 206.0}]}
+    state = {
+        "version": 1,
+        "size": "full",
+        "plan": plan,
+        "steps": recs,
+        "hardware": {"kind": "cuda", "gpus": 1, "name": "NVIDIA H100 80GB HBM3", "cpus": 16},
+        "calls": [
+            {
+                "command": "trainlab lab --out /tmp/lab --budget 9m",
+                "started_utc": "2026-11-25T17:07:54Z",
+                "budget_s": 540,
+                "used_s": 206.0,
+            }
+        ],
+    }
     atomic_write_json(root / "results.json", state)  # as the lab writes it: a file trainlab owns
     return root
 
@@ -115,8 +249,10 @@ def make_lab(root: Path, run_template: Path) -> Path:
 @pytest.fixture(scope="module")
 def run_template(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "lenet"
-    train(TrainConfig(epochs=2, train_subset=512, test_subset=300, device="cpu", progress=False, seed=0, out=str(out)),
-          log=lambda *_: None)
+    train(
+        TrainConfig(epochs=2, train_subset=512, test_subset=300, device="cpu", progress=False, seed=0, out=str(out)),
+        log=lambda *_: None,
+    )
     return out
 
 
@@ -172,15 +308,23 @@ def test_the_lab_report_is_rebuilt_from_its_folder_in_the_handouts_order(built):
     assert order == sorted(order), headings  # one section per deliverable of §6, in its order
     shown = _outside_folds(md)
     # 1: the architecture, read off the model the run built: LeNet-5's layer parameters and total
-    for layer, params in (("convolution 1→6, 5×5, padding 2", "156"), ("convolution 6→16, 5×5", "2,416"),
-                          ("fully connected 400→120", "48,120"), ("fully connected 84→10", "850"), ("total", "61,706")):
+    for layer, params in (
+        ("convolution 1→6, 5×5, padding 2", "156"),
+        ("convolution 6→16, 5×5", "2,416"),
+        ("fully connected 400→120", "48,120"),
+        ("fully connected 84→10", "850"),
+        ("total", "61,706"),
+    ):
         assert re.search(rf"\| {re.escape(layer)} \| [^|]+ \| {params} \|", shown), layer
     # 2: the formula and its derivative; the handout's recipe described as what it is (randn(100)), not a LeNet batch
     assert "GELU(x)  = x·Φ(x) = ½·x·(1 + erf(x/√2))" in shown and "GELU'(x) = Φ(x) + x·φ(x)" in shown
     assert "torch.randn(100)" in shown and "LeNet-5 batch" not in md
     # 5: where F.gelu lives in PyTorch's source
-    for path in ("aten/src/ATen/native/cuda/ActivationGeluKernel.cu", "aten/src/ATen/native/cpu/Activation.cpp",
-                 "tools/autograd/derivatives.yaml"):
+    for path in (
+        "aten/src/ATen/native/cuda/ActivationGeluKernel.cu",
+        "aten/src/ATen/native/cpu/Activation.cpp",
+        "tools/autograd/derivatives.yaml",
+    ):
         assert path in shown
     # no invented requirement lines
     assert "The handout: " not in md
@@ -200,7 +344,7 @@ def test_figures_in_their_units(built):
     # % of copy bandwidth: the file's fraction 0.969 is 96.9 %, never "0.97 %"
     assert "96.9 %" in md and "0.97 %" not in md
     # the memory chart in GiB, title and axis, like the tables
-    (values, title, ylabel), = [v for k, v in built["bars"].items() if k.endswith("_gpt_mem.png")]
+    ((values, title, ylabel),) = [v for k, v in built["bars"].items() if k.endswith("_gpt_mem.png")]
     assert ylabel == "GiB" and "GiB" in title and "bytes" not in title
     assert values == pytest.approx([56_900_000_000 / 2**30, 32_530_000_000 / 2**30])
     # CUDA graphs: the throughput is the batch over the finished-ms column beside it (128 / 0.404 ms)
@@ -224,7 +368,11 @@ def test_a_failed_step_says_why_in_one_line(built, tmp_path):
 def test_gpt_rows_and_references_used(built):
     md = built["md"]
     gpt = _outside_folds(md).split("#### 3.2.5")[1].split("## 4.")[0]
-    for label, speedup in (("handout's baseline", "1.00×"), ("amp", f"{26647 / 2678:.2f}×"), ("ours, fastest", f"{31964 / 2678:.2f}×")):
+    for label, speedup in (
+        ("handout's baseline", "1.00×"),
+        ("amp", f"{26647 / 2678:.2f}×"),
+        ("ours, fastest", f"{31964 / 2678:.2f}×"),
+    ):
         assert re.search(rf"\| {re.escape(label)} \|.*\| {re.escape(speedup)} \|", gpt), label
     assert "time different numbers of tokens" in gpt and "989 TFLOP/s" in gpt and "dense bf16" in gpt
     refs = md.split("## References")[1]
@@ -236,14 +384,32 @@ def test_the_ablation_file_is_rendered_when_present(run_template, tmp_path):
     from trainlab.report.inputs import classify
 
     def row(label, group, tps, tokens=262144):
-        return {"label": label, "group": group, "status": "ok", "tokens": tokens, "tokens_per_s": tps,
-                "step_seconds_median": 16384 / tps, "total_seconds": tokens / tps, "peak_memory_bytes": 30 * 2**30,
-                "tflops_per_device": tps * 1.029e10 / 1e12, "tflops_per_device_handout": tps * 1.31e10 / 1e12,
-                "mfu": tps * 1.029e10 / 1e12 / 989}
-    ablation = {"total_tokens": 262144, "model": "gpt2-1.6b", "peak_tflops": 989.0, "peak_tflops_source": "data sheet",
-                "rows": [row("handout's baseline", "baseline", 2662.0), row("+ TF32", "cumulative", 6308.0),
-                         row("bf16 alone", "alone", 9000.0, tokens=131072),
-                         {"label": "FP8", "group": "separate", "status": "Transformer Engine not installed"}]}
+        return {
+            "label": label,
+            "group": group,
+            "status": "ok",
+            "tokens": tokens,
+            "tokens_per_s": tps,
+            "step_seconds_median": 16384 / tps,
+            "total_seconds": tokens / tps,
+            "peak_memory_bytes": 30 * 2**30,
+            "tflops_per_device": tps * 1.029e10 / 1e12,
+            "tflops_per_device_handout": tps * 1.31e10 / 1e12,
+            "mfu": tps * 1.029e10 / 1e12 / 989,
+        }
+
+    ablation = {
+        "total_tokens": 262144,
+        "model": "gpt2-1.6b",
+        "peak_tflops": 989.0,
+        "peak_tflops_source": "data sheet",
+        "rows": [
+            row("handout's baseline", "baseline", 2662.0),
+            row("+ TF32", "cumulative", 6308.0),
+            row("bf16 alone", "alone", 9000.0, tokens=131072),
+            {"label": "FP8", "group": "separate", "status": "Transformer Engine not installed"},
+        ],
+    }
     assert classify(ablation) == "gpt_ablation"
     lab = make_lab(tmp_path / "lab", run_template)
     path = lab / "steps" / "gpt_ablation" / "ablation.json"
@@ -281,8 +447,10 @@ def test_the_lab_prints_its_report_to_pdf_at_the_end_of_a_call(run_template, tmp
     with monkeypatch.context() as mp:
         mp.setenv("PATH", str(tmp_path / "empty"))
         write_outputs(lab, state, pdf_log=lines.append)
-    assert lines == [f"lab: no report PDF: --pdf: no headless Chromium on PATH (Debian/Ubuntu: apt-get install chromium); "
-                     f"the HTML report is written: {(lab / 'report' / 'index.html').resolve()}"]
+    assert lines == [
+        f"lab: no report PDF: --pdf: no headless Chromium on PATH (Debian/Ubuntu: apt-get install chromium); "
+        f"the HTML report is written: {(lab / 'report' / 'index.html').resolve()}"
+    ]
     assert (lab / "report" / "index.html").exists() and (lab / "lab.tar.gz").exists()
     chromium_or_skip()
     lines.clear()

@@ -32,7 +32,11 @@ def test_the_index_reads_producers_citations_and_notices_an_unexplained_result(t
     assert INDEX.producer(entries["bench_y"]) == "trainlab gpt plan --model tiny"
     assert INDEX.producer(entries["run_a"]) == "python3 -m trainlab lab --out /tmp/lab …"
     texts = INDEX.citers(tmp_path)
-    assert INDEX.cited_in("bench_x", texts) == ["docs/results.md"] and INDEX.cited_in("run_a", texts) == ["docs/results.md"]
-    assert INDEX.cited_in("bench_y", texts) == []          # nothing cites it
-    assert INDEX.problems(tmp_path) == ["bench_y"]          # and UNCITED gives no reason
-    assert "| `bench_y` | .log | `trainlab gpt plan --model tiny` | — *kept:* **no reason given** |" in INDEX.render(tmp_path)
+    assert INDEX.cited_in("bench_x", texts) == ["docs/results.md"] and INDEX.cited_in("run_a", texts) == [
+        "docs/results.md"
+    ]
+    assert INDEX.cited_in("bench_y", texts) == []  # nothing cites it
+    assert INDEX.problems(tmp_path) == ["bench_y"]  # and UNCITED gives no reason
+    assert "| `bench_y` | .log | `trainlab gpt plan --model tiny` | — *kept:* **no reason given** |" in INDEX.render(
+        tmp_path
+    )

@@ -13,10 +13,19 @@ import pytest
 
 from trainlab.errors import ConfigError, UserError
 from trainlab.flags import Config, at_least, between, one_of, opt, output_dir
-from trainlab.io import (FORCE_ENV, MANIFEST, atomic_write_json, atomic_write_text, output_problem, owned_files, read_json,
-                         refuse_foreign, set_force, to_json)
+from trainlab.io import (
+    FORCE_ENV,
+    MANIFEST,
+    atomic_write_json,
+    atomic_write_text,
+    output_problem,
+    owned_files,
+    read_json,
+    refuse_foreign,
+    set_force,
+    to_json,
+)
 from trainlab.telemetry.rundir import LOCK_NAME, RunDir, check_run_dir
-
 
 # ----------------------------------------------------------------------------- ownership
 
@@ -46,7 +55,7 @@ def test_a_lock_dies_with_its_process(tmp_path):
     p.start()
     p.join(30)
     assert ready.is_set() and (tmp_path / "run" / LOCK_NAME).exists()  # a stale lock file…
-    RunDir.claim(tmp_path / "run", resume=True).release()               # …does not block the next run
+    RunDir.claim(tmp_path / "run", resume=True).release()  # …does not block the next run
 
 
 def test_reuse_needs_resume_or_overwrite_and_overwrite_clears_at_first_write(tmp_path):
@@ -101,10 +110,12 @@ def test_writers_refuse_a_file_trainlab_did_not_write_unless_forced(tmp_path, mo
     mine.write_text("the user's page")
     with pytest.raises(UserError, match="index.html: already exists and trainlab did not write it"):
         atomic_write_text(mine, "report")
-    with pytest.raises(ConfigError, match=r"-o: \S+index.html already exists and trainlab did not write it; pass --force"):
+    with pytest.raises(
+        ConfigError, match=r"-o: \S+index.html already exists and trainlab did not write it; pass --force"
+    ):
         refuse_foreign([mine], "-o")
     assert mine.read_text() == "the user's page"
-    atomic_write_text(tmp_path / "report.md", "one")   # trainlab's own file: rewritten freely
+    atomic_write_text(tmp_path / "report.md", "one")  # trainlab's own file: rewritten freely
     atomic_write_text(tmp_path / "report.md", "two")
     assert (tmp_path / "report.md").read_text() == "two"
     set_force(True)
@@ -168,7 +179,10 @@ def test_output_problems_are_named_before_work(tmp_path):
     (tmp_path / "f").write_text("")
     assert output_problem(tmp_path / "f", "dir") == "is a file, expected a directory"
     assert output_problem(tmp_path, "file") == "is a directory, expected a file"
-    assert output_problem(tmp_path / "f" / "x" / "y.json", "file") == f"cannot be created: {tmp_path / 'f'} is a file, not a directory"
+    assert (
+        output_problem(tmp_path / "f" / "x" / "y.json", "file")
+        == f"cannot be created: {tmp_path / 'f'} is a file, not a directory"
+    )
     assert output_problem(tmp_path / "new" / "deeper", "dir") is None
     (tmp_path / "ro").mkdir(mode=0o555)
     if not os.access(tmp_path / "ro", os.W_OK):  # root with CAP_DAC_OVERRIDE writes anywhere: nothing to refuse
@@ -190,14 +204,16 @@ def test_declared_checks_name_the_flag():
         hidden: int = opt(3, "set by the program", cli=False, check=at_least(0))
 
     C().validate()
-    for kw, msg in [(dict(rate=0.0), "--rate 0: expected a finite number > 0 and <= 1"),
-                    (dict(rate=math.nan), "--rate nan: expected a finite number > 0 and <= 1"),
-                    (dict(rate=math.inf), "--rate inf: expected a finite number > 0 and <= 1"),
-                    (dict(count=0), "--count 0: expected an integer >= 1"),
-                    (dict(count=True), "--count True: expected an integer >= 1"),
-                    (dict(mode="c"), "--mode 'c': expected one of a, b"),
-                    (dict(out="/proc/version"), "--out '/proc/version': is a file, expected a directory"),
-                    (dict(hidden=-1), "hidden -1: expected an integer >= 0")]:
+    for kw, msg in [
+        (dict(rate=0.0), "--rate 0: expected a finite number > 0 and <= 1"),
+        (dict(rate=math.nan), "--rate nan: expected a finite number > 0 and <= 1"),
+        (dict(rate=math.inf), "--rate inf: expected a finite number > 0 and <= 1"),
+        (dict(count=0), "--count 0: expected an integer >= 1"),
+        (dict(count=True), "--count True: expected an integer >= 1"),
+        (dict(mode="c"), "--mode 'c': expected one of a, b"),
+        (dict(out="/proc/version"), "--out '/proc/version': is a file, expected a directory"),
+        (dict(hidden=-1), "hidden -1: expected an integer >= 0"),
+    ]:
         with pytest.raises(ConfigError) as e:
             C(**kw).validate()
         assert str(e.value) == msg

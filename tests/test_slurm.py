@@ -15,17 +15,29 @@ from trainlab.distributed.launch import first_host, launch_config_kwargs, torchr
 from trainlab.errors import ConfigError
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "slurm.md"
-TWO_NODES = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NODEID": "1"}
+TWO_NODES = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_NODEID": "1",
+}
 
 
 def test_torchrun_args_from_a_two_node_slurm_job():
-    assert torchrun_args(4, TWO_NODES) == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
-                                           "--rdzv-endpoint=gpu07:29500", "--rdzv-id=slurm-4242"]
+    assert torchrun_args(4, TWO_NODES) == [
+        "--nnodes=2",
+        "--nproc-per-node=4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=gpu07:29500",
+        "--rdzv-id=slurm-4242",
+    ]
     kw = launch_config_kwargs(4, TWO_NODES)
     assert (kw["min_nodes"], kw["max_nodes"], kw["nproc_per_node"]) == (2, 2, 4)
     assert kw["rdzv_endpoint"] == "gpu07:29500" and kw["run_id"] == "slurm-4242" and kw["rdzv_backend"] == "c10d"
     cmd = worker_command(4, "spec.json", TWO_NODES)
-    assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--rdzv-endpoint=gpu07:29500" in cmd and cmd[-1] == "spec.json"
+    assert (
+        cmd[1:3] == ["-m", "torch.distributed.run"] and "--rdzv-endpoint=gpu07:29500" in cmd and cmd[-1] == "spec.json"
+    )
 
 
 def test_master_port_and_the_older_node_count_variable():
@@ -40,8 +52,16 @@ def test_one_node_or_no_slurm_is_standalone():
     assert kw["rdzv_endpoint"] == "localhost:0" and kw["min_nodes"] == kw["max_nodes"] == 1
 
 
-@pytest.mark.parametrize("nodelist, host", [("gpu[07-09,12],cpu1", "gpu07"), ("node1,node2", "node1"), ("a[3]", "a3"),
-                                            ("x-y[001-004]", "x-y001"), ("single", "single")])
+@pytest.mark.parametrize(
+    "nodelist, host",
+    [
+        ("gpu[07-09,12],cpu1", "gpu07"),
+        ("node1,node2", "node1"),
+        ("a[3]", "a3"),
+        ("x-y[001-004]", "x-y001"),
+        ("single", "single"),
+    ],
+)
 def test_first_host_of_a_node_list(nodelist, host):
     assert first_host(nodelist) == host
 
@@ -124,6 +144,12 @@ def test_one_node_two_gpu_sbatch_and_salloc_recipes(tmp_path, capsys, monkeypatc
             for strategy in args.strategies.split(","):
                 world = 2 if "+" in strategy or strategy in ("ddp", "zero2", "zero3", "tp", "pp") else 1
                 per_rank = args.global_batch // (world if strategy.split("+")[0] in ("ddp", "zero2", "zero3") else 1)
-                need = planner.predict_memory(get_preset(args.model), strategy, world, args.micro_batch,
-                                              accumulation_steps=per_rank // args.micro_batch, sm=80)["total_bytes"]
+                need = planner.predict_memory(
+                    get_preset(args.model),
+                    strategy,
+                    world,
+                    args.micro_batch,
+                    accumulation_steps=per_rank // args.micro_batch,
+                    sm=80,
+                )["total_bytes"]
                 assert need <= budget, (strategy, need / 2**30)

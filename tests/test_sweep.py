@@ -17,8 +17,19 @@ from trainlab.lenet import sweep
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.sweep import NOT_SWEPT, SweepConfig, plan, resolve_gpus, schedule
 
-TINY = ["--epochs", "1", "--train-subset", "256", "--test-subset", "100", "--batch-size", "64", "--device", "cpu",
-        "--no-tensorboard"]
+TINY = [
+    "--epochs",
+    "1",
+    "--train-subset",
+    "256",
+    "--test-subset",
+    "100",
+    "--batch-size",
+    "64",
+    "--device",
+    "cpu",
+    "--no-tensorboard",
+]
 
 
 def _sweep_parser():
@@ -46,16 +57,19 @@ def test_every_train_flag_is_a_sweep_flag():
     assert list_values(p.parse_args(["--no-fancy"]), Extra) == {"fancy": [False]}
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--lr", "1e-3,fast"], "--lr '1e-3,fast': 'fast' is not a number"),
-    (["--epochs", "1,,2"], "--epochs '1,,2': expected comma-separated values with none empty"),
-    (["--preset", "default,turbo"], "--preset 'default,turbo': 'turbo' is not one of default, fast, best"),
-    (["--optimizer", "adam,lion"], "--optimizer 'lion'"),
-    (["--seeds", "2", "--seed", "0,1"], "--seeds N and --seed LIST both give the seeds"),
-    (["--parallel", "ddp"], "--parallel ddp: a sweep runs single-process runs"),
-    (["--gpus", "0,x"], "--gpus '0,x'"),
-    (["--augment", "maybe"], "'maybe' is not true/false"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--lr", "1e-3,fast"], "--lr '1e-3,fast': 'fast' is not a number"),
+        (["--epochs", "1,,2"], "--epochs '1,,2': expected comma-separated values with none empty"),
+        (["--preset", "default,turbo"], "--preset 'default,turbo': 'turbo' is not one of default, fast, best"),
+        (["--optimizer", "adam,lion"], "--optimizer 'lion'"),
+        (["--seeds", "2", "--seed", "0,1"], "--seeds N and --seed LIST both give the seeds"),
+        (["--parallel", "ddp"], "--parallel ddp: a sweep runs single-process runs"),
+        (["--gpus", "0,x"], "--gpus '0,x'"),
+        (["--augment", "maybe"], "'maybe' is not true/false"),
+    ],
+)
 def test_bad_sweeps_are_one_line_errors_before_any_run(tmp_path, capsys, argv, needle):
     assert main(["sweep", *TINY, "--out", str(tmp_path / "sw"), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -64,8 +78,9 @@ def test_bad_sweeps_are_one_line_errors_before_any_run(tmp_path, capsys, argv, n
 
 
 def test_plan_is_the_product_in_config_order_with_seeds_last(tmp_path):
-    runs, values, swept, root = plan({"lr": [1e-3, 2e-3], "optimizer": ["adam", "sgd"], "epochs": [2]},
-                                     SweepConfig(out=str(tmp_path), seeds=2))
+    runs, values, swept, root = plan(
+        {"lr": [1e-3, 2e-3], "optimizer": ["adam", "sgd"], "epochs": [2]}, SweepConfig(out=str(tmp_path), seeds=2)
+    )
     assert swept == ["optimizer", "lr", "seed"] and values["epochs"] == [2]  # one value: fixed, not swept
     assert len(runs) == 8 and root == tmp_path
     assert runs[0].name == "optimizer=adam_lr=0.001_seed=0" and runs[-1].name == "optimizer=sgd_lr=0.002_seed=1"
@@ -77,6 +92,7 @@ def test_plan_is_the_product_in_config_order_with_seeds_last(tmp_path):
 
 
 # ---- the GPU scheduler, with fake processes -------------------------------------------------------
+
 
 class FakeCluster:
     """start() returns a handle; wait_any() finishes the running job that was started earliest, or the
@@ -108,9 +124,9 @@ def test_scheduler_one_job_per_gpu_fifo_and_lowest_free_gpu():
     fake = FakeCluster(finish_order=["b", "a", "d", "c", "e"])
     results = schedule(list("abcde"), [3, 1], fake.start, fake.wait_any)
     starts = [(job, gpu) for kind, job, gpu, _ in fake.log if kind == "start"]
-    assert [job for job, _ in starts] == list("abcde")          # queued order
-    assert starts[:2] == [("a", 1), ("b", 3)]                   # the lowest free GPU first
-    assert starts[2] == ("c", 3)                                # b finished first: its GPU takes the next job
+    assert [job for job, _ in starts] == list("abcde")  # queued order
+    assert starts[:2] == [("a", 1), ("b", 3)]  # the lowest free GPU first
+    assert starts[2] == ("c", 3)  # b finished first: its GPU takes the next job
     assert set(results) == set(range(5)) and all(code == 0 for _, code in results.values())
     busy = {}
     for kind, job, gpu, _ in fake.log:  # replay: never two jobs on one GPU
@@ -124,7 +140,9 @@ def test_scheduler_one_job_per_gpu_fifo_and_lowest_free_gpu():
 def test_scheduler_keeps_going_after_a_failure_and_reports_it():
     fake = FakeCluster(codes={"b": 3})
     heard = []
-    results = schedule(list("abcd"), [0, 1], fake.start, fake.wait_any, lambda job, gpu, code: heard.append((job, code)))
+    results = schedule(
+        list("abcd"), [0, 1], fake.start, fake.wait_any, lambda job, gpu, code: heard.append((job, code))
+    )
     assert sorted(heard) == [("a", 0), ("b", 3), ("c", 0), ("d", 0)]  # each reported as it finished
     assert results[1][1] == 3 and [results[i][1] for i in (0, 2, 3)] == [0, 0, 0]
     running, most = 0, 0
@@ -155,6 +173,7 @@ def test_gpu_choice(monkeypatch):
 
 
 # ---- real sweeps on the CPU --------------------------------------------------------------------
+
 
 def test_cpu_sweep_writes_run_dirs_resumes_and_the_report_groups_them(tmp_path, capsys, monkeypatch):
     out = tmp_path / "sw"
@@ -203,8 +222,12 @@ def test_gpu_branch_runs_each_run_in_its_own_process(tmp_path, monkeypatch, caps
     def start_on_cpu(run, gpu, root):
         started.append((run.name, gpu))
         spec = write_spec(root / "logs" / f"{run.name}.spec.json", "train", config=run.config.to_dict(), resume=None)
-        return subprocess.Popen(worker_command(1, spec), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        return subprocess.Popen(
+            worker_command(1, spec),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+        )
 
     monkeypatch.setattr(sweep, "resolve_gpus", lambda spec, device: [0, 1])
     monkeypatch.setattr(sweep, "_start_process", start_on_cpu)

@@ -13,7 +13,6 @@ from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.gpu import FIELDS, GPUSampler
 from trainlab.telemetry.tensorboard import image_grid
 
-
 # A machine with 4 GPUs; NVML numbers them 0-3 whatever CUDA_VISIBLE_DEVICES says.
 MACHINE_UUIDS = ["GPU-aaaa", "GPU-bbbb", "GPU-cccc", "GPU-dddd"]
 
@@ -34,12 +33,16 @@ def fake_nvml(util=(40, 90), mem_mib=1234):
         return f"h{MACHINE_UUIDS.index(uuid)}"
 
     return types.SimpleNamespace(
-        NVMLError=NVMLError, NVML_TEMPERATURE_GPU=0,
-        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 4, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        NVMLError=NVMLError,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: None,
+        nvmlDeviceGetCount=lambda: 4,
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
         nvmlDeviceGetHandleByUUID=by_uuid,
         nvmlDeviceGetUtilizationRates=utilization,
         nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=(mem_mib + int(h[1:])) * 2**20, total=80 * 2**30),
-        nvmlDeviceGetPowerUsage=lambda _h: 250_000, nvmlDeviceGetTemperature=lambda _h, _s: 61,
+        nvmlDeviceGetPowerUsage=lambda _h: 250_000,
+        nvmlDeviceGetTemperature=lambda _h, _s: 61,
     )
 
 
@@ -47,8 +50,9 @@ def fake_cuda(monkeypatch, visible=(2, 3)):
     """This process sees the machine's GPUs `visible` (CUDA_VISIBLE_DEVICES=2,3) as cuda:0, cuda:1.
     torch reports a UUID without the "GPU-" prefix."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: len(visible))
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i: types.SimpleNamespace(uuid=MACHINE_UUIDS[visible[i]][4:]))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid=MACHINE_UUIDS[visible[i]][4:])
+    )
 
 
 def test_sampler_follows_cuda_visible_devices_by_uuid(monkeypatch):
@@ -56,9 +60,9 @@ def test_sampler_follows_cuda_visible_devices_by_uuid(monkeypatch):
     fake_cuda(monkeypatch)
     sampler = GPUSampler(interval_s=0.01, indices=[1], log=lambda *a: None)
     assert sampler.available and sampler.uuids == {1: "GPU-dddd"}
-    assert sampler._handles == [(1, "h3")]        # NVML's GPU 3, not NVML index 1
+    assert sampler._handles == [(1, "h3")]  # NVML's GPU 3, not NVML index 1
     assert sampler._read(1, "h3")["memory_used_mib"] == 1234 + 3
-    everything = GPUSampler(log=lambda *a: None)   # default: every GPU this process sees
+    everything = GPUSampler(log=lambda *a: None)  # default: every GPU this process sees
     assert everything._handles == [(0, "h2"), (1, "h3")]
 
 
@@ -84,7 +88,9 @@ def test_sampler_records_fake_gpu_and_writes_csv(monkeypatch, tmp_path):
 
 
 def test_sampler_without_nvml_says_so_once(monkeypatch):
-    broken = types.SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(RuntimeError("NVML Shared Library Not Found")))
+    broken = types.SimpleNamespace(
+        nvmlInit=lambda: (_ for _ in ()).throw(RuntimeError("NVML Shared Library Not Found"))
+    )
     monkeypatch.setitem(sys.modules, "pynvml", broken)
     messages = []
     sampler = GPUSampler(log=messages.append)
@@ -115,8 +121,9 @@ def test_busy_snapshot_runs_nvidia_smi_in_the_background(monkeypatch, tmp_path):
     # not return until the flag exists, which is created only after start() returned (no clock involved).
     flag = tmp_path / "go"
     fake = tmp_path / "nvidia-smi"
-    fake.write_text(f"#!/bin/sh\nwhile [ ! -f {flag} ]; do sleep 0.02; done\n"
-                    "echo '| 0  NVIDIA H100 80GB HBM3 |  97%  Default |'\n")
+    fake.write_text(
+        f"#!/bin/sh\nwhile [ ! -f {flag} ]; do sleep 0.02; done\necho '| 0  NVIDIA H100 80GB HBM3 |  97%  Default |'\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/bin:/usr/bin")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -128,9 +135,9 @@ def test_busy_snapshot_runs_nvidia_smi_in_the_background(monkeypatch, tmp_path):
     flag.touch()
     result = started[0].finish()
     assert "97%" in result["text"] and result["taken_utc"]
-    assert BusySnapshot().finish() is None           # never started
+    assert BusySnapshot().finish() is None  # never started
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
-    assert BusySnapshot().start().finish() is None   # no driver tools: nothing, no error
+    assert BusySnapshot().start().finish() is None  # no driver tools: nothing, no error
 
 
 @pytest.mark.gpu
@@ -143,8 +150,9 @@ def test_gpu_run_records_busy_nvidia_smi_and_samples_its_own_gpu(tmp_path):
     from trainlab.telemetry.gpu import cuda_uuid
 
     run = tmp_path / "run"
-    summary = train(TrainConfig(epochs=1, train_subset=30000, device="cuda", progress=False, out=str(run)),
-                    log=lambda *a: None)
+    summary = train(
+        TrainConfig(epochs=1, train_subset=30000, device="cuda", progress=False, out=str(run)), log=lambda *a: None
+    )
     index = torch.cuda.current_device()
     assert summary["gpu"]["gpus"] == {str(index): cuda_uuid(index)}
     if shutil.which("nvidia-smi"):

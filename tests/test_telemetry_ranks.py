@@ -12,8 +12,8 @@ import types
 
 import pytest
 import torch
-
 from test_telemetry import MACHINE_UUIDS, fake_cuda, fake_nvml
+
 from trainlab.distributed.spawn import spawn_for_test
 from trainlab.telemetry.gpu import GPUSampler, gather_samples, log_gpu_tags, rank_csv_name, sampled_devices
 
@@ -54,8 +54,12 @@ def test_two_ranks_each_record_their_gpu_and_the_report_draws_both(tmp_path):
     ranks = spawn_for_test(_rank_job, 2, str(tmp_path), timeout_s=120)
     assert [r["indices"] for r in ranks] == [[0], [1]] and ranks[1]["tags"] is None
     assert ranks[0]["ranks_seen"] == 2
-    assert ranks[0]["tags"] == ["gpu/rank0/cuda0/memory_used_mib", "gpu/rank0/cuda0/utilization",
-                                "gpu/rank1/cuda1/memory_used_mib", "gpu/rank1/cuda1/utilization"]
+    assert ranks[0]["tags"] == [
+        "gpu/rank0/cuda0/memory_used_mib",
+        "gpu/rank0/cuda0/utilization",
+        "gpu/rank1/cuda1/memory_used_mib",
+        "gpu/rank1/cuda1/utilization",
+    ]
     for rank in (0, 1):
         rows = list(csv.DictReader((tmp_path / rank_csv_name(rank)).open()))
         assert len(rows) >= 4 and {r["gpu"] for r in rows} == {str(rank)}
@@ -79,7 +83,13 @@ def test_data_parallel_process_records_every_visible_gpu(monkeypatch, tmp_path):
     assert {s["gpu"] for s in sampler.samples} == {0, 1}
     writer = TagWriter()
     log_gpu_tags(writer, gather_samples(sampler.samples, multi_process=False))
-    assert sorted(writer.tags) == ["gpu/rank0/cuda0/memory_used_mib", "gpu/rank0/cuda0/utilization",
-                                   "gpu/rank0/cuda1/memory_used_mib", "gpu/rank0/cuda1/utilization"]
+    assert sorted(writer.tags) == [
+        "gpu/rank0/cuda0/memory_used_mib",
+        "gpu/rank0/cuda0/utilization",
+        "gpu/rank0/cuda1/memory_used_mib",
+        "gpu/rank0/cuda1/utilization",
+    ]
     # each device's own step counter: a device's curve has no gaps where the other was sampled
-    assert [s for s, _ in writer.tags["gpu/rank0/cuda1/utilization"]] == list(range(len(writer.tags["gpu/rank0/cuda1/utilization"])))
+    assert [s for s, _ in writer.tags["gpu/rank0/cuda1/utilization"]] == list(
+        range(len(writer.tags["gpu/rank0/cuda1/utilization"]))
+    )

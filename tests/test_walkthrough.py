@@ -34,13 +34,43 @@ DOC = ROOT / "docs" / "lab-walkthrough.md"
 ANY = "<any>"  # a value the source computes (a variable, a path built at run time)
 OPEN = "<open>"  # a script's "$@": whatever flags its caller passes on
 # flags whose value never decides whether a command was exercised: sizes, places, seeds, devices
-FREE = {"out", "json", "md", "data_dir", "seed", "seeds", "epochs", "train_subset", "test_subset", "batch_size",
-        "eval_batch_size", "steps", "warmup", "global_batch", "micro_batch", "seq", "n", "budget", "sizes", "name",
-        "timeout", "repeats", "threads", "workers", "nproc", "gpus", "gpu_mem", "title", "device", "dist_timeout"}
+FREE = {
+    "out",
+    "json",
+    "md",
+    "data_dir",
+    "seed",
+    "seeds",
+    "epochs",
+    "train_subset",
+    "test_subset",
+    "batch_size",
+    "eval_batch_size",
+    "steps",
+    "warmup",
+    "global_batch",
+    "micro_batch",
+    "seq",
+    "n",
+    "budget",
+    "sizes",
+    "name",
+    "timeout",
+    "repeats",
+    "threads",
+    "workers",
+    "nproc",
+    "gpus",
+    "gpu_mem",
+    "title",
+    "device",
+    "dist_timeout",
+}
 RUN_HERE = {("train",), ("sweep",)}
 
 
 # ---------------------------------------------------------------------------------- the document
+
 
 def doc_commands(text: str) -> list[list[str]]:
     """The argv (after `trainlab`) of every trainlab command line in the fenced code blocks."""
@@ -71,13 +101,14 @@ def _trainlab_argv(line: str) -> list[str] | None:
         tokens.pop(0)
     for i, tok in enumerate(tokens):
         if tok == "trainlab" and (i == 0 or tokens[i - 1] == "-m"):
-            return tokens[i + 1:] or None
+            return tokens[i + 1 :] or None
         if i == 0 and tok not in ("python", "python3", "nice", "timeout", "env") and not tok.endswith("python"):
             return None
     return None
 
 
 # ---------------------------------------------------------------------------------- the tests and benchmarks
+
 
 def invocations(root: Path = ROOT) -> list[list[str]]:
     """Every trainlab argv found in tests/*.py and benchmarks/*.sh (unknown values as ANY)."""
@@ -95,16 +126,25 @@ def _python_lists(source: str, names: set[str]) -> list[list[str]]:
     tree = ast.parse(source)
     constants: dict[str, list] = {}
     for node in tree.body:  # module-level lists, e.g. TINY = ["--epochs", "1", ...]
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                and isinstance(node.value, ast.List):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.List)
+        ):
             constants[node.targets[0].id] = node.value.elts
     out, seen = [], set()
     for func in ast.walk(tree):
         if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or REJECTS.search(func.name):
             continue
         for node in ast.walk(func):
-            if isinstance(node, ast.List) and id(node) not in seen and node.elts and isinstance(node.elts[0], ast.Constant) \
-                    and node.elts[0].value in names:
+            if (
+                isinstance(node, ast.List)
+                and id(node) not in seen
+                and node.elts
+                and isinstance(node.elts[0], ast.Constant)
+                and node.elts[0].value in names
+            ):
                 seen.add(id(node))
                 out.append(_flatten(node.elts, constants))
     return out
@@ -147,19 +187,26 @@ def _shell_commands(source: str) -> list[list[str]]:
             if tok == "trainlab" and i and tokens[i - 1] == "-m":
                 # "$@", or an array of the caller's arguments the script did not define itself (benchmarks/
                 # out_args.sh leaves them in ARGS): the flags are passed on
-                out.append([OPEN if t == "$@" or re.match(r"\$\{\w+\[@\]", t) else ANY if "$" in t else t
-                            for t in tokens[i + 1:]])
+                out.append(
+                    [
+                        OPEN if t == "$@" or re.match(r"\$\{\w+\[@\]", t) else ANY if "$" in t else t
+                        for t in tokens[i + 1 :]
+                    ]
+                )
                 break
     return out
 
 
 # ---------------------------------------------------------------------------------- matching
 
+
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     return parser._subparsers._group_actions[0].choices if parser._subparsers else {}
 
 
-def signature(argv: list[str], parser: argparse.ArgumentParser | None = None) -> tuple[tuple[str, ...], dict[str, list]]:
+def signature(
+    argv: list[str], parser: argparse.ArgumentParser | None = None
+) -> tuple[tuple[str, ...], dict[str, list]]:
     """(subcommand path, {dest: [values]}) of an argv, read with the real parser's actions."""
     parser = parser or cli.build_parser()
     path, i = [], 0
@@ -206,9 +253,11 @@ def exercised_by(doc_argv: list[str], found: list[list[str]], parser=None) -> bo
         if ipath != path:
             continue
         open_ = OPEN in inv
-        if all((dest not in iflags and open_) or
-               (dest in iflags and all(_free(dest, v) or v in iflags[dest] or ANY in iflags[dest] for v in values))
-               for dest, values in flags.items()):
+        if all(
+            (dest not in iflags and open_)
+            or (dest in iflags and all(_free(dest, v) or v in iflags[dest] or ANY in iflags[dest] for v in values))
+            for dest, values in flags.items()
+        ):
             return True
     return False
 
@@ -245,8 +294,11 @@ COMMANDS = doc_commands(DOC.read_text()) if DOC.exists() else []
 def test_the_walkthrough_is_short_and_tells_no_development_history():
     text = DOC.read_text()
     assert len(text.splitlines()) <= 500
-    history = re.findall(r"(?i)\b(?:session \d|issue \d+'s goals|was \S+ before|before (?:issue|the) \w+ change|"
-                         r"as it was|since issue|used to be|earlier run)\b", text)
+    history = re.findall(
+        r"(?i)\b(?:session \d|issue \d+'s goals|was \S+ before|before (?:issue|the) \w+ change|"
+        r"as it was|since issue|used to be|earlier run)\b",
+        text,
+    )
     assert history == [], history
 
 
@@ -268,8 +320,10 @@ def test_every_doc_command_is_exercised(argv):
     path, flags = signature(argv)
     if path in RUN_HERE and "nproc" not in flags and "resume" not in flags:
         return  # run by test_train_and_sweep_commands_of_the_doc_run
-    assert exercised_by(argv, _found()), (f"`trainlab {' '.join(argv)}` is in the walkthrough but no test or benchmark "
-                                          "runs that subcommand with these flags")
+    assert exercised_by(argv, _found()), (
+        f"`trainlab {' '.join(argv)}` is in the walkthrough but no test or benchmark "
+        "runs that subcommand with these flags"
+    )
 
 
 _FOUND: list = []
@@ -290,13 +344,37 @@ def test_scripts_named_in_the_doc_exist(name):
 
 
 OVERRIDES = {
-    ("train",): ["--epochs", "1", "--train-subset", "256", "--test-subset", "100", "--device", "cpu", "--no-progress",
-                 "--no-tensorboard"],
-    ("sweep",): ["--seeds", "1", "--epochs", "1", "--train-subset", "128", "--test-subset", "64", "--device", "cpu",
-                 "--no-tensorboard"],
+    ("train",): [
+        "--epochs",
+        "1",
+        "--train-subset",
+        "256",
+        "--test-subset",
+        "100",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--no-tensorboard",
+    ],
+    ("sweep",): [
+        "--seeds",
+        "1",
+        "--epochs",
+        "1",
+        "--train-subset",
+        "128",
+        "--test-subset",
+        "64",
+        "--device",
+        "cpu",
+        "--no-tensorboard",
+    ],
 }
-RUNNABLE = [a for a in COMMANDS if signature(a)[0] in RUN_HERE and "nproc" not in signature(a)[1]
-            and "resume" not in signature(a)[1]]
+RUNNABLE = [
+    a
+    for a in COMMANDS
+    if signature(a)[0] in RUN_HERE and "nproc" not in signature(a)[1] and "resume" not in signature(a)[1]
+]
 
 
 @pytest.mark.parametrize("argv", RUNNABLE, ids=lambda a: " ".join(a)[:60])
@@ -327,16 +405,22 @@ python benchmarks/no_such_benchmark.py
 
 def test_checker_reads_commands_scripts_and_rejects_what_is_not_exercised():
     cmds = doc_commands(FAKE_DOC)
-    assert cmds == [["train", "--act", "gelu-cpp", "--epochs", "3"], ["dp", "compare", "--modes", "none,ring", "--nproc", "2"],
-                    ["gelu", "check", "--impl", "cpp"]]
+    assert cmds == [
+        ["train", "--act", "gelu-cpp", "--epochs", "3"],
+        ["dp", "compare", "--modes", "none,ring", "--nproc", "2"],
+        ["gelu", "check", "--impl", "cpp"],
+    ]
     assert doc_scripts(FAKE_DOC) == ["benchmarks/no_such_benchmark.py", "make:train"]
-    found = [["train", "--act", "gelu-cpp", "--epochs", "1", "--device", "cpu"], ["dp", "compare", "--modes", ANY, "--nproc", "4"],
-             ["gelu", "check"]]
-    assert exercised_by(cmds[0], found)                 # sizes may differ
+    found = [
+        ["train", "--act", "gelu-cpp", "--epochs", "1", "--device", "cpu"],
+        ["dp", "compare", "--modes", ANY, "--nproc", "4"],
+        ["gelu", "check"],
+    ]
+    assert exercised_by(cmds[0], found)  # sizes may differ
     assert not exercised_by(["train", "--act", "relu"], found)  # a choice may not
-    assert exercised_by(cmds[1], found)                 # a computed value matches anything
+    assert exercised_by(cmds[1], found)  # a computed value matches anything
     assert not exercised_by(["dp", "compare", "--modes", "ring", "--threads", "1"], found)  # a flag never given
-    assert not exercised_by(cmds[2], found)             # --impl never given
+    assert not exercised_by(cmds[2], found)  # --impl never given
     assert not exercised_by(["train", "--compile"], found)
     assert parse_error(["train", "--not-a-flag"]) is not None
     assert parse_error(["train", "--preset", "turbo"]) is not None
@@ -350,14 +434,19 @@ def test_invocations_are_read_from_python_lists_and_shell_scripts(tmp_path):
     (tmp_path / "tests" / "test_x.py").write_text(
         'SMALL = ["--epochs", "1"]\n'
         'def test(tmp):\n    main(["train", "--act", "gelu-cpp", *SMALL, "--out", str(tmp)])\n'
-        '    other = ["not", "a", "command"]\n')
+        '    other = ["not", "a", "command"]\n'
+    )
     (tmp_path / "benchmarks" / "b.sh").write_text(
         'COMMON=(--model tiny --steps 2)\n$PY -m trainlab gpt bench "${COMMON[@]}" --strategy "$S" --json "$OUT/x.json" > log\n'
         'CMD=("$PY" -m trainlab dp compare --modes "$MODES" "$@")\n'
-        '$PY -m trainlab train --act relu ${ARGS[@]+"${ARGS[@]}"}\n')
-    assert invocations(tmp_path) == [["train", "--act", "gelu-cpp", "--epochs", "1", "--out", ANY],
-                                     ["gpt", "bench", "--model", "tiny", "--steps", "2", "--strategy", ANY, "--json", ANY],
-                                     ["dp", "compare", "--modes", ANY, OPEN], ["train", "--act", "relu", OPEN]]
+        '$PY -m trainlab train --act relu ${ARGS[@]+"${ARGS[@]}"}\n'
+    )
+    assert invocations(tmp_path) == [
+        ["train", "--act", "gelu-cpp", "--epochs", "1", "--out", ANY],
+        ["gpt", "bench", "--model", "tiny", "--steps", "2", "--strategy", ANY, "--json", ANY],
+        ["dp", "compare", "--modes", ANY, OPEN],
+        ["train", "--act", "relu", OPEN],
+    ]
     found = invocations(tmp_path)
     assert exercised_by(["dp", "compare", "--modes", "ring", "--threads", "1"], found)  # passed on by "$@"
     assert not exercised_by(["gpt", "bench", "--model", "tiny", "--impl", "hf"], found)  # no "$@" there
@@ -388,15 +477,25 @@ def test_the_handout_numbers_quoted_in_the_walkthrough():
     assert (handout, ours) == (1_638_022_400, 1_557_611_200) and ours == count_params(cfg)
     assert handout - ours == cfg.vocab_size * cfg.n_embd  # the tied embedding, counted twice
     text = DOC.read_text()
-    for n in (handout, ours, handout - ours, 6 * ours, attention_flops_per_token(cfg, 1024), flops_per_token(cfg, 1024),
-              hardware_flops_per_token(cfg, 1024, "full"), 8 * handout):
+    for n in (
+        handout,
+        ours,
+        handout - ours,
+        6 * ours,
+        attention_flops_per_token(cfg, 1024),
+        flops_per_token(cfg, 1024),
+        hardware_flops_per_token(cfg, 1024, "full"),
+        8 * handout,
+    ):
         assert f"{int(n):,}" in text, f"{int(n):,} not in the walkthrough"
 
 
 # ---------------------------------------------------------------------------------- quoted output (docs/excerpts.py)
 
+
 def _excerpts_module():
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("doc_excerpts", ROOT / "docs" / "excerpts.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it loads
@@ -421,8 +520,10 @@ def test_the_excerpt_checker_fails_on_a_drifted_quote(tmp_path):
     log = tmp_path / "run.log"
     log.write_text("epoch 1  loss 0.5  12.3 s\ndone: 99.1 %\n")
     doc = tmp_path / "doc.md"
-    doc.write_text("<!-- output: trainlab gpt plan --model tiny --gpus 1 --micro-batch 1 -->\n```\nmodel tiny  stale table\n```\n"
-                   f"<!-- output-log: {log.name} -->\n```\nepoch 1  loss 0.5  9.9 s\ndone: 99.2 %\n```\n")
+    doc.write_text(
+        "<!-- output: trainlab gpt plan --model tiny --gpus 1 --micro-batch 1 -->\n```\nmodel tiny  stale table\n```\n"
+        f"<!-- output-log: {log.name} -->\n```\nepoch 1  loss 0.5  9.9 s\ndone: 99.2 %\n```\n"
+    )
     plan, quoted_log = EXCERPTS.excerpts(doc)
     assert "the output of `trainlab gpt plan" in EXCERPTS.problem(plan)
     assert EXCERPTS.problem(quoted_log, root=tmp_path) == f"doc.md: not in {log.name}: 'done: 99.2 %'"  # timings aside

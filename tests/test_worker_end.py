@@ -22,21 +22,39 @@ import pytest
 
 pytestmark = pytest.mark.dist
 
-TIMEOUT_S = 5             # the process-group timeout of these runs: the end barrier waits this long for a peer
+TIMEOUT_S = 5  # the process-group timeout of these runs: the end barrier waits this long for a peer
 BOUND_S = TIMEOUT_S + 60  # event → command back: the timeout, stopping the ranks, and slack for a loaded box
 TINY_LENET = ["--epochs", "1", "--device", "cpu", "--train-subset", "256", "--test-subset", "100", "--batch-size", "64"]
-TINY_GPT = ["--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--global-batch", "4", "--seq", "32",
-            "--micro-batch", "2"]
+TINY_GPT = [
+    "--model",
+    "tiny",
+    "--device",
+    "cpu",
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--global-batch",
+    "4",
+    "--seq",
+    "32",
+    "--micro-batch",
+    "2",
+]
 
 
-def _run(tmp_path: Path, args: list[str], action: str | None, extra_env: dict | None = None) -> tuple[subprocess.CompletedProcess, float | None]:
+def _run(
+    tmp_path: Path, args: list[str], action: str | None, extra_env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, float | None]:
     """`python -m trainlab ARGS` with rank 1 told to `action` at its end; returns the process and the
     seconds from the injected event to the command's return (None when the event did not happen)."""
     mark = tmp_path / "event"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRAINLAB_DIST_TIMEOUT_S": str(TIMEOUT_S), **(extra_env or {})}
     if action:
         env.update(TRAINLAB_TEST_END=f"1:{action}", TRAINLAB_TEST_END_MARK=str(mark))
-    proc = subprocess.run([sys.executable, "-m", "trainlab", *args], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainlab", *args], env=env, capture_output=True, text=True, timeout=600
+    )
     ended = time.time()
     return proc, (ended - float(mark.read_text())) if mark.exists() else None
 
@@ -48,9 +66,25 @@ def _errors(proc) -> list[str]:
 @pytest.mark.parametrize("action", ["hang", "kill"])
 def test_train_nproc_keeps_its_run_when_a_rank_hangs_or_dies_at_the_end(tmp_path, action):
     run = tmp_path / "run"
-    proc, since = _run(tmp_path, ["train", "--parallel", "ddp", "--nproc", "2", *TINY_LENET, "--no-progress",
-                                  "--no-tensorboard", "--no-gpu-telemetry", "--dist-timeout", str(TIMEOUT_S),
-                                  "--out", str(run)], action)
+    proc, since = _run(
+        tmp_path,
+        [
+            "train",
+            "--parallel",
+            "ddp",
+            "--nproc",
+            "2",
+            *TINY_LENET,
+            "--no-progress",
+            "--no-tensorboard",
+            "--no-gpu-telemetry",
+            "--dist-timeout",
+            str(TIMEOUT_S),
+            "--out",
+            str(run),
+        ],
+        action,
+    )
     out = proc.stdout + proc.stderr
     assert since is not None and since < BOUND_S, (since, out[-3000:])
     assert proc.returncode == 2, out[-3000:]
@@ -59,8 +93,9 @@ def test_train_nproc_keeps_its_run_when_a_rank_hangs_or_dies_at_the_end(tmp_path
     errors = _errors(proc)
     assert len(errors) == 1 and "Traceback" not in proc.stderr, out[-3000:]
     if action == "hang":
-        assert errors[0].startswith("trainlab: error: rank 0/2: the results are written, but another rank did not "
-                                    "reach the end of the run"), errors
+        assert errors[0].startswith(
+            "trainlab: error: rank 0/2: the results are written, but another rank did not reach the end of the run"
+        ), errors
         assert f"the {TIMEOUT_S} s process-group timeout" in errors[0]
         assert errors[0].endswith("[rank(s) 1 did not answer in time and were stopped]"), errors
     else:
@@ -69,8 +104,11 @@ def test_train_nproc_keeps_its_run_when_a_rank_hangs_or_dies_at_the_end(tmp_path
 
 def test_dp_compare_keeps_a_mode_whose_rank_hangs_at_the_end(tmp_path):
     out = tmp_path / "cmp.json"
-    proc, since = _run(tmp_path, ["dp", "compare", "--modes", "none,ddp", "--nproc", "2", *TINY_LENET, "--workers", "",
-                                  "--json", str(out)], "hang")
+    proc, since = _run(
+        tmp_path,
+        ["dp", "compare", "--modes", "none,ddp", "--nproc", "2", *TINY_LENET, "--workers", "", "--json", str(out)],
+        "hang",
+    )
     assert since is not None and since < BOUND_S, (since, proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads(out.read_text())
@@ -104,15 +142,40 @@ def test_dp_compare_marks_the_mode_that_did_not_finish_and_keeps_the_others(tmp_
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(_MIDRUN_HOOK)
     out, md = tmp_path / "cmp.json", tmp_path / "cmp.md"
-    env = {"PYTHONPATH": os.pathsep.join([str(hook), *sys.path]), "TEST_MIDRUN_SIGNAL": signame,
-           "TRAINLAB_TEST_END_MARK": str(tmp_path / "event"),
-           "TRAINLAB_DIST_TIMEOUT_S": "120" if signame == "SIGSTOP" else str(TIMEOUT_S)}
-    proc, since = _run(tmp_path, ["dp", "compare", "--modes", "none,ddp", "--nproc", "2", *TINY_LENET, "--workers", "",
-                                  "--timeout", str(limit_s), "--json", str(out), "--md", str(md)], None, env)
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(hook), *sys.path]),
+        "TEST_MIDRUN_SIGNAL": signame,
+        "TRAINLAB_TEST_END_MARK": str(tmp_path / "event"),
+        "TRAINLAB_DIST_TIMEOUT_S": "120" if signame == "SIGSTOP" else str(TIMEOUT_S),
+    }
+    proc, since = _run(
+        tmp_path,
+        [
+            "dp",
+            "compare",
+            "--modes",
+            "none,ddp",
+            "--nproc",
+            "2",
+            *TINY_LENET,
+            "--workers",
+            "",
+            "--timeout",
+            str(limit_s),
+            "--json",
+            str(out),
+            "--md",
+            str(md),
+        ],
+        None,
+        env,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     # the last line is the command's (the workers' own output, streamed above it, has the rank's cause)
-    assert _errors(proc)[-1] == (f"trainlab: error: dp compare: ddp ({status}) did not finish (see the table above); "
-                                 f"the rows that finished are in {out}"), proc.stderr[-3000:]
+    assert _errors(proc)[-1] == (
+        f"trainlab: error: dp compare: ddp ({status}) did not finish (see the table above); "
+        f"the rows that finished are in {out}"
+    ), proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [(r["mode"], r["status"]) for r in rows] == [("none", "ok"), ("ddp", status)]
     assert rows[0]["test_accuracy"] is not None and rows[1]["test_accuracy"] is None
@@ -125,7 +188,9 @@ def test_dp_compare_marks_the_mode_that_did_not_finish_and_keeps_the_others(tmp_
 
 def test_gpt_bench_nproc_keeps_its_summary_when_a_rank_dies_at_the_end(tmp_path):
     out = tmp_path / "ddp.json"
-    proc, since = _run(tmp_path, ["gpt", "bench", *TINY_GPT, "--strategy", "ddp", "--nproc", "2", "--json", str(out)], "kill")
+    proc, since = _run(
+        tmp_path, ["gpt", "bench", *TINY_GPT, "--strategy", "ddp", "--nproc", "2", "--json", str(out)], "kill"
+    )
     assert since is not None and since < BOUND_S, (since, proc.stderr[-3000:])
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert _errors(proc)[0].startswith("trainlab: error: rank 1/2 was killed by SIGKILL"), proc.stderr[-3000:]
@@ -134,8 +199,11 @@ def test_gpt_bench_nproc_keeps_its_summary_when_a_rank_dies_at_the_end(tmp_path)
 
 
 def test_gpt_compare_keeps_a_strategy_whose_rank_hangs_at_the_end(tmp_path):
-    proc, since = _run(tmp_path, ["gpt", "compare", *TINY_GPT, "--strategies", "none,ddp", "--nproc", "2",
-                                  "--out", str(tmp_path / "cmp")], "hang")
+    proc, since = _run(
+        tmp_path,
+        ["gpt", "compare", *TINY_GPT, "--strategies", "none,ddp", "--nproc", "2", "--out", str(tmp_path / "cmp")],
+        "hang",
+    )
     assert since is not None and since < BOUND_S, (since, proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads((tmp_path / "cmp" / "compare.json").read_text())["rows"]

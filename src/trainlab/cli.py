@@ -32,12 +32,12 @@ from trainlab.io import set_force
 
 # command group → module that defines `add_parser(subparsers)`, in --help order
 COMMAND_MODULES = (
-    "trainlab.lenet.cli",      # train, eval, sweep, dp
-    "trainlab.data.cli",       # data
-    "trainlab.ops.cli",        # ops, and its alias gelu
-    "trainlab.gpt.cli",        # gpt
-    "trainlab.report.cli",     # report
-    "trainlab.lab.cli",        # lab
+    "trainlab.lenet.cli",  # train, eval, sweep, dp
+    "trainlab.data.cli",  # data
+    "trainlab.ops.cli",  # ops, and its alias gelu
+    "trainlab.gpt.cli",  # gpt
+    "trainlab.report.cli",  # report
+    "trainlab.lab.cli",  # lab
 )
 
 # spec["worker"] → "module:function" taking the spec dict and returning an exit code
@@ -54,7 +54,7 @@ def _run_worker(args: argparse.Namespace) -> int:
     spec = read_json(args.spec)
     name = spec.get("worker") if isinstance(spec, dict) else None
     if name not in WORKERS:
-        raise UserError(f"{args.spec}: not a trainlab worker spec (\"worker\" must be one of {', '.join(WORKERS)})")
+        raise UserError(f'{args.spec}: not a trainlab worker spec ("worker" must be one of {", ".join(WORKERS)})')
     module, func = WORKERS[name].split(":")
     worker = getattr(importlib.import_module(module), func)
     args.ends_as_worker = True  # from here on this process ends by the one rule (`main`, `end_worker`)
@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="trainlab",
         description="Train neural networks fast and measure what each acceleration technique buys.",
-        epilog="`trainlab COMMAND --help` lists a command's flags.")
+        epilog="`trainlab COMMAND --help` lists a command's flags.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for module_name in COMMAND_MODULES:
@@ -76,8 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "worker"]
     for command in leaf_parsers(parser):
         if _writes(command):
-            command.add_argument("--force", action="store_true",
-                                 help="replace existing files that trainlab did not write (it refuses otherwise)")
+            command.add_argument(
+                "--force",
+                action="store_true",
+                help="replace existing files that trainlab did not write (it refuses otherwise)",
+            )
     return parser
 
 
@@ -94,8 +98,9 @@ def leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParse
 
 def _writes(parser: argparse.ArgumentParser) -> bool:
     """A command that writes files (an output flag or an `out` argument) takes --force."""
-    return any(o in _OUTPUT_FLAGS and a.nargs != 0 for a in parser._actions for o in a.option_strings) or \
-        any(a.dest == "out" for a in parser._actions)
+    return any(o in _OUTPUT_FLAGS and a.nargs != 0 for a in parser._actions for o in a.option_strings) or any(
+        a.dest == "out" for a in parser._actions
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,8 +126,11 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(f"trainlab: error: {os_error_line(e)}", 2)
     except Exception as e:
         traceback.print_exc()
-        return _fail(f"trainlab: internal error ({type(e).__name__}): this is a bug in trainlab; please report it "
-                     "with the command line and the traceback above", 1)
+        return _fail(
+            f"trainlab: internal error ({type(e).__name__}): this is a bug in trainlab; please report it "
+            "with the command line and the traceback above",
+            1,
+        )
     return int(result or 0)
 
 

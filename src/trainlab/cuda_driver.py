@@ -22,7 +22,7 @@ from pathlib import Path
 
 # CUDA major version of a torch build → the oldest Linux driver (major) that runs it
 MIN_DRIVER = {11: 450, 12: 525, 13: 580}
-PINNED_CUDA = "13.0"   # torch 2.13.0 from PyPI (requirements/constraints.txt) is the CUDA 13.0 build
+PINNED_CUDA = "13.0"  # torch 2.13.0 from PyPI (requirements/constraints.txt) is the CUDA 13.0 build
 CUDA12_BUILD = "cu126"  # a CUDA 12 build of torch 2.13 on PyTorch's own index (download.pytorch.org)
 _BUILD = re.compile(r"^cu(\d{3})$")
 
@@ -37,8 +37,12 @@ def driver_version() -> str | None:
     except OSError:
         pass
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     first = out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
@@ -69,9 +73,12 @@ def driver_problem(cuda: str, driver: str | None) -> str | None:
         return None
     if int(driver.split(".")[0]) >= need:
         return None
-    fix = (f"update the NVIDIA driver, or install PyPI's CUDA 12 build: `make clean setup TORCH_CUDA={CUDA12_BUILD}` "
-           f"(docs/install.md)" if int(str(cuda).split(".")[0]) >= 13 else
-           "update the NVIDIA driver (docs/install.md)")
+    fix = (
+        f"update the NVIDIA driver, or install PyPI's CUDA 12 build: `make clean setup TORCH_CUDA={CUDA12_BUILD}` "
+        f"(docs/install.md)"
+        if int(str(cuda).split(".")[0]) >= 13
+        else "update the NVIDIA driver (docs/install.md)"
+    )
     return f"NVIDIA driver {driver} is older than {need}, which torch's CUDA {cuda} build needs: {fix}"
 
 

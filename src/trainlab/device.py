@@ -21,15 +21,15 @@ PEAK_BF16_TFLOPS = {
     "NVIDIA A100-SXM4-80GB": 312.0,
     "NVIDIA A100-PCIE-40GB": 312.0,
     "NVIDIA A100 80GB PCIe": 312.0,
-    "NVIDIA H100 80GB HBM3": 989.0,    # H100 SXM5
+    "NVIDIA H100 80GB HBM3": 989.0,  # H100 SXM5
     "NVIDIA H100 PCIe": 756.0,
     "NVIDIA H100 NVL": 835.0,
-    "NVIDIA H200": 989.0,              # H200 SXM
+    "NVIDIA H200": 989.0,  # H200 SXM
     "NVIDIA H200 NVL": 835.0,
     "NVIDIA L40S": 362.0,
     "NVIDIA A10": 125.0,
     "NVIDIA GeForce RTX 4090": 165.0,  # FP32 accumulate
-    "NVIDIA GeForce RTX 3090": 71.0,   # FP32 accumulate
+    "NVIDIA GeForce RTX 3090": 71.0,  # FP32 accumulate
 }
 
 
@@ -39,11 +39,11 @@ PEAK_BF16_TFLOPS = {
 KNOWN_SM = (70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
 
 COMPUTE_CAPABILITY = {
-    "NVIDIA GeForce RTX 2080 Ti": 75,   # the course's GPU06 node
+    "NVIDIA GeForce RTX 2080 Ti": 75,  # the course's GPU06 node
     "Tesla T4": 75,
     "Tesla V100-SXM2-32GB": 70,
     "NVIDIA A100-SXM4-40GB": 80,
-    "NVIDIA A100-SXM4-80GB": 80,        # the course's GPU08 node
+    "NVIDIA A100-SXM4-80GB": 80,  # the course's GPU08 node
     "NVIDIA A100-PCIE-40GB": 80,
     "NVIDIA A100 80GB PCIe": 80,
     "NVIDIA A10": 86,
@@ -78,13 +78,21 @@ def process_limit() -> int:
 def check_process_count(n: int, flag: str) -> None:
     """`--nproc N` CPU ranks or `--workers N` against this machine, before anything is started."""
     if n > process_limit():
-        raise HardwareError(f"{flag} {n}: this machine has {cpu_cores()} CPU core(s); expected at most "
-                            f"{process_limit()} processes ({PROCESSES_PER_CORE} per core)")
+        raise HardwareError(
+            f"{flag} {n}: this machine has {cpu_cores()} CPU core(s); expected at most "
+            f"{process_limit()} processes ({PROCESSES_PER_CORE} per core)"
+        )
 
 
 # How an allocation failure reads, on the GPU and the CPU (torch's and the C++ runtime's messages).
-OOM_MARKERS = ("out of memory", "OutOfMemoryError", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED",
-               "std::bad_alloc", "Cannot allocate memory")
+OOM_MARKERS = (
+    "out of memory",
+    "OutOfMemoryError",
+    "can't allocate memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "std::bad_alloc",
+    "Cannot allocate memory",
+)
 
 
 def is_out_of_memory(e: BaseException) -> bool:
@@ -120,16 +128,20 @@ def gpu_unusable_reason() -> str | None:
     if driver is None:
         return None
     if torch.version.cuda is None:
-        return (f"torch {torch.__version__} is a CPU-only build on a machine with NVIDIA driver {driver}: "
-                "install a CUDA build (docs/install.md)")
+        return (
+            f"torch {torch.__version__} is a CPU-only build on a machine with NVIDIA driver {driver}: "
+            "install a CUDA build (docs/install.md)"
+        )
     problem = cuda_driver.driver_problem(torch.version.cuda, driver)
     if problem:
         return problem
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
         return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
-    return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot initialise CUDA with driver {driver}: "
-            "see `nvidia-smi` and torch's warning above")
+    return (
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}) cannot initialise CUDA with driver {driver}: "
+        "see `nvidia-smi` and torch's warning above"
+    )
 
 
 def resolve_device(name: str | None = "auto") -> torch.device:
@@ -153,7 +165,9 @@ def resolve_device(name: str | None = "auto") -> torch.device:
         raise HardwareError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise HardwareError(f"--device {name}: no CUDA GPU is available on this machine (torch {torch.__version__})")
+            raise HardwareError(
+                f"--device {name}: no CUDA GPU is available on this machine (torch {torch.__version__})"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise HardwareError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
     elif dev.type != "cpu":
@@ -288,9 +302,11 @@ def set_tf32(mode: str) -> dict:
 
 
 def tf32_state() -> dict:
-    return {"matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
-            "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    return {
+        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
 
 
 _CPU_PEAK: float | None = None

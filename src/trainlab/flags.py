@@ -33,7 +33,8 @@ import re
 import sys
 import types
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainlab.errors import ConfigError
 from trainlab.io import output_problem
@@ -68,15 +69,21 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.print_usage(sys.stderr)
-        self.exit(2, f"trainlab: error: {self.prog.removeprefix('trainlab ')}: {message}\n"
-                  if self.prog != "trainlab" else f"trainlab: error: {message}\n")
+        self.exit(
+            2,
+            f"trainlab: error: {self.prog.removeprefix('trainlab ')}: {message}\n"
+            if self.prog != "trainlab"
+            else f"trainlab: error: {message}\n",
+        )
 
     def parse_args(self, args=None, namespace=None):
         parsed, unknown = self.parse_known_args(args, namespace)
         if unknown:
             target = innermost_parser(self, parsed)
-            target.error("; ".join(_unknown_line(target, u) for u in unknown if u.startswith("-"))
-                         or f"unexpected arguments: {' '.join(unknown)}")
+            target.error(
+                "; ".join(_unknown_line(target, u) for u in unknown if u.startswith("-"))
+                or f"unexpected arguments: {' '.join(unknown)}"
+            )
         return parsed
 
 
@@ -94,23 +101,36 @@ def _unknown_line(parser: argparse.ArgumentParser, token: str) -> str:
     name = token.split("=", 1)[0]
     flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--") and a.help != argparse.SUPPRESS]
     near = [f for f in flags if name.startswith(f + "-")] or difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
-    return f"unrecognized argument {name}" + (f" (did you mean {near[0]}?)" if near else "") + \
-        f"; `{parser.prog} --help` lists the flags"
+    return (
+        f"unrecognized argument {name}"
+        + (f" (did you mean {near[0]}?)" if near else "")
+        + f"; `{parser.prog} --help` lists the flags"
+    )
 
 
 # A check takes a field's value and returns what is wrong with it (None when nothing is).
 Check = Callable[[Any], "str | None"]
 
 
-def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | list | None = None,
-        metavar: str | None = None, cli: bool = True, check: Check | None = None) -> Any:
+def opt(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    choices: tuple | list | None = None,
+    metavar: str | None = None,
+    cli: bool = True,
+    check: Check | None = None,
+) -> Any:
     """A config field: its default, its help text, how it appears on the command line, and its check.
 
     `flag` overrides the derived `--field-name`; `cli=False` keeps a field out of the command line
     (set by the program, recorded in the JSON); `check` (e.g. `positive`, `at_least(0)`, `one_of(...)`,
     `output_dir`) is applied by `Config.validate()` to any value but None."""
-    return dataclasses.field(default=default, metadata={"help": help, "flag": flag, "choices": choices,
-                                                        "metavar": metavar, "cli": cli, "check": check})
+    return dataclasses.field(
+        default=default,
+        metadata={"help": help, "flag": flag, "choices": choices, "metavar": metavar, "cli": cli, "check": check},
+    )
 
 
 def _is_number(v: Any) -> bool:
@@ -119,42 +139,54 @@ def _is_number(v: Any) -> bool:
 
 def between(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False) -> Check:
     """A finite number in the given range (NaN and ±inf always fail)."""
-    parts = ([f"{'>' if lo_open else '>='} {lo:g}"] if lo is not None else []) + \
-            ([f"{'<' if hi_open else '<='} {hi:g}"] if hi is not None else [])
+    parts = ([f"{'>' if lo_open else '>='} {lo:g}"] if lo is not None else []) + (
+        [f"{'<' if hi_open else '<='} {hi:g}"] if hi is not None else []
+    )
     expected = "expected a finite number" + (" " + " and ".join(parts) if parts else "")
 
     def check(v: Any) -> str | None:
         ok = _is_number(v) and math.isfinite(v)
-        ok = ok and (lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or (v < hi if hi_open else v <= hi))
+        ok = (
+            ok and (lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or (v < hi if hi_open else v <= hi))
+        )
         return None if ok else expected
+
     return check
 
 
 def at_least(lo: int) -> Check:
     """An integer >= lo (counts, sizes, steps)."""
+
     def check(v: Any) -> str | None:
         return None if isinstance(v, int) and not isinstance(v, bool) and v >= lo else f"expected an integer >= {lo}"
+
     return check
 
 
 def int_range(lo: int, hi: int) -> Check:
     """An integer >= lo and <= hi (a count whose upper bound is what could ever finish)."""
+
     def check(v: Any) -> str | None:
         ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
         return None if ok else f"expected an integer >= {lo} and <= {hi:,}"
+
     return check
 
 
 def process_count(lo: int) -> Check:
     """An integer >= lo and at most `device.process_limit()` (ranks or workers this machine can run)."""
+
     def check(v: Any) -> str | None:
         from trainlab.device import PROCESSES_PER_CORE, cpu_cores, process_limit
 
         problem = at_least(lo)(v)
         if problem is None and v > process_limit():
-            return (f"expected an integer >= {lo} and <= {process_limit()} ({PROCESSES_PER_CORE} per CPU core; "
-                    f"this machine has {cpu_cores()})")
+            return (
+                f"expected an integer >= {lo} and <= {process_limit()} ({PROCESSES_PER_CORE} per CPU core; "
+                f"this machine has {cpu_cores()})"
+            )
         return problem
+
     return check
 
 
@@ -179,15 +211,17 @@ def seed_value(v: Any) -> str | None:
     return None if ok else f"expected an integer >= 0 and <= {SEED_MAX} (2^32 - 1)"
 
 
-positive = between(0, lo_open=True)   # a finite number > 0 (rates, seconds)
-non_negative = between(0)             # a finite number >= 0 (weight decay, warm-up)
+positive = between(0, lo_open=True)  # a finite number > 0 (rates, seconds)
+non_negative = between(0)  # a finite number >= 0 (weight decay, warm-up)
 
 
 def one_of(choices) -> Check:
     """One of `choices` (any iterable of names, e.g. a registry dict)."""
+
     def check(v: Any) -> str | None:
         names = list(choices)
         return None if v in names else f"expected one of {', '.join(map(str, names))}"
+
     return check
 
 
@@ -243,8 +277,11 @@ def add_flags(parser: argparse.ArgumentParser, cls, exclude=(), defaults: Any = 
         typ, _ = _field_type(cls, f)
         meta = f.metadata
         default = getattr(defaults, f.name) if defaults is not None else f.default
-        help_ = meta["help"] + (f" (default: {default})" if default not in (None, False, dataclasses.MISSING)
-                                and "default:" not in meta["help"] else "")  # a text naming its own default keeps it
+        help_ = meta["help"] + (
+            f" (default: {default})"
+            if default not in (None, False, dataclasses.MISSING) and "default:" not in meta["help"]
+            else ""
+        )  # a text naming its own default keeps it
         kw: dict[str, Any] = {"dest": f.name, "default": None, "help": help_}
         if typ is bool:
             kw["action"] = argparse.BooleanOptionalAction
@@ -278,10 +315,16 @@ def add_list_flags(parser: argparse.ArgumentParser, cls, exclude=()) -> None:
         meta, name = f.metadata, flag_name(f)
         choices = f" from {{{','.join(map(str, meta['choices']))}}}" if meta.get("choices") else ""
         own = "default:" in meta["help"] or f.default is None  # the text names its default, or there is none
-        help_ = f"{meta['help']} — one or more values{choices}, comma-separated" + ("" if own else f" (default: {f.default})")
+        help_ = f"{meta['help']} — one or more values{choices}, comma-separated" + (
+            "" if own else f" (default: {f.default})"
+        )
         if typ is bool:
-            parser.add_argument(name, dest=f.name, nargs="?", const="true", default=None, metavar="true,false", help=help_)
-            parser.add_argument("--no-" + name[2:], dest=f.name, action="store_const", const="false", help=argparse.SUPPRESS)
+            parser.add_argument(
+                name, dest=f.name, nargs="?", const="true", default=None, metavar="true,false", help=help_
+            )
+            parser.add_argument(
+                "--no-" + name[2:], dest=f.name, action="store_const", const="false", help=argparse.SUPPRESS
+            )
         else:
             parser.add_argument(name, dest=f.name, default=None, metavar="V[,V...]", help=help_)
 
@@ -307,7 +350,9 @@ def list_values(args: argparse.Namespace, cls, exclude=()) -> dict[str, list[Any
             if v is _BAD:
                 raise ConfigError(f"{flag_name(f)} {raw!r}: {item!r} is not {_type_name(typ)}")
             if f.metadata.get("choices") is not None and v not in f.metadata["choices"]:
-                raise ConfigError(f"{flag_name(f)} {raw!r}: {item!r} is not one of {', '.join(map(str, f.metadata['choices']))}")
+                raise ConfigError(
+                    f"{flag_name(f)} {raw!r}: {item!r} is not one of {', '.join(map(str, f.metadata['choices']))}"
+                )
             if v not in values:
                 values.append(v)
         out[f.name] = values
@@ -360,8 +405,10 @@ def _check_type(cls, f: dataclasses.Field, value: Any, source: str) -> Any:
     else:
         ok = isinstance(value, typ) if isinstance(typ, type) else True
     if not ok:
-        raise ConfigError(f"{source}: {f.name!r} must be {_type_name(typ)}{' or null' if optional else ''}, "
-                          f"got {value!r} ({type(value).__name__})")
+        raise ConfigError(
+            f"{source}: {f.name!r} must be {_type_name(typ)}{' or null' if optional else ''}, "
+            f"got {value!r} ({type(value).__name__})"
+        )
     return value
 
 

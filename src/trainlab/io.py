@@ -30,15 +30,16 @@ import os
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trainlab.errors import ConfigError, UserError
 
-MANIFEST = ".trainlab-files"   # in each folder trainlab writes into: the names of the files it wrote there
+MANIFEST = ".trainlab-files"  # in each folder trainlab writes into: the names of the files it wrote there
 FORCE_ENV = "TRAINLAB_FORCE"
-_vetted: set[Path] = set()     # folders whose writes a claim has already vetted (run directories)
+_vetted: set[Path] = set()  # folders whose writes a claim has already vetted (run directories)
 
 
 def set_force(on: bool) -> None:
@@ -92,18 +93,26 @@ def refuse_foreign(paths, flag: str) -> None:
         return
     for p in map(Path, paths):
         if foreign(p) and Path(p).parent.resolve() not in _vetted:
-            raise ConfigError(f"{flag}: {p} already exists and trainlab did not write it; "
-                              "pass --force to replace it, or choose another output")
+            raise ConfigError(
+                f"{flag}: {p} already exists and trainlab did not write it; "
+                "pass --force to replace it, or choose another output"
+            )
 
 
 def _check_replace(path: Path) -> None:
     if foreign(path) and not _forced() and path.parent.resolve() not in _vetted:
-        raise UserError(f"{path}: already exists and trainlab did not write it; refusing to replace it "
-                        "(pass --force to replace it, or choose another output)")
+        raise UserError(
+            f"{path}: already exists and trainlab did not write it; refusing to replace it "
+            "(pass --force to replace it, or choose another output)"
+        )
 
 
-_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def special_kind(path: str | os.PathLike) -> str | None:
@@ -137,7 +146,9 @@ def user_path(path: str | os.PathLike, what: str) -> Path:
         return Path(path).expanduser()
     except RuntimeError:
         head = str(path).split(os.sep, 1)[0]
-        raise ConfigError(f"{what} {str(path)!r}: {head} is not a user of this machine (no home folder to expand)") from None
+        raise ConfigError(
+            f"{what} {str(path)!r}: {head} is not a user of this machine (no home folder to expand)"
+        ) from None
 
 
 def contained(root: str | os.PathLike, path: str | os.PathLike) -> bool:
@@ -215,8 +226,10 @@ def to_json(obj: Any, indent: int | None = None) -> str:
         where = _nonfinite_path(obj)
         if where is None:
             raise
-        raise ValueError(f"refusing to write {where[1]} at {where[0]} as JSON (JSON has no NaN/inf; "
-                         "a producer that means 'no value' must write None)") from e
+        raise ValueError(
+            f"refusing to write {where[1]} at {where[0]} as JSON (JSON has no NaN/inf; "
+            "a producer that means 'no value' must write None)"
+        ) from e
 
 
 def _nonfinite_path(obj: Any, path: str = "$") -> tuple[str, float] | None:
@@ -286,8 +299,10 @@ def read_capped(path: str | os.PathLike, max_bytes: int, what: str = "a data fil
         if stat.S_ISDIR(st.st_mode):
             raise UserError(f"{path}: is a directory, expected {what}")
         if st.st_size > max_bytes:
-            raise UserError(f"{path}: {st.st_size:,} bytes, more than the {_size(max_bytes)} {what} may hold; "
-                            "not a file trainlab wrote")
+            raise UserError(
+                f"{path}: {st.st_size:,} bytes, more than the {_size(max_bytes)} {what} may hold; "
+                "not a file trainlab wrote"
+            )
         chunks, total = [], 0
         while total <= max_bytes:
             chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))

@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainlab.errors import UserError
 
-MAX_JSON_BYTES = 64 * 2**20   # larger than any file trainlab writes (a long run's metrics.jsonl: a few MB)
-MAX_DEPTH = 64                # trainlab's own files nest 6 levels at most
+MAX_JSON_BYTES = 64 * 2**20  # larger than any file trainlab writes (a long run's metrics.jsonl: a few MB)
+MAX_DEPTH = 64  # trainlab's own files nest 6 levels at most
 
 
 class Spec:
@@ -91,15 +92,19 @@ def _key(path: str, k: Any) -> str:
 
 def check(value: Any, spec: Spec, where: str, path: str = "") -> Any:
     """`value` if it fits `spec`; else a one-line `UserError`: `WHERE: KEYPATH must be WHAT, found X`."""
+
     def fail(what: str, found: str) -> UserError:
-        return UserError(f"{where}: {path} must be {what}, found {found}" if path else
-                         f"{where}: expected {what}, found {found}")
+        return UserError(
+            f"{where}: {path} must be {what}, found {found}" if path else f"{where}: expected {what}, found {found}"
+        )
 
     if isinstance(spec, Opt):
         return value if value is None else check(value, spec.inner, where, path)
     if not spec.test(value):
-        raise fail(spec.what if path else spec.what.replace("an object", "a JSON object"),
-                   _show(value) if path else type(value).__name__)
+        raise fail(
+            spec.what if path else spec.what.replace("an object", "a JSON object"),
+            _show(value) if path else type(value).__name__,
+        )
     if isinstance(spec, ListOf):
         if len(value) > spec.max_len:
             raise fail(f"{spec.what} with at most {spec.max_len:,} items", f"{len(value):,}")
@@ -134,8 +139,9 @@ def _too_deep(value: Any, limit: int) -> bool:
         if isinstance(v, (dict, list)):
             if depth > limit:
                 return True
-            stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v)
-                         if isinstance(c, (dict, list)))
+            stack.extend(
+                (c, depth + 1) for c in (v.values() if isinstance(v, dict) else v) if isinstance(c, (dict, list))
+            )
     return False
 
 

@@ -43,7 +43,7 @@ class StopOnSignal:
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> "StopOnSignal":
+    def __enter__(self) -> StopOnSignal:
         from trainlab.distributed.launch import LAUNCHER_ENV
 
         if os.environ.get(LAUNCHER_ENV):  # a worker of our launcher: the agent's SIGTERM ends it (docstring)
@@ -64,8 +64,12 @@ class StopOnSignal:
             signal.raise_signal(signum) if signum != signal.SIGINT else _interrupt()
             return
         self.signum = signum
-        print(f"trainlab: {signal.Signals(signum).name} received: stopping after this epoch's checkpoint "
-              "(send it again to stop at once)", file=sys.stderr, flush=True)
+        print(
+            f"trainlab: {signal.Signals(signum).name} received: stopping after this epoch's checkpoint "
+            "(send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def agreed(self, par=None) -> int | None:
         """The signal that stops the run, agreed by every rank (any rank's flag stops them all), or None."""
@@ -82,8 +86,11 @@ class StopOnSignal:
         """At an epoch boundary, after the checkpoint: raise `RunStopped` if a signal asked for it."""
         signum = self.agreed(par)
         if signum is not None and epochs_done < epochs:
-            raise RunStopped(f"stopped by {signal.Signals(signum).name} after epoch {epochs_done} of {epochs}; "
-                             f"its checkpoint is saved: continue with `trainlab train --resume {run_dir}`", signum)
+            raise RunStopped(
+                f"stopped by {signal.Signals(signum).name} after epoch {epochs_done} of {epochs}; "
+                f"its checkpoint is saved: continue with `trainlab train --resume {run_dir}`",
+                signum,
+            )
 
 
 def _interrupt():

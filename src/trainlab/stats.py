@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def summarize(samples: Sequence[float]) -> dict:
@@ -31,10 +31,17 @@ def format_spread(s: dict, scale: float = 1.0, unit: str = "") -> str:
     return f"{s['median'] * scale:.3g}{unit} [{s['p10'] * scale:.3g}–{s['p90'] * scale:.3g}]"
 
 
-def time_interleaved(fns: dict[str, Callable | Sequence[Callable]], warmup: int = 3, min_runs: int = 5,
-                     max_runs: int = 200, budget_s: float = 0.5, sync: Callable[[], None] = lambda: None,
-                     rounds: int | None = None, on_round: Callable[[int], None] | None = None,
-                     clock: Callable[[], float] = time.perf_counter) -> dict:
+def time_interleaved(
+    fns: dict[str, Callable | Sequence[Callable]],
+    warmup: int = 3,
+    min_runs: int = 5,
+    max_runs: int = 200,
+    budget_s: float = 0.5,
+    sync: Callable[[], None] = lambda: None,
+    rounds: int | None = None,
+    on_round: Callable[[int], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict:
     """Wall time of each entry of `fns`, taken round-robin (run 1 of every entry, then run 2, …) so that
     a change in machine load hits all alike: on a shared machine that matters more than the number
     of runs. An entry is a callable, or a sequence of phases run back to back and timed apiece (a
@@ -51,8 +58,11 @@ def time_interleaved(fns: dict[str, Callable | Sequence[Callable]], warmup: int 
                 step()
     sync()
     start, runs = time.perf_counter(), 0
-    while (runs < rounds if rounds is not None else
-           runs < max_runs and (runs < min_runs or time.perf_counter() - start < budget_s * len(fns))):
+    while (
+        runs < rounds
+        if rounds is not None
+        else runs < max_runs and (runs < min_runs or time.perf_counter() - start < budget_s * len(fns))
+    ):
         for name, steps in phases.items():
             for i, step in enumerate(steps):
                 sync()
@@ -63,5 +73,7 @@ def time_interleaved(fns: dict[str, Callable | Sequence[Callable]], warmup: int 
         runs += 1
         if on_round:
             on_round(runs)
-    return {k: [summarize(s) for s in v] if isinstance(fns[k], (list, tuple)) else summarize(v[0])
-            for k, v in samples.items()}
+    return {
+        k: [summarize(s) for s in v] if isinstance(fns[k], (list, tuple)) else summarize(v[0])
+        for k, v in samples.items()
+    }

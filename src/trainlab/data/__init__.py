@@ -15,6 +15,17 @@ from trainlab.data.loader import DeviceLoader, EpochSampler, epoch_permutation, 
 from trainlab.data.mnist import MEAN, MNIST, STD, MNISTArrays, load_mnist, normalize
 
 __all__ = [
-    "MEAN", "STD", "MNIST", "MNISTArrays", "load_mnist", "normalize", "read_idx", "write_idx",
-    "DeviceLoader", "EpochSampler", "epoch_permutation", "make_dataloader", "random_affine",
+    "MEAN",
+    "STD",
+    "MNIST",
+    "MNISTArrays",
+    "load_mnist",
+    "normalize",
+    "read_idx",
+    "write_idx",
+    "DeviceLoader",
+    "EpochSampler",
+    "epoch_permutation",
+    "make_dataloader",
+    "random_affine",
 ]

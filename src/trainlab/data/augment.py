@@ -56,21 +56,33 @@ class Distortion:
     p: float = 1.0
 
     def __post_init__(self):
-        checks = [("degrees", self.degrees, 0 <= self.degrees <= 180, "an angle in [0, 180]"),
-                  ("translate", self.translate, 0 <= self.translate < 1, "a fraction of the image in [0, 1)"),
-                  ("scale", self.scale, 0 <= self.scale < 1, "a zoom fraction in [0, 1)"),
-                  ("elastic-alpha", self.elastic_alpha, math.isfinite(self.elastic_alpha) and self.elastic_alpha >= 0,
-                   "a displacement scale >= 0 in pixels (0 = off)"),
-                  ("elastic-sigma", self.elastic_sigma, math.isfinite(self.elastic_sigma) and self.elastic_sigma > 0,
-                   "a Gaussian width > 0 in pixels"),
-                  ("p", self.p, 0 < self.p <= 1, "a probability in (0, 1]")]
+        checks = [
+            ("degrees", self.degrees, 0 <= self.degrees <= 180, "an angle in [0, 180]"),
+            ("translate", self.translate, 0 <= self.translate < 1, "a fraction of the image in [0, 1)"),
+            ("scale", self.scale, 0 <= self.scale < 1, "a zoom fraction in [0, 1)"),
+            (
+                "elastic-alpha",
+                self.elastic_alpha,
+                math.isfinite(self.elastic_alpha) and self.elastic_alpha >= 0,
+                "a displacement scale >= 0 in pixels (0 = off)",
+            ),
+            (
+                "elastic-sigma",
+                self.elastic_sigma,
+                math.isfinite(self.elastic_sigma) and self.elastic_sigma > 0,
+                "a Gaussian width > 0 in pixels",
+            ),
+            ("p", self.p, 0 < self.p <= 1, "a probability in (0, 1]"),
+        ]
         for name, value, ok, expected in checks:
             if not ok:  # NaN fails every comparison, so it lands here too
-                raise ConfigError(f"--{'augment-' if name in ('degrees', 'translate', 'scale', 'p') else ''}{name} {value:g}: "
-                                  f"expected {expected}")
+                raise ConfigError(
+                    f"--{'augment-' if name in ('degrees', 'translate', 'scale', 'p') else ''}{name} {value:g}: "
+                    f"expected {expected}"
+                )
 
     @classmethod
-    def of(cls, augment: "bool | Distortion") -> "Distortion":
+    def of(cls, augment: bool | Distortion) -> Distortion:
         """`True` → the default affine; `False` → nothing; a Distortion → itself."""
         return augment if isinstance(augment, Distortion) else cls(affine=bool(augment))
 
@@ -97,8 +109,13 @@ def seeded_generator(seed: int, *keys: int, stream: int = 0, device: torch.devic
     return torch.Generator(device=device).manual_seed(int(state))
 
 
-def affine_matrices(n: int, generator: torch.Generator, degrees: float = 15.0, translate: float = 0.1,
-                    scale: tuple[float, float] = (0.8, 1.2)) -> torch.Tensor:
+def affine_matrices(
+    n: int,
+    generator: torch.Generator,
+    degrees: float = 15.0,
+    translate: float = 0.1,
+    scale: tuple[float, float] = (0.8, 1.2),
+) -> torch.Tensor:
     """n random `affine_grid` matrices [n, 2, 3] (float32, CPU) mapping output to input coordinates."""
     u = torch.rand(n, 4, generator=generator, dtype=torch.float64)
     angle = (u[:, 0] * 2 - 1) * math.radians(degrees)
@@ -121,8 +138,9 @@ def gaussian_kernel1d(sigma: float, device=None, dtype=torch.float32) -> torch.T
     return (k / k.sum()).to(dtype)
 
 
-def elastic_displacement(n: int, height: int, width: int, alpha: float, sigma: float, generator: torch.Generator,
-                         device=None) -> torch.Tensor:
+def elastic_displacement(
+    n: int, height: int, width: int, alpha: float, sigma: float, generator: torch.Generator, device=None
+) -> torch.Tensor:
     """n random displacement fields [n, H, W, 2] in pixels, (dx, dy) per output pixel (Simard et al. 2003).
 
     Uniform noise in [-1, 1] per pixel and axis, smoothed by a separable Gaussian of width σ with zero
@@ -137,7 +155,7 @@ def elastic_displacement(n: int, height: int, width: int, alpha: float, sigma: f
     return (alpha * smooth).permute(0, 2, 3, 1)
 
 
-@functools.lru_cache(maxsize=16)   # the same few (size, σ, device) every batch: build each once (never mutated)
+@functools.lru_cache(maxsize=16)  # the same few (size, σ, device) every batch: build each once (never mutated)
 def gaussian_blur_matrix(size: int, sigma: float, device=None) -> torch.Tensor:
     """[size, size] matrix M with (M @ v)[i] = Σ_j k[j − i] v[j]: a 1-D Gaussian blur of v, zeros outside."""
     k = gaussian_kernel1d(sigma, device=device)
@@ -147,8 +165,9 @@ def gaussian_blur_matrix(size: int, sigma: float, device=None) -> torch.Tensor:
     return torch.where(inside, k[(offset + r).clamp(0, len(k) - 1)], torch.zeros((), device=device))
 
 
-def apply_affine(x: torch.Tensor, theta: torch.Tensor, fill: float = 0.0,
-                 displacement: torch.Tensor | None = None) -> torch.Tensor:
+def apply_affine(
+    x: torch.Tensor, theta: torch.Tensor, fill: float = 0.0, displacement: torch.Tensor | None = None
+) -> torch.Tensor:
     """Warp a batch x [n, C, H, W] by matrices theta [n, 2, 3]; pixels from outside get `fill`.
 
     `displacement` [n, H, W, 2] (pixels, from `elastic_displacement`) moves each output pixel's sampling
@@ -172,8 +191,14 @@ def identity_matrices(n: int) -> torch.Tensor:
     return torch.eye(2, 3).expand(n, 2, 3)
 
 
-def random_affine(x: torch.Tensor, generator: torch.Generator, degrees: float = 15.0, translate: float = 0.1,
-                  scale: tuple[float, float] = (0.8, 1.2), fill: float = 0.0) -> torch.Tensor:
+def random_affine(
+    x: torch.Tensor,
+    generator: torch.Generator,
+    degrees: float = 15.0,
+    translate: float = 0.1,
+    scale: tuple[float, float] = (0.8, 1.2),
+    fill: float = 0.0,
+) -> torch.Tensor:
     """RandomAffine(degrees, (translate, translate), scale) on every image of x [n, C, H, W]."""
     theta = affine_matrices(x.shape[0], generator, degrees, translate, scale)
     return apply_affine(x, theta, fill)

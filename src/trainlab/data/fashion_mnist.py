@@ -36,8 +36,10 @@ DECOMPRESSED_MD5 = {
     "test_labels": "15d484375f8d13e6eb1aabb0c3f46965",
 }
 
-MISSING_HINT = (f"install the Debian package {DEBIAN_PACKAGE} (apt-get install {DEBIAN_PACKAGE}, files in {DEFAULT_DIR}) "
-                f"or pass --data-dir DIR (the four IDX files, .gz or plain, in DIR, DIR/raw or DIR/{TORCHVISION_NAME}/raw)")
+MISSING_HINT = (
+    f"install the Debian package {DEBIAN_PACKAGE} (apt-get install {DEBIAN_PACKAGE}, files in {DEFAULT_DIR}) "
+    f"or pass --data-dir DIR (the four IDX files, .gz or plain, in DIR, DIR/raw or DIR/{TORCHVISION_NAME}/raw)"
+)
 
 
 def decompressed_md5(arrays: MNISTArrays) -> dict[str, str]:
@@ -54,7 +56,9 @@ def load_fashion_mnist(data_dir: str | os.PathLike | None = None) -> MNISTArrays
     arrays = load_idx_dir(folder, what="Fashion-MNIST", torchvision_name=TORCHVISION_NAME, hint=MISSING_HINT)
     for key, digest in decompressed_md5(arrays).items():
         if digest != DECOMPRESSED_MD5[key]:
-            raise DataError(f"{arrays.paths[key]}: not the Fashion-MNIST {key.replace('_', ' ')} file (decompressed md5 "
-                            f"{digest}, expected {DECOMPRESSED_MD5[key]}); {MISSING_HINT}")
+            raise DataError(
+                f"{arrays.paths[key]}: not the Fashion-MNIST {key.replace('_', ' ')} file (decompressed md5 "
+                f"{digest}, expected {DECOMPRESSED_MD5[key]}); {MISSING_HINT}"
+            )
     arrays.source = f"Fashion-MNIST, {arrays.source} (decompressed md5s verified)"
     return arrays

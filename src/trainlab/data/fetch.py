@@ -73,13 +73,17 @@ def _download(url: str, timeout: float) -> bytes:
         chunks, done = [], 0
         bar = progress_bar(total=total or None, unit="B", unit_scale=True, desc=url.rsplit("/", 1)[-1], leave=False)
         if total > MAX_DOWNLOAD_BYTES:
-            raise ValueError(f"declares {total:,} bytes, more than the {MAX_DOWNLOAD_BYTES // 2**20} MiB an MNIST file has")
+            raise ValueError(
+                f"declares {total:,} bytes, more than the {MAX_DOWNLOAD_BYTES // 2**20} MiB an MNIST file has"
+            )
         for chunk in iter(lambda: response.read(_CHUNK), b""):
             chunks.append(chunk)
             done += len(chunk)
             if done > MAX_DOWNLOAD_BYTES:
                 bar.close()
-                raise ValueError(f"sent more than the {MAX_DOWNLOAD_BYTES // 2**20} MiB an MNIST file has; stopped reading")
+                raise ValueError(
+                    f"sent more than the {MAX_DOWNLOAD_BYTES // 2**20} MiB an MNIST file has; stopped reading"
+                )
             bar.update(len(chunk))
         bar.close()
     return b"".join(chunks)
@@ -112,8 +116,9 @@ def fetch_file(name: str, expected_md5: str, dest: Path, mirrors=MIRRORS, timeou
     raise DataError(f"{target}: download failed from every mirror ({'; '.join(errors)})")
 
 
-def fetch_mnist(dest: str | os.PathLike, mirrors=MIRRORS, files: dict[str, str] | None = None,
-                timeout: float = 60.0) -> list[Path]:
+def fetch_mnist(
+    dest: str | os.PathLike, mirrors=MIRRORS, files: dict[str, str] | None = None, timeout: float = 60.0
+) -> list[Path]:
     """Download the four official MNIST .gz files into `dest` (checksum-verified, atomic, skip if present)."""
     dest = user_path(dest, "--dir")
     created = not dest.exists()

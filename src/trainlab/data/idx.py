@@ -71,8 +71,10 @@ def _parse_dims(head: bytes, total: int, name: str) -> tuple[tuple[int, ...], in
 
 def _check_limit(dims: tuple[int, ...], name: str) -> None:
     if math.prod(dims) > MAX_DATA_BYTES:
-        raise DataError(f"{name}: dims {list(dims)} declare {math.prod(dims)} data bytes, more than the "
-                        f"{MAX_DATA_BYTES >> 20} MiB an MNIST-like IDX file may hold; refusing to allocate it")
+        raise DataError(
+            f"{name}: dims {list(dims)} declare {math.prod(dims)} data bytes, more than the "
+            f"{MAX_DATA_BYTES >> 20} MiB an MNIST-like IDX file may hold; refusing to allocate it"
+        )
 
 
 def _read_gzip(f, name: str) -> np.ndarray:
@@ -88,16 +90,19 @@ def _read_gzip(f, name: str) -> np.ndarray:
         _check_limit(dims, name)
         total = header + math.prod(dims)
         if total > compressed * DEFLATE_MAX_RATIO:
-            raise DataError(f"{name}: corrupt or truncated gzip data: dims {list(dims)} declare {total} bytes, more "
-                            f"than a {compressed}-byte gzip file can hold (deflate expands at most {DEFLATE_MAX_RATIO}x)")
+            raise DataError(
+                f"{name}: corrupt or truncated gzip data: dims {list(dims)} declare {total} bytes, more "
+                f"than a {compressed}-byte gzip file can hold (deflate expands at most {DEFLATE_MAX_RATIO}x)"
+            )
         buf = bytearray(total)
-        buf[:len(head)] = head
+        buf[: len(head)] = head
         view, filled = memoryview(buf), len(head)
         while filled < total:
             n = gz.readinto(view[filled:])
             if not n:
-                raise DataError(f"{name}: truncated: dims {list(dims)} need {total - header} data bytes, "
-                                f"found {filled - header}")
+                raise DataError(
+                    f"{name}: truncated: dims {list(dims)} need {total - header} data bytes, found {filled - header}"
+                )
             filled += n
         if gz.read(1):
             raise DataError(f"{name}: unexpected trailing bytes after dims {list(dims)}")

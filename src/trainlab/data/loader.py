@@ -9,13 +9,21 @@ order from `epoch_permutation(n, seed, epoch)`, a pure function of its arguments
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from trainlab.data.augment import (AUGMENT_STREAM, ELASTIC_STREAM, SHUFFLE_STREAM, Distortion, apply_affine,
-                                   elastic_displacement, identity_matrices, seeded_generator)
+from trainlab.data.augment import (
+    AUGMENT_STREAM,
+    ELASTIC_STREAM,
+    SHUFFLE_STREAM,
+    Distortion,
+    apply_affine,
+    elastic_displacement,
+    identity_matrices,
+    seeded_generator,
+)
 from trainlab.data.mnist import BACKGROUND, MNIST, normalize
 from trainlab.errors import ConfigError
 
@@ -25,8 +33,9 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=seeded_generator(seed, epoch, stream=SHUFFLE_STREAM))
 
 
-def shard_bounds(n: int, rank: int, world_size: int, start: int = 0,
-                 shares: tuple[float, ...] | None = None) -> tuple[int, int]:
+def shard_bounds(
+    n: int, rank: int, world_size: int, start: int = 0, shares: tuple[float, ...] | None = None
+) -> tuple[int, int]:
     """Rows [lo, hi) of `rank` when n rows starting at `start` are split into `world_size` contiguous
     shards whose sizes differ by at most one (the first ranks get the smaller ones); with `shares`
     (one positive number per rank, `--shard-weights`), shard sizes proportional to them instead."""
@@ -58,20 +67,36 @@ class DeviceLoader:
     generator seeded by (seed, epoch, batch start), so it too is resumable and independent of world size.
     """
 
-    def __init__(self, images_uint8, labels, batch_size: int, device, shuffle: bool = True, seed: int = 0,
-                 augment: bool | Distortion = False, drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                 shares: tuple[float, ...] | None = None, warmup_batch_size: int | None = None,
-                 warmup_images: int = 0):
+    def __init__(
+        self,
+        images_uint8,
+        labels,
+        batch_size: int,
+        device,
+        shuffle: bool = True,
+        seed: int = 0,
+        augment: bool | Distortion = False,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        shares: tuple[float, ...] | None = None,
+        warmup_batch_size: int | None = None,
+        warmup_images: int = 0,
+    ):
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
         if warmup_batch_size is not None and not world_size <= warmup_batch_size:
-            raise ConfigError(f"--warmup-batch-size {warmup_batch_size} is smaller than the world size {world_size}: "
-                              "every rank needs at least one row of each global batch")
+            raise ConfigError(
+                f"--warmup-batch-size {warmup_batch_size} is smaller than the world size {world_size}: "
+                "every rank needs at least one row of each global batch"
+            )
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is not valid for world size {world_size}")
         if batch_size < world_size:
-            raise ConfigError(f"--batch-size {batch_size} is smaller than the world size {world_size}: "
-                              "every rank needs at least one row of each global batch")
+            raise ConfigError(
+                f"--batch-size {batch_size} is smaller than the world size {world_size}: "
+                "every rank needs at least one row of each global batch"
+            )
         images, labels = _as_tensor(images_uint8), _as_tensor(labels)
         if images.dtype != torch.uint8 or images.ndim != 3:
             raise ValueError(f"images must be uint8 [N, H, W], got {images.dtype} {list(images.shape)}")
@@ -96,11 +121,19 @@ class DeviceLoader:
         if shares is not None:
             shares = tuple(float(w) for w in shares)
             if len(shares) != self.world_size or min(shares) <= 0:
-                raise ConfigError(f"shard weights {list(shares)}: expected {self.world_size} positive numbers, one per rank")
-            empty = [r for r in range(self.world_size) if len(range(*shard_bounds(self.batch_size, r, self.world_size, 0, shares))) == 0]
+                raise ConfigError(
+                    f"shard weights {list(shares)}: expected {self.world_size} positive numbers, one per rank"
+                )
+            empty = [
+                r
+                for r in range(self.world_size)
+                if len(range(*shard_bounds(self.batch_size, r, self.world_size, 0, shares))) == 0
+            ]
             if empty:
-                raise ConfigError(f"--shard-weights {','.join(f'{w:g}' for w in shares)}: rank {empty[0]} would get no image of a "
-                                  f"global batch of {self.batch_size}; raise --batch-size or that rank's weight")
+                raise ConfigError(
+                    f"--shard-weights {','.join(f'{w:g}' for w in shares)}: rank {empty[0]} would get no image of a "
+                    f"global batch of {self.batch_size}; raise --batch-size or that rank's weight"
+                )
         self.shares = shares
 
     def bounds(self, n: int, start: int = 0) -> tuple[int, int]:
@@ -122,9 +155,14 @@ class DeviceLoader:
         bounds += [(i, min(i + self.batch_size, self.n)) for i in range(start, self.n, self.batch_size)]
         if bounds and (bounds[-1][1] - bounds[-1][0] < (self.batch_size if self.drop_last else self.world_size)):
             bounds.pop()
-        elif bounds and self.shares is not None and any(
+        elif (
+            bounds
+            and self.shares is not None
+            and any(
                 len(range(*shard_bounds(bounds[-1][1] - bounds[-1][0], r, self.world_size, 0, self.shares))) == 0
-                for r in range(self.world_size)):
+                for r in range(self.world_size)
+            )
+        ):
             bounds.pop()  # a weighted split of the short last batch would leave a rank without rows
         return bounds
 
@@ -172,7 +210,7 @@ class DeviceLoader:
             if theta is not None:
                 displacement = None
                 if self.distortion.elastic_alpha > 0:
-                    displacement = self._elastic(start, stop - start)[lo - start:hi - start]
+                    displacement = self._elastic(start, stop - start)[lo - start : hi - start]
                     if selected is not None:
                         displacement = displacement * selected[lo:hi].view(-1, 1, 1, 1)
                 x = apply_affine(x, theta[lo:hi], fill=BACKGROUND, displacement=displacement)
@@ -217,8 +255,15 @@ class EpochDataLoader(torch.utils.data.DataLoader):
             dataset.set_epoch(epoch)
 
 
-def make_dataloader(dataset: MNIST, batch_size: int, shuffle: bool = True, seed: int = 0, workers: int = 0,
-                    pin_memory: bool = False, drop_last: bool = False) -> EpochDataLoader:
+def make_dataloader(
+    dataset: MNIST,
+    batch_size: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    workers: int = 0,
+    pin_memory: bool = False,
+    drop_last: bool = False,
+) -> EpochDataLoader:
     """The standard per-sample path: `dataset` through a DataLoader with `workers` processes.
 
     Sample order comes from `EpochSampler`, so with augmentation off the batches equal
@@ -228,5 +273,11 @@ def make_dataloader(dataset: MNIST, batch_size: int, shuffle: bool = True, seed:
         raise ConfigError(f"--batch-size must be a positive integer, got {batch_size}")
     if workers < 0:
         raise ConfigError(f"--workers must be >= 0, got {workers}")
-    return EpochDataLoader(dataset, batch_size=batch_size, sampler=EpochSampler(len(dataset), shuffle, seed),
-                           num_workers=workers, pin_memory=pin_memory, drop_last=drop_last)
+    return EpochDataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=EpochSampler(len(dataset), shuffle, seed),
+        num_workers=workers,
+        pin_memory=pin_memory,
+        drop_last=drop_last,
+    )

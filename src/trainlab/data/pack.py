@@ -30,7 +30,7 @@ from trainlab.errors import DataError
 from trainlab.io import atomic_write_bytes, input_problem
 from trainlab.schema import loads
 
-PACK_NAME = "mnist.npz"   # the file name looked for in the cache folder
+PACK_NAME = "mnist.npz"  # the file name looked for in the cache folder
 PACK_FORMAT = 1
 KEYS = ("train_images", "train_labels", "test_images", "test_labels")
 
@@ -41,8 +41,12 @@ def sha256(array: np.ndarray) -> str:
 
 def write_pack(path: str | os.PathLike, arrays: dict[str, np.ndarray], source: str) -> Path:
     """Write `arrays` (the four MNIST keys, uint8) and their manifest to `path`, atomically."""
-    manifest = {"format": PACK_FORMAT, "source": source, "sha256": {k: sha256(arrays[k]) for k in KEYS},
-                "shapes": {k: list(arrays[k].shape) for k in KEYS}}
+    manifest = {
+        "format": PACK_FORMAT,
+        "source": source,
+        "sha256": {k: sha256(arrays[k]) for k in KEYS},
+        "shapes": {k: list(arrays[k].shape) for k in KEYS},
+    }
     buf = io.BytesIO()
     np.savez_compressed(buf, manifest=np.array(json.dumps(manifest)), **{k: arrays[k] for k in KEYS})
     try:
@@ -57,19 +61,25 @@ def _check_sizes(path: Path) -> None:
     with zipfile.ZipFile(path) as zf:
         members = zf.infolist()
         declared = sum(m.file_size for m in members)
-        if declared > 5 * MAX_DATA_BYTES or any(m.file_size > max(1, m.compress_size) * DEFLATE_MAX_RATIO + 1024
-                                                 for m in members):
-            raise DataError(f"{path}: members declare {declared} bytes uncompressed from a {compressed}-byte file; "
-                            "not a trainlab MNIST pack (damaged or crafted)")
+        if declared > 5 * MAX_DATA_BYTES or any(
+            m.file_size > max(1, m.compress_size) * DEFLATE_MAX_RATIO + 1024 for m in members
+        ):
+            raise DataError(
+                f"{path}: members declare {declared} bytes uncompressed from a {compressed}-byte file; "
+                "not a trainlab MNIST pack (damaged or crafted)"
+            )
         for m in members:
             with zf.open(m) as f:
                 version = np.lib.format.read_magic(f)
-                shape, _, dtype = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                                   else np.lib.format.read_array_header_2_0)(f)
+                shape, _, dtype = (
+                    np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                )(f)
             need = int(np.prod(shape, dtype=object)) * dtype.itemsize
             if need > MAX_DATA_BYTES or need > m.file_size:
-                raise DataError(f"{path}: {m.filename} declares shape {list(shape)} ({need} bytes) in a "
-                                f"{m.file_size}-byte member; damaged or crafted")
+                raise DataError(
+                    f"{path}: {m.filename} declares shape {list(shape)} ({need} bytes) in a "
+                    f"{m.file_size}-byte member; damaged or crafted"
+                )
 
 
 def read_pack(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
@@ -84,12 +94,16 @@ def read_pack(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
             names = set(npz.files)
             missing = [k for k in ("manifest", *KEYS) if k not in names]
             if missing:
-                raise DataError(f"{path}: not a trainlab MNIST pack (missing {', '.join(missing)}); "
-                                "make one with `trainlab data pack OUT`")
+                raise DataError(
+                    f"{path}: not a trainlab MNIST pack (missing {', '.join(missing)}); "
+                    "make one with `trainlab data pack OUT`"
+                )
             manifest = loads(str(npz["manifest"]), f"{path} (its manifest)")
             if not isinstance(manifest, dict) or not isinstance(manifest.get("sha256", {}), dict):
-                raise DataError(f"{path}: the pack's manifest is a JSON {type(manifest).__name__}, expected an object "
-                                "with format, source and sha256; repack it with `trainlab data pack`")
+                raise DataError(
+                    f"{path}: the pack's manifest is a JSON {type(manifest).__name__}, expected an object "
+                    "with format, source and sha256; repack it with `trainlab data pack`"
+                )
             arrays = {k: npz[k] for k in KEYS}
     except FileNotFoundError:
         raise DataError(f"{path}: MNIST pack not found") from None
@@ -101,6 +115,8 @@ def read_pack(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
         if arrays[k].dtype != np.uint8:
             raise DataError(f"{path}: {k} has dtype {arrays[k].dtype}, expected uint8")
         if sha256(arrays[k]) != manifest.get("sha256", {}).get(k):
-            raise DataError(f"{path}: {k} does not match the checksum in the pack's manifest "
-                            "(damaged or edited); repack it with `trainlab data pack`")
+            raise DataError(
+                f"{path}: {k} does not match the checksum in the pack's manifest "
+                "(damaged or edited); repack it with `trainlab data pack`"
+            )
     return arrays, manifest

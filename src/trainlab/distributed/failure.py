@@ -15,8 +15,19 @@ from trainlab.errors import HardwareError
 class PeerFailure(HardwareError):
     """This rank's collective failed because of another rank: the launcher prefers that rank's cause."""
 
-PEER_FAILURE_MARKERS = ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "socket", "broken pipe",
-                        "communicator was aborted", "watchdog")
+
+PEER_FAILURE_MARKERS = (
+    "gloo",
+    "nccl",
+    "connection",
+    "timed out",
+    "timeout",
+    "peer",
+    "socket",
+    "broken pipe",
+    "communicator was aborted",
+    "watchdog",
+)
 
 
 def raise_if_peer_failure(exc: BaseException, rank: int, world_size: int, timeout_s: float) -> None:
@@ -31,4 +42,5 @@ def raise_if_peer_failure(exc: BaseException, rank: int, world_size: int, timeou
         raise PeerFailure(
             f"rank {rank}/{world_size}: a collective failed: another rank died or stalled longer than the "
             f"{timeout_s:g} s process-group timeout (another rank crashed, was killed or hung; its own log has the "
-            f"cause; --dist-timeout sets the timeout): {first}") from exc
+            f"cause; --dist-timeout sets the timeout): {first}"
+        ) from exc

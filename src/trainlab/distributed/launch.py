@@ -49,13 +49,13 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from trainlab.errors import ConfigError, HardwareError
 from trainlab.device import check_process_count, resolve_device
+from trainlab.errors import ConfigError, HardwareError
 from trainlab.io import atomic_write_json, atomic_write_text
 
 DEFAULT_TIMEOUT_S = 120.0  # long enough for a slow first NCCL init, short enough that a hang is noticed
 TIMEOUT_ENV = "TRAINLAB_DIST_TIMEOUT_S"  # process-group timeout; set by `trainlab train --dist-timeout`
-LAUNCHER_ENV = "TRAINLAB_LAUNCHER"       # set for the workers of `launch_workers`: their errors go to the agent
+LAUNCHER_ENV = "TRAINLAB_LAUNCHER"  # set for the workers of `launch_workers`: their errors go to the agent
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # the agent's per-rank error file (torch.distributed.elastic)
 SHUTDOWN_GRACE_S = 3  # after one rank fails, the others get SIGTERM and this long before SIGKILL
 _group_timeout_s = DEFAULT_TIMEOUT_S  # the timeout of the group this process joined (init_distributed)
@@ -69,7 +69,7 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
-    timeout_s: float = 120.0   # the process group's collective timeout
+    timeout_s: float = 120.0  # the process group's collective timeout
 
     @property
     def is_main(self) -> bool:
@@ -107,8 +107,9 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None,
     if not dist.is_initialized():
         backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
         kwargs = {"device_id": dev} if dev.type == "cuda" else {}
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s), **kwargs)
+        dist.init_process_group(
+            backend=backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s), **kwargs
+        )
         global _group_timeout_s
         _group_timeout_s = timeout_s  # the end barrier waits as long as any collective would
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, timeout_s=timeout_s)
@@ -163,8 +164,10 @@ def end_worker(code: int) -> NoReturn:
         problem = _end_barrier(_group_timeout_s)
         if problem is not None:
             rank, world = dist.get_rank(), dist.get_world_size()
-            line = (f"trainlab: error: rank {rank}/{world}: the results are written, but another rank did not reach "
-                    f"the end of the run: {problem}")
+            line = (
+                f"trainlab: error: rank {rank}/{world}: the results are written, but another rank did not reach "
+                f"the end of the run: {problem}"
+            )
             code = 2
             if not record_worker_error(line, code, peer=True):
                 print(line, file=sys.stderr)
@@ -196,7 +199,7 @@ def _end_barrier(timeout_s: float) -> str | None:
     return None
 
 
-TEST_END_ENV = "TRAINLAB_TEST_END"        # tests only: "RANK:hang" or "RANK:kill" — that rank stops at its end
+TEST_END_ENV = "TRAINLAB_TEST_END"  # tests only: "RANK:hang" or "RANK:kill" — that rank stops at its end
 TEST_END_MARK_ENV = "TRAINLAB_TEST_END_MARK"  # tests only: file that receives the time of that event
 
 
@@ -259,8 +262,16 @@ def worker_command(nproc: int, spec_path: str | os.PathLike, environ=None) -> li
     """`trainlab worker SPEC` in this Python: directly for one process, under torchrun for several
     (on every node of a multi-node SLURM job, with the rendezvous `slurm_rendezvous` reads)."""
     if nproc > 1:
-        return [sys.executable, "-m", "torch.distributed.run", *torchrun_args(nproc, environ),
-                "-m", "trainlab", "worker", os.fspath(spec_path)]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *torchrun_args(nproc, environ),
+            "-m",
+            "trainlab",
+            "worker",
+            os.fspath(spec_path),
+        ]
     return [sys.executable, "-m", "trainlab", "worker", os.fspath(spec_path)]
 
 
@@ -320,7 +331,7 @@ class Rendezvous:
     """Where the nodes of one job meet: torchrun's c10d rendezvous on the job's first node."""
 
     nnodes: int
-    endpoint: str   # host:port
+    endpoint: str  # host:port
     run_id: str
 
 
@@ -362,18 +373,35 @@ def torchrun_args(nproc: int, environ=None) -> list[str]:
     rdzv = slurm_rendezvous(environ)
     if rdzv is None:
         return ["--standalone", f"--nproc-per-node={nproc}"]
-    return [f"--nnodes={rdzv.nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id={rdzv.run_id}"]
+    return [
+        f"--nnodes={rdzv.nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rdzv.endpoint}",
+        f"--rdzv-id={rdzv.run_id}",
+    ]
 
 
 def launch_config_kwargs(nproc: int, environ=None) -> dict:
     """The elastic agent's LaunchConfig (the same rendezvous as `torchrun_args`)."""
     rdzv = slurm_rendezvous(environ)
     if rdzv is None:
-        return {"min_nodes": 1, "max_nodes": 1, "nproc_per_node": nproc, "run_id": f"trainlab-{uuid.uuid4()}",
-                "rdzv_backend": "c10d", "rdzv_endpoint": "localhost:0"}
-    return {"min_nodes": rdzv.nnodes, "max_nodes": rdzv.nnodes, "nproc_per_node": nproc, "run_id": rdzv.run_id,
-            "rdzv_backend": "c10d", "rdzv_endpoint": rdzv.endpoint}
+        return {
+            "min_nodes": 1,
+            "max_nodes": 1,
+            "nproc_per_node": nproc,
+            "run_id": f"trainlab-{uuid.uuid4()}",
+            "rdzv_backend": "c10d",
+            "rdzv_endpoint": "localhost:0",
+        }
+    return {
+        "min_nodes": rdzv.nnodes,
+        "max_nodes": rdzv.nnodes,
+        "nproc_per_node": nproc,
+        "run_id": rdzv.run_id,
+        "rdzv_backend": "c10d",
+        "rdzv_endpoint": rdzv.endpoint,
+    }
 
 
 def launch_workers(nproc: int, worker: str, **payload) -> int:
@@ -388,10 +416,15 @@ def launch_workers(nproc: int, worker: str, **payload) -> int:
     with tempfile.TemporaryDirectory(prefix="trainlab_spec_") as tmp:
         spec = write_spec(Path(tmp) / f"{worker}.json", worker, **payload)
         args = ["-u", "-m", "trainlab", "worker", os.fspath(spec)]
-        print(f"launching {nproc} workers (torch.distributed elastic agent): {sys.executable} {' '.join(args)}",
-              flush=True)
-        grace = {"shutdown_timeout": SHUTDOWN_GRACE_S} if "shutdown_timeout" in {
-            f.name for f in dataclasses.fields(LaunchConfig)} else {}
+        print(
+            f"launching {nproc} workers (torch.distributed elastic agent): {sys.executable} {' '.join(args)}",
+            flush=True,
+        )
+        grace = (
+            {"shutdown_timeout": SHUTDOWN_GRACE_S}
+            if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
+            else {}
+        )
         config = LaunchConfig(**launch_config_kwargs(nproc), max_restarts=0, monitor_interval=0.1, **grace)
         env = {LAUNCHER_ENV: "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(SHUTDOWN_GRACE_S)}
         if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
@@ -462,8 +495,11 @@ def _stopped_children_with_sigterm_pending() -> list[int]:
         with contextlib.suppress(OSError):
             for pid in map(int, children.read_text().split()):
                 with contextlib.suppress(OSError, ValueError, KeyError):
-                    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                                  if ":" in line)
+                    status = dict(
+                        line.split(":", 1)
+                        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if ":" in line
+                    )
                     pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
                     if status["State"].split()[0] == "T" and pending & term:
                         found.append(pid)
@@ -478,8 +514,15 @@ def record_worker_error(line: str, code: int, peer: bool = False) -> bool:
         return False
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {"message": line, "timestamp": int(time.time()),   # the agent never reads half of it
-                                 "trainlab": {"line": line, "code": code, "peer": peer}}, private=True)
+        atomic_write_json(
+            path,
+            {
+                "message": line,
+                "timestamp": int(time.time()),  # the agent never reads half of it
+                "trainlab": {"line": line, "code": code, "peer": peer},
+            },
+            private=True,
+        )
     except OSError:
         return False
     return True
@@ -491,6 +534,7 @@ def describe_failure(failures: dict, world_size: int) -> tuple[str, int]:
     The root cause, in this order: a rank's own error (its trainlab line); a rank killed by a signal or
     gone without a word (`os._exit`, a segfault); a rank that timed out waiting for the others (then the
     SIGTERM'd ranks are the ones that hung). SIGTERM'd ranks are the agent's own clean-up, not causes."""
+
     def record(f) -> dict:
         data = f.error_file_data.get("trainlab") if isinstance(f.error_file_data, dict) else None
         return data if isinstance(data, dict) else {}
@@ -505,8 +549,11 @@ def describe_failure(failures: dict, world_size: int) -> tuple[str, int]:
     peers = [r for r in ranks if record(failures[r]).get("peer")]
     if gone:
         r, f = gone[0], failures[gone[0]]
-        how = (f"was killed by {f.signal_name()} (signal {-f.exitcode})" if f.exitcode < 0 else
-               f"exited with code {f.exitcode} without an error message")
+        how = (
+            f"was killed by {f.signal_name()} (signal {-f.exitcode})"
+            if f.exitcode < 0
+            else f"exited with code {f.exitcode} without an error message"
+        )
         hint = " — often the kernel's out-of-memory killer" if f.exitcode == -signal.SIGKILL else ""
         rest = "; the other ranks were stopped" if world_size > 1 else ""
         return f"trainlab: error: rank {r}/{world_size} {how}{hint}{rest}", 2

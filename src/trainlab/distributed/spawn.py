@@ -28,8 +28,9 @@ class SpawnError(RuntimeError):
 
 
 def _spawn_entry(rank, fn, world_size, port, result_dir, pg_timeout_s, threads, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(threads)
     path = os.path.join(result_dir, f"rank{rank}.pt")
     try:
@@ -43,8 +44,9 @@ def _spawn_entry(rank, fn, world_size, port, result_dir, pg_timeout_s, threads, 
     end_worker(code)  # as every worker ends: the result is saved; barrier (on success); no destructors
 
 
-def spawn_for_test(fn, world_size: int, *args, timeout_s: float = 120.0, pg_timeout_s: float = 60.0,
-                   threads: int = 1) -> list:
+def spawn_for_test(
+    fn, world_size: int, *args, timeout_s: float = 120.0, pg_timeout_s: float = 60.0, threads: int = 1
+) -> list:
     """Run ``fn(DistInfo, *args)`` in `world_size` fresh processes on CPU with gloo on a free local port.
 
     Returns the list of per-rank return values (they must be picklable with torch.save). Raises
@@ -55,8 +57,13 @@ def spawn_for_test(fn, world_size: int, *args, timeout_s: float = 120.0, pg_time
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="trainlab_spawn_") as result_dir:
-        ctx = mp.start_processes(_spawn_entry, args=(fn, world_size, port, result_dir, pg_timeout_s, threads, args),
-                                 nprocs=world_size, join=False, start_method="spawn")
+        ctx = mp.start_processes(
+            _spawn_entry,
+            args=(fn, world_size, port, result_dir, pg_timeout_s, threads, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
         deadline = time.monotonic() + timeout_s
         failure = None
         try:

@@ -22,7 +22,9 @@ def wrap_ddp(model: nn.Module, device: torch.device, process_group=None, **ddp_k
     """
     device = torch.device(device)
     model = model.to(device)
-    device_ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
+    device_ids = (
+        [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
+    )
     return DDP(model, device_ids=device_ids, process_group=process_group, **ddp_kwargs)
 
 
@@ -30,7 +32,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     """The plain module under any stack of torch.compile / DDP / nn.DataParallel wrappers (state-dict
     keys without the 'module.' / '_orig_mod.' prefixes). FSDP2 shards in place: nothing to unwrap."""
     while True:
-        if hasattr(model, "_orig_mod"):          # torch.compile's OptimizedModule
+        if hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
             model = model._orig_mod
         elif isinstance(model, (DDP, nn.DataParallel)):
             model = model.module

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from trainlab.errors import ConfigError, UserError
 from trainlab.flags import Config, opt, output_dir, positive
@@ -45,7 +45,7 @@ class Change:
     name: str
     label: str
     apply: Callable[[GPTBenchConfig], GPTBenchConfig]
-    ours_only: bool = False   # a lever of our model: alone, it also needs our model
+    ours_only: bool = False  # a lever of our model: alone, it also needs our model
 
 
 CHANGES: tuple[Change, ...] = (
@@ -61,14 +61,27 @@ CHANGES: tuple[Change, ...] = (
     Change("max-micro-batch", "largest micro-batch that fits (planner)", lambda c: replace(c, micro_batch_auto=True)),
 )
 GROUPS = ("baseline", "alone", "cumulative", "peer", "separate")
-FP8_NOT_MEASURED = ("not implemented: no FP8 path in trainlab (Transformer Engine is not a dependency and not "
-                    "in the GPU image; a torch._scaled_mm rewrite of the Linears is not written)")
+FP8_NOT_MEASURED = (
+    "not implemented: no FP8 path in trainlab (Transformer Engine is not a dependency and not "
+    "in the GPU image; a torch._scaled_mm rewrite of the Linears is not written)"
+)
 
 
 def baseline(bench: GPTBenchConfig) -> GPTBenchConfig:
     """The handout's training: HF's model, fp32, TF32 off, checkpointing, the loop's AdamW."""
-    return replace(bench, impl="hf", strategy="ckpt", tf32="off", fused_optimizer=False, vocab_multiple=1,
-                   fused_qkv=False, loss="cross_entropy", micro_batch_auto=False, json=None, out=None)
+    return replace(
+        bench,
+        impl="hf",
+        strategy="ckpt",
+        tf32="off",
+        fused_optimizer=False,
+        vocab_multiple=1,
+        fused_qkv=False,
+        loss="cross_entropy",
+        micro_batch_auto=False,
+        json=None,
+        out=None,
+    )
 
 
 def peer(bench: GPTBenchConfig) -> GPTBenchConfig:
@@ -92,25 +105,57 @@ def rows_for(bench: GPTBenchConfig, changes: list[str], groups: list[str]) -> li
         return cfg
 
     if "baseline" in groups:
-        rows.append({"label": "handout's baseline (HF GPT2LMHeadModel, fp32, TF32 off, checkpointing)",
-                     "group": "baseline", "changes": [], "config": base})
+        rows.append(
+            {
+                "label": "handout's baseline (HF GPT2LMHeadModel, fp32, TF32 off, checkpointing)",
+                "group": "baseline",
+                "changes": [],
+                "config": base,
+            }
+        )
     first, rest = chosen[:1], chosen[1:]
     if "alone" in groups:
         for ch in rest:
             with_ours = [by_name["ours"]] if ch.ours_only and "ours" in by_name else []
             names = first + with_ours + [ch]
-            rows.append({"label": f"+ {' + '.join(c.label for c in names)}", "group": "alone",
-                         "changes": [c.name for c in names], "config": apply(names)})
+            rows.append(
+                {
+                    "label": f"+ {' + '.join(c.label for c in names)}",
+                    "group": "alone",
+                    "changes": [c.name for c in names],
+                    "config": apply(names),
+                }
+            )
     if "cumulative" in groups:
         for k in range(1, len(chosen) + 1):
-            rows.append({"label": ("+ " if k == 1 else "… + ") + chosen[k - 1].label, "group": "cumulative",
-                         "changes": [c.name for c in chosen[:k]], "config": apply(chosen[:k])})
+            rows.append(
+                {
+                    "label": ("+ " if k == 1 else "… + ") + chosen[k - 1].label,
+                    "group": "cumulative",
+                    "changes": [c.name for c in chosen[:k]],
+                    "config": apply(chosen[:k]),
+                }
+            )
     if "peer" in groups:
-        rows.append({"label": "peer: HF GPT2LMHeadModel, SDPA, bf16 autocast, torch.compile, fused AdamW, "
-                              "largest micro-batch", "group": "peer", "changes": ["peer"], "config": peer(bench)})
+        rows.append(
+            {
+                "label": "peer: HF GPT2LMHeadModel, SDPA, bf16 autocast, torch.compile, fused AdamW, "
+                "largest micro-batch",
+                "group": "peer",
+                "changes": ["peer"],
+                "config": peer(bench),
+            }
+        )
     if "separate" in groups:
-        rows.append({"label": "FP8 (Transformer Engine)", "group": "separate", "changes": ["fp8"], "config": None,
-                     "status": FP8_NOT_MEASURED})
+        rows.append(
+            {
+                "label": "FP8 (Transformer Engine)",
+                "group": "separate",
+                "changes": ["fp8"],
+                "config": None,
+                "status": FP8_NOT_MEASURED,
+            }
+        )
     return rows
 
 
@@ -119,8 +164,10 @@ class AblationConfig(Config):
     """The ablation's own flags; the bench flags (model, global batch, steps, …) are shared by every row."""
 
     bench: GPTBenchConfig = opt(None, "the settings every row shares", cli=False)
-    changes: str = opt(",".join(c.name for c in CHANGES), "comma-separated changes in the order they are added "
-                       "(the first is also the base of the 'alone' rows)")
+    changes: str = opt(
+        ",".join(c.name for c in CHANGES),
+        "comma-separated changes in the order they are added (the first is also the base of the 'alone' rows)",
+    )
     groups: str = opt(",".join(GROUPS), "comma-separated: " + ", ".join(GROUPS))
     out: str = opt("runs/gpt_ablation", "directory for ablation.json/.md/.log and each row's run", check=output_dir)
     timeout_s: float = opt(1800.0, "seconds per row", flag="--timeout", check=positive)
@@ -151,28 +198,67 @@ class AblationConfig(Config):
 
 
 # `gpt ablation` takes the shared bench flags; these are per row there.
-ABLATION_EXCLUDED_BENCH_FLAGS = ("strategy", "impl", "tf32", "fused_optimizer", "vocab_multiple", "fused_qkv", "loss",
-                                 "micro_batch_auto", "json", "out", "overwrite")
-ROW_KEYS = ("status", "tokens", "tokens_per_s", "step_seconds_median", "step_ms_median", "total_seconds", "peak_memory_bytes",
-            "peak_memory_kind", "device_name", "peak_tflops", "peak_tflops_source", "tflops_per_device", "tflops_per_device_handout", "tflops_per_device_8n", "mfu",
-            "micro_batch", "predicted_bytes", "first_loss", "last_loss", "error", "strategy")
+ABLATION_EXCLUDED_BENCH_FLAGS = (
+    "strategy",
+    "impl",
+    "tf32",
+    "fused_optimizer",
+    "vocab_multiple",
+    "fused_qkv",
+    "loss",
+    "micro_batch_auto",
+    "json",
+    "out",
+    "overwrite",
+)
+ROW_KEYS = (
+    "status",
+    "tokens",
+    "tokens_per_s",
+    "step_seconds_median",
+    "step_ms_median",
+    "total_seconds",
+    "peak_memory_bytes",
+    "peak_memory_kind",
+    "device_name",
+    "peak_tflops",
+    "peak_tflops_source",
+    "tflops_per_device",
+    "tflops_per_device_handout",
+    "tflops_per_device_8n",
+    "mfu",
+    "micro_batch",
+    "predicted_bytes",
+    "first_loss",
+    "last_loss",
+    "error",
+    "strategy",
+)
 
 
 def to_markdown(result: dict) -> str:
-    lines = [f"# GPT-2 ablation: {result.get('model')}\n", f"Every row trains {result['total_tokens']:,} tokens. "
-             f"MFU over {result.get('peak_tflops')} TFLOP/s ({result.get('peak_tflops_source')}).\n",
-             "| row | group | micro | tokens | tokens/s | step s | total s | peak GiB | TFLOP/s 6N+attn | "
-             "TFLOP/s 8NBT (handout) | MFU | speed-up |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# GPT-2 ablation: {result.get('model')}\n",
+        f"Every row trains {result['total_tokens']:,} tokens. "
+        f"MFU over {result.get('peak_tflops')} TFLOP/s ({result.get('peak_tflops_source')}).\n",
+        "| row | group | micro | tokens | tokens/s | step s | total s | peak GiB | TFLOP/s 6N+attn | "
+        "TFLOP/s 8NBT (handout) | MFU | speed-up |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     ref = next((r.get("tokens_per_s") for r in result["rows"] if r["group"] == "baseline"), None)
     for r in result["rows"]:
         if r.get("status") != "ok":
-            lines.append(f"| {r['label']} | {r['group']} | | | **{r.get('status')}** {r.get('error', '')[:100]} |||||||")
+            lines.append(
+                f"| {r['label']} | {r['group']} | | | **{r.get('status')}** {r.get('error', '')[:100]} |||||||"
+            )
             continue
         up = f"{r['tokens_per_s'] / ref:.2f}×" if ref else "-"
         mfu = "-" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-        lines.append(f"| {r['label']} | {r['group']} | {r['micro_batch']} | {r['tokens']:,} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['step_seconds_median']:.3f} | {r['total_seconds']:.2f} | {r['peak_memory_bytes'] / 2**30:.2f} | "
-                     f"{r['tflops_per_device']:.2f} | {r['tflops_per_device_handout']:.2f} | {mfu} | {up} |")
+        lines.append(
+            f"| {r['label']} | {r['group']} | {r['micro_batch']} | {r['tokens']:,} | {r['tokens_per_s']:,.0f} | "
+            f"{r['step_seconds_median']:.3f} | {r['total_seconds']:.2f} | {r['peak_memory_bytes'] / 2**30:.2f} | "
+            f"{r['tflops_per_device']:.2f} | {r['tflops_per_device_handout']:.2f} | {mfu} | {up} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -182,9 +268,14 @@ def run_ablation(ac: AblationConfig, log=print, command: str = "trainlab gpt abl
     get_preset(ac.bench.model)
     rows = rows_for(ac.bench, ac.change_list, ac.group_list)
     # a row's files are named by its settings: a resumed run with other --changes never reuses a name
-    slugs = {_key(r["config"]): f"row-{zlib.crc32(_key(r['config']).encode()):08x}" for r in rows if r["config"] is not None}
-    refuse_foreign([os.path.join(ac.out, f"{s}{ext}") for s in slugs.values() for ext in (".json", ".log", ".spec.json")]
-                   + [os.path.join(ac.out, f"ablation.{ext}") for ext in ("json", "md", "log")], "--out")
+    slugs = {
+        _key(r["config"]): f"row-{zlib.crc32(_key(r['config']).encode()):08x}" for r in rows if r["config"] is not None
+    }
+    refuse_foreign(
+        [os.path.join(ac.out, f"{s}{ext}") for s in slugs.values() for ext in (".json", ".log", ".spec.json")]
+        + [os.path.join(ac.out, f"ablation.{ext}") for ext in ("json", "md", "log")],
+        "--out",
+    )
     os.makedirs(ac.out, exist_ok=True)
     env = collect_env(ac.bench.device)
     header = format_header({"changes": ac.changes, "groups": ac.groups, **ac.bench.to_dict()}, env)
@@ -192,9 +283,13 @@ def run_ablation(ac: AblationConfig, log=print, command: str = "trainlab gpt abl
     lines = header.splitlines()
     seq = ac.bench.seq or get_preset(ac.bench.model).n_positions
     machine, done = Machine.detect(), _finished(ac.out)
-    result = {"model": ac.bench.model, "total_tokens": ac.bench.global_batch * seq * ac.bench.steps,
-              "baseline": "HF GPT2LMHeadModel, fp32, TF32 off, activation checkpointing (the handout's)",
-              "config": ac.bench.to_dict(), "rows": []}
+    result = {
+        "model": ac.bench.model,
+        "total_tokens": ac.bench.global_batch * seq * ac.bench.steps,
+        "baseline": "HF GPT2LMHeadModel, fp32, TF32 off, activation checkpointing (the handout's)",
+        "config": ac.bench.to_dict(),
+        "rows": [],
+    }
     for r in rows:
         out = {k: v for k, v in r.items() if k != "config"}
         if r["config"] is not None:
@@ -229,7 +324,11 @@ def _finished(out: str) -> dict[str, dict]:
         rows = read_json(path).get("rows", [])
     except (UserError, OSError, ValueError, AttributeError):
         return {}
-    return {r["bench"]: r for r in rows if isinstance(r, dict) and r.get("status") == "ok" and isinstance(r.get("bench"), str)}
+    return {
+        r["bench"]: r
+        for r in rows
+        if isinstance(r, dict) and r.get("status") == "ok" and isinstance(r.get("bench"), str)
+    }
 
 
 def _key(cfg: GPTBenchConfig) -> str:

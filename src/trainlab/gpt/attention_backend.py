@@ -33,10 +33,10 @@ DEFAULT_CUDNN_VERSION = 92000
 
 @dataclass(frozen=True)
 class AttentionChoice:
-    backend: str           # flash | efficient | cudnn | math (CUDA); flash-cpu | math (CPU)
+    backend: str  # flash | efficient | cudnn | math (CUDA); flash-cpu | math (CPU)
     head_dim: int
-    padded_head_dim: int   # what the kernel stores q, k, v and the output at
-    stores_scores: bool    # the math path keeps softmax(QKᵀ) (heads × s × s) for backward
+    padded_head_dim: int  # what the kernel stores q, k, v and the output at
+    stores_scores: bool  # the math path keeps softmax(QKᵀ) (heads × s × s) for backward
     why: str
 
     @property
@@ -52,8 +52,9 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def choose(head_dim: int, dtype: str, device_type: str = "cuda", sm: int = 90,
-           cudnn_version: int | None = None) -> AttentionChoice:
+def choose(
+    head_dim: int, dtype: str, device_type: str = "cuda", sm: int = 90, cudnn_version: int | None = None
+) -> AttentionChoice:
     """The backend SDPA picks for a training step (inputs require grad) of causal self-attention.
 
     `dtype` is the dtype q/k/v have when SDPA runs ("fp32"; "bf16"/"fp16" under autocast), `sm` the
@@ -61,8 +62,13 @@ def choose(head_dim: int, dtype: str, device_type: str = "cuda", sm: int = 90,
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     if device_type == "cpu":
-        return AttentionChoice("flash-cpu", head_dim, head_dim, False,
-                               "CPU flash kernel: fp32/fp64/bf16/fp16, any head width (sdp_utils_cpp.cpp)")
+        return AttentionChoice(
+            "flash-cpu",
+            head_dim,
+            head_dim,
+            False,
+            "CPU flash kernel: fp32/fp64/bf16/fp16, any head width (sdp_utils_cpp.cpp)",
+        )
     if device_type != "cuda":
         raise ValueError(f"device_type {device_type!r}: expected cuda or cpu")
     half = dtype in ("bf16", "fp16")
@@ -70,9 +76,14 @@ def choose(head_dim: int, dtype: str, device_type: str = "cuda", sm: int = 90,
     cudnn = DEFAULT_CUDNN_VERSION if cudnn_version is None else cudnn_version
     fused_arch = 80 <= sm <= 121
     if half and fused_arch and major in (9, 10) and cudnn > 91500 and head_dim % 8 == 0 and head_dim <= 128:
-        return AttentionChoice("cudnn", head_dim, head_dim, False,
-                               f"{dtype}, head_dim {head_dim} % 8 == 0 and <= 128, sm{sm} with cuDNN {cudnn} > 9.15: "
-                               "cuDNN attention is preferred")
+        return AttentionChoice(
+            "cudnn",
+            head_dim,
+            head_dim,
+            False,
+            f"{dtype}, head_dim {head_dim} % 8 == 0 and <= 128, sm{sm} with cuDNN {cudnn} > 9.15: "
+            "cuDNN attention is preferred",
+        )
     if half and fused_arch and head_dim <= 256:
         padded = _round_up(head_dim, 8)
         why = f"{dtype}, head_dim {head_dim} <= 256 on sm{sm}"
@@ -82,8 +93,13 @@ def choose(head_dim: int, dtype: str, device_type: str = "cuda", sm: int = 90,
     align = 4 if (dtype == "fp32" and sm >= 80) else 8 if half else 1
     eff_dtype_ok = dtype in ("fp32", "fp16") or (dtype == "bf16" and sm >= 80)
     if 50 <= sm <= 121 and eff_dtype_ok and head_dim % align == 0:
-        return AttentionChoice("efficient", head_dim, head_dim, False,
-                               f"{dtype}, head_dim {head_dim} % {align} == 0 (GEMM alignment on sm{sm})")
+        return AttentionChoice(
+            "efficient",
+            head_dim,
+            head_dim,
+            False,
+            f"{dtype}, head_dim {head_dim} % {align} == 0 (GEMM alignment on sm{sm})",
+        )
     reasons = []
     if not half:
         reasons.append("flash and cuDNN need fp16/bf16")

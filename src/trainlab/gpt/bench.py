@@ -23,9 +23,25 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from trainlab.device import device_name, free_memory, is_out_of_memory, peak_memory, peak_tflops, reset_peak_memory, set_tf32, synchronize
-from trainlab.distributed.launch import (describe_timeout, init_distributed, keep_alive, launch_workers, needs_launch,
-                                         release_group, under_torchrun)
+from trainlab.device import (
+    device_name,
+    free_memory,
+    is_out_of_memory,
+    peak_memory,
+    peak_tflops,
+    reset_peak_memory,
+    set_tf32,
+    synchronize,
+)
+from trainlab.distributed.launch import (
+    describe_timeout,
+    init_distributed,
+    keep_alive,
+    launch_workers,
+    needs_launch,
+    release_group,
+    under_torchrun,
+)
 from trainlab.errors import HardwareError, TrainingDiverged
 from trainlab.gpt.config import GPTBenchConfig
 from trainlab.gpt.engine import GPTEngine
@@ -62,7 +78,9 @@ def _fmt_bytes(n) -> str:
 
 def _rank_peak(device: torch.device) -> dict:
     mem = peak_memory(device)
-    mem["peak_bytes"] = mem["peak_allocated_bytes"] if mem.get("peak_allocated_bytes") is not None else mem.get("peak_rss_bytes")
+    mem["peak_bytes"] = (
+        mem["peak_allocated_bytes"] if mem.get("peak_allocated_bytes") is not None else mem.get("peak_rss_bytes")
+    )
     return mem
 
 
@@ -85,8 +103,10 @@ def run_bench(plan: GPTPlan, log=print) -> dict | None:
         say(format_header(config, env))
         engine, build_s = _build_engine(plan, info)
         rec = StepRecorder(plan, info, run, say)
-        say(f"built {plan.strategy.text} on {info.world_size} rank(s) of {device_name(info.device)} in {build_s:.1f} s; "
-            f"params {rec.params:,}; peak {rec.peak if rec.peak else 'n/a'} TFLOPS ({rec.peak_src})")
+        say(
+            f"built {plan.strategy.text} on {info.world_size} rank(s) of {device_name(info.device)} in {build_s:.1f} s; "
+            f"params {rec.params:,}; peak {rec.peak if rec.peak else 'n/a'} TFLOPS ({rec.peak_src})"
+        )
         rec.start(config, env)
         tokens = _timed_steps(engine, plan, info, rec)
         rec.finish_busy(env)
@@ -106,8 +126,9 @@ def run_bench(plan: GPTPlan, log=print) -> dict | None:
         if not is_out_of_memory(e):
             raise
         # one line, not a failed row or "a bug in trainlab": what the planner expected, what was free
-        raise HardwareError(out_of_memory_line(plan.predicted_peak_bytes, free_memory(info.device),
-                                               f"{info.device}, at run time")) from None
+        raise HardwareError(
+            out_of_memory_line(plan.predicted_peak_bytes, free_memory(info.device), f"{info.device}, at run time")
+        ) from None
     finally:
         if rec is not None:
             rec.close()
@@ -135,7 +156,7 @@ class StepRecorder:
         self.model_fpt = flops_per_token(plan.model, plan.seq, checkpointing=False)
         self.tokens_per_step = plan.global_batch * plan.seq
         self.losses, self.times, self.warm_times = [], [], []
-        self.busy = BusySnapshot()   # nvidia-smi during the timed steps (env.json's is taken idle)
+        self.busy = BusySnapshot()  # nvidia-smi during the timed steps (env.json's is taken idle)
         self.writer = None
 
     def start(self, config: dict, env: dict) -> None:
@@ -160,13 +181,32 @@ class StepRecorder:
         u = mfu(tfl, self.peak)
         mem = _rank_peak(self.device)
         tag = f"step {i + 1 - cfg.warmup}/{cfg.steps}" if timed else f"warmup {i + 1}/{cfg.warmup}"
-        self.say(f"{tag:>14}  loss {loss:.4f}  {dt * 1e3:9.1f} ms  {tok_s:12,.0f} tok/s  {tfl:8.3f} TFLOPS/dev  "
-                 f"MFU {'n/a' if u is None else f'{100 * u:5.1f}%'}  peak {_fmt_bytes(mem['peak_bytes'])}")
+        self.say(
+            f"{tag:>14}  loss {loss:.4f}  {dt * 1e3:9.1f} ms  {tok_s:12,.0f} tok/s  {tfl:8.3f} TFLOPS/dev  "
+            f"MFU {'n/a' if u is None else f'{100 * u:5.1f}%'}  peak {_fmt_bytes(mem['peak_bytes'])}"
+        )
         if self.run is not None:
-            self.run.append_metric({"step": i + 1, "timed": timed, "loss": loss, "step_s": dt, "tokens_per_s": tok_s,
-                                    "tflops_per_device": tfl, "mfu": u, "peak_bytes": mem["peak_bytes"]})
-            self._scalars(i + 1, loss=loss, step_ms=dt * 1e3, tokens_per_s=tok_s, tflops_per_device=tfl, mfu=u,
-                          peak_memory_gib=None if mem["peak_bytes"] is None else mem["peak_bytes"] / GiB)
+            self.run.append_metric(
+                {
+                    "step": i + 1,
+                    "timed": timed,
+                    "loss": loss,
+                    "step_s": dt,
+                    "tokens_per_s": tok_s,
+                    "tflops_per_device": tfl,
+                    "mfu": u,
+                    "peak_bytes": mem["peak_bytes"],
+                }
+            )
+            self._scalars(
+                i + 1,
+                loss=loss,
+                step_ms=dt * 1e3,
+                tokens_per_s=tok_s,
+                tflops_per_device=tfl,
+                mfu=u,
+                peak_memory_gib=None if mem["peak_bytes"] is None else mem["peak_bytes"] / GiB,
+            )
 
     def _scalars(self, step: int, **values) -> None:
         for name, value in values.items():
@@ -202,12 +242,16 @@ def _timed_steps(engine: GPTEngine, cfg: GPTPlan, info, rec: StepRecorder) -> to
         dt = time.perf_counter() - t
         diverged = not math.isfinite(loss)
         if world > 1:  # the step is as slow as its slowest rank; a NaN on any rank stops them all
-            dt_t = torch.tensor([dt, float(diverged)], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+            dt_t = torch.tensor(
+                [dt, float(diverged)], dtype=torch.float64, device=device if device.type == "cuda" else "cpu"
+            )
             dist.all_reduce(dt_t, op=dist.ReduceOp.MAX)
             dt, diverged = float(dt_t[0].item()), bool(dt_t[1].item())
         if diverged:
-            raise TrainingDiverged(f"gpt bench: the loss became non-finite ({loss} on rank {info.rank}) at step {i + 1} "
-                                   f"(--lr {cfg.lr:g} too high?); the benchmark stopped, no summary was written")
+            raise TrainingDiverged(
+                f"gpt bench: the loss became non-finite ({loss} on rank {info.rank}) at step {i + 1} "
+                f"(--lr {cfg.lr:g} too high?); the benchmark stopped, no summary was written"
+            )
         rec.after_step(i, loss, dt)
     return tokens
 
@@ -230,8 +274,17 @@ def _peak_memory_per_rank(engine: GPTEngine, tokens, cfg: GPTPlan, info, say) ->
     return all_mem
 
 
-def _summary(cfg: GPTPlan, engine: GPTEngine, info, rec: StepRecorder, all_mem: list[dict], build_s: float, tf32,
-             config: dict, env: dict) -> dict:
+def _summary(
+    cfg: GPTPlan,
+    engine: GPTEngine,
+    info,
+    rec: StepRecorder,
+    all_mem: list[dict],
+    build_s: float,
+    tf32,
+    config: dict,
+    env: dict,
+) -> dict:
     device, world, params, tokens_per_step = torch.device(info.device), info.world_size, rec.params, rec.tokens_per_step
     model_cfg, spec, seq = cfg.model, cfg.strategy, cfg.seq
     st = summarize(rec.times)
@@ -262,8 +315,11 @@ def _summary(cfg: GPTPlan, engine: GPTEngine, info, rec: StepRecorder, all_mem: 
         "tokens_per_s_per_device": tok_s / world,
         # model FLOPs (6N + 12·L·C·T per token), the MFU basis
         "tflops_per_device": tfl_model,
-        "tflops_per_device_6n_ckpt": flops_per_token(model_cfg, seq, checkpointing=spec.ckpt == "full") * tok_s / world / 1e12,  # the "+2N with ckpt"
-        "tflops_per_device_hardware": hw_fpt * tok_s / world / 1e12,    # with the recomputation done
+        "tflops_per_device_6n_ckpt": flops_per_token(model_cfg, seq, checkpointing=spec.ckpt == "full")
+        * tok_s
+        / world
+        / 1e12,  # the "+2N with ckpt"
+        "tflops_per_device_hardware": hw_fpt * tok_s / world / 1e12,  # with the recomputation done
         # the handout's get_tflops with the handout's get_model_size (tied embedding counted twice) …
         "params_handout": handout_param_count(model_cfg),
         "tflops_per_device_handout": handout_tflops(handout_param_count(model_cfg), cfg.global_batch, seq, med) / world,
@@ -289,18 +345,24 @@ def _summary(cfg: GPTPlan, engine: GPTEngine, info, rec: StepRecorder, all_mem: 
 
 def _say_summary(summary: dict, all_mem: list[dict], say) -> None:
     s, world, params = summary, summary["world_size"], summary["params"]
-    say(f"summary {s['strategy']} ({world} rank(s), {s['impl']}): step {format_spread(s['step_seconds'], 1e3, ' ms')}  "
+    say(
+        f"summary {s['strategy']} ({world} rank(s), {s['impl']}): step {format_spread(s['step_seconds'], 1e3, ' ms')}  "
         f"{s['tokens_per_s']:,.0f} tok/s ({s['tokens_per_s_per_device']:,.0f}/device)  TFLOPS/device: 6N+attn "
         f"{s['tflops_per_device']:.3f}, +2N ckpt {s['tflops_per_device_6n_ckpt']:.3f}, handout 8·N·B·T "
         f"{s['tflops_per_device_handout']:.3f} (N = {s['params_handout']:,}, its get_model_size), 8·N·B·T "
-        f"{s['tflops_per_device_8n']:.3f} (N = {params:,})  MFU {_pct(s['mfu'])}")
+        f"{s['tflops_per_device_8n']:.3f} (N = {params:,})  MFU {_pct(s['mfu'])}"
+    )
     if s["predicted_peak_bytes"] is not None:
-        say(f"  planner predicted peak {_fmt_bytes(s['predicted_peak_bytes'])} per device "
-            "(compare with peak allocated on CUDA; on CPU RSS includes the runtime)")
+        say(
+            f"  planner predicted peak {_fmt_bytes(s['predicted_peak_bytes'])} per device "
+            "(compare with peak allocated on CUDA; on CPU RSS includes the runtime)"
+        )
     for r, m in enumerate(all_mem):
-        say(f"  rank {r}: peak allocated {_fmt_bytes(m.get('peak_allocated_bytes'))}, reserved "
+        say(
+            f"  rank {r}: peak allocated {_fmt_bytes(m.get('peak_allocated_bytes'))}, reserved "
             f"{_fmt_bytes(m.get('peak_reserved_bytes'))}, RSS {_fmt_bytes(m.get('peak_rss_bytes'))}"
-            + (f", live tensors {_fmt_bytes(m['peak_tensor_bytes'])}" if m.get("peak_tensor_bytes") else ""))
+            + (f", live tensors {_fmt_bytes(m['peak_tensor_bytes'])}" if m.get("peak_tensor_bytes") else "")
+        )
 
 
 def bench_command(cfg: GPTBenchConfig) -> int:

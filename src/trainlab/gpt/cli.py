@@ -21,7 +21,9 @@ def _plan(args: argparse.Namespace) -> int:
     pc = PlanConfig(**explicit_values(args, PlanConfig))
     pc.validate()
     get_preset(pc.model)  # an unknown preset is one error, not one per strategy
-    result = plan(pc.resolver(), pc.gpus, parse_bytes(pc.gpu_mem), pc.micro_batch, pc.strategy_list, model_name=pc.model)
+    result = plan(
+        pc.resolver(), pc.gpus, parse_bytes(pc.gpu_mem), pc.micro_batch, pc.strategy_list, model_name=pc.model
+    )
     if pc.json:
         write_json_output(pc.json, result)
     if pc.json != "-":
@@ -53,11 +55,17 @@ def add_parser(subparsers) -> None:
 
     add_command(sub, "bench", "time one strategy (tokens/s, TFLOPS, MFU, peak memory)", GPTBenchConfig, _bench)
     add_command(sub, "plan", "predict per-device memory of every strategy", PlanConfig, _plan)
-    c = add_command(sub, "compare", "run a matrix of strategies on the same tokens, one subprocess each",
-                    CompareConfig, _compare)
+    c = add_command(
+        sub, "compare", "run a matrix of strategies on the same tokens, one subprocess each", CompareConfig, _compare
+    )
     add_flags(c, GPTBenchConfig, exclude=COMPARE_EXCLUDED_BENCH_FLAGS)  # the settings every strategy shares
     from trainlab.gpt.ablation import ABLATION_EXCLUDED_BENCH_FLAGS, AblationConfig
 
-    a = add_command(sub, "ablation", "from the handout's baseline to ours: each change alone and cumulatively, "
-                    "the same tokens per row", AblationConfig, _ablation)
+    a = add_command(
+        sub,
+        "ablation",
+        "from the handout's baseline to ours: each change alone and cumulatively, the same tokens per row",
+        AblationConfig,
+        _ablation,
+    )
     add_flags(a, GPTBenchConfig, exclude=ABLATION_EXCLUDED_BENCH_FLAGS)

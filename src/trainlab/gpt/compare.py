@@ -39,8 +39,20 @@ def default_matrix(nproc: int) -> list[str]:
     single = ["none", "amp", "ckpt", "ckpt-selective", "accum", "amp+ckpt", "offload", "compile", "amp+compile"]
     if nproc < 2:
         return single
-    multi = ["ddp", "ddp+accum", "ddp+amp", "zero1", "zero2", "zero3", "zero3+amp+ckpt", "zero3+offload", "tp",
-             "tp+amp", "pp", "pp+amp"]
+    multi = [
+        "ddp",
+        "ddp+accum",
+        "ddp+amp",
+        "zero1",
+        "zero2",
+        "zero3",
+        "zero3+amp+ckpt",
+        "zero3+offload",
+        "tp",
+        "tp+amp",
+        "pp",
+        "pp+amp",
+    ]
     if nproc >= 4 and nproc % 2 == 0:
         multi.append("tp+pp")
     return single + multi
@@ -82,8 +94,15 @@ def _strategy_run(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
         micro = max(1, micro // 2)
     # on CPU, RSS is mostly the runtime: count live tensor bytes too (one extra untimed step)
     on_cpu = bench.device == "cpu" or (bench.device == "auto" and not torch.cuda.is_available())
-    return replace(bench, strategy=spec.text, nproc=nproc, micro_batch=micro, json=None, out=None,
-                   track_memory=bench.track_memory or on_cpu)
+    return replace(
+        bench,
+        strategy=spec.text,
+        nproc=nproc,
+        micro_batch=micro,
+        json=None,
+        out=None,
+        track_memory=bench.track_memory or on_cpu,
+    )
 
 
 def _child_env(run: GPTPlan) -> dict:
@@ -102,10 +121,15 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
     strategies = cc.strategy_list or default_matrix(cc.bench.nproc)
     runs = [_strategy_run(cc.bench, s) for s in strategies]  # ConfigError for unknown names, up front
     slugs = [r.strategy.replace("+", "_") for r in runs]
-    refuse_foreign([os.path.join(cc.out, name) for name in
-                    [f"{s}{ext}" for s in slugs for ext in (".json", ".log", ".spec.json")]
-                    + [f"compare.{ext}" for ext in ("json", "md", "log", "csv")] + ["throughput.png", "memory.png"]],
-                   "--out")  # it removes and rewrites these: never a file trainlab did not write
+    refuse_foreign(
+        [
+            os.path.join(cc.out, name)
+            for name in [f"{s}{ext}" for s in slugs for ext in (".json", ".log", ".spec.json")]
+            + [f"compare.{ext}" for ext in ("json", "md", "log", "csv")]
+            + ["throughput.png", "memory.png"]
+        ],
+        "--out",
+    )  # it removes and rewrites these: never a file trainlab did not write
     os.makedirs(cc.out, exist_ok=True)
     env = collect_env(cc.bench.device)
     header = format_header({"strategies": ",".join(strategies), **cc.bench.to_dict()}, env)
@@ -116,8 +140,15 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
     def write_tables(rows: list[dict]) -> dict:
         _check_same_start(rows)
         result = {"config": cc.bench.to_dict(), "env": env, "rows": rows}
-        write_results(cc.out, "compare", result, header_md(cc) + to_markdown(rows), lines + ["", to_markdown(rows)],
-                      command, env=env)
+        write_results(
+            cc.out,
+            "compare",
+            result,
+            header_md(cc) + to_markdown(rows),
+            lines + ["", to_markdown(rows)],
+            command,
+            env=env,
+        )
         atomic_write_text(os.path.join(cc.out, "compare.csv"), to_csv(rows))
         return result
 
@@ -164,25 +195,41 @@ def run_one(cfg: GPTBenchConfig, out: str, slug: str, machine: Machine, timeout_
     status = "timeout" if rc is None else _classify(rc, text)
     atomic_write_text(log_path, "$ " + " ".join(cmd) + "\n" + text)
     if not os.path.exists(json_path):
-        row.update(status=status if status != "ok" else "failed",
-                   error=f"stopped at the {timeout_s:g} s limit (--timeout)" if rc is None else _error_line(text))
+        row.update(
+            status=status if status != "ok" else "failed",
+            error=f"stopped at the {timeout_s:g} s limit (--timeout)" if rc is None else _error_line(text),
+        )
         return row
     s = read_json(json_path)  # rank 0 wrote the summary: the run's results are complete
     if status != "ok":
-        row["note"] = (f"the results were written, then a rank failed or hung at the end: "
-                       f"{'stopped at the %g s limit (--timeout)' % timeout_s if rc is None else f'exit code {rc}'}")
-    row.update(status="ok", step_ms_median=s["step_seconds_median"] * 1e3, step_seconds_median=s["step_seconds_median"],
-               step_ms_p10=s["step_seconds"]["p10"] * 1e3, step_ms_p90=s["step_seconds"]["p90"] * 1e3,
-               tokens_per_s=s["tokens_per_s"], tokens_per_s_per_device=s["tokens_per_s_per_device"],
-               tokens=s["tokens_per_step"] * s["timed_steps"], total_seconds=sum(s["step_seconds_all"]),
-               tflops_per_device=s["tflops_per_device"],
-               tflops_per_device_handout=s["tflops_per_device_handout"],
-               tflops_per_device_8n=s.get("tflops_per_device_8n"), mfu=s["mfu"],
-               peak_tflops=s.get("peak_tflops"), peak_tflops_source=s.get("peak_tflops_source"),
-               device_name=s.get("device_name"),
-               peak_memory_bytes=s["peak_memory_bytes"], peak_memory_kind=s["peak_memory_kind"],
-               peak_tensor_bytes=s.get("peak_tensor_bytes"),
-               first_loss=s["losses"][0], last_loss=s["losses"][-1], losses=s["losses"])
+        row["note"] = (
+            f"the results were written, then a rank failed or hung at the end: "
+            f"{f'stopped at the {timeout_s:g} s limit (--timeout)' if rc is None else f'exit code {rc}'}"
+        )
+    row.update(
+        status="ok",
+        step_ms_median=s["step_seconds_median"] * 1e3,
+        step_seconds_median=s["step_seconds_median"],
+        step_ms_p10=s["step_seconds"]["p10"] * 1e3,
+        step_ms_p90=s["step_seconds"]["p90"] * 1e3,
+        tokens_per_s=s["tokens_per_s"],
+        tokens_per_s_per_device=s["tokens_per_s_per_device"],
+        tokens=s["tokens_per_step"] * s["timed_steps"],
+        total_seconds=sum(s["step_seconds_all"]),
+        tflops_per_device=s["tflops_per_device"],
+        tflops_per_device_handout=s["tflops_per_device_handout"],
+        tflops_per_device_8n=s.get("tflops_per_device_8n"),
+        mfu=s["mfu"],
+        peak_tflops=s.get("peak_tflops"),
+        peak_tflops_source=s.get("peak_tflops_source"),
+        device_name=s.get("device_name"),
+        peak_memory_bytes=s["peak_memory_bytes"],
+        peak_memory_kind=s["peak_memory_kind"],
+        peak_tensor_bytes=s.get("peak_tensor_bytes"),
+        first_loss=s["losses"][0],
+        last_loss=s["losses"][-1],
+        losses=s["losses"],
+    )
     return row
 
 
@@ -206,16 +253,37 @@ def _row_line(r: dict, key: str = "strategy") -> str:
     """One log line of a row, named by `r[key]` (compare: the strategy; the ablation: its label)."""
     if r.get("status") != "ok":
         return f"{r[key]:<22} {r['status']}: {r.get('error', '')}  (predicted {_gib(r.get('predicted_bytes'))} GiB)"
-    return (f"{r[key]:<22} {r['step_ms_median']:9.1f} ms  {r['tokens_per_s']:10,.0f} tok/s  "
-            f"{r['tflops_per_device']:.3f} TFLOPS/dev  peak {_gib(r['peak_memory_bytes'])} GiB, tensors "
-            f"{_gib(r.get('peak_tensor_bytes'))} GiB (predicted {_gib(r['predicted_bytes'])})  "
-            f"loss {r['first_loss']:.4f}→{r['last_loss']:.4f}" + (f"  [{r['note']}]" if r.get("note") else ""))
+    return (
+        f"{r[key]:<22} {r['step_ms_median']:9.1f} ms  {r['tokens_per_s']:10,.0f} tok/s  "
+        f"{r['tflops_per_device']:.3f} TFLOPS/dev  peak {_gib(r['peak_memory_bytes'])} GiB, tensors "
+        f"{_gib(r.get('peak_tensor_bytes'))} GiB (predicted {_gib(r['predicted_bytes'])})  "
+        f"loss {r['first_loss']:.4f}→{r['last_loss']:.4f}" + (f"  [{r['note']}]" if r.get("note") else "")
+    )
 
 
-COLUMNS = ["strategy", "nproc", "micro_batch", "status", "step_ms_median", "step_ms_p10", "step_ms_p90", "tokens_per_s",
-           "tokens_per_s_per_device", "tflops_per_device", "tflops_per_device_handout", "tflops_per_device_8n", "mfu",
-           "peak_memory_bytes",
-           "peak_tensor_bytes", "predicted_bytes", "first_loss", "last_loss", "first_loss_diff_vs_none", "error", "note"]
+COLUMNS = [
+    "strategy",
+    "nproc",
+    "micro_batch",
+    "status",
+    "step_ms_median",
+    "step_ms_p10",
+    "step_ms_p90",
+    "tokens_per_s",
+    "tokens_per_s_per_device",
+    "tflops_per_device",
+    "tflops_per_device_handout",
+    "tflops_per_device_8n",
+    "mfu",
+    "peak_memory_bytes",
+    "peak_tensor_bytes",
+    "predicted_bytes",
+    "first_loss",
+    "last_loss",
+    "first_loss_diff_vs_none",
+    "error",
+    "note",
+]
 
 
 def to_csv(rows: list[dict]) -> str:
@@ -229,13 +297,15 @@ def to_csv(rows: list[dict]) -> str:
 
 def header_md(cc: CompareConfig) -> str:
     b = cc.bench
-    return (f"# GPT strategy comparison: {b.model}\n\nglobal batch {b.global_batch} × seq {b.seq or 'n_positions'}, "
-            f"{b.steps} timed steps after {b.warmup} warm-up, seed {b.seed}, device {b.device}, impl {b.impl}. "
-            "Step time: median [p10–p90]. TFLOPS per device: 6N + 12·L·C·T model FLOPs; the handout's 8·N·B·T "
-            "with its get_model_size N (tied embedding counted twice), and 8·N·B·T with the distinct N, in their "
-            "columns. On CPU each process runs one thread (a device = a core). Peak memory: max allocated per rank "
-            "on CUDA, process RSS on CPU; live tensors: peak bytes of "
-            "live tensors in one extra untimed step (CPU), the figure the planner predicts.\n\n")
+    return (
+        f"# GPT strategy comparison: {b.model}\n\nglobal batch {b.global_batch} × seq {b.seq or 'n_positions'}, "
+        f"{b.steps} timed steps after {b.warmup} warm-up, seed {b.seed}, device {b.device}, impl {b.impl}. "
+        "Step time: median [p10–p90]. TFLOPS per device: 6N + 12·L·C·T model FLOPs; the handout's 8·N·B·T "
+        "with its get_model_size N (tied embedding counted twice), and 8·N·B·T with the distinct N, in their "
+        "columns. On CPU each process runs one thread (a device = a core). Peak memory: max allocated per rank "
+        "on CUDA, process RSS on CPU; live tensors: peak bytes of "
+        "live tensors in one extra untimed step (CPU), the figure the planner predicts.\n\n"
+    )
 
 
 def _f3(x) -> str:
@@ -243,22 +313,28 @@ def _f3(x) -> str:
 
 
 def to_markdown(rows: list[dict]) -> str:
-    lines = ["| strategy | ranks | micro | step ms (p10–p90) | tokens/s | tokens/s/dev | TFLOPS/dev | TFLOPS/dev (handout) "
-             "| TFLOPS/dev (8N) | MFU | peak mem GiB | live tensors MiB | predicted MiB | loss first→last |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| strategy | ranks | micro | step ms (p10–p90) | tokens/s | tokens/s/dev | TFLOPS/dev | TFLOPS/dev (handout) "
+        "| TFLOPS/dev (8N) | MFU | peak mem GiB | live tensors MiB | predicted MiB | loss first→last |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['strategy']} | {r['nproc']} | {r['micro_batch']} | **{r['status']}** | | | | | | | | | "
-                         f"{_mib(r.get('predicted_bytes'))} | {r.get('error', '')[:80]} |")
+            lines.append(
+                f"| {r['strategy']} | {r['nproc']} | {r['micro_batch']} | **{r['status']}** | | | | | | | | | "
+                f"{_mib(r.get('predicted_bytes'))} | {r.get('error', '')[:80]} |"
+            )
             continue
         mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        lines.append(f"| {r['strategy']} | {r['nproc']} | {r['micro_batch']} | {r['step_ms_median']:.1f} "
-                     f"({r['step_ms_p10']:.1f}–{r['step_ms_p90']:.1f}) | {r['tokens_per_s']:,.0f} | "
-                     f"{r['tokens_per_s_per_device']:,.0f} | {r['tflops_per_device']:.3f} | "
-                     f"{r['tflops_per_device_handout']:.3f} | {_f3(r.get('tflops_per_device_8n'))} | {mfu} | "
-                     f"{_gib(r['peak_memory_bytes'])} | "
-                     f"{_mib(r.get('peak_tensor_bytes'))} | {_mib(r['predicted_bytes'])} | "
-                     f"{r['first_loss']:.4f}→{r['last_loss']:.4f} |")
+        lines.append(
+            f"| {r['strategy']} | {r['nproc']} | {r['micro_batch']} | {r['step_ms_median']:.1f} "
+            f"({r['step_ms_p10']:.1f}–{r['step_ms_p90']:.1f}) | {r['tokens_per_s']:,.0f} | "
+            f"{r['tokens_per_s_per_device']:,.0f} | {r['tflops_per_device']:.3f} | "
+            f"{r['tflops_per_device_handout']:.3f} | {_f3(r.get('tflops_per_device_8n'))} | {mfu} | "
+            f"{_gib(r['peak_memory_bytes'])} | "
+            f"{_mib(r.get('peak_tensor_bytes'))} | {_mib(r['predicted_bytes'])} | "
+            f"{r['first_loss']:.4f}→{r['last_loss']:.4f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

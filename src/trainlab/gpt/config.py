@@ -32,31 +32,52 @@ class GPTBenchConfig(Config):
     warmup: int = opt(2, "untimed steps before them (compile, allocator, caches)", check=at_least(0))
     global_batch: int = opt(8, "sequences per optimizer step (identical for every strategy)", check=at_least(1))
     micro_batch: int = opt(8, "sequences per forward/backward on one rank", check=at_least(1))
-    micro_batch_auto: bool = opt(False, "instead of --micro-batch: the largest the planner predicts fits this "
-                                        "device (no accumulation where one micro-batch is the whole per-rank batch)")
+    micro_batch_auto: bool = opt(
+        False,
+        "instead of --micro-batch: the largest the planner predicts fits this "
+        "device (no accumulation where one micro-batch is the whole per-rank batch)",
+    )
     seq: int | None = opt(None, "sequence length (default: the model's n_positions)", check=at_least(2))
-    vocab_multiple: int = opt(1, "pad the embedding and LM-head rows to a multiple of this (64: 50257 -> 50304; "
-                                 "the pad logits are masked, the loss is unchanged)", check=at_least(1))
+    vocab_multiple: int = opt(
+        1,
+        "pad the embedding and LM-head rows to a multiple of this (64: 50257 -> 50304; "
+        "the pad logits are masked, the loss is unchanged)",
+        check=at_least(1),
+    )
     fused_qkv: bool = opt(False, "q, k and v projections as one GEMM (not with tp)")
-    loss: str = opt("cross_entropy", "cross_entropy | chunked (the LM head and the loss in 4096-token chunks: "
-                                     "the [B, T, V] logits never exist whole)", choices=tuple(LOSSES))
+    loss: str = opt(
+        "cross_entropy",
+        "cross_entropy | chunked (the LM head and the loss in 4096-token chunks: "
+        "the [B, T, V] logits never exist whole)",
+        choices=tuple(LOSSES),
+    )
     device: str = opt("auto", "auto | cpu | cuda")
     impl: str = opt("ours", "ours | hf (HF GPT2LMHeadModel, the handout's baseline)", choices=("ours", "hf"))
     tp: int = opt(1, "tensor-parallel degree (with tp; default: all ranks)", check=at_least(1))
     pp: int = opt(1, "pipeline stages (with pp; default: all ranks)", check=at_least(1))
     pp_schedule: str = opt("1f1b", "1f1b | gpipe", check=one_of(("1f1b", "gpipe")))
-    microbatches: int | None = opt(None, "pipeline micro-batches (default: per-rank batch / micro-batch)", check=at_least(1))
+    microbatches: int | None = opt(
+        None, "pipeline micro-batches (default: per-rank batch / micro-batch)", check=at_least(1)
+    )
     lr: float = opt(5e-4, "learning rate (the handout's)", check=positive)
     seed: int = opt(0, "seed of the weights and the tokens", check=seed_value)
     fused_optimizer: bool = opt(False, "AdamW(fused=True) (GPU)")
-    tf32: str = opt("off", "TF32 tensor cores for fp32 matmuls on Ampere+ GPUs (recorded in the summary)",
-                    choices=TF32_MODES)
+    tf32: str = opt(
+        "off", "TF32 tensor cores for fp32 matmuls on Ampere+ GPUs (recorded in the summary)", choices=TF32_MODES
+    )
     track_memory: bool = opt(False, "one extra, untimed step counting live tensor bytes (CPU: the exact peak)")
-    json: str | None = opt(None, "write the summary JSON to PATH ('-': print it to stdout, the log goes to stderr)",
-                           metavar="PATH", check=json_output)
-    out: str | None = opt(None, "run directory: config, env, metrics.jsonl, TensorBoard, summary (new or empty "
-                                      "unless --overwrite)")
-    overwrite: bool = opt(False, "replace the run already in --out (its files are deleted when this run starts writing)")
+    json: str | None = opt(
+        None,
+        "write the summary JSON to PATH ('-': print it to stdout, the log goes to stderr)",
+        metavar="PATH",
+        check=json_output,
+    )
+    out: str | None = opt(
+        None, "run directory: config, env, metrics.jsonl, TensorBoard, summary (new or empty unless --overwrite)"
+    )
+    overwrite: bool = opt(
+        False, "replace the run already in --out (its files are deleted when this run starts writing)"
+    )
 
     def plan(self, machine: Machine | None = None, model=None) -> GPTPlan:
         """This run resolved on `machine` (default: this one) with the planner's predicted peak attached;
@@ -72,8 +93,9 @@ class CompareConfig(Config):
     strategies: str | None = opt(None, "comma-separated list (default: the handout's list and combinations)")
     out: str = opt("runs/gpt_compare", "directory for tables, plots and logs", check=output_dir)
     timeout_s: float = opt(1800.0, "seconds per strategy", flag="--timeout", check=positive)
-    gpu_mem: int | None = opt(None, "device memory for the prediction's 'fits' (default: the GPU's)", cli=False,
-                              check=at_least(1))
+    gpu_mem: int | None = opt(
+        None, "device memory for the prediction's 'fits' (default: the GPU's)", cli=False, check=at_least(1)
+    )
 
     def __post_init__(self):
         if self.bench is None:
@@ -107,15 +129,20 @@ class PlanConfig(Config):
     micro_batch: int = opt(1, "sequences per forward/backward on one rank", check=at_least(1))
     seq: int | None = opt(None, "sequence length (default: the model's n_positions)", check=at_least(2))
     strategies: str | None = opt(None, "comma-separated list (default: a matrix for --gpus)")
-    optimizer: str = opt("foreach", "AdamW implementation (its temporaries differ)",
-                         choices=("foreach", "fused", "forloop"))
-    sm: int = opt(90, "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs",
-                  check=one_of(KNOWN_SM))
+    optimizer: str = opt(
+        "foreach", "AdamW implementation (its temporaries differ)", choices=("foreach", "fused", "forloop")
+    )
+    sm: int = opt(
+        90,
+        "GPU compute capability x10 (90 H100/H200, 80 A100): decides the attention kernel SDPA runs",
+        check=one_of(KNOWN_SM),
+    )
     vocab_multiple: int = opt(1, "as gpt bench: embedding rows padded to a multiple of this", check=at_least(1))
     fused_qkv: bool = opt(False, "as gpt bench: q, k, v as one Linear")
     loss: str = opt("cross_entropy", "as gpt bench: cross_entropy | chunked", choices=tuple(LOSSES))
-    json: str | None = opt(None, "write the plan as JSON to PATH ('-': print it instead of the table)",
-                           metavar="PATH", check=json_output)
+    json: str | None = opt(
+        None, "write the plan as JSON to PATH ('-': print it instead of the table)", metavar="PATH", check=json_output
+    )
 
     @property
     def strategy_list(self) -> list[str] | None:
@@ -132,14 +159,23 @@ class PlanConfig(Config):
             world = self.gpus if spec.distributed else 1
             deg = resolve_degrees(spec, world)
             n_mb = 2 * deg.pp if spec.pp else 1
-            run = GPTBenchConfig(model=self.model, strategy=strategy, nproc=world, device="cuda",
-                                 global_batch=micro_batch * n_mb * (deg.dp if spec.data_parallel else 1),
-                                 micro_batch=micro_batch, seq=self.seq, fused_optimizer=self.optimizer == "fused",
-                                 vocab_multiple=self.vocab_multiple, fused_qkv=self.fused_qkv and not spec.tp,
-                                 loss=self.loss if not spec.pp else "cross_entropy")
+            run = GPTBenchConfig(
+                model=self.model,
+                strategy=strategy,
+                nproc=world,
+                device="cuda",
+                global_batch=micro_batch * n_mb * (deg.dp if spec.data_parallel else 1),
+                micro_batch=micro_batch,
+                seq=self.seq,
+                fused_optimizer=self.optimizer == "fused",
+                vocab_multiple=self.vocab_multiple,
+                fused_qkv=self.fused_qkv and not spec.tp,
+                loss=self.loss if not spec.pp else "cross_entropy",
+            )
             p = run.plan(machine)
             if self.optimizer == "forloop" and p.optimizer_kernel != "forloop":  # no bench flag asks for it
                 p = replace(p, optimizer_kernel="forloop")
                 p = replace(p, predicted_peak_bytes=predicted_peak(p))
             return p
+
         return plan_of

@@ -28,8 +28,13 @@ from trainlab.distributed.failure import raise_if_peer_failure
 from trainlab.distributed.launch import DistInfo, ensure_process_group
 from trainlab.distributed.wrappers import unwrap, wrap_ddp
 from trainlab.errors import ConfigError
-from trainlab.gpt.model import (build_gpt, build_hf_model, gpt_state_dict_from_hf, set_activation_checkpointing,
-                                transformer_blocks)
+from trainlab.gpt.model import (
+    build_gpt,
+    build_hf_model,
+    gpt_state_dict_from_hf,
+    set_activation_checkpointing,
+    transformer_blocks,
+)
 from trainlab.gpt.parallel import nvme
 from trainlab.gpt.parallel.amp import Precision
 from trainlab.gpt.parallel.fsdp import apply_fsdp
@@ -48,7 +53,9 @@ class GPTEngine:
 
     def __init__(self, plan: GPTPlan, dist_info: DistInfo, *, model: nn.Module | None = None):
         if dist_info.world_size != plan.world_size:
-            raise ConfigError(f"the plan is for {plan.world_size} rank(s), this process is one of {dist_info.world_size}")
+            raise ConfigError(
+                f"the plan is for {plan.world_size} rank(s), this process is one of {dist_info.world_size}"
+            )
         self.plan, self.spec, self.degrees = plan, plan.strategy, plan.degrees
         self.dist = dist_info
         self.device = torch.device(dist_info.device)
@@ -85,7 +92,9 @@ class GPTEngine:
         device = torch.device("cpu") if self.spec.data_parallel == "nvme" else self.device
         seed = self.plan.seed
         if self.impl == "hf":
-            return build_hf_model(self.model_cfg, gradient_checkpointing=self.spec.ckpt != "none", seed=seed, device=device)
+            return build_hf_model(
+                self.model_cfg, gradient_checkpointing=self.spec.ckpt != "none", seed=seed, device=device
+            )
         model = build_gpt(self.model_cfg, seed, device)
         set_activation_checkpointing(model, self.spec.ckpt)
         return model
@@ -95,8 +104,10 @@ class GPTEngine:
         build): only single-process, uncompiled strategies of our implementation, whose set-up changes
         nothing in the module but its checkpointing flag."""
         if self.impl != "ours" or self.spec.distributed or self.spec.compile:
-            raise ConfigError(f"strategy {self.spec.text}: a prebuilt model serves only single-process, uncompiled "
-                              "strategies of --impl ours")
+            raise ConfigError(
+                f"strategy {self.spec.text}: a prebuilt model serves only single-process, uncompiled "
+                "strategies of --impl ours"
+            )
         model.zero_grad(set_to_none=True)  # the previous engine's gradients are not this strategy's memory
         set_activation_checkpointing(model, self.spec.ckpt)
         return model.to(self.device)
@@ -120,9 +131,18 @@ class GPTEngine:
         if tp_mesh is not None:
             apply_tensor_parallel(model, tp_mesh)
         if pp_mesh is not None:
-            self._pipe = PipelineRunner(model, stage, deg.pp, self.device, pp_mesh, ranks, self.plan.micro_steps,
-                                        self.plan.pp_schedule, loss_fn=LOSSES[self.plan.loss],
-                                        autocast_factory=self.precision.autocast)
+            self._pipe = PipelineRunner(
+                model,
+                stage,
+                deg.pp,
+                self.device,
+                pp_mesh,
+                ranks,
+                self.plan.micro_steps,
+                self.plan.pp_schedule,
+                loss_fn=LOSSES[self.plan.loss],
+                autocast_factory=self.precision.autocast,
+            )
         return model
 
     def _wrap_data_parallel(self, model: nn.Module) -> nn.Module:
@@ -156,10 +176,17 @@ class GPTEngine:
 
     def _setup_nvme(self, model: nn.Module) -> None:
         plan = self.plan
-        cfg = nvme.deepspeed_config(micro_batch=plan.micro_batch, accumulation_steps=plan.micro_steps,
-                                    world_size=self.dist.world_size, lr=plan.lr, betas=BETAS, eps=EPS,
-                                    weight_decay=plan.weight_decay, amp=self.spec.amp,
-                                    nvme_path=plan.nvme_path or nvme.DEFAULT_NVME_PATH)
+        cfg = nvme.deepspeed_config(
+            micro_batch=plan.micro_batch,
+            accumulation_steps=plan.micro_steps,
+            world_size=self.dist.world_size,
+            lr=plan.lr,
+            betas=BETAS,
+            eps=EPS,
+            weight_decay=plan.weight_decay,
+            amp=self.spec.amp,
+            nvme_path=plan.nvme_path or nvme.DEFAULT_NVME_PATH,
+        )
         self._ds_engine = nvme.build_deepspeed_engine(model, cfg)
         self.model = self._ds_engine
         self.optimizer = self._ds_engine.optimizer
@@ -182,9 +209,11 @@ class GPTEngine:
     def _train_step(self, tokens: torch.Tensor) -> float:
         plan = self.plan
         if tuple(tokens.shape) != (plan.global_batch, plan.seq):
-            raise ConfigError(f"train_step: expected tokens of shape ({plan.global_batch}, {plan.seq}), got {tuple(tokens.shape)}")
+            raise ConfigError(
+                f"train_step: expected tokens of shape ({plan.global_batch}, {plan.seq}), got {tuple(tokens.shape)}"
+            )
         start = self.dp_rank * plan.per_rank_batch
-        local = tokens[start:start + plan.per_rank_batch].to(self.device, non_blocking=True)
+        local = tokens[start : start + plan.per_rank_batch].to(self.device, non_blocking=True)
         total = train_step(self.step, local)
         if self.degrees.dp > 1:
             dist.all_reduce(total)  # SUM (gloo has no AVG)
@@ -238,4 +267,3 @@ class GPTEngine:
         if self._ds_engine is not None:
             return self._ds_engine.module
         return unwrap(self.model)
-

@@ -41,19 +41,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if weight.requires_grad else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk):
-            h = hidden[start:start + chunk].to(dtype)
-            t = targets[start:start + chunk]
-            logits = F.linear(h, w, b).float()                # [n, V] fp32 (no copy when dtype is fp32)
+            h = hidden[start : start + chunk].to(dtype)
+            t = targets[start : start + chunk]
+            logits = F.linear(h, w, b).float()  # [n, V] fp32 (no copy when dtype is fp32)
             lse = torch.logsumexp(logits, dim=-1)
             valid = t != IGNORE
             idx = t.clamp_min(0)
             picked = logits.gather(1, idx[:, None]).squeeze(1)
             total += ((lse - picked) * valid).sum()
-            g = logits.sub_(lse[:, None]).exp_()               # softmax, in place of the logits
+            g = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
             g[torch.arange(g.shape[0], device=g.device), idx] -= 1.0
             g.mul_((valid.to(torch.float32) * scale)[:, None])
             g = g.to(dtype)
-            grad_h[start:start + chunk] = (g @ w).to(hidden.dtype)
+            grad_h[start : start + chunk] = (g @ w).to(hidden.dtype)
             if grad_w is not None:
                 grad_w += (g.t() @ h).float()
         ctx.save_for_backward(grad_h, grad_w)
@@ -67,13 +67,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h * grad_out.to(grad_h.dtype), gw, None, None, None, None
 
 
-def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor | None,
-                    tokens: torch.Tensor, chunk: int = CHUNK_TOKENS) -> torch.Tensor:
+def chunked_lm_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    mask: torch.Tensor | None,
+    tokens: torch.Tensor,
+    chunk: int = CHUNK_TOKENS,
+) -> torch.Tensor:
     """Mean next-token cross-entropy of `hidden` [B, T, C] under the LM head `weight` [V, C] (+ `mask`
     [V], -inf on padding columns), `chunk` tokens at a time. Under autocast the GEMMs run in its dtype."""
     dev = hidden.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else hidden.dtype
     C = hidden.shape[-1]
     with torch.autocast(dev, enabled=False):
-        return _LinearCrossEntropy.apply(hidden.reshape(-1, C), weight, mask,
-                                         shifted_targets(tokens).reshape(-1), chunk, dtype)
+        return _LinearCrossEntropy.apply(
+            hidden.reshape(-1, C), weight, mask, shifted_targets(tokens).reshape(-1), chunk, dtype
+        )

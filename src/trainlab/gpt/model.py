@@ -28,16 +28,16 @@ from trainlab.gpt.loss import IGNORE, shifted_targets
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50257          # GPT-2 BPE vocabulary
-    n_positions: int = 1024          # maximum sequence length (learned position embeddings)
-    n_embd: int = 768                # hidden size C
-    n_layer: int = 12                # number of transformer blocks L
-    n_head: int = 12                 # attention heads; head_dim = n_embd // n_head
+    vocab_size: int = 50257  # GPT-2 BPE vocabulary
+    n_positions: int = 1024  # maximum sequence length (learned position embeddings)
+    n_embd: int = 768  # hidden size C
+    n_layer: int = 12  # number of transformer blocks L
+    n_head: int = 12  # attention heads; head_dim = n_embd // n_head
     layer_norm_epsilon: float = 1e-5
     # Levers of the implementation, not of the function (issue 30): the model computes the same loss
     # and gradients with any of them (tests/test_gpt_levers.py).
-    vocab_multiple: int = 1          # embedding/LM-head rows padded to a multiple (64: 50257 → 50304)
-    fused_qkv: bool = False          # q, k, v as one [3C, C] Linear: one GEMM instead of three
+    vocab_multiple: int = 1  # embedding/LM-head rows padded to a multiple (64: 50257 → 50304)
+    fused_qkv: bool = False  # q, k, v as one [3C, C] Linear: one GEMM instead of three
 
     @property
     def head_dim(self) -> int:
@@ -197,7 +197,7 @@ class GPT(nn.Module):
 def pad_logit_mask(cfg: GPTConfig, device=None) -> torch.Tensor:
     """[padded_vocab] fp32: 0 for real tokens, -inf for the padding columns."""
     mask = torch.zeros(cfg.padded_vocab, device=device)
-    mask[cfg.vocab_size:] = float("-inf")
+    mask[cfg.vocab_size :] = float("-inf")
     return mask
 
 
@@ -274,8 +274,12 @@ def initial_value(cfg: GPTConfig, name: str, seed: int, device: torch.device | s
     if name == "lm_head.weight":  # tied to the input embedding
         name = "wte.weight"
     if ".attn.qkv_proj." in name:
-        return torch.cat([initial_value(cfg, name.replace("qkv_proj", part), seed, device)
-                          for part in ("q_proj", "k_proj", "v_proj")])
+        return torch.cat(
+            [
+                initial_value(cfg, name.replace("qkv_proj", part), seed, device)
+                for part in ("q_proj", "k_proj", "v_proj")
+            ]
+        )
     if name == "wte.weight" and cfg.padded_vocab != cfg.vocab_size:
         real = initial_value(replace(cfg, vocab_multiple=1), name, seed, device)
         return torch.cat([real, real.new_zeros(cfg.padded_vocab - cfg.vocab_size, cfg.n_embd)])
@@ -306,7 +310,7 @@ def init_gpt_weights(model: nn.Module, seed: int) -> nn.Module:
     prefix = next(n for n, m in model.named_modules() if m is gpt)
     prefix = prefix + "." if prefix else ""
     for name, param in model.named_parameters():
-        local = name[len(prefix):] if name.startswith(prefix) else name
+        local = name[len(prefix) :] if name.startswith(prefix) else name
         local = local.replace("._orig_mod", "").replace("_orig_mod.", "")
         param.copy_(initial_value(gpt.config, local, seed, param.device).to(param.dtype))
     return model
@@ -359,8 +363,10 @@ _SIMPLE_TO_HF = {
     "lm_head.weight": "lm_head.weight",
 }
 _LAYER_SIMPLE_TO_HF = {
-    "ln_1.weight": "ln_1.weight", "ln_1.bias": "ln_1.bias",
-    "ln_2.weight": "ln_2.weight", "ln_2.bias": "ln_2.bias",
+    "ln_1.weight": "ln_1.weight",
+    "ln_1.bias": "ln_1.bias",
+    "ln_2.weight": "ln_2.weight",
+    "ln_2.bias": "ln_2.bias",
     "attn.o_proj.bias": "attn.c_proj.bias",
     "mlp.fc.bias": "mlp.c_fc.bias",
     "mlp.proj.bias": "mlp.c_proj.bias",
@@ -462,17 +468,31 @@ def hf_config(cfg: GPTConfig, dropout: float = 0.0):
     from transformers import GPT2Config
 
     return GPT2Config(
-        vocab_size=cfg.vocab_size, n_positions=cfg.n_positions, n_embd=cfg.n_embd,
-        n_layer=cfg.n_layer, n_head=cfg.n_head, layer_norm_epsilon=cfg.layer_norm_epsilon,
-        activation_function="gelu_new", resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.n_positions,
+        n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        layer_norm_epsilon=cfg.layer_norm_epsilon,
+        activation_function="gelu_new",
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
         use_cache=False,
         # GPT-2's <|endoftext|> id does not exist in tiny vocabularies
-        bos_token_id=min(50256, cfg.vocab_size - 1), eos_token_id=min(50256, cfg.vocab_size - 1),
+        bos_token_id=min(50256, cfg.vocab_size - 1),
+        eos_token_id=min(50256, cfg.vocab_size - 1),
     )
 
 
-def build_hf_model(cfg: GPTConfig, gradient_checkpointing: bool = False, *, seed: int | None = None,
-                   dropout: float = 0.0, device: torch.device | str = "cpu"):
+def build_hf_model(
+    cfg: GPTConfig,
+    gradient_checkpointing: bool = False,
+    *,
+    seed: int | None = None,
+    dropout: float = 0.0,
+    device: torch.device | str = "cpu",
+):
     """HF `GPT2LMHeadModel` — the handout's baseline (`--impl hf`).
 
     With `seed`, its weights are our deterministic init for that seed (converted), drawn on `device`

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ from trainlab.gpt.model import GPTConfig, get_preset, lm_loss
 from trainlab.gpt.parallel.nvme import check_nvme_available
 from trainlab.gpt.strategy import Degrees, StrategySpec, parse_strategy, validate_strategy
 
-OPTIMIZERS = ("adamw", "sgd")            # sgd: the equivalence tests' linear update (engine._build_optimizer)
+OPTIMIZERS = ("adamw", "sgd")  # sgd: the equivalence tests' linear update (engine._build_optimizer)
 OPTIMIZER_KERNELS = ("fused", "foreach", "forloop")
 # plan.loss → the step's loss, (logits [B, T, V], tokens [B, T]) → mean next-token loss; those in
 # HIDDEN_STATE_LOSSES take (hidden [B, T, C], LM-head weight, pad mask, tokens) instead and run inside
@@ -61,62 +62,76 @@ class Machine:
                 host = None
             return cls(memory_bytes=host)
         major, minor = torch.cuda.get_device_capability(0)
-        return cls(torch.cuda.device_count(), 10 * major + minor, torch.backends.cudnn.version(),
-                   torch.cuda.get_device_properties(0).total_memory)
+        return cls(
+            torch.cuda.device_count(),
+            10 * major + minor,
+            torch.backends.cudnn.version(),
+            torch.cuda.get_device_properties(0).total_memory,
+        )
 
 
 @dataclass(frozen=True)
 class GPTPlan:
     """One GPT training run, resolved: no 'auto', nothing left to parse. Built by `resolve`."""
 
-    model_name: str                  # the preset (or "custom" for a model given by hand)
+    model_name: str  # the preset (or "custom" for a model given by hand)
     model: GPTConfig
-    impl: str                        # ours | hf
+    impl: str  # ours | hf
     strategy: StrategySpec
-    world_size: int                  # ranks (processes, one per GPU)
+    world_size: int  # ranks (processes, one per GPU)
     degrees: Degrees
-    global_batch: int                # sequences per optimizer step, identical for every strategy
-    per_rank_batch: int              # this rank's slice of it (global / dp)
-    micro_batch: int                 # sequences per forward/backward (pp: per pipeline micro-batch)
-    micro_steps: int                 # forward/backwards per optimizer step on a rank (pp: micro-batches)
+    global_batch: int  # sequences per optimizer step, identical for every strategy
+    per_rank_batch: int  # this rank's slice of it (global / dp)
+    micro_batch: int  # sequences per forward/backward (pp: per pipeline micro-batch)
+    micro_steps: int  # forward/backwards per optimizer step on a rank (pp: micro-batches)
     seq: int
-    pp_schedule: str                 # 1f1b | gpipe (used with pp only)
-    device: str                      # cpu | cuda (a rank's index comes from its local rank)
-    sm: int | None                   # compute capability × 10 (cuda)
+    pp_schedule: str  # 1f1b | gpipe (used with pp only)
+    device: str  # cpu | cuda (a rank's index comes from its local rank)
+    sm: int | None  # compute capability × 10 (cuda)
     cudnn_version: int | None
-    attention: AttentionChoice       # the SDPA kernel PyTorch runs for this dtype, head width and GPU
-    optimizer: str = "adamw"         # adamw | sgd
+    attention: AttentionChoice  # the SDPA kernel PyTorch runs for this dtype, head width and GPU
+    optimizer: str = "adamw"  # adamw | sgd
     optimizer_kernel: str = "forloop"  # fused | foreach | forloop: what the engine asks torch for
-    loss: str = "cross_entropy"      # the step's loss function (gpt.step.LOSSES)
+    loss: str = "cross_entropy"  # the step's loss function (gpt.step.LOSSES)
     lr: float = 5e-4
     weight_decay: float = 0.0
     seed: int = 0
     tf32: str = "off"
-    micro_batch_auto: bool = False   # micro_batch was chosen by the planner (the largest that fits)
+    micro_batch_auto: bool = False  # micro_batch was chosen by the planner (the largest that fits)
     nvme_path: str | None = None
     predicted_peak_bytes: int | None = None  # the planner's per-device peak (None: no model of this run)
     # the benchmark around the step (`gpt bench`): what the worker runs and writes
     steps: int = 10
     warmup: int = 2
     track_memory: bool = False
-    json: str | None = None          # PATH, or "-" for stdout
+    json: str | None = None  # PATH, or "-" for stdout
     out: str | None = None
     overwrite: bool = False
 
     def __post_init__(self):
-        for name, value, allowed in (("impl", self.impl, IMPLS), ("optimizer", self.optimizer, OPTIMIZERS),
-                                     ("optimizer_kernel", self.optimizer_kernel, OPTIMIZER_KERNELS),
-                                     ("loss", self.loss, LOSSES), ("device", self.device, ("cpu", "cuda")),
-                                     ("pp_schedule", self.pp_schedule, ("1f1b", "gpipe"))):
+        for name, value, allowed in (
+            ("impl", self.impl, IMPLS),
+            ("optimizer", self.optimizer, OPTIMIZERS),
+            ("optimizer_kernel", self.optimizer_kernel, OPTIMIZER_KERNELS),
+            ("loss", self.loss, LOSSES),
+            ("device", self.device, ("cpu", "cuda")),
+            ("pp_schedule", self.pp_schedule, ("1f1b", "gpipe")),
+        ):
             if value not in allowed:
                 raise ConfigError(f"--{name.replace('_', '-')} {value!r}: expected one of {', '.join(allowed)}")
         if self.strategy.data_parallel == "nvme" and self.optimizer != "adamw":
             raise ConfigError(f"--optimizer {self.optimizer}: nvme (DeepSpeed) runs AdamW only")
         # the levers are our model's: HF's has none; tensor parallel splits q, k, v one by one; the
         # pipeline's last stage and DeepSpeed call the loss on logits
-        levers = [f for f, on in (("--vocab-multiple", self.model.vocab_multiple > 1),
-                                  ("--fused-qkv", self.model.fused_qkv),
-                                  ("--loss chunked", self.loss in HIDDEN_STATE_LOSSES)) if on]
+        levers = [
+            f
+            for f, on in (
+                ("--vocab-multiple", self.model.vocab_multiple > 1),
+                ("--fused-qkv", self.model.fused_qkv),
+                ("--loss chunked", self.loss in HIDDEN_STATE_LOSSES),
+            )
+            if on
+        ]
         if levers and self.impl != "ours":
             raise ConfigError(f"{levers[0]}: a lever of our model, not of --impl {self.impl}")
         if self.model.fused_qkv and self.degrees.tp > 1:
@@ -160,14 +175,28 @@ class GPTPlan:
 
     def describe(self) -> dict:
         """The set-up in a line of fields, for logs and the engine's `describe()`."""
-        return {"strategy": self.strategy.text, "impl": self.impl, "world_size": self.world_size,
-                **dataclasses.asdict(self.degrees), "global_batch": self.global_batch,
-                "per_rank_batch": self.per_rank_batch, "micro_batch": self.micro_batch,
-                "micro_steps": self.micro_steps, "seq_len": self.seq, "amp": self.amp,
-                "activation_checkpointing": self.checkpointing, "offload": self.offload,
-                "compile": self.strategy.compile, "optimizer": self.optimizer, "device": self.device,
-                "attention": self.attention.label, "vocab_rows": self.model.padded_vocab,
-                "fused_qkv": self.model.fused_qkv, "loss": self.loss, "micro_batch_auto": self.micro_batch_auto}
+        return {
+            "strategy": self.strategy.text,
+            "impl": self.impl,
+            "world_size": self.world_size,
+            **dataclasses.asdict(self.degrees),
+            "global_batch": self.global_batch,
+            "per_rank_batch": self.per_rank_batch,
+            "micro_batch": self.micro_batch,
+            "micro_steps": self.micro_steps,
+            "seq_len": self.seq,
+            "amp": self.amp,
+            "activation_checkpointing": self.checkpointing,
+            "offload": self.offload,
+            "compile": self.strategy.compile,
+            "optimizer": self.optimizer,
+            "device": self.device,
+            "attention": self.attention.label,
+            "vocab_rows": self.model.padded_vocab,
+            "fused_qkv": self.model.fused_qkv,
+            "loss": self.loss,
+            "micro_batch_auto": self.micro_batch_auto,
+        }
 
 
 def _device_type(flag: str, world_size: int, machine: Machine) -> str:
@@ -198,9 +227,14 @@ def optimizer_kernel(spec: StrategySpec, device: str, fused: bool) -> str:
 MAX_VOCAB_MULTIPLE = 1024
 
 
-def resolve(config, machine: Machine, *, model: GPTConfig | None = None,
-            predict: Callable[[GPTPlan], int | None] | None = None,
-            usable: Callable[[int], int] | None = None) -> GPTPlan:
+def resolve(
+    config,
+    machine: Machine,
+    *,
+    model: GPTConfig | None = None,
+    predict: Callable[[GPTPlan], int | None] | None = None,
+    usable: Callable[[int], int] | None = None,
+) -> GPTPlan:
     """`config` (a `gpt.config.GPTBenchConfig`) on `machine` → the checked, frozen plan.
 
     `model` replaces the preset (tests, benchmarks of a model that is not one); `predict` is the
@@ -218,13 +252,25 @@ def resolve(config, machine: Machine, *, model: GPTConfig | None = None,
     device = _device_type(config.device, config.nproc, machine)
     if device == "cuda" and spec.amp == "bf16" and machine.sm is not None and machine.sm < 80:
         # below Ampere (the course's RTX 2080 Ti, sm75) there is no bf16: not a slow emulation or a crash
-        raise HardwareError(f"--strategy {spec.text}: bf16: a GPU of sm{machine.sm} has no bf16 (it starts at sm80); "
-                            f"use fp16 (--strategy {spec.text.replace('amp', 'fp16')}: trainlab adds a GradScaler)")
+        raise HardwareError(
+            f"--strategy {spec.text}: bf16: a GPU of sm{machine.sm} has no bf16 (it starts at sm80); "
+            f"use fp16 (--strategy {spec.text.replace('amp', 'fp16')}: trainlab adds a GradScaler)"
+        )
     if spec.data_parallel == "nvme":
         check_nvme_available(device)
-    deg = validate_strategy(spec, model_cfg, config.nproc, config.global_batch, config.micro_batch, tp=config.tp,
-                            pp=config.pp, microbatches=config.microbatches, impl=config.impl, seq_len=seq,
-                            pp_schedule=config.pp_schedule)
+    deg = validate_strategy(
+        spec,
+        model_cfg,
+        config.nproc,
+        config.global_batch,
+        config.micro_batch,
+        tp=config.tp,
+        pp=config.pp,
+        microbatches=config.microbatches,
+        impl=config.impl,
+        seq_len=seq,
+        pp_schedule=config.pp_schedule,
+    )
     per_rank = config.global_batch // deg.dp
     if deg.pp > 1:  # the pipeline splits the per-rank batch into its micro-batches
         steps = config.microbatches if config.microbatches is not None else per_rank // config.micro_batch
@@ -234,14 +280,34 @@ def resolve(config, machine: Machine, *, model: GPTConfig | None = None,
     sm = machine.sm if device == "cuda" else None
     cudnn = machine.cudnn_version if device == "cuda" else None
     plan = GPTPlan(
-        model_name=config.model if model is None else "custom", model=model_cfg, impl=config.impl, strategy=spec,
-        world_size=config.nproc, degrees=deg, global_batch=config.global_batch, per_rank_batch=per_rank,
-        micro_batch=micro, micro_steps=steps, seq=seq, pp_schedule=config.pp_schedule, device=device, sm=sm,
-        cudnn_version=cudnn, attention=choose(model_cfg.head_dim, spec.amp or "fp32", device, sm or 90, cudnn),
-        optimizer_kernel=optimizer_kernel(spec, device, config.fused_optimizer), loss=config.loss, lr=config.lr,
+        model_name=config.model if model is None else "custom",
+        model=model_cfg,
+        impl=config.impl,
+        strategy=spec,
+        world_size=config.nproc,
+        degrees=deg,
+        global_batch=config.global_batch,
+        per_rank_batch=per_rank,
+        micro_batch=micro,
+        micro_steps=steps,
+        seq=seq,
+        pp_schedule=config.pp_schedule,
+        device=device,
+        sm=sm,
+        cudnn_version=cudnn,
+        attention=choose(model_cfg.head_dim, spec.amp or "fp32", device, sm or 90, cudnn),
+        optimizer_kernel=optimizer_kernel(spec, device, config.fused_optimizer),
+        loss=config.loss,
+        lr=config.lr,
         seed=config.seed,
-        tf32=config.tf32, steps=config.steps, warmup=config.warmup, track_memory=config.track_memory,
-        json=config.json, out=config.out, overwrite=config.overwrite)
+        tf32=config.tf32,
+        steps=config.steps,
+        warmup=config.warmup,
+        track_memory=config.track_memory,
+        json=config.json,
+        out=config.out,
+        overwrite=config.overwrite,
+    )
     return dataclasses.replace(plan, predicted_peak_bytes=predict(plan)) if predict is not None else plan
 
 
@@ -274,8 +340,10 @@ def largest_fitting(config, machine: Machine, model: GPTConfig | None, predict, 
         tried.append(f"{mb}: {peak / 2**30:.1f} GiB")
     if not tried and refused is not None:
         raise refused  # no micro-batch was valid: the reason is a flag's, say it
-    raise HardwareError(f"--micro-batch-auto: no micro-batch fits {budget / 2**30:.1f} GiB usable on {device} "
-                        f"(predicted {'; '.join(tried) or 'none valid'})")
+    raise HardwareError(
+        f"--micro-batch-auto: no micro-batch fits {budget / 2**30:.1f} GiB usable on {device} "
+        f"(predicted {'; '.join(tried) or 'none valid'})"
+    )
 
 
 def _divisors_descending(n: int) -> list[int]:

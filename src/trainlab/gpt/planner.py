@@ -37,8 +37,8 @@ Peak memory is predicted as the largest of three moments of the step:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.attention_backend import AttentionChoice, choose
@@ -62,17 +62,32 @@ def parse_bytes(text: str | int | float, flag: str = "--gpu-mem") -> int:
         return int(text)
     s = str(text).strip()
     # a unit is required: a bare "80" would plan for 80 bytes (and "fit" nothing) without a word
-    units = {"tib": 1024**4, "gib": GiB, "mib": 1024**2, "kib": 1024, "tb": 10**12, "gb": 10**9, "mb": 10**6,
-             "kb": 10**3, "t": 1024**4, "g": GiB, "m": 1024**2, "k": 1024, "b": 1}
+    units = {
+        "tib": 1024**4,
+        "gib": GiB,
+        "mib": 1024**2,
+        "kib": 1024,
+        "tb": 10**12,
+        "gb": 10**9,
+        "mb": 10**6,
+        "kb": 10**3,
+        "t": 1024**4,
+        "g": GiB,
+        "m": 1024**2,
+        "k": 1024,
+        "b": 1,
+    }
     num = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-    unit = s[len(num):].strip().lower()
+    unit = s[len(num) :].strip().lower()
     try:
         value = float(num)
     except ValueError:
         raise ConfigError(f"{flag} {text!r}: expected a size such as 80GiB, 40GB or 512MiB") from None
     if not unit:
-        raise ConfigError(f"{flag} {text!r}: expected a size with a unit, such as 80GiB, 40GB or 512MiB "
-                          f"(a bare number would be bytes: write {text}B if you mean that)")
+        raise ConfigError(
+            f"{flag} {text!r}: expected a size with a unit, such as 80GiB, 40GB or 512MiB "
+            f"(a bare number would be bytes: write {text}B if you mean that)"
+        )
     if unit not in units or not 0 < value * units.get(unit, 1) < 2**63:  # NaN, inf and 1e400 fail here too
         raise ConfigError(f"{flag} {text!r}: expected a size such as 80GiB, 40GB or 512MiB")
     return int(value * units[unit])
@@ -100,8 +115,9 @@ def layer_linear_param_count(cfg: GPTConfig, tp: int = 1) -> int:
     return layer_param_count(cfg, tp) - 4 * cfg.n_embd
 
 
-def attention_extra_bytes_per_token(cfg: GPTConfig, act_bytes: int, seq_len: int, attention: AttentionChoice | None,
-                                    tp: int = 1) -> float:
+def attention_extra_bytes_per_token(
+    cfg: GPTConfig, act_bytes: int, seq_len: int, attention: AttentionChoice | None, tp: int = 1
+) -> float:
     """What the attention kernel keeps for backward beyond q, k, v and the output once (per token
     and layer, this TP rank): the math path's s×s probabilities, flash's padded copies."""
     if attention is None:
@@ -115,15 +131,22 @@ def attention_extra_bytes_per_token(cfg: GPTConfig, act_bytes: int, seq_len: int
     return extra
 
 
-def layer_activation_bytes_per_token(cfg: GPTConfig, ckpt: str, residual_bytes: int, act_bytes: int,
-                                     tp: int = 1, sequence_parallel: bool = False,
-                                     attention: AttentionChoice | None = None, seq_len: int | None = None) -> float:
+def layer_activation_bytes_per_token(
+    cfg: GPTConfig,
+    ckpt: str,
+    residual_bytes: int,
+    act_bytes: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    attention: AttentionChoice | None = None,
+    seq_len: int | None = None,
+) -> float:
     """Bytes one layer keeps for backward, per token of the micro-batch (see module docstring);
     `attention` (with `seq_len`) adds what a non-fused or padded attention kernel keeps."""
     h, r, p, t = cfg.n_embd, residual_bytes, act_bytes, tp
     heads = cfg.n_head / t
     small = 2 * 2 * FP32 + FP32 * heads  # LayerNorm mean/rstd ×2, attention log-sum-exp per head
-    sp = t if sequence_parallel else 1   # sequence parallel also splits the h-wide tensors
+    sp = t if sequence_parallel else 1  # sequence parallel also splits the h-wide tensors
     if ckpt == "full":
         return r * h / sp
     extra = attention_extra_bytes_per_token(cfg, p, seq_len or cfg.n_positions, attention, t)
@@ -132,8 +155,14 @@ def layer_activation_bytes_per_token(cfg: GPTConfig, ckpt: str, residual_bytes: 
     return (2 * r * h + 2 * p * h) / sp + 12 * p * h / t + small + extra
 
 
-def korthikanti_layer_bytes(cfg: GPTConfig, micro_batch: int, seq_len: int, tp: int = 1, recompute: str = "none",
-                            sequence_parallel: bool = False) -> float:
+def korthikanti_layer_bytes(
+    cfg: GPTConfig,
+    micro_batch: int,
+    seq_len: int,
+    tp: int = 1,
+    recompute: str = "none",
+    sequence_parallel: bool = False,
+) -> float:
     """The paper's per-layer activation bytes (16-bit, with dropout, non-fused attention)."""
     s, b, h, a, t = seq_len, micro_batch, cfg.n_embd, cfg.n_head, tp
     if recompute == "full":
@@ -166,20 +195,35 @@ def _stages(cfg: GPTConfig, pp: int, schedule: str, microbatches: int) -> list[_
     return out
 
 
-def attention_for(cfg: GPTConfig, strategy, device_type: str = "cuda", sm: int = 90,
-                  cudnn_version: int | None = None) -> AttentionChoice:
+def attention_for(
+    cfg: GPTConfig, strategy, device_type: str = "cuda", sm: int = 90, cudnn_version: int | None = None
+) -> AttentionChoice:
     """The SDPA kernel a strategy's attention runs (autocast's dtype, or fp32)."""
     spec = _spec(strategy)
     dtype = {"bf16": "bf16", "fp16": "fp16"}.get(spec.amp, "fp32")
     return choose(cfg.head_dim, dtype, device_type, sm, cudnn_version)
 
 
-def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_batch: int = 1,
-                   seq_len: int | None = None, tp: int = 1, pp: int = 1, *, microbatches: int | None = None,
-                   pp_schedule: str = "1f1b", accumulation_steps: int = 1, optimizer: str = "foreach",
-                   sequence_parallel: bool = False, device_type: str = "cuda", sm: int = 90,
-                   cudnn_version: int | None = None, attention: AttentionChoice | None = None,
-                   loss: str = "cross_entropy") -> dict:
+def predict_memory(
+    cfg: GPTConfig,
+    strategy="none",
+    world_size: int = 1,
+    micro_batch: int = 1,
+    seq_len: int | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    *,
+    microbatches: int | None = None,
+    pp_schedule: str = "1f1b",
+    accumulation_steps: int = 1,
+    optimizer: str = "foreach",
+    sequence_parallel: bool = False,
+    device_type: str = "cuda",
+    sm: int = 90,
+    cudnn_version: int | None = None,
+    attention: AttentionChoice | None = None,
+    loss: str = "cross_entropy",
+) -> dict:
     """Predicted per-device bytes for one training step (the worst pipeline stage).
 
     Returns params_bytes, grads_bytes, optimizer_bytes, activations_bytes, buffers_bytes,
@@ -201,9 +245,9 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
     dp = deg.dp
     tokens = micro_batch * seq
     amp = spec.amp is not None
-    r, p = FP32, (2 if amp else FP32)   # autocast keeps the residual stream (and LayerNorms) in fp32
+    r, p = FP32, (2 if amp else FP32)  # autocast keeps the residual stream (and LayerNorms) in fp32
     attn = attention or attention_for(cfg, spec, device_type, sm, cudnn_version)
-    V, h = cfg.padded_vocab, cfg.n_embd   # the embedding's rows and the logits' width, padding included
+    V, h = cfg.padded_vocab, cfg.n_embd  # the embedding's rows and the logits' width, padding included
     n_mb = microbatches or 1
     stages = _stages(cfg, deg.pp, pp_schedule, n_mb) if deg.pp > 1 else [_Stage(cfg.n_layer, True, True, 1)]
 
@@ -212,24 +256,26 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
         lp = layer_param_count(cfg, deg.tp)
         embed = (V * h + cfg.n_positions * h) if st.has_embedding else 0
         head = (2 * h + (0 if st.has_embedding else V * h)) if st.has_head else 0  # pp: last stage's own copy of wte
-        P = st.layers * lp + embed + head             # parameters this rank computes with
+        P = st.layers * lp + embed + head  # parameters this rank computes with
         shard = dp if spec.uses_fsdp else 1
-        root = embed + head                           # FSDP2 root group: embeddings, ln_f (unsharded fwd→bwd)
+        root = embed + head  # FSDP2 root group: embeddings, ln_f (unsharded fwd→bwd)
 
         # --- persistent state
         params_dev = FP32 * P / shard
         host = 0.0
         opt_state = 2 * FP32 * P / (dp if spec.data_parallel in ("zero1", "zero2", "zero3") else 1)
-        grads_full = FP32 * P / shard                 # after backward (sharded under FSDP)
+        grads_full = FP32 * P / shard  # after backward (sharded under FSDP)
         buffers = FP32 * P if spec.data_parallel in ("ddp", "zero1") else 0.0  # DDP gradient buckets
-        if spec.offload:                              # sharded state lives in host memory
+        if spec.offload:  # sharded state lives in host memory
             host = params_dev + grads_full + opt_state
             params_dev, grads_full, opt_state = 0.0, 0.0, 0.0
         if spec.uses_fsdp:
-            params_dev += FP32 * root                 # root stays unsharded between forward and backward
+            params_dev += FP32 * root  # root stays unsharded between forward and backward
 
         # --- activations (per micro-batch, times the micro-batches a pipeline stage holds)
-        layer_act = layer_activation_bytes_per_token(cfg, spec.ckpt, r, p, deg.tp, sequence_parallel, attn, seq) * tokens
+        layer_act = (
+            layer_activation_bytes_per_token(cfg, spec.ckpt, r, p, deg.tp, sequence_parallel, attn, seq) * tokens
+        )
         layer_full = layer_activation_bytes_per_token(cfg, "none", r, p, deg.tp, sequence_parallel, attn, seq) * tokens
         if amp and spec.ckpt != "full":
             layer_act += 2 * layer_linear_param_count(cfg, deg.tp)  # bf16 weight copies saved for backward
@@ -244,18 +290,18 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
             head_act = tokens * (r * h + r * h) + FP32 * V * h
             logits_tmp = min(tokens, CHUNK_TOKENS) * V * (FP32 + (2 * p if amp else 0)) + (p * V * h if amp else 0)
         elif st.has_head:
-            head_act = tokens * (r * h + p * h + FP32 * V)   # ln_f input, lm_head input, log_softmax output
-            logits_tmp = tokens * 2 * FP32 * V               # d(log_softmax out), d(logits) at backward start
+            head_act = tokens * (r * h + p * h + FP32 * V)  # ln_f input, lm_head input, log_softmax output
+            logits_tmp = tokens * 2 * FP32 * V  # d(log_softmax out), d(logits) at backward start
             if amp:
-                logits_tmp += tokens * 2 * V                 # 16-bit gradient of the 16-bit logits
+                logits_tmp += tokens * 2 * V  # 16-bit gradient of the 16-bit logits
         acts = st.in_flight * (st.layers * layer_act + head_act)
         if deg.pp > 1 and not st.has_head:
-            acts += st.in_flight * r * h * tokens            # the stage output kept for its backward
+            acts += st.in_flight * r * h * tokens  # the stage output kept for its backward
 
         # --- unsharded FSDP parameters during compute
         unsharded_fwd = 0.0
         if spec.uses_fsdp:
-            prefetch = 2 * FP32 * lp                        # the current and the prefetched block
+            prefetch = 2 * FP32 * lp  # the current and the prefetched block
             unsharded_fwd = FP32 * lp * st.layers if spec.data_parallel == "zero2" else prefetch
             if spec.data_parallel == "zero2" and spec.offload:
                 unsharded_fwd = FP32 * lp * st.layers
@@ -267,9 +313,9 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
         # C: walk the backward through this stage's layers, last to first
         phase_c = 0.0
         for i in reversed(range(st.layers)):
-            done = st.layers - 1 - i                        # layers whose backward finished
+            done = st.layers - 1 - i  # layers whose backward finished
             if spec.uses_fsdp or spec.offload:
-                g = FP32 * (root + 2 * lp)                   # unsharded grads of the head and the current block
+                g = FP32 * (root + 2 * lp)  # unsharded grads of the head and the current block
                 g += FP32 * (done * lp) / shard if not spec.offload else 0.0
                 unsh = (FP32 * lp * (i + 1)) if spec.data_parallel == "zero2" else 2 * FP32 * lp
             else:
@@ -279,7 +325,7 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
             if spec.ckpt != "none":
                 live += layer_full - (layer_act if spec.ckpt == "full" else 0)  # the recomputed layer
             bwd_tmp = tokens * (2 * 4 * p * h / deg.tp + 2 * r * h)  # d(GELU out), d(fc out), residual grads
-            if attn.stores_scores:   # math path: d(probabilities) and d(scores) while the layer's attention
+            if attn.stores_scores:  # math path: d(probabilities) and d(scores) while the layer's attention
                 # backward runs — after its MLP's backward, so instead of (not on top of) the MLP temporaries
                 bwd_tmp = max(bwd_tmp, tokens * 2 * (cfg.n_head / deg.tp) * seq * p)
             phase_c = max(phase_c, static + g + live + unsh + bwd_tmp)
@@ -303,14 +349,35 @@ def predict_memory(cfg: GPTConfig, strategy="none", world_size: int = 1, micro_b
             "buffers_bytes": int(buffers + unsharded_fwd),
             "temporaries_bytes": int(max(logits_tmp, opt_tmp)),
             "host_bytes": int(host),
-            "phase_bytes": {"backward_start": int(phase_a), "backward_walk": int(phase_c), "optimizer_step": int(phase_b)},
+            "phase_bytes": {
+                "backward_start": int(phase_a),
+                "backward_walk": int(phase_c),
+                "optimizer_step": int(phase_b),
+            },
             "total_bytes": int(peak),
             "params_on_device": int(P),
-            "attention": {"backend": attn.backend, "label": attn.label, "head_dim": attn.head_dim,
-                          "padded_head_dim": attn.padded_head_dim, "stores_scores": attn.stores_scores, "why": attn.why},
+            "attention": {
+                "backend": attn.backend,
+                "label": attn.label,
+                "head_dim": attn.head_dim,
+                "padded_head_dim": attn.padded_head_dim,
+                "stores_scores": attn.stores_scores,
+                "why": attn.why,
+            },
         }
-        result["sum_bytes"] = int(sum(result[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
-                                                          "activations_bytes", "buffers_bytes", "temporaries_bytes")))
+        result["sum_bytes"] = int(
+            sum(
+                result[k]
+                for k in (
+                    "params_bytes",
+                    "grads_bytes",
+                    "optimizer_bytes",
+                    "activations_bytes",
+                    "buffers_bytes",
+                    "temporaries_bytes",
+                )
+            )
+        )
         if best is None or result["total_bytes"] > best["total_bytes"]:
             best = result
     best["degrees"] = {"dp": deg.dp, "tp": deg.tp, "pp": deg.pp}
@@ -326,12 +393,36 @@ def usable_bytes(gpu_mem: int) -> int:
 
 def default_strategies(gpus: int) -> list[str]:
     """Strategies worth planning for `gpus` devices (the handout's list alone and combined)."""
-    single = ["none", "amp", "ckpt", "ckpt-selective", "amp+ckpt", "amp+ckpt-selective", "offload",
-              "offload+amp", "offload+amp+ckpt"]
+    single = [
+        "none",
+        "amp",
+        "ckpt",
+        "ckpt-selective",
+        "amp+ckpt",
+        "amp+ckpt-selective",
+        "offload",
+        "offload+amp",
+        "offload+amp+ckpt",
+    ]
     if gpus == 1:
         return single
-    multi = ["ddp", "ddp+amp", "ddp+amp+ckpt", "zero1", "zero1+amp", "zero2", "zero2+amp", "zero2+amp+ckpt",
-             "zero3", "zero3+amp", "zero3+amp+ckpt", "zero3+offload+amp", "pp", "pp+amp", "pp+amp+ckpt"]
+    multi = [
+        "ddp",
+        "ddp+amp",
+        "ddp+amp+ckpt",
+        "zero1",
+        "zero1+amp",
+        "zero2",
+        "zero2+amp",
+        "zero2+amp+ckpt",
+        "zero3",
+        "zero3+amp",
+        "zero3+amp+ckpt",
+        "zero3+offload+amp",
+        "pp",
+        "pp+amp",
+        "pp+amp+ckpt",
+    ]
     if gpus % 2 == 0:
         multi += ["tp", "tp+amp", "tp+amp+ckpt"]
     if gpus >= 4 and gpus % 2 == 0:
@@ -342,10 +433,21 @@ def default_strategies(gpus: int) -> list[str]:
 def predict_plan(plan: GPTPlan) -> dict:
     """`predict_memory` for a resolved run: the one translation from a plan into the planner, used
     before a run (the out-of-memory check, `gpt plan`, compare's table) and in it (the summary)."""
-    return predict_memory(plan.model, plan.strategy, plan.world_size, plan.micro_batch, plan.seq,
-                          plan.degrees.tp, plan.degrees.pp, microbatches=plan.micro_steps if plan.pipeline else None,
-                          pp_schedule=plan.pp_schedule, accumulation_steps=1 if plan.pipeline else plan.micro_steps,
-                          optimizer=plan.optimizer_kernel, attention=plan.attention, loss=plan.loss)
+    return predict_memory(
+        plan.model,
+        plan.strategy,
+        plan.world_size,
+        plan.micro_batch,
+        plan.seq,
+        plan.degrees.tp,
+        plan.degrees.pp,
+        microbatches=plan.micro_steps if plan.pipeline else None,
+        pp_schedule=plan.pp_schedule,
+        accumulation_steps=1 if plan.pipeline else plan.micro_steps,
+        optimizer=plan.optimizer_kernel,
+        attention=plan.attention,
+        loss=plan.loss,
+    )
 
 
 def predicted_peak(plan: GPTPlan) -> int | None:
@@ -363,6 +465,7 @@ Resolver = Callable[[str, int], GPTPlan]
 
 def largest_micro_batch(resolver: Resolver, strategy: str, budget: int, limit: int = 4096) -> int:
     """Largest micro-batch whose predicted peak fits `budget` bytes (0 if even 1 does not)."""
+
     def fits(b):
         try:
             return predict_plan(resolver(strategy, b))["total_bytes"] <= budget
@@ -381,8 +484,14 @@ def largest_micro_batch(resolver: Resolver, strategy: str, budget: int, limit: i
     return lo
 
 
-def plan(resolver: Resolver, gpus: int, gpu_mem: int, micro_batch: int = 1, strategies: list[str] | None = None,
-         model_name: str = "") -> dict:
+def plan(
+    resolver: Resolver,
+    gpus: int,
+    gpu_mem: int,
+    micro_batch: int = 1,
+    strategies: list[str] | None = None,
+    model_name: str = "",
+) -> dict:
     """Predictions for every strategy on `gpus` devices of `gpu_mem` bytes each; `resolver` turns a
     strategy and a micro-batch into the run's plan on that machine (its device, compute capability
     and optimizer kernel decide the attention kernel and the temporaries)."""
@@ -424,7 +533,7 @@ def plan(resolver: Resolver, gpus: int, gpu_mem: int, micro_batch: int = 1, stra
             "fragmentation_margin": FRAGMENTATION_MARGIN,
             "context_reserve_bytes": CONTEXT_RESERVE_BYTES,
             "activations": "Korthikanti et al. 2022 bookkeeping, no dropout, with the SDPA kernel PyTorch picks "
-                           "per dtype and head width (see each row's attention)",
+            "per dtype and head width (see each row's attention)",
         },
         "strategies": rows,
     }
@@ -432,22 +541,27 @@ def plan(resolver: Resolver, gpus: int, gpu_mem: int, micro_batch: int = 1, stra
 
 def format_plan(result: dict) -> str:
     """A fixed-width table of `plan()`'s result."""
+
     def g(x):
         return "-" if x is None else f"{x / GiB:7.2f}"
 
-    lines = [f"model {result['model']}  params {result['params']:,}  gpus {result['gpus']}  "
-             f"memory {result['gpu_mem_bytes'] / GiB:.1f} GiB (usable {result['usable_bytes'] / GiB:.1f} GiB)  "
-             f"micro-batch {result['micro_batch']}  seq {result['seq_len']}  sm{result.get('sm', 90)}",
-             f"{'strategy':<22}{'params':>8}{'grads':>8}{'optim':>8}{'activ':>8}{'other':>8}{'PEAK GiB':>9}"
-             f"{'host':>8}  fits  max-micro-batch  attention (SDPA kernel)"]
+    lines = [
+        f"model {result['model']}  params {result['params']:,}  gpus {result['gpus']}  "
+        f"memory {result['gpu_mem_bytes'] / GiB:.1f} GiB (usable {result['usable_bytes'] / GiB:.1f} GiB)  "
+        f"micro-batch {result['micro_batch']}  seq {result['seq_len']}  sm{result.get('sm', 90)}",
+        f"{'strategy':<22}{'params':>8}{'grads':>8}{'optim':>8}{'activ':>8}{'other':>8}{'PEAK GiB':>9}"
+        f"{'host':>8}  fits  max-micro-batch  attention (SDPA kernel)",
+    ]
     for r in result["strategies"]:
         if r.get("error"):
             lines.append(f"{r['strategy']:<22}  error: {r['error']}")
             continue
         other = r["buffers_bytes"] + r["temporaries_bytes"]
-        lines.append(f"{r['strategy']:<22}{g(r['params_bytes'])} {g(r['grads_bytes'])}{g(r['optimizer_bytes'])} "
-                     f"{g(r['activations_bytes'])}{g(other)} {g(r['total_bytes'])}{g(r['host_bytes'])}  "
-                     f"{'yes ' if r['fits'] else 'NO  '}  {r['max_micro_batch']:<15d}  {r['attention']['label']}")
+        lines.append(
+            f"{r['strategy']:<22}{g(r['params_bytes'])} {g(r['grads_bytes'])}{g(r['optimizer_bytes'])} "
+            f"{g(r['activations_bytes'])}{g(other)} {g(r['total_bytes'])}{g(r['host_bytes'])}  "
+            f"{'yes ' if r['fits'] else 'NO  '}  {r['max_micro_batch']:<15d}  {r['attention']['label']}"
+        )
     why = {r["attention"]["label"]: r["attention"]["why"] for r in result["strategies"] if not r.get("error")}
     lines += [f"  {label}: {reason}" for label, reason in why.items()]
     return "\n".join(lines)
@@ -488,7 +602,7 @@ def _live_bytes_mode():
                 st = t.untyped_storage()
                 key = st.data_ptr()
             except (RuntimeError, NotImplementedError):  # tensor subclasses / functional collectives
-                return                                   # without a real storage
+                return  # without a real storage
             old = self.live.get(key)
             if old is not None and old[0]() is not None:
                 return
@@ -529,6 +643,7 @@ def measure_step_peak_bytes(engine, tokens, warm: bool = False) -> int:
 
 # ----------------------------------------------------------------------------- before a run builds anything
 
+
 def out_of_memory_line(need: int | None, free: int | None, where: str) -> str:
     """The one line for a run that does not fit: "out of memory: needs ≈X, has Y; see `trainlab gpt plan`"."""
     needs = f"needs ≈{need / 2**30:.1f} GiB" if need is not None else "needs more"
@@ -553,6 +668,8 @@ def memory_shortfall(plan: GPTPlan) -> str | None:
     for d in devices:
         free = free_memory(d)
         if free is not None and need * ranks > free:
-            where = f"{ranks} CPU ranks × {need / 2**30:.1f} GiB in host memory" if ranks > 1 else f"{d}, planner estimate"
+            where = (
+                f"{ranks} CPU ranks × {need / 2**30:.1f} GiB in host memory" if ranks > 1 else f"{d}, planner estimate"
+            )
             return out_of_memory_line(need * ranks, free, where)
     return None

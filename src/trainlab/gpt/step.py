@@ -22,7 +22,7 @@ GPU the step already fills to ~70 GiB.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn

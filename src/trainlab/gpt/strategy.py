@@ -43,12 +43,12 @@ class StrategySpec:
     """A parsed strategy. `text` is the canonical '+'-joined spelling (used in logs and tables)."""
 
     text: str = "none"
-    data_parallel: str | None = None      # ddp | zero1 | zero2 | zero3 | nvme | None
+    data_parallel: str | None = None  # ddp | zero1 | zero2 | zero3 | nvme | None
     tp: bool = False
     pp: bool = False
-    amp: str | None = None                # "bf16" | "fp16" | None
+    amp: str | None = None  # "bf16" | "fp16" | None
     accum: bool = False
-    ckpt: str = "none"                    # "none" | "full" | "selective"
+    ckpt: str = "none"  # "none" | "full" | "selective"
     offload: bool = False
     compile: bool = False
 
@@ -123,8 +123,17 @@ def parse_strategy(text: str) -> StrategySpec:
         )
 
     canonical = "+".join(p for p in STRATEGY_NAMES if p in parts)
-    return StrategySpec(text=canonical, data_parallel=data_parallel, tp=tp, pp=pp, amp=amp, accum=accum,
-                        ckpt=ckpt, offload=offload, compile=compile_)
+    return StrategySpec(
+        text=canonical,
+        data_parallel=data_parallel,
+        tp=tp,
+        pp=pp,
+        amp=amp,
+        accum=accum,
+        ckpt=ckpt,
+        offload=offload,
+        compile=compile_,
+    )
 
 
 @dataclass(frozen=True)
@@ -189,12 +198,16 @@ def validate_strategy(
     if impl not in ("ours", "hf"):
         raise ConfigError(f"--impl {impl!r}: expected ours or hf")
     if impl == "hf" and (spec.tp or spec.pp):
-        raise ConfigError("--impl hf: HF GPT2 uses Conv1D layers that DTensor tp and our pp split cannot take; use --impl ours")
+        raise ConfigError(
+            "--impl hf: HF GPT2 uses Conv1D layers that DTensor tp and our pp split cannot take; use --impl ours"
+        )
     if impl == "hf" and spec.ckpt == "selective":
         raise ConfigError("--strategy ckpt-selective: only for --impl ours (HF has whole-block checkpointing only)")
 
     if not spec.distributed and world_size != 1:
-        raise ConfigError(f"--nproc {world_size}: strategy {spec.text!r} is single-process; use --nproc 1 or a parallel strategy")
+        raise ConfigError(
+            f"--nproc {world_size}: strategy {spec.text!r} is single-process; use --nproc 1 or a parallel strategy"
+        )
     deg = resolve_degrees(spec, world_size, tp, pp)
     if spec.tp:
         if deg.tp < 2:

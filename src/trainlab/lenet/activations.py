@@ -6,7 +6,7 @@ asked for, so that asking for `relu` never JIT-compiles the C++ extension or imp
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch.nn as nn
 
@@ -25,11 +25,11 @@ def _gelu_impl(impl: str, approximate: str = "none") -> Callable[[], nn.Module]:
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
     "tanh": nn.Tanh,
-    "sigmoid": nn.Sigmoid,   # the 1998 LeNet-5 used squashing functions
+    "sigmoid": nn.Sigmoid,  # the 1998 LeNet-5 used squashing functions
     "silu": nn.SiLU,
-    "gelu": nn.GELU,                      # F.gelu, the reference
+    "gelu": nn.GELU,  # F.gelu, the reference
     "gelu-tanh": lambda: nn.GELU(approximate="tanh"),
-    "gelu-torch": _gelu_impl("aten"),      # the aten rung through GELU(); the name predates "aten"
+    "gelu-torch": _gelu_impl("aten"),  # the aten rung through GELU(); the name predates "aten"
     "gelu-python": _gelu_impl("python"),
     "gelu-cpp": _gelu_impl("cpp"),
     "gelu-triton": _gelu_impl("triton"),

@@ -59,7 +59,7 @@ def allreduce_gradients(buckets: list[list[torch.Tensor]], world_size: int, grou
         offset = 0
         for p in bucket:
             n = p.numel()
-            view = flat[offset:offset + n].view_as(p)
+            view = flat[offset : offset + n].view_as(p)
             if p.grad is None:
                 p.grad = view.clone()
             else:

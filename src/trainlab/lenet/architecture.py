@@ -39,14 +39,20 @@ def architecture_rows(config: dict) -> list[list[str]] | None:
         return None
     act = str(config.get("act", "relu"))
     try:  # shapes and parameters do not depend on whose GELU or whose layers: build PyTorch's
-        model = LeNet5(act="relu", pool=config.get("pool", "max"), batchnorm=bool(config.get("batchnorm")),
-                       batchnorm_conv1=bool(config.get("batchnorm_conv1", True)))
+        model = LeNet5(
+            act="relu",
+            pool=config.get("pool", "max"),
+            batchnorm=bool(config.get("batchnorm")),
+            batchnorm_conv1=bool(config.get("batchnorm_conv1", True)),
+        )
     except (ConfigError, ValueError, TypeError):
         return None
     rows = [HEADER, ["input: a 28×28 grey image", "1×28×28", "0"]]
 
     def hook(m, _inp, out):
-        rows.append([_describe(m, act), "×".join(str(d) for d in out.shape[1:]), f"{sum(p.numel() for p in m.parameters()):,}"])
+        rows.append(
+            [_describe(m, act), "×".join(str(d) for d in out.shape[1:]), f"{sum(p.numel() for p in m.parameters()):,}"]
+        )
 
     leaves = [m for m in model.modules() if not list(m.children()) and not isinstance(m, nn.Identity)]
     handles = [m.register_forward_hook(hook) for m in leaves]

@@ -26,18 +26,31 @@ def build_train_batches(cfg: TrainConfig, data, device: torch.device, par: DataP
     par = par or DataParallelContext(device=device)
     images, labels = _subset(data.train_images, data.train_labels, cfg.train_subset)
     if cfg.loader == "device":
-        return DeviceLoader(images, labels, cfg.batch_size, device, shuffle=True, seed=cfg.seed, augment=cfg.distortion(),
-                            rank=par.rank, world_size=par.world_size, warmup_batch_size=cfg.warmup_batch_size,
-                            warmup_images=int(cfg.batch_warmup_epochs * len(labels)))
+        return DeviceLoader(
+            images,
+            labels,
+            cfg.batch_size,
+            device,
+            shuffle=True,
+            seed=cfg.seed,
+            augment=cfg.distortion(),
+            rank=par.rank,
+            world_size=par.world_size,
+            warmup_batch_size=cfg.warmup_batch_size,
+            warmup_images=int(cfg.batch_warmup_epochs * len(labels)),
+        )
     if cfg.loader == "dataloader":
         if par.world_size > 1:
-            raise ConfigError(f"--loader dataloader is single-process; with --parallel {par.mode} over {par.world_size} "
-                              "ranks use --loader device (it shards every global batch across ranks)")
+            raise ConfigError(
+                f"--loader dataloader is single-process; with --parallel {par.mode} over {par.world_size} "
+                "ranks use --loader device (it shards every global batch across ranks)"
+            )
         ds = MNIST(train=True, arrays=data, augment=cfg.distortion(), seed=cfg.seed)
         if cfg.train_subset is not None:
             ds = torch.utils.data.Subset(ds, range(cfg.train_subset))
-        return make_dataloader(ds, cfg.batch_size, shuffle=True, seed=cfg.seed, workers=cfg.workers,
-                               pin_memory=device.type == "cuda")
+        return make_dataloader(
+            ds, cfg.batch_size, shuffle=True, seed=cfg.seed, workers=cfg.workers, pin_memory=device.type == "cuda"
+        )
     raise ConfigError(f"--loader {cfg.loader!r}: expected one of {', '.join(LOADERS)}")
 
 

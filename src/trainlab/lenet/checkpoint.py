@@ -27,26 +27,48 @@ from trainlab.lenet.config import TrainConfig
 
 FORMAT = "trainlab.lenet.v1"
 # entry → the type every checkpoint of FORMAT has there
-_ENTRIES = {"model": dict, "optimizer": dict, "scheduler": dict, "epochs_done": int, "global_step": int,
-            "history": list, "train_seconds": (int, float), "config": dict}
+_ENTRIES = {
+    "model": dict,
+    "optimizer": dict,
+    "scheduler": dict,
+    "epochs_done": int,
+    "global_step": int,
+    "history": list,
+    "train_seconds": (int, float),
+    "config": dict,
+}
 _HISTORY_NUMBERS = ("epoch", "test_accuracy", "train_seconds", "images_per_s")  # what a resumed run reads back
 
 
-def save_checkpoint(path: Path, *, model, optimizer, scheduler, epoch: int, global_step: int,
-                    history: list[dict], train_seconds: float, config: dict, ema: dict | None = None) -> None:
+def save_checkpoint(
+    path: Path,
+    *,
+    model,
+    optimizer,
+    scheduler,
+    epoch: int,
+    global_step: int,
+    history: list[dict],
+    train_seconds: float,
+    config: dict,
+    ema: dict | None = None,
+) -> None:
     """`ema` (an `EMA.state_dict()`, with --ema) is stored beside the live weights so a resume is exact."""
-    atomic_torch_save(path, {  # into a claimed run directory (RunDir vetted it)
-        "format": FORMAT,
-        "model": unwrap(model).state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "epochs_done": epoch,
-        "global_step": global_step,
-        "history": history,
-        "train_seconds": train_seconds,
-        "config": config,
-        "ema": ema,
-    })
+    atomic_torch_save(
+        path,
+        {  # into a claimed run directory (RunDir vetted it)
+            "format": FORMAT,
+            "model": unwrap(model).state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "epochs_done": epoch,
+            "global_step": global_step,
+            "history": history,
+            "train_seconds": train_seconds,
+            "config": config,
+            "ema": ema,
+        },
+    )
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -54,8 +76,11 @@ def load_checkpoint(path: str | Path) -> dict:
     if path.is_dir():
         path = path / "checkpoint.pt"
     if not path.exists():
-        hint = " (the run stopped before its first epoch ended; start it again with --overwrite)" \
-            if (path.parent / "config.json").exists() else ""
+        hint = (
+            " (the run stopped before its first epoch ended; start it again with --overwrite)"
+            if (path.parent / "config.json").exists()
+            else ""
+        )
         raise UserError(f"{path}: checkpoint not found{hint}")
     check_input(path)  # a FIFO would block torch.load forever
     try:
@@ -63,31 +88,43 @@ def load_checkpoint(path: str | Path) -> dict:
     except Exception as e:  # truncated, not a torch file, or refused by the weights-only unpickler
         code = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
         if code:
-            raise UserError(f"{path}: refused: it holds Python objects besides tensors and plain values (it would "
-                            f"import and call {code.group(1)}), which trainlab never writes: another program's file, "
-                            "or crafted; nothing in it was run") from None
+            raise UserError(
+                f"{path}: refused: it holds Python objects besides tensors and plain values (it would "
+                f"import and call {code.group(1)}), which trainlab never writes: another program's file, "
+                "or crafted; nothing in it was run"
+            ) from None
         reason = str(e).split("WeightsUnpickler error:")[-1].strip().splitlines() or [""]
         raise UserError(f"{path}: not a readable checkpoint ({type(e).__name__}: {reason[0][:160]})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         bare = isinstance(ckpt, dict) and ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values())
-        raise UserError(f"{path}: not a trainlab LeNet checkpoint (missing format {FORMAT!r}"
-                        + ("; it looks like a bare state_dict)" if bare else ")"))
+        raise UserError(
+            f"{path}: not a trainlab LeNet checkpoint (missing format {FORMAT!r}"
+            + ("; it looks like a bare state_dict)" if bare else ")")
+        )
     for key, typ in _ENTRIES.items():
         if not isinstance(ckpt.get(key), typ) or isinstance(ckpt.get(key), bool):
             found = "missing" if key not in ckpt else f"a {type(ckpt[key]).__name__}"
             raise UserError(f"{path}: damaged checkpoint: entry {key!r} is {found}, expected a {_type_name(typ)}")
     epochs = ckpt["config"].get("epochs")
     if not (isinstance(epochs, int) and 0 <= ckpt["epochs_done"] <= epochs) or ckpt["global_step"] < 0:
-        raise UserError(f"{path}: damaged checkpoint: epochs_done {ckpt['epochs_done']} and global_step "
-                        f"{ckpt['global_step']} (expected 0 <= epochs_done <= the config's epochs {epochs}, global_step >= 0)")
+        raise UserError(
+            f"{path}: damaged checkpoint: epochs_done {ckpt['epochs_done']} and global_step "
+            f"{ckpt['global_step']} (expected 0 <= epochs_done <= the config's epochs {epochs}, global_step >= 0)"
+        )
     for i, record in enumerate(ckpt["history"]):
         if not (isinstance(record, dict) and all(isinstance(record.get(k), (int, float)) for k in _HISTORY_NUMBERS)):
             raise UserError(f"{path}: damaged checkpoint: history[{i}] lacks the numbers {', '.join(_HISTORY_NUMBERS)}")
     ema = ckpt.get("ema")
-    if ema is not None and not (isinstance(ema, dict) and isinstance(ema.get("model"), dict)
-                                and isinstance(ema.get("decay"), float) and isinstance(ema.get("updates"), int)):
-        raise UserError(f"{path}: damaged checkpoint: entry 'ema' must hold decay, updates and the averaged weights "
-                        "under 'model' (or be absent)")
+    if ema is not None and not (
+        isinstance(ema, dict)
+        and isinstance(ema.get("model"), dict)
+        and isinstance(ema.get("decay"), float)
+        and isinstance(ema.get("updates"), int)
+    ):
+        raise UserError(
+            f"{path}: damaged checkpoint: entry 'ema' must hold decay, updates and the averaged weights "
+            "under 'model' (or be absent)"
+        )
     return ckpt
 
 
@@ -116,23 +153,31 @@ def load_model_state(model: torch.nn.Module, state: dict, path) -> None:
     problems = []
     bn_ckpt, bn_model = (any(k.endswith("running_mean") for k in d) for d in (state, want))
     if bn_ckpt != bn_model:
-        problems.append(f"the checkpoint was trained {'with' if bn_ckpt else 'without'} BatchNorm, the model is "
-                        f"built {'with' if bn_model else 'without'} it")
+        problems.append(
+            f"the checkpoint was trained {'with' if bn_ckpt else 'without'} BatchNorm, the model is "
+            f"built {'with' if bn_model else 'without'} it"
+        )
     else:
         missing = [k for k in want if k not in state]
         unexpected = [k for k in state if k not in want]
-        shapes = [f"{k} {list(state[k].shape)} vs {list(want[k].shape)}" for k in want
-                  if k in state and state[k].shape != want[k].shape]
+        shapes = [
+            f"{k} {list(state[k].shape)} vs {list(want[k].shape)}"
+            for k in want
+            if k in state and state[k].shape != want[k].shape
+        ]
         for label, items in (("missing", missing), ("unexpected", unexpected), ("shape (checkpoint vs model)", shapes)):
             if items:
-                problems.append(f"{label}: {', '.join(items[:4])}{f' and {len(items) - 4} more' if len(items) > 4 else ''}")
+                problems.append(
+                    f"{label}: {', '.join(items[:4])}{f' and {len(items) - 4} more' if len(items) > 4 else ''}"
+                )
     if problems:
         raise UserError(f"{path}: the checkpoint does not fit this LeNet-5: {'; '.join(problems)}")
     unwrap(model).load_state_dict(state)
 
 
-def restore_checkpoint(ckpt: dict, cfg: TrainConfig, model, optimizer, scheduler, run, steps_per_epoch: int,
-                       log=print, ema=None) -> tuple[int, int, list[dict], float]:
+def restore_checkpoint(
+    ckpt: dict, cfg: TrainConfig, model, optimizer, scheduler, run, steps_per_epoch: int, log=print, ema=None
+) -> tuple[int, int, list[dict], float]:
     """Put a resumed run back where its checkpoint left it → (epochs done, global step, history, seconds).
 
     The checkpoint must come from this run's config (fields that decide the result identical); a
@@ -141,18 +186,24 @@ def restore_checkpoint(ckpt: dict, cfg: TrainConfig, model, optimizer, scheduler
     saved = checkpoint_config(ckpt, path)
     differ = cfg.result_differences(saved)
     if differ:
-        raise UserError(f"{path}: written by a different config than {run.file('config.json')}: "
-                        + ", ".join(f"{k} {getattr(saved, k)!r} vs {getattr(cfg, k)!r}" for k in differ))
+        raise UserError(
+            f"{path}: written by a different config than {run.file('config.json')}: "
+            + ", ".join(f"{k} {getattr(saved, k)!r} vs {getattr(cfg, k)!r}" for k in differ)
+        )
     done, step = ckpt["epochs_done"], ckpt["global_step"]
     # the most optimizer steps `done` epochs can take (a batch-size warm-up takes smaller, so more, steps)
     most = done * steps_per_epoch * -(-cfg.batch_size // min(cfg.batch_size, cfg.warmup_batch_size or cfg.batch_size))
     if step > most:
-        raise UserError(f"{path}: damaged checkpoint: global_step {step} after {done} epoch(s) of at most "
-                        f"{steps_per_epoch} steps (expected <= {most})")
+        raise UserError(
+            f"{path}: damaged checkpoint: global_step {step} after {done} epoch(s) of at most "
+            f"{steps_per_epoch} steps (expected <= {most})"
+        )
     if done > cfg.epochs or (done == cfg.epochs and run.file("summary.json").exists()):
-        raise ConfigError(f"--resume {run.path}: the run has done {done} of {saved.epochs} epochs"
-                          + (" and is complete" if done == cfg.epochs else "")
-                          + f"; pass --epochs N with N > {done} to extend it")
+        raise ConfigError(
+            f"--resume {run.path}: the run has done {done} of {saved.epochs} epochs"
+            + (" and is complete" if done == cfg.epochs else "")
+            + f"; pass --epochs N with N > {done} to extend it"
+        )
     load_model_state(model, ckpt["model"], path)
     if ema is not None:  # the same --ema (checked above), so the checkpoint holds the average
         load_model_state(ema.module, ckpt["ema"]["model"], path)  # checked: one line naming any mismatch
@@ -160,14 +211,18 @@ def restore_checkpoint(ckpt: dict, cfg: TrainConfig, model, optimizer, scheduler
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
     except (ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise UserError(f"{path}: the optimizer state does not fit this run's optimizer ({cfg.optimizer}): "
-                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise UserError(
+            f"{path}: the optimizer state does not fit this run's optimizer ({cfg.optimizer}): "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
     if saved.epochs == cfg.epochs:
         scheduler.load_state_dict(ckpt["scheduler"])
     else:
         _fast_forward(scheduler, step)
-        log(f"resume: --epochs {cfg.epochs} (was {saved.epochs}): the LR schedule is rebuilt for {cfg.epochs} epochs "
-            f"({cfg.epochs * steps_per_epoch} steps) and continues at step {step}")
+        log(
+            f"resume: --epochs {cfg.epochs} (was {saved.epochs}): the LR schedule is rebuilt for {cfg.epochs} epochs "
+            f"({cfg.epochs * steps_per_epoch} steps) and continues at step {step}"
+        )
     return done, step, ckpt["history"], float(ckpt["train_seconds"])
 
 

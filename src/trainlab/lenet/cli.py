@@ -15,8 +15,17 @@ from pathlib import Path
 
 from trainlab.distributed.launch import launch_workers, needs_launch
 from trainlab.errors import ConfigError
-from trainlab.flags import (add_command, add_flags, add_list_flags, at_least, check_value, explicit_values, flag_name,
-                            json_output, list_values)
+from trainlab.flags import (
+    add_command,
+    add_flags,
+    add_list_flags,
+    at_least,
+    check_value,
+    explicit_values,
+    flag_name,
+    json_output,
+    list_values,
+)
 from trainlab.io import read_json, write_json_output
 from trainlab.lenet.compare import CompareConfig, run_compare
 from trainlab.lenet.config import RESUME_OVERRIDES, TrainConfig, apply_preset
@@ -47,14 +56,20 @@ def resumed_config(args: argparse.Namespace) -> TrainConfig:
     saved = TrainConfig.from_dict(read_json(path), source=str(path))
     explicit = explicit_values(args, TrainConfig)
     if explicit.get("overwrite"):
-        raise ConfigError(f"--overwrite with --resume {run_dir}: resuming continues the run; --overwrite would replace it")
+        raise ConfigError(
+            f"--overwrite with --resume {run_dir}: resuming continues the run; --overwrite would replace it"
+        )
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    refused = [k for k, v in explicit.items() if k not in RESUME_OVERRIDES and k != "overwrite" and v != getattr(saved, k)]
+    refused = [
+        k for k, v in explicit.items() if k not in RESUME_OVERRIDES and k != "overwrite" and v != getattr(saved, k)
+    ]
     if refused:
         given = ", ".join(f"{flag_name(fields[k])} {explicit[k]} (saved: {getattr(saved, k)})" for k in refused)
-        raise ConfigError(f"--resume {run_dir}: {given}: a resumed run keeps the settings that decide its result; "
-                          "start a new run to change them (flags a resume may change: "
-                          f"{', '.join(flag_name(fields[k]) for k in RESUME_OVERRIDES)})")
+        raise ConfigError(
+            f"--resume {run_dir}: {given}: a resumed run keeps the settings that decide its result; "
+            "start a new run to change them (flags a resume may change: "
+            f"{', '.join(flag_name(fields[k]) for k in RESUME_OVERRIDES)})"
+        )
     overrides = {k: v for k, v in explicit.items() if k in RESUME_OVERRIDES}
     return dataclasses.replace(saved, **{"stop_after": None, "overwrite": False, **overrides})
 
@@ -69,8 +84,10 @@ def run_train(args: argparse.Namespace) -> int:
     slowdown_factor(0)  # $TRAINLAB_SLOW_RANKS, parsed whole before any process starts
     for flag, images in (("--train-subset", cfg.train_subset), ("--test-subset", cfg.test_subset)):
         if images is not None and images < args.nproc:  # a rank with no image has nothing to average
-            raise ConfigError(f"{flag} {images}: fewer images than the {args.nproc} ranks of --nproc {args.nproc}; "
-                              "every rank needs at least one")
+            raise ConfigError(
+                f"{flag} {images}: fewer images than the {args.nproc} ranks of --nproc {args.nproc}; "
+                "every rank needs at least one"
+            )
     if args.resume:
         check_run_dir(args.resume, resume=True, flag="--resume")
     else:
@@ -90,8 +107,10 @@ def _train_and_report(cfg: TrainConfig, resume: str | None) -> int:
     summary = train(cfg, resume=resume)
     if summary.get("step_times") and int(os.environ.get("RANK", "0")) == 0:
         st = summary["step_times"]
-        print(f"per step (median ms): data {st['data_ms']['median']:.2f}  compute {st['compute_ms']['median']:.2f}  "
-              f"communication {st['comm_ms']['median']:.2f}{' (overlapped with backward)' if st['comm_overlapped'] else ''}")
+        print(
+            f"per step (median ms): data {st['data_ms']['median']:.2f}  compute {st['compute_ms']['median']:.2f}  "
+            f"communication {st['comm_ms']['median']:.2f}{' (overlapped with backward)' if st['comm_overlapped'] else ''}"
+        )
     return 0 if summary else 1
 
 
@@ -103,15 +122,20 @@ def run_eval(args: argparse.Namespace) -> int:
         write_json_output(args.json, result)
     if args.json != "-":
         print(f"data: {result['data']}")
-        print(f"{args.checkpoint}: test accuracy {result['test_accuracy']:.2f}%  test loss {result['test_loss']:.4f}  "
-              f"({result['test_samples']} images, {result['weights']} weights, device {result['device']})")
+        print(
+            f"{args.checkpoint}: test accuracy {result['test_accuracy']:.2f}%  test loss {result['test_loss']:.4f}  "
+            f"({result['test_samples']} images, {result['weights']} weights, device {result['device']})"
+        )
         print("per-class accuracy: " + "  ".join(f"{c}:{a:.2f}" for c, a in enumerate(result["per_class_accuracy"])))
     return 0
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
-    failed = run_sweep(list_values(args, TrainConfig, exclude=NOT_SWEPT), SweepConfig(**explicit_values(args, SweepConfig)),
-                       command=args.command_line)
+    failed = run_sweep(
+        list_values(args, TrainConfig, exclude=NOT_SWEPT),
+        SweepConfig(**explicit_values(args, SweepConfig)),
+        command=args.command_line,
+    )
     return 1 if failed else 0
 
 
@@ -128,34 +152,63 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("train", help="train LeNet-5 on MNIST", description="Train LeNet-5 on MNIST.")
     add_flags(p, TrainConfig)
     p.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue an interrupted run from its checkpoint")
-    p.add_argument("--nproc", type=int, default=1,
-                   help="processes on this node (relaunches under torchrun; with --parallel ddp|allreduce|ring)")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="processes on this node (relaunches under torchrun; with --parallel ddp|allreduce|ring)",
+    )
     p.set_defaults(func=run_train)
 
     e = subparsers.add_parser("eval", help="re-evaluate a checkpoint on the test set")
     e.add_argument("checkpoint", help="checkpoint.pt or its run directory")
     e.add_argument("--device", default="auto", help="auto (CUDA if available) | cpu | cuda | cuda:N")
-    e.add_argument("--data-dir", default=None, help="MNIST IDX folder or pack file to test on (default: the checkpoint's "
-                                                    "own --data-dir, else the embedded MNIST)")
-    e.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON to PATH ('-': print it "
-                                                                  "instead of the text)")
+    e.add_argument(
+        "--data-dir",
+        default=None,
+        help="MNIST IDX folder or pack file to test on (default: the checkpoint's "
+        "own --data-dir, else the embedded MNIST)",
+    )
+    e.add_argument(
+        "--json",
+        metavar="PATH",
+        default=None,
+        help="write the result as JSON to PATH ('-': print it instead of the text)",
+    )
     e.set_defaults(func=run_eval)
 
-    s = subparsers.add_parser("sweep", help="train over a grid of flag values and seeds (each a run directory)",
-                              description="Train LeNet-5 for every combination of the listed flag values and seeds. "
-                                          "Every train flag takes a comma-separated list, e.g. --optimizer adam,sgd "
-                                          "--lr 1e-3,2e-3 --seeds 3. `trainlab report OUT` shows mean ± sd per configuration.")
+    s = subparsers.add_parser(
+        "sweep",
+        help="train over a grid of flag values and seeds (each a run directory)",
+        description="Train LeNet-5 for every combination of the listed flag values and seeds. "
+        "Every train flag takes a comma-separated list, e.g. --optimizer adam,sgd "
+        "--lr 1e-3,2e-3 --seeds 3. `trainlab report OUT` shows mean ± sd per configuration.",
+    )
     add_flags(s, SweepConfig)
     add_list_flags(s, TrainConfig, exclude=NOT_SWEPT)
     s.set_defaults(func=run_sweep_command)
 
-    d = subparsers.add_parser("dp", help="data-parallel LeNet-5: compare none / dp / ddp / allreduce / ring",
-                              description="Data-parallel LeNet-5: single process, nn.DataParallel, DDP, a hand-written "
-                                          "bucketed all-reduce and a ring all-reduce from send/recv.")
+    d = subparsers.add_parser(
+        "dp",
+        help="data-parallel LeNet-5: compare none / dp / ddp / allreduce / ring",
+        description="Data-parallel LeNet-5: single process, nn.DataParallel, DDP, a hand-written "
+        "bucketed all-reduce and a ring all-reduce from send/recv.",
+    )
     sub = d.add_subparsers(dest="dp_command", metavar="SUBCOMMAND")
     sub.required = True
-    add_command(sub, "compare", "run several modes on the same global batches and say where the time goes",
-                CompareConfig, run_dp_compare)
+    add_command(
+        sub,
+        "compare",
+        "run several modes on the same global batches and say where the time goes",
+        CompareConfig,
+        run_dp_compare,
+    )
 
-    add_command(subparsers, "profile", "per-layer forward/backward time of LeNet-5 training steps, ATen's layers and "
-                "ours side by side (torch.profiler; Chrome trace in the run directory)", ProfileConfig, run_profile)
+    add_command(
+        subparsers,
+        "profile",
+        "per-layer forward/backward time of LeNet-5 training steps, ATen's layers and "
+        "ours side by side (torch.profiler; Chrome trace in the run directory)",
+        ProfileConfig,
+        run_profile,
+    )

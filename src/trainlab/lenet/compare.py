@@ -34,8 +34,10 @@ from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launc
 from trainlab.lenet.loop import train
 from trainlab.telemetry.rundir import RunDir
 
-MODES_HELP = ("comma-separated: none (single process), dp (nn.DataParallel, ≥2 GPUs), ddp, allreduce (hand-written), "
-              "ring (ring all-reduce from send/recv)")
+MODES_HELP = (
+    "comma-separated: none (single process), dp (nn.DataParallel, ≥2 GPUs), ddp, allreduce (hand-written), "
+    "ring (ring all-reduce from send/recv)"
+)
 
 
 @dataclass
@@ -46,21 +48,30 @@ class CompareConfig(Config):
     nproc: int = opt(2, "processes for ddp/allreduce/ring (one per GPU on CUDA)", check=at_least(1))
     epochs: int = opt(1, "passes over the training set per mode", check=at_least(1))
     device: str = opt("auto", "auto | cpu | cuda")
-    batch_size: int = opt(128, "global batch, split across ranks (128: the reference batch of --scale-lr)",
-                          check=at_least(1))
+    batch_size: int = opt(
+        128, "global batch, split across ranks (128: the reference batch of --scale-lr)", check=at_least(1)
+    )
     train_subset: int | None = opt(None, "train on the first N images", check=at_least(1))
     test_subset: int | None = opt(None, "evaluate on the first N test images", check=at_least(1))
     workers: str = opt("0,1,2,4", "DataLoader num_workers sweep ('' to skip)")
     seed: int = opt(0, "seed of every mode", check=seed_value)
     repeats: int = opt(1, "run everything R times round-robin; report medians", check=at_least(1))
-    threads: int | None = opt(None, "torch CPU threads per process for every mode "
-                                    "(default: torch's choice single-process, 1 per rank)", check=thread_count)
-    json: str | None = opt(None, "write the rows (and OUT.loaders.json for the sweep)", metavar="OUT.json",
-                           check=output_file)
+    threads: int | None = opt(
+        None,
+        "torch CPU threads per process for every mode (default: torch's choice single-process, 1 per rank)",
+        check=thread_count,
+    )
+    json: str | None = opt(
+        None, "write the rows (and OUT.loaders.json for the sweep)", metavar="OUT.json", check=output_file
+    )
     md: str | None = opt(None, "write the tables as markdown", metavar="OUT.md", check=output_file)
-    timeout_s: float = opt(1800.0, "seconds each run of a mode may take: past it, its processes are stopped and the "
-                                   "mode is marked 'timeout' (the other modes' rows are kept)", flag="--timeout",
-                           check=positive)
+    timeout_s: float = opt(
+        1800.0,
+        "seconds each run of a mode may take: past it, its processes are stopped and the "
+        "mode is marked 'timeout' (the other modes' rows are kept)",
+        flag="--timeout",
+        check=positive,
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -69,8 +80,18 @@ class CompareConfig(Config):
         parse_workers(self.workers)
 
 
-ROW_KEYS = ("mode", "world_size", "loader", "workers", "epoch_seconds", "images_per_s", "data_ms", "compute_ms",
-            "comm_ms", "test_accuracy")
+ROW_KEYS = (
+    "mode",
+    "world_size",
+    "loader",
+    "workers",
+    "epoch_seconds",
+    "images_per_s",
+    "data_ms",
+    "compute_ms",
+    "comm_ms",
+    "test_accuracy",
+)
 
 
 def parse_modes(text: str) -> list[str]:
@@ -102,20 +123,33 @@ def row_from_run(cfg: TrainConfig, summary: dict, history: list[dict]) -> dict:
     epoch_seconds = statistics.median(h["epoch_seconds"] for h in history)
     n_train = history[0]["images_per_s"] * history[0]["epoch_seconds"]
     return {
-        "mode": summary["parallel"], "world_size": summary["world_size"], "loader": cfg.loader,
+        "mode": summary["parallel"],
+        "world_size": summary["world_size"],
+        "loader": cfg.loader,
         "workers": cfg.workers if cfg.loader == "dataloader" else None,
-        "global_batch": cfg.batch_size, "epochs": len(history), "seed": cfg.seed, "device": summary["device"],
-        "epoch_seconds": epoch_seconds, "images_per_s": n_train / epoch_seconds,
-        "steps": st.get("steps"), "data_ms": med("data_ms"), "compute_ms": med("compute_ms"), "comm_ms": med("comm_ms"),
-        "comm_overlapped": st.get("comm_overlapped"), "step_times": st or None,
-        "test_accuracy": summary["test_accuracy"], "test_loss": summary["test_loss"],
+        "global_batch": cfg.batch_size,
+        "epochs": len(history),
+        "seed": cfg.seed,
+        "device": summary["device"],
+        "epoch_seconds": epoch_seconds,
+        "images_per_s": n_train / epoch_seconds,
+        "steps": st.get("steps"),
+        "data_ms": med("data_ms"),
+        "compute_ms": med("compute_ms"),
+        "comm_ms": med("comm_ms"),
+        "comm_overlapped": st.get("comm_overlapped"),
+        "step_times": st or None,
+        "test_accuracy": summary["test_accuracy"],
+        "test_loss": summary["test_loss"],
         "allreduce_ms": st.get("allreduce_ms"),
         **bandwidth(st.get("grad_bytes"), st.get("allreduce_ms"), summary["world_size"], st.get("link_bytes_per_s")),
         "bytes_sent_per_step": st.get("bytes_sent_per_step"),
     }
 
 
-def bandwidth(grad_bytes: int | None, allreduce_ms: float | None, world_size: int, link_bytes_per_s: float | None) -> dict:
+def bandwidth(
+    grad_bytes: int | None, allreduce_ms: float | None, world_size: int, link_bytes_per_s: float | None
+) -> dict:
     """The all-reduce against its bound: algorithm and bus bandwidth (GB/s) of one all-reduce of the
     gradient's bytes timed in isolation, the measured link bandwidth, and the fastest time any
     all-reduce could take over that link, 2(W−1)/W·S/B."""
@@ -125,8 +159,19 @@ def bandwidth(grad_bytes: int | None, allreduce_ms: float | None, world_size: in
     factor = 2 * (world_size - 1) / world_size
     algbw = grad_bytes / (allreduce_ms / 1e3)
     link = link_bytes_per_s
-    return dict(zip(keys, (grad_bytes, algbw / 1e9, algbw * factor / 1e9, link / 1e9 if link else None,
-                           factor * grad_bytes / link * 1e3 if link else None, 100 * algbw * factor / link if link else None)))
+    return dict(
+        zip(
+            keys,
+            (
+                grad_bytes,
+                algbw / 1e9,
+                algbw * factor / 1e9,
+                link / 1e9 if link else None,
+                factor * grad_bytes / link * 1e3 if link else None,
+                100 * algbw * factor / link if link else None,
+            ),
+        )
+    )
 
 
 def run_worker(spec: dict) -> int:
@@ -135,10 +180,14 @@ def run_worker(spec: dict) -> int:
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     prefix = f"[{cfg.parallel}{'' if cfg.loader == 'device' else f' dataloader w={cfg.workers}'}] "
-    summary = train(cfg, log=lambda line: print(prefix + line, flush=True) if line.startswith(("epoch", "done")) else None)
+    summary = train(
+        cfg, log=lambda line: print(prefix + line, flush=True) if line.startswith(("epoch", "done")) else None
+    )
     if int(os.environ.get("RANK", "0")) == 0:
         row = row_from_run(cfg, summary, RunDir(cfg.out).read_metrics())
-        atomic_write_json(spec["result"], {**row, "status": "ok", "torch_threads": torch.get_num_threads()}, private=True)
+        atomic_write_json(
+            spec["result"], {**row, "status": "ok", "torch_threads": torch.get_num_threads()}, private=True
+        )
     return 0  # the dispatcher ends the process (launch.end_worker)
 
 
@@ -147,7 +196,9 @@ def _run_one(cfg: TrainConfig, nproc: int, workdir: Path, tag: str, threads: int
     after `limit_s`: its row, or a row marking why there is none. A row that rank 0 wrote is kept even if
     a rank then failed or hung at the end: the run's results were complete."""
     result = workdir / f"{tag}.row.json"
-    spec = write_spec(workdir / f"{tag}.spec.json", "dp-compare", config=cfg.to_dict(), threads=threads, result=str(result))
+    spec = write_spec(
+        workdir / f"{tag}.spec.json", "dp-compare", config=cfg.to_dict(), threads=threads, result=str(result)
+    )
     cmd = worker_command(nproc, spec)
     print("launching: " + " ".join(cmd), flush=True)
     code, seconds = run_limited(cmd, limit_s)
@@ -157,9 +208,15 @@ def _run_one(cfg: TrainConfig, nproc: int, workdir: Path, tag: str, threads: int
         if code != 0:
             row["note"] = f"the results were written, then a rank failed or hung at the end: {ended}"
         return row
-    return {**dict.fromkeys(ROW_KEYS), "mode": cfg.parallel, "world_size": nproc, "loader": cfg.loader,
-            "workers": cfg.workers if cfg.loader == "dataloader" else None, "status": "timeout" if code is None else "failed",
-            "error": f"the {nproc}-process run wrote no results: {ended} after {seconds:.0f} s; see its output above"}
+    return {
+        **dict.fromkeys(ROW_KEYS),
+        "mode": cfg.parallel,
+        "world_size": nproc,
+        "loader": cfg.loader,
+        "workers": cfg.workers if cfg.loader == "dataloader" else None,
+        "status": "timeout" if code is None else "failed",
+        "error": f"the {nproc}-process run wrote no results: {ended} after {seconds:.0f} s; see its output above",
+    }
 
 
 def compare(cc: CompareConfig, log=print, on_rows=None) -> tuple[list[dict], list[dict]]:
@@ -176,9 +233,18 @@ def compare(cc: CompareConfig, log=print, on_rows=None) -> tuple[list[dict], lis
     cc.validate()
     modes, workers = parse_modes(cc.modes), parse_workers(cc.workers)
     nproc, device, batch_size, threads, repeats = cc.nproc, cc.device, cc.batch_size, cc.threads, cc.repeats
-    base = dict(epochs=cc.epochs, device=device, batch_size=batch_size, train_subset=cc.train_subset,
-                test_subset=cc.test_subset, seed=cc.seed, progress=False, tensorboard=False, gpu_telemetry=False,
-                step_timing=True)
+    base = dict(
+        epochs=cc.epochs,
+        device=device,
+        batch_size=batch_size,
+        train_subset=cc.train_subset,
+        test_subset=cc.test_subset,
+        seed=cc.seed,
+        progress=False,
+        tensorboard=False,
+        gpu_telemetry=False,
+        step_timing=True,
+    )
     plan = [(mode, TrainConfig(**base, parallel=mode), nproc) for mode in modes]
     if workers:
         if "none" not in modes:
@@ -192,7 +258,10 @@ def compare(cc: CompareConfig, log=print, on_rows=None) -> tuple[list[dict], lis
         for r in range(repeats):
             for tag, cfg, n in plan:
                 multi = cfg.parallel in MULTI_PROCESS_MODES
-                log(f"== {_describe(tag, cfg, n if multi else 1)}" + (f"  (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
+                log(
+                    f"== {_describe(tag, cfg, n if multi else 1)}"
+                    + (f"  (repeat {r + 1}/{repeats})" if repeats > 1 else "")
+                )
                 run_cfg = TrainConfig(**{**cfg.to_dict(), "out": str(work / f"{tag}-{r}")})
                 row = _run_one(run_cfg, n if multi else 1, work, f"{tag}-{r}", threads, cc.timeout_s)
                 if row["status"] != "ok" or row.get("note"):
@@ -218,14 +287,29 @@ def _combine(runs: list[dict]) -> dict:
     if not done:
         return {**runs[-1], "repeats": len(runs)}
     failed = len(runs) - len(done)
-    row = dict(done[0], **({"failed_repeats": failed, "error": next(r["error"] for r in runs if r["status"] != "ok")}
-                           if failed else {}))
+    row = dict(
+        done[0],
+        **(
+            {"failed_repeats": failed, "error": next(r["error"] for r in runs if r["status"] != "ok")} if failed else {}
+        ),
+    )
     notes = [r["note"] for r in done if r.get("note")]
     if notes:
         row["note"] = notes[0]
     runs = done
-    for key in ("epoch_seconds", "images_per_s", "data_ms", "compute_ms", "comm_ms", "allreduce_ms", "algbw_gbps", "busbw_gbps",
-                "link_gbps", "bound_comm_ms", "busbw_pct_of_link"):
+    for key in (
+        "epoch_seconds",
+        "images_per_s",
+        "data_ms",
+        "compute_ms",
+        "comm_ms",
+        "allreduce_ms",
+        "algbw_gbps",
+        "busbw_gbps",
+        "link_gbps",
+        "bound_comm_ms",
+        "busbw_pct_of_link",
+    ):
         values = [r[key] for r in runs if r[key] is not None]
         row[key] = statistics.median(values) if values else None
     row["repeats"] = len(runs)
@@ -244,18 +328,27 @@ def _spread(r: dict) -> str:
 
 
 def format_table(rows: list[dict], title: str) -> str:
-    lines = [f"### {title}", "",
-             "| mode | world size | threads/proc | loader | epoch s, median [min–max] | images/s | data ms/step | compute ms/step | comm ms/step | test acc (%) |",
-             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"### {title}",
+        "",
+        "| mode | world size | threads/proc | loader | epoch s, median [min–max] | images/s | data ms/step | compute ms/step | comm ms/step | test acc (%) |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         loader = r["loader"] if r["loader"] == "device" else f"dataloader ×{r['workers']} workers"
         if r["status"] != "ok":
             lines.append(f"| {r['mode']} | {r['world_size']} | – | {loader} | **{r['status']}** | | | | | |")
             continue
         comm = _ms(r["comm_ms"]) + (" (overlapped)" if r.get("comm_overlapped") else "")
-        lines.append(f"| {r['mode']} | {r['world_size']} | {r.get('torch_threads')} | {loader} | {_spread(r)} | {r['images_per_s']:,.0f} | "
-                     f"{_ms(r['data_ms'])} | {_ms(r['compute_ms'])} | {comm} | {r['test_accuracy']:.2f} |")
-    remarks = [f"- {r['mode']} × {r['world_size']}: {r.get('error') or r['note']}" for r in rows if r.get("error") or r.get("note")]
+        lines.append(
+            f"| {r['mode']} | {r['world_size']} | {r.get('torch_threads')} | {loader} | {_spread(r)} | {r['images_per_s']:,.0f} | "
+            f"{_ms(r['data_ms'])} | {_ms(r['compute_ms'])} | {comm} | {r['test_accuracy']:.2f} |"
+        )
+    remarks = [
+        f"- {r['mode']} × {r['world_size']}: {r.get('error') or r['note']}"
+        for r in rows
+        if r.get("error") or r.get("note")
+    ]
     return "\n".join(lines + ([""] + remarks if remarks else []))
 
 
@@ -264,14 +357,19 @@ def format_bandwidth(rows: list[dict]) -> str | None:
     if not rows:
         return None
     g = lambda x, f="{:.3f}": "–" if x is None else f.format(x)  # noqa: E731
-    lines = ["### Gradient all-reduce against the 2(W−1)/W bound", "",
-             "| mode | world size | gradient bytes (S) | bytes sent/rank/step | all-reduce ms (isolated) | bound ms (2(W−1)/W·S/B) | "
-             "algbw GB/s | busbw GB/s | link GB/s (B) | busbw / link |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "### Gradient all-reduce against the 2(W−1)/W bound",
+        "",
+        "| mode | world size | gradient bytes (S) | bytes sent/rank/step | all-reduce ms (isolated) | bound ms (2(W−1)/W·S/B) | "
+        "algbw GB/s | busbw GB/s | link GB/s (B) | busbw / link |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        lines.append(f"| {r['mode']} | {r['world_size']} | {r['grad_bytes']:,} | {g(r.get('bytes_sent_per_step'), '{:,}')} | "
-                     f"{g(r['allreduce_ms'])} | {g(r['bound_comm_ms'])} | {g(r['algbw_gbps'])} | {g(r['busbw_gbps'])} | "
-                     f"{g(r['link_gbps'])} | {g(r['busbw_pct_of_link'], '{:.0f} %')} |")
+        lines.append(
+            f"| {r['mode']} | {r['world_size']} | {r['grad_bytes']:,} | {g(r.get('bytes_sent_per_step'), '{:,}')} | "
+            f"{g(r['allreduce_ms'])} | {g(r['bound_comm_ms'])} | {g(r['algbw_gbps'])} | {g(r['busbw_gbps'])} | "
+            f"{g(r['link_gbps'])} | {g(r['busbw_pct_of_link'], '{:.0f} %')} |"
+        )
     return "\n".join(lines)
 
 
@@ -297,7 +395,9 @@ def format_report(rows: list[dict], loader_rows: list[dict]) -> str:
     if format_bandwidth(rows):
         parts.append(format_bandwidth(rows))
     if loader_rows:
-        parts.append(format_table(loader_rows, "DataLoader num_workers sweep vs the device-resident loader (single process)"))
+        parts.append(
+            format_table(loader_rows, "DataLoader num_workers sweep vs the device-resident loader (single process)")
+        )
     parts.append(NOTES)
     return "\n\n".join(parts) + "\n"
 

@@ -27,8 +27,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-
 # ---------------------------------------------------------------------------- the toys
+
 
 def toy_clean(x):
     """No break: elementwise ops and a reduction, all traceable (the control)."""
@@ -56,6 +56,7 @@ TOYS = {"toy: no break (control)": toy_clean, "toy: .item()": toy_item, "toy: if
 
 # ---------------------------------------------------------------------------- counting
 
+
 @contextmanager
 def _quiet():
     """Dynamo logs every break as a warning with a stack; the counts are the result here."""
@@ -73,8 +74,12 @@ def explain(fn, *args) -> dict:
     """Graphs, graph breaks, traced ops and each break's reason (first line) for `fn(*args)`."""
     with _quiet():
         e = torch._dynamo.explain(fn)(*args)
-    return {"graphs": e.graph_count, "graph_breaks": e.graph_break_count, "ops": e.op_count,
-            "break_reasons": [str(b.reason).strip().splitlines()[0] for b in e.break_reasons]}
+    return {
+        "graphs": e.graph_count,
+        "graph_breaks": e.graph_break_count,
+        "ops": e.op_count,
+        "break_reasons": [str(b.reason).strip().splitlines()[0] for b in e.break_reasons],
+    }
 
 
 def count_compiles(fn, shapes: list[tuple], dynamic: bool | None, make=torch.randn) -> int:
@@ -94,6 +99,7 @@ def count_compiles(fn, shapes: list[tuple], dynamic: bool | None, make=torch.ran
 
 
 # ---------------------------------------------------------------------------- LeNet-5
+
 
 def lenet_step(batch: int = 16):
     """The default recipe's LeNet-5 step (eager, fp32, PyTorch's layers) on the CPU and a random batch."""
@@ -124,17 +130,40 @@ def report(batch: int = 16) -> list[dict]:
         return logged
 
     rows.append({"case": "LeNet-5 forward", "kind": "breaks", **explain(model, x)})
-    rows.append({"case": "LeNet-5 step: forward + loss + backward (lenet.step)", "kind": "breaks",
-                 **explain(step.forward_backward, x, y)})
-    rows.append({"case": "LeNet-5 seed-style step: loss.item(), then backward", "kind": "breaks", **explain(seed_style_step, x, y)})
+    rows.append(
+        {
+            "case": "LeNet-5 step: forward + loss + backward (lenet.step)",
+            "kind": "breaks",
+            **explain(step.forward_backward, x, y),
+        }
+    )
+    rows.append(
+        {
+            "case": "LeNet-5 seed-style step: loss.item(), then backward",
+            "kind": "breaks",
+            **explain(seed_style_step, x, y),
+        }
+    )
     toy_shapes = [(64,), (128,), (256,), (512,)]
     lenet_shapes = [(256, 1, 28, 28), (96, 1, 28, 28), (128, 1, 28, 28)]  # 60,000 = 234 × 256 + a last batch of 96
     with torch.no_grad():
         for dynamic, how in ((False, "dynamic=False"), (None, "default (automatic dynamic)")):
-            rows.append({"case": f"toy, 4 input sizes, {how}", "kind": "recompiles", "shapes": len(toy_shapes),
-                         "compiles": count_compiles(toy_clean, toy_shapes, dynamic)})
-            rows.append({"case": f"LeNet-5 forward, batches 256, 96, 128, {how}", "kind": "recompiles",
-                         "shapes": len(lenet_shapes), "compiles": count_compiles(model, lenet_shapes, dynamic)})
+            rows.append(
+                {
+                    "case": f"toy, 4 input sizes, {how}",
+                    "kind": "recompiles",
+                    "shapes": len(toy_shapes),
+                    "compiles": count_compiles(toy_clean, toy_shapes, dynamic),
+                }
+            )
+            rows.append(
+                {
+                    "case": f"LeNet-5 forward, batches 256, 96, 128, {how}",
+                    "kind": "recompiles",
+                    "shapes": len(lenet_shapes),
+                    "compiles": count_compiles(model, lenet_shapes, dynamic),
+                }
+            )
     for r in rows:
         if "compiles" in r:
             r["recompiles"] = r["compiles"] - 1
@@ -146,12 +175,25 @@ def report(batch: int = 16) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    breaks = ["| case | graphs | graph breaks | calls Dynamo fell back on | ops traced | the first one's reason |",
-              "| --- | ---: | ---: | ---: | ---: | --- |"]
-    breaks += [f"| {r['case']} | {r['graphs']} | {r['graph_breaks']} | {r['fallbacks']} | {r['ops']} | {r['first_break'] or '—'} |"
-               for r in rows if r["kind"] == "breaks"]
+    breaks = [
+        "| case | graphs | graph breaks | calls Dynamo fell back on | ops traced | the first one's reason |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    breaks += [
+        f"| {r['case']} | {r['graphs']} | {r['graph_breaks']} | {r['fallbacks']} | {r['ops']} | {r['first_break'] or '—'} |"
+        for r in rows
+        if r["kind"] == "breaks"
+    ]
     again = ["| case | input shapes | compiles | recompiles |", "| --- | ---: | ---: | ---: |"]
-    again += [f"| {r['case']} | {r['shapes']} | {r['compiles']} | {r['recompiles']} |" for r in rows if r["kind"] == "recompiles"]
-    return ("Graph breaks (`torch._dynamo.explain`; a break counts where a new graph follows it, so a "
-            "`.item()` at the end of a function is a fallback, not a break):\n\n" + "\n".join(breaks)
-            + "\n\nRecompiles on a new shape (a counting backend):\n\n" + "\n".join(again))
+    again += [
+        f"| {r['case']} | {r['shapes']} | {r['compiles']} | {r['recompiles']} |"
+        for r in rows
+        if r["kind"] == "recompiles"
+    ]
+    return (
+        "Graph breaks (`torch._dynamo.explain`; a break counts where a new graph follows it, so a "
+        "`.item()` at the end of a function is a fallback, not a break):\n\n"
+        + "\n".join(breaks)
+        + "\n\nRecompiles on a new shape (a counting backend):\n\n"
+        + "\n".join(again)
+    )

@@ -38,8 +38,15 @@ import torch.nn as nn
 from trainlab.data.loader import shard_bounds
 from trainlab.device import check_process_count, resolve_device, synchronize
 from trainlab.distributed.failure import raise_if_peer_failure
-from trainlab.distributed.launch import (DEFAULT_TIMEOUT_S, DistInfo, dist_timeout_s, ensure_process_group,
-                                         init_distributed, keep_alive, release_group)
+from trainlab.distributed.launch import (
+    DEFAULT_TIMEOUT_S,
+    DistInfo,
+    dist_timeout_s,
+    ensure_process_group,
+    init_distributed,
+    keep_alive,
+    release_group,
+)
 from trainlab.distributed.wrappers import wrap_ddp
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.lenet.allreduce import HandAllReduce, broadcast_parameters
@@ -69,10 +76,10 @@ class StepTimer:
         self.compute: list[float] = []
         self.comm: list[float] = []
         self.comm_overlapped = False
-        self.grad_bytes: int | None = None        # bytes all-reduced per step
+        self.grad_bytes: int | None = None  # bytes all-reduced per step
         self.link_bytes_per_s: float | None = None  # measured ring-hop bandwidth (the bound's B)
-        self.allreduce_s: float | None = None       # one all-reduce of grad_bytes, all ranks starting together
-        self.bytes_sent = None                    # callable: bytes this rank sent last step (ring)
+        self.allreduce_s: float | None = None  # one all-reduce of grad_bytes, all ranks starting together
+        self.bytes_sent = None  # callable: bytes this rank sent last step (ring)
         self._sent: list[int] = []
         self._pending_comm = 0.0
         self._t = 0.0
@@ -119,10 +126,17 @@ class StepTimer:
         if not self.enabled or not self.data:
             return None
         ms = lambda xs: summarize([x * 1e3 for x in xs])  # noqa: E731
-        return {"steps": len(self.data), "data_ms": ms(self.data), "compute_ms": ms(self.compute),
-                "comm_ms": ms(self.comm), "comm_overlapped": self.comm_overlapped, "grad_bytes": self.grad_bytes,
-                "link_bytes_per_s": self.link_bytes_per_s, "allreduce_ms": self.allreduce_s * 1e3 if self.allreduce_s else None,
-                "bytes_sent_per_step": max(self._sent) if self._sent else None}
+        return {
+            "steps": len(self.data),
+            "data_ms": ms(self.data),
+            "compute_ms": ms(self.compute),
+            "comm_ms": ms(self.comm),
+            "comm_overlapped": self.comm_overlapped,
+            "grad_bytes": self.grad_bytes,
+            "link_bytes_per_s": self.link_bytes_per_s,
+            "allreduce_ms": self.allreduce_s * 1e3 if self.allreduce_s else None,
+            "bytes_sent_per_step": max(self._sent) if self._sent else None,
+        }
 
 
 class _TimedComm:
@@ -156,7 +170,7 @@ class DataParallelContext:
     world_size: int = 1
     device: torch.device = torch.device("cpu")
     timeout_s: float = DEFAULT_TIMEOUT_S
-    owns_group: bool = False          # this context created the process group, so it destroys it
+    owns_group: bool = False  # this context created the process group, so it destroys it
     timer: StepTimer | None = None
     _reducer: object = field(default=None, repr=False)
 
@@ -174,8 +188,9 @@ class DataParallelContext:
         if self.timer.enabled and self.multi_process:  # for the bandwidth columns of `dp compare`
             self.timer.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
             self.timer.link_bytes_per_s = measure_link_bandwidth(self.timer.grad_bytes, self.device)
-            self.timer.allreduce_s = measure_allreduce_seconds("ring" if self.mode == "ring" else "builtin",
-                                                               self.timer.grad_bytes, self.device)
+            self.timer.allreduce_s = measure_allreduce_seconds(
+                "ring" if self.mode == "ring" else "builtin", self.timer.grad_bytes, self.device
+            )
         if self.mode == "ddp":
             ddp = wrap_ddp(model, self.device)  # broadcasts rank 0's weights
             keep_alive(ddp)  # its destructor can block on gloo once a peer has gone (launch.keep_alive)
@@ -189,7 +204,9 @@ class DataParallelContext:
                 self._reducer = HandAllReduce(model, self.world_size)
             else:
                 self.timer.comm_overlapped = True
-                self._reducer = RingAllReduce(model, self.world_size, on_comm=self.timer.add_comm if self.timer.enabled else None)
+                self._reducer = RingAllReduce(
+                    model, self.world_size, on_comm=self.timer.add_comm if self.timer.enabled else None
+                )
                 self.timer.bytes_sent = lambda: self._reducer.bytes_sent
         return model
 
@@ -206,11 +223,13 @@ class DataParallelContext:
         return self.world_size > 1 and self.mode in MULTI_PROCESS_MODES
 
     def rank_batches(self, global_batch: int, shares: tuple[float, ...] | None = None) -> str | None:
-        """"85, 85, 86": the rows each rank gets of a full global batch (None in a single process)."""
+        """ "85, 85, 86": the rows each rank gets of a full global batch (None in a single process)."""
         if not self.multi_process:
             return None
-        return ", ".join(str(hi - lo) for lo, hi in (shard_bounds(global_batch, r, self.world_size, 0, shares)
-                                                      for r in range(self.world_size)))
+        return ", ".join(
+            str(hi - lo)
+            for lo, hi in (shard_bounds(global_batch, r, self.world_size, 0, shares) for r in range(self.world_size))
+        )
 
     def shard_weights(self, batches) -> list[float] | None:
         """Per step, the factor W·n_rank/n_global for this rank's mean loss (None: nothing to weight)."""
@@ -225,7 +244,9 @@ class DataParallelContext:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
-    def step_means(self, losses: torch.Tensor, correct: torch.Tensor, sizes: list[int]) -> tuple[list[float], list[float], float]:
+    def step_means(
+        self, losses: torch.Tensor, correct: torch.Tensor, sizes: list[int]
+    ) -> tuple[list[float], list[float], float]:
         """Per step, the global batch's mean loss and accuracy (%), and the epoch's accuracy (%), from
         each rank's mean losses, correct counts and shard sizes; one collective and one device→host
         copy for the whole epoch."""
@@ -246,10 +267,10 @@ class DataParallelContext:
         dist.all_gather(sizes, torch.tensor([t.numel()], device=t.device))
         longest = int(max(s.item() for s in sizes))
         padded = torch.zeros(longest, dtype=t.dtype, device=t.device)
-        padded[:t.numel()] = t
+        padded[: t.numel()] = t
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(parts, padded)
-        return torch.cat([part[:int(s.item())] for part, s in zip(parts, sizes)])
+        return torch.cat([part[: int(s.item())] for part, s in zip(parts, sizes)])
 
     def broadcast_buffers(self, model: nn.Module) -> None:
         """Rank 0's buffers (BatchNorm running statistics) on every rank, so a sharded evaluation
@@ -290,12 +311,16 @@ def _timed_allreduce_hook(timer: StepTimer, bucket):
 def check_data_parallel(device: str, global_batch: int) -> int:
     """The number of GPUs DataParallel would use; a clear error when it cannot be meaningful."""
     if device not in ("auto", "cuda") and not str(device).startswith("cuda"):
-        raise ConfigError(f"--parallel dp with --device {device}: nn.DataParallel splits batches over CUDA GPUs; "
-                          "use --device cuda (or --parallel ddp/allreduce on the CPU)")
+        raise ConfigError(
+            f"--parallel dp with --device {device}: nn.DataParallel splits batches over CUDA GPUs; "
+            "use --device cuda (or --parallel ddp/allreduce on the CPU)"
+        )
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n < 2:
-        raise HardwareError(f"--parallel dp needs at least 2 CUDA GPUs, found {n}: nn.DataParallel on one device "
-                            "is single-device training with extra copies (use --parallel none)")
+        raise HardwareError(
+            f"--parallel dp needs at least 2 CUDA GPUs, found {n}: nn.DataParallel on one device "
+            "is single-device training with extra copies (use --parallel none)"
+        )
     # A batch the GPUs do not divide is fine: scatter gives the last GPU a smaller chunk, and the loss is
     # computed on the outputs gathered on GPU 0, so uneven chunks weigh every image alike.
     if global_batch < n:
@@ -315,8 +340,10 @@ def check_launch(mode: str, nproc: int, device: str, global_batch: int) -> None:
     if nproc < 1:
         raise ConfigError(f"--nproc {nproc}: expected a positive number of processes")
     if nproc > 1 and mode not in MULTI_PROCESS_MODES:
-        raise ConfigError(f"--nproc {nproc} starts {nproc} processes, which needs --parallel ddp, allreduce or ring "
-                          f"(got --parallel {mode})")
+        raise ConfigError(
+            f"--nproc {nproc} starts {nproc} processes, which needs --parallel ddp, allreduce or ring "
+            f"(got --parallel {mode})"
+        )
     if mode == "dp":
         check_data_parallel(device, global_batch)
         return
@@ -324,20 +351,25 @@ def check_launch(mode: str, nproc: int, device: str, global_batch: int) -> None:
     if dev.type == "cpu":
         check_process_count(nproc, "--nproc")
     if dev.type == "cuda" and nproc > torch.cuda.device_count():
-        raise HardwareError(f"--nproc {nproc}: only {torch.cuda.device_count()} CUDA device(s) visible "
-                            "(one process per GPU; use --device cpu for more processes than GPUs)")
+        raise HardwareError(
+            f"--nproc {nproc}: only {torch.cuda.device_count()} CUDA device(s) visible "
+            "(one process per GPU; use --device cpu for more processes than GPUs)"
+        )
     _check_batch_covers_ranks(global_batch, nproc, "--nproc")
 
 
 def _check_batch_covers_ranks(global_batch: int, world_size: int, what: str) -> None:
     # Uneven shards are fine (weighted, see DeviceLoader.shard_weights); an empty shard is not.
     if global_batch < world_size:
-        raise ConfigError(f"--batch-size {global_batch} is smaller than {what} {world_size}: every rank needs "
-                          "at least one image of each global batch")
+        raise ConfigError(
+            f"--batch-size {global_batch} is smaller than {what} {world_size}: every rank needs "
+            "at least one image of each global batch"
+        )
 
 
-def setup_data_parallel(mode: str, device: str, global_batch: int, step_timing: bool = False,
-                        timeout_s: float | None = None) -> DataParallelContext:
+def setup_data_parallel(
+    mode: str, device: str, global_batch: int, step_timing: bool = False, timeout_s: float | None = None
+) -> DataParallelContext:
     """Resolve `--parallel MODE` into a context; errors before anything starts.
 
     ddp/allreduce join the process group described by torchrun's RANK/WORLD_SIZE/LOCAL_RANK (or an
@@ -359,9 +391,17 @@ def setup_data_parallel(mode: str, device: str, global_batch: int, step_timing: 
     already = dist.is_initialized()
     info: DistInfo = init_distributed(device=device, timeout_s=timeout_s)
     if dist.is_initialized():
-        info = DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=info.local_rank, device=info.device)
+        info = DistInfo(
+            rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=info.local_rank, device=info.device
+        )
     if mode == "ddp":
         ensure_process_group(info, timeout_s)  # DDP needs a group even for a world of one
-    return DataParallelContext(mode=mode, rank=info.rank, world_size=info.world_size, device=info.device,
-                               timeout_s=timeout_s, owns_group=not already and dist.is_initialized(),
-                               timer=StepTimer(info.device, step_timing))
+    return DataParallelContext(
+        mode=mode,
+        rank=info.rank,
+        world_size=info.world_size,
+        device=info.device,
+        timeout_s=timeout_s,
+        owns_group=not already and dist.is_initialized(),
+        timer=StepTimer(info.device, step_timing),
+    )

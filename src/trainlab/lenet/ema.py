@@ -57,7 +57,7 @@ class EMA:
     def update(self) -> None:
         """Move the average one step towards the live model (call after each optimizer step)."""
         torch._foreach_lerp_(self._averaged, self._live, 1.0 - self.current_decay())
-        for e, l in self._copied:   # integer buffers (num_batches_tracked)
+        for e, l in self._copied:  # integer buffers (num_batches_tracked)
             e.copy_(l)
         self.updates += 1
 

@@ -22,8 +22,14 @@ NUM_CLASSES = 10
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches, device: torch.device, amp_dtype=None,
-             par: DataParallelContext | None = None, predictions: bool = False) -> dict:
+def evaluate(
+    model: torch.nn.Module,
+    batches,
+    device: torch.device,
+    amp_dtype=None,
+    par: DataParallelContext | None = None,
+    predictions: bool = False,
+) -> dict:
     """`batches` yields (x, y) on `device` (this rank's shard when `par` is data-parallel).
     Accumulates on the device; one sync at the end. `predictions=True` adds "predictions": the
     predicted class of every test image, in order (a LongTensor on the CPU)."""
@@ -77,5 +83,12 @@ def evaluate_checkpoint(path, device: str = "auto", data_dir: str | None = None)
     load_model_state(model, ckpt["ema"]["model"] if ckpt.get("ema") else ckpt["model"], path)
     data = load_dataset(cfg.dataset, cfg.data_dir)  # the data set the run trained on, never another
     result = evaluate(model, build_test_batches(cfg, data, dev), dev, plan.amp_dtype)
-    return {**result, "dataset": cfg.dataset, "data": describe_dataset(cfg.dataset, data), "device": str(dev), "epochs_done": ckpt["epochs_done"], "checkpoint": str(path),
-            "weights": "ema" if ckpt.get("ema") else "live"}
+    return {
+        **result,
+        "dataset": cfg.dataset,
+        "data": describe_dataset(cfg.dataset, data),
+        "device": str(dev),
+        "epochs_done": ckpt["epochs_done"],
+        "checkpoint": str(path),
+        "weights": "ema" if ckpt.get("ema") else "live",
+    }

@@ -20,29 +20,29 @@ import torch
 
 from trainlab.data.datasets import describe_dataset, load_dataset
 from trainlab.device import set_tf32, synchronize
-from trainlab.distributed.wrappers import unwrap
 from trainlab.distributed.launch import describe_timeout
+from trainlab.distributed.wrappers import unwrap
 from trainlab.errors import TrainingDiverged
+from trainlab.io import progress_bar
+from trainlab.lenet import misclassified
 from trainlab.lenet.architecture import architecture_rows
-from trainlab.signals import StopOnSignal
 from trainlab.lenet.batches import build_test_batches, build_train_batches, to_device
 from trainlab.lenet.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
 from trainlab.lenet.config import TrainConfig
-from trainlab.lenet import misclassified
 from trainlab.lenet.data_parallel import setup_data_parallel
 from trainlab.lenet.ema import EMA
 from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
 from trainlab.lenet.models import flops_per_image
-from trainlab.lenet.shard_weights import setup_shards
 from trainlab.lenet.plan import LeNetPlan, resolve
 from trainlab.lenet.setup import build_model, build_optimizer, build_scheduler
+from trainlab.lenet.shard_weights import setup_shards
 from trainlab.lenet.step import Step, make_step
 from trainlab.lenet.tta import evaluate_tta
+from trainlab.signals import StopOnSignal
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.figures import misclassified_figure
 from trainlab.telemetry.gpu import GPUSampler, gather_samples, log_gpu_tags, rank_csv_name, sampled_devices
-from trainlab.io import progress_bar
 from trainlab.telemetry.rundir import RunDir
 from trainlab.telemetry.tensorboard import image_grid, make_writer
 
@@ -66,8 +66,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     """
     # ---- resolve everything up front, so a bad flag fails before any work -------------------------
     cfg.validate()
-    par = setup_data_parallel(cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing,
-                              timeout_s=cfg.dist_timeout)
+    par = setup_data_parallel(
+        cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing, timeout_s=cfg.dist_timeout
+    )
     plan = resolve(cfg, par.device)  # every `auto` decided, every machine check made, once
     model = build_model(plan)  # an implementation this device lacks fails before the run directory exists
     path = resume if resume is not None else default_run_dir(cfg)
@@ -75,8 +76,9 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     with StopOnSignal() as signals:
         if not par.is_main:  # only rank 0 prints, logs to TensorBoard and writes the run directory
             return _train(cfg, plan, model, resume, _silent, par, RunDir(path), signals)
-        with RunDir.claim(path, resume=resume is not None, overwrite=cfg.overwrite,
-                          flag="--resume" if resume is not None else "--out") as run:
+        with RunDir.claim(
+            path, resume=resume is not None, overwrite=cfg.overwrite, flag="--resume" if resume is not None else "--out"
+        ) as run:
             return _train(cfg, plan, model, resume, log, par, run, signals)
 
 
@@ -89,11 +91,21 @@ def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunD
     if par.is_main:
         run.write_json("config.json", cfg.to_dict())
         run.write_json("env.json", env)
-    log(format_header({**cfg.to_dict(), "dist_timeout": describe_timeout(cfg.dist_timeout),  # as resolved, with its source
-                       "run_dir": str(run.path), "params": s.params, "flops_per_image": s.flops,
-                       "plan": ", ".join(f"{k}={v}" for k, v in plan.to_dict().items()),
-                       "resumed_from_epoch": s.start_epoch if s.resumed else None,
-                       "rank_batches": par.rank_batches(cfg.batch_size, getattr(s.train_batches, "shares", None))}, env))
+    log(
+        format_header(
+            {
+                **cfg.to_dict(),
+                "dist_timeout": describe_timeout(cfg.dist_timeout),  # as resolved, with its source
+                "run_dir": str(run.path),
+                "params": s.params,
+                "flops_per_image": s.flops,
+                "plan": ", ".join(f"{k}={v}" for k, v in plan.to_dict().items()),
+                "resumed_from_epoch": s.start_epoch if s.resumed else None,
+                "rank_batches": par.rank_batches(cfg.batch_size, getattr(s.train_batches, "shares", None)),
+            },
+            env,
+        )
+    )
     log(f"data: {s.data_line}")  # a run on altered data is never silent
     tel = Telemetry(cfg, s, par, run, env, log)
 
@@ -106,7 +118,9 @@ def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunD
     warmup_seconds = _prepare(step, s)  # compile / capture / autotune: reported apart from the training time
 
     # ---- train ----------------------------------------------------------------------------------
-    time_to_target = next((h["train_seconds"] for h in s.history if h["test_accuracy"] >= TIME_TO_ACCURACY_TARGET), None)
+    time_to_target = next(
+        (h["train_seconds"] for h in s.history if h["test_accuracy"] >= TIME_TO_ACCURACY_TARGET), None
+    )
     epochs_run = 0
     try:
         with tel:
@@ -117,27 +131,40 @@ def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunD
                 s.train_seconds += epoch_seconds
                 tel.epoch_trained()
 
-                record, result = _epoch_record(cfg, s, par, eval_model, live_model, epoch, epoch_seconds, losses,
-                                               accuracies, train_accuracy, run)
+                record, result = _epoch_record(
+                    cfg, s, par, eval_model, live_model, epoch, epoch_seconds, losses, accuracies, train_accuracy, run
+                )
                 s.history.append(record)
                 if time_to_target is None and result["test_accuracy"] >= TIME_TO_ACCURACY_TARGET:
                     time_to_target = s.train_seconds
-                log(f"epoch {epoch + 1:>3}/{cfg.epochs}  train_loss {record['train_loss']:.4f}  test_loss {record['test_loss']:.4f}  "
+                log(
+                    f"epoch {epoch + 1:>3}/{cfg.epochs}  train_loss {record['train_loss']:.4f}  test_loss {record['test_loss']:.4f}  "
                     f"train_acc {record['train_accuracy']:6.2f}%  test_acc {record['test_accuracy']:6.2f}%  "
                     f"{record['images_per_s']:>9,.0f} img/s  {epoch_seconds:6.2f} s"
-                    + (f"  (live weights {record['live_test_accuracy']:.2f}%)" if s.ema else ""))
+                    + (f"  (live weights {record['live_test_accuracy']:.2f}%)" if s.ema else "")
+                )
                 tel.epoch_done(record, result, s.global_step, s.scheduler)
                 if par.is_main:
                     run.write_metrics(s.history)
-                    save_checkpoint(run.checkpoint, model=model, optimizer=s.optimizer, scheduler=s.scheduler,
-                                    epoch=epoch + 1, global_step=s.global_step, history=s.history,
-                                    train_seconds=s.train_seconds, config=cfg.to_dict(),
-                                    ema=s.ema.state_dict() if s.ema is not None else None)
+                    save_checkpoint(
+                        run.checkpoint,
+                        model=model,
+                        optimizer=s.optimizer,
+                        scheduler=s.scheduler,
+                        epoch=epoch + 1,
+                        global_step=s.global_step,
+                        history=s.history,
+                        train_seconds=s.train_seconds,
+                        config=cfg.to_dict(),
+                        ema=s.ema.state_dict() if s.ema is not None else None,
+                    )
                 epochs_run += 1
                 signals.stop(par, run.path, epoch + 1, cfg.epochs)
                 if cfg.stop_after is not None and epochs_run >= cfg.stop_after and epoch + 1 < cfg.epochs:
-                    log(f"stopping after {epochs_run} epoch(s) as asked (--stop-after); resume with: "
-                        f"trainlab train --resume {run.path}")
+                    log(
+                        f"stopping after {epochs_run} epoch(s) as asked (--stop-after); resume with: "
+                        f"trainlab train --resume {run.path}"
+                    )
                     par.close()
                     return {"interrupted": True, "epochs_done": epoch + 1, "run_dir": str(run.path)}
     except Exception as e:
@@ -145,12 +172,36 @@ def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunD
         raise
 
     # ---- summarize ------------------------------------------------------------------------------
-    return _summarize(cfg, plan, s, par, run, tel, env, model, eval_model, tf32=tf32, warmup_seconds=warmup_seconds,
-                      time_to_target=time_to_target, log=log)
+    return _summarize(
+        cfg,
+        plan,
+        s,
+        par,
+        run,
+        tel,
+        env,
+        model,
+        eval_model,
+        tf32=tf32,
+        warmup_seconds=warmup_seconds,
+        time_to_target=time_to_target,
+        log=log,
+    )
 
 
-def _epoch_record(cfg: TrainConfig, s, par, eval_model, live_model, epoch: int, epoch_seconds: float,
-                  losses: list[float], accuracies: list[float], train_accuracy: float, run: RunDir) -> tuple[dict, dict]:
+def _epoch_record(
+    cfg: TrainConfig,
+    s,
+    par,
+    eval_model,
+    live_model,
+    epoch: int,
+    epoch_seconds: float,
+    losses: list[float],
+    accuracies: list[float],
+    train_accuracy: float,
+    run: RunDir,
+) -> tuple[dict, dict]:
     """Evaluate after an epoch (stopping a diverged run) → (its metrics.jsonl record, the evaluation)."""
     par.broadcast_buffers(eval_model)
     t0 = time.perf_counter()
@@ -166,7 +217,11 @@ def _epoch_record(cfg: TrainConfig, s, par, eval_model, live_model, epoch: int, 
         "test_accuracy": result["test_accuracy"],
         "train_test_gap": train_accuracy - result["test_accuracy"],  # overfitting, in points (running train accuracy)
         "per_class_accuracy": result["per_class_accuracy"],
-        **({"live_test_accuracy": _live_accuracy(live_model, s.test_batches, s.device, s.precision, par)} if s.ema else {}),
+        **(
+            {"live_test_accuracy": _live_accuracy(live_model, s.test_batches, s.device, s.precision, par)}
+            if s.ema
+            else {}
+        ),
         "lr": float(s.scheduler.get_last_lr()[0]),  # a device tensor under the cudagraph step
         "epoch_seconds": epoch_seconds,
         "train_seconds": s.train_seconds,
@@ -177,8 +232,22 @@ def _epoch_record(cfg: TrainConfig, s, par, eval_model, live_model, epoch: int, 
     return record, result
 
 
-def _summarize(cfg: TrainConfig, plan: LeNetPlan, s, par, run: RunDir, tel, env: dict, model, eval_model, *, tf32, warmup_seconds: float,
-               time_to_target: float | None, log) -> dict:
+def _summarize(
+    cfg: TrainConfig,
+    plan: LeNetPlan,
+    s,
+    par,
+    run: RunDir,
+    tel,
+    env: dict,
+    model,
+    eval_model,
+    *,
+    tf32,
+    warmup_seconds: float,
+    time_to_target: float | None,
+    log,
+) -> dict:
     """The final evaluation (TTA too), misclassified digits, the last TensorBoard images, summary.json."""
     par.broadcast_buffers(eval_model)
     t0 = time.perf_counter()
@@ -203,7 +272,7 @@ def _summarize(cfg: TrainConfig, plan: LeNetPlan, s, par, run: RunDir, tel, env:
         # the timed training only; data loading, compile/capture and evaluation are reported apart
         "train_seconds": s.train_seconds,
         "data_seconds": s.data_seconds,
-        "warmup_seconds": warmup_seconds,   # the step's prepare: compile, CUDA-graph capture, cuDNN autotune
+        "warmup_seconds": warmup_seconds,  # the step's prepare: compile, CUDA-graph capture, cuDNN autotune
         "eval_seconds": s.eval_seconds,
         "step_mode": plan.step_mode,
         "batch_size": plan.batch_size,
@@ -220,7 +289,7 @@ def _summarize(cfg: TrainConfig, plan: LeNetPlan, s, par, run: RunDir, tel, env:
         "dataset": cfg.dataset,
         "amp": str(plan.amp_dtype).removeprefix("torch.") if plan.amp_dtype is not None else "off",  # the type that ran
         "channels_last": plan.channels_last,
-        "ops": plan.ops_spec,   # --ops auto resolved
+        "ops": plan.ops_spec,  # --ops auto resolved
         "plan": plan.to_dict(),  # the resolved recipe (lenet/plan.py)
         "act": cfg.act,
         "seed": cfg.seed,
@@ -235,10 +304,15 @@ def _summarize(cfg: TrainConfig, plan: LeNetPlan, s, par, run: RunDir, tel, env:
         run.write_json("summary.json", summary)
     par.close()
     if tta:
-        log(f"test-time augmentation ({tta['views']} views, reported separately): test accuracy {tta['test_accuracy']:.2f}%")
-    log(f"done: test accuracy {summary['test_accuracy']:.2f}%{' (EMA weights)' if s.ema else ''}  train time {s.train_seconds:.1f} s  "
-        f"time to {TIME_TO_ACCURACY_TARGET:g}%: {'%.1f s' % time_to_target if time_to_target is not None else 'not reached'}  run dir: {run.path}")
+        log(
+            f"test-time augmentation ({tta['views']} views, reported separately): test accuracy {tta['test_accuracy']:.2f}%"
+        )
+    log(
+        f"done: test accuracy {summary['test_accuracy']:.2f}%{' (EMA weights)' if s.ema else ''}  train time {s.train_seconds:.1f} s  "
+        f"time to {TIME_TO_ACCURACY_TARGET:g}%: {f'{time_to_target:.1f} s' if time_to_target is not None else 'not reached'}  run dir: {run.path}"
+    )
     return summary
+
 
 @dataclass
 class _Parts:
@@ -285,24 +359,42 @@ def _assemble(cfg: TrainConfig, plan: LeNetPlan, model, resume, par, run: RunDir
     n_train = len(data.train_images) if cfg.train_subset is None else min(cfg.train_subset, len(data.train_images))
     optimizer = build_optimizer(plan, model)
     # before wrapping: `auto` times the plain model's eager step, no collective (lenet/shard_weights.py)
-    sharding = setup_shards(cfg.shard_weights, make_step(replace(plan, step_mode="eager"), model, optimizer),
-                            train_batches, par, log)
+    sharding = setup_shards(
+        cfg.shard_weights, make_step(replace(plan, step_mode="eager"), model, optimizer), train_batches, par, log
+    )
     steps_per_epoch = len(train_batches)  # after the split: a weighted split may drop a short last batch
     total_steps = train_batches.total_steps(cfg.epochs) if cfg.warmup_batch_size else None  # device loader (validate)
     scheduler = build_scheduler(plan, optimizer, plan.lr, steps_per_epoch, total_steps)
     ema = EMA(model, cfg.ema) if cfg.ema else None  # evaluated and checkpointed in place of the live weights
-    s = _Parts(device, data, train_batches, test_batches, n_train, plan.channels_last, plan.amp_dtype,
-               model, optimizer, scheduler, ema, params=0, resumed=ckpt is not None, sharding=sharding,
-               data_seconds=data_seconds)
+    s = _Parts(
+        device,
+        data,
+        train_batches,
+        test_batches,
+        n_train,
+        plan.channels_last,
+        plan.amp_dtype,
+        model,
+        optimizer,
+        scheduler,
+        ema,
+        params=0,
+        resumed=ckpt is not None,
+        sharding=sharding,
+        data_seconds=data_seconds,
+    )
     if ckpt is not None:
         s.start_epoch, s.global_step, s.history, s.train_seconds = restore_checkpoint(
-            ckpt, cfg, model, optimizer, scheduler, run, steps_per_epoch, log, ema=ema)
+            ckpt, cfg, model, optimizer, scheduler, run, steps_per_epoch, log, ema=ema
+        )
     s.params, s.flops = count_parameters(model), flops_per_image(model)
     s.data_line = describe_dataset(cfg.dataset, data)
     return s
 
 
-def _train_epoch(cfg: TrainConfig, s: _Parts, step: Step, par, epoch: int) -> tuple[float, list[float], list[float], float]:
+def _train_epoch(
+    cfg: TrainConfig, s: _Parts, step: Step, par, epoch: int
+) -> tuple[float, list[float], list[float], float]:
     """One pass over the training batches → (seconds, per-step global loss, per-step accuracy, epoch accuracy).
 
     Per-step losses and correct counts stay on the device and come back in one copy at the end."""
@@ -312,8 +404,9 @@ def _train_epoch(cfg: TrainConfig, s: _Parts, step: Step, par, epoch: int) -> tu
     weights = par.shard_weights(s.train_batches)  # None unless the world size leaves uneven shards
     synchronize(s.device)
     t0 = time.perf_counter()
-    bar = progress_bar(s.train_batches, cfg.progress, total=len(s.train_batches), desc=f"epoch {epoch + 1}/{cfg.epochs}",
-                       leave=False)
+    bar = progress_bar(
+        s.train_batches, cfg.progress, total=len(s.train_batches), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False
+    )
     for i, (x, y) in enumerate(par.timer.batches(bar, lambda b: to_device(*b, s.device, s.channels_last))):
         loss, correct = step(x, y, scale=None if weights is None else weights[i])
         s.scheduler.step()  # under cudagraph: fills the optimizer's lr tensor in place, read by the next replay
@@ -340,19 +433,24 @@ class Telemetry:
 
     def __init__(self, cfg: TrainConfig, s: _Parts, par, run: RunDir, env: dict, log):
         self.run, self.env = run, env
-        self.writer = make_writer(run.path, cfg.tensorboard and par.is_main, purge_step=s.global_step if s.resumed else None)
+        self.writer = make_writer(
+            run.path, cfg.tensorboard and par.is_main, purge_step=s.global_step if s.resumed else None
+        )
         if self.writer is not None and not s.resumed:
             _log_graph(self.writer, s.model, next(iter(s.test_batches))[0][:8])
             _log_layout(self.writer)
         device = s.device
         self.par = par
-        self.gpu = (GPUSampler(indices=sampled_devices(par.mode, device), log=log)  # every rank its own GPU(s)
-                    if cfg.gpu_telemetry and device.type == "cuda" else None)
-        self.busy = BusySnapshot()   # nvidia-smi while an epoch trains (env.json's is taken idle)
+        self.gpu = (
+            GPUSampler(indices=sampled_devices(par.mode, device), log=log)  # every rank its own GPU(s)
+            if cfg.gpu_telemetry and device.type == "cuda"
+            else None
+        )
+        self.busy = BusySnapshot()  # nvidia-smi while an epoch trains (env.json's is taken idle)
         if cfg.gpu_telemetry and device.type != "cuda":
             log("gpu telemetry: skipped — training on the CPU")
 
-    def __enter__(self) -> "Telemetry":
+    def __enter__(self) -> Telemetry:
         if self.gpu is not None:
             self.gpu.start()
         return self
@@ -380,7 +478,9 @@ class Telemetry:
 
     def epoch_done(self, record: dict, result: dict, global_step: int, scheduler) -> None:
         if self.writer is not None:
-            _log_epoch(self.writer, record, record["step_losses"], record["step_accuracies"], global_step, result, scheduler)
+            _log_epoch(
+                self.writer, record, record["step_losses"], record["step_accuracies"], global_step, result, scheduler
+            )
 
     def close(self, model, test_batches, global_step: int, wrong) -> None:
         if self.writer is not None:
@@ -412,10 +512,16 @@ def _stop_if_diverged(losses: list[float], test_loss: float, epoch: int, cfg: Tr
     bad_step = next((i for i, x in enumerate(losses) if not math.isfinite(x)), None)
     if bad_step is None and math.isfinite(test_loss):
         return
-    what = (f"the training loss became {losses[bad_step]} at step {bad_step + 1} of epoch {epoch + 1}" if bad_step is not None
-            else f"the weights became non-finite in epoch {epoch + 1} (test loss {test_loss})")
-    kept = (f"the checkpoint of epoch {epoch} is kept in {run.path}" if epoch > 0 and run.checkpoint.exists()
-            else "no checkpoint was written")
+    what = (
+        f"the training loss became {losses[bad_step]} at step {bad_step + 1} of epoch {epoch + 1}"
+        if bad_step is not None
+        else f"the weights became non-finite in epoch {epoch + 1} (test loss {test_loss})"
+    )
+    kept = (
+        f"the checkpoint of epoch {epoch} is kept in {run.path}"
+        if epoch > 0 and run.checkpoint.exists()
+        else "no checkpoint was written"
+    )
     raise TrainingDiverged(f"training diverged: {what} (--lr {cfg.lr:g} too high?); the run stopped, {kept}")
 
 
@@ -440,10 +546,14 @@ def _log_graph(writer, model, example) -> None:
 
 def _log_layout(writer) -> None:
     """TensorBoard's Custom Scalars tab: train and test curves of one quantity in one chart."""
-    writer.add_custom_scalars({"train vs test": {
-        "accuracy (%)": ["Multiline", ["train/accuracy_epoch", "test/accuracy"]],
-        "loss": ["Multiline", ["train/loss_epoch", "test/loss"]],
-    }})
+    writer.add_custom_scalars(
+        {
+            "train vs test": {
+                "accuracy (%)": ["Multiline", ["train/accuracy_epoch", "test/accuracy"]],
+                "loss": ["Multiline", ["train/loss_epoch", "test/loss"]],
+            }
+        }
+    )
 
 
 def _log_epoch(writer, record, losses, accuracies, global_step, result, scheduler) -> None:

@@ -19,16 +19,23 @@ MAX_SHOWN = 36
 FILE = "misclassified.npz"
 
 
-def misclassified(predictions: torch.Tensor, images_uint8: np.ndarray, labels: np.ndarray, limit: int = MAX_SHOWN) -> dict:
+def misclassified(
+    predictions: torch.Tensor, images_uint8: np.ndarray, labels: np.ndarray, limit: int = MAX_SHOWN
+) -> dict:
     """The first `limit` test images whose prediction differs from the label, in test-set order."""
     labels_t = torch.as_tensor(np.asarray(labels), dtype=torch.long)
     if len(predictions) != len(labels_t):
         raise ValueError(f"{len(predictions)} predictions for {len(labels_t)} test labels")
     wrong = (predictions.cpu() != labels_t).nonzero().flatten()
     index = wrong[:limit].numpy()
-    return {"index": index, "image": np.asarray(images_uint8)[index], "label": np.asarray(labels)[index].astype(np.int64),
-            "predicted": predictions.cpu().numpy()[index].astype(np.int64), "total": np.int64(len(wrong)),
-            "tested": np.int64(len(labels_t))}
+    return {
+        "index": index,
+        "image": np.asarray(images_uint8)[index],
+        "label": np.asarray(labels)[index].astype(np.int64),
+        "predicted": predictions.cpu().numpy()[index].astype(np.int64),
+        "total": np.int64(len(wrong)),
+        "tested": np.int64(len(labels_t)),
+    }
 
 
 def save(path, examples: dict) -> None:

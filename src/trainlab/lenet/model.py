@@ -61,7 +61,9 @@ def fused_stage_applies(act: str, pool: str, batchnorm: bool, batchnorm_conv1: b
     return act == "relu" and pool == "max" and not (batchnorm and batchnorm_conv1)
 
 
-def resolve_ops(ops: str, device: torch.device, act: str, pool: str, batchnorm: bool, batchnorm_conv1: bool = True) -> str:
+def resolve_ops(
+    ops: str, device: torch.device, act: str, pool: str, batchnorm: bool, batchnorm_conv1: bool = True
+) -> str:
     """--ops auto → fused on a CPU where it applies, else aten; any other value unchanged."""
     if ops != "auto":
         return ops
@@ -75,14 +77,17 @@ def check_model_options(act: str, pool: str, batchnorm: bool, ops: str, batchnor
         raise ConfigError(f"--pool {pool!r}: expected one of {', '.join(POOLS)}")
     if ops == "fused" and not fused_stage_applies(act, pool, batchnorm, batchnorm_conv1):
         bn1 = " and no BatchNorm on conv1 (add --no-batchnorm-conv1)" if batchnorm and batchnorm_conv1 else ""
-        raise ConfigError(f"--ops fused: the fused first stage is conv → ReLU → max-pool; it needs --act relu and --pool max "
-                          f"(got --act {act} --pool {pool}){bn1}")
+        raise ConfigError(
+            f"--ops fused: the fused first stage is conv → ReLU → max-pool; it needs --act relu and --pool max "
+            f"(got --act {act} --pool {pool}){bn1}"
+        )
     if impl is not None:
         if pool != "max":
             raise ConfigError(f"--ops {ops}: our pooling operator is max_pool2d; use --pool max")
         if act not in OWN_ACTIVATIONS:
-            raise ConfigError(f"--ops {ops}: --act must be one of {', '.join(OWN_ACTIVATIONS)} (our operators), "
-                              f"got {act!r}")
+            raise ConfigError(
+                f"--ops {ops}: --act must be one of {', '.join(OWN_ACTIVATIONS)} (our operators), got {act!r}"
+            )
     return impl
 
 
@@ -106,14 +111,21 @@ class NCHWConv2d(nn.Conv2d):
 
 
 class LeNet5(nn.Module):
-    def __init__(self, act: str = "relu", pool: str = "max", batchnorm: bool = False, num_classes: int = 10,
-                 ops: str = "aten", batchnorm_conv1: bool = True):
+    def __init__(
+        self,
+        act: str = "relu",
+        pool: str = "max",
+        batchnorm: bool = False,
+        num_classes: int = 10,
+        ops: str = "aten",
+        batchnorm_conv1: bool = True,
+    ):
         super().__init__()
         if ops == "auto":
             raise ConfigError("--ops auto is resolved for a device first (lenet.model.resolve_ops)")
         impl = check_model_options(act, pool, batchnorm, ops, batchnorm_conv1)
         Conv, Pool, Linear, Act = nn.Conv2d, POOLS[pool], nn.Linear, make_activation
-        if impl is not None:   # same constructors and argument order: the same random draws
+        if impl is not None:  # same constructors and argument order: the same random draws
             Conv, Pool, Linear = (partial(cls, impl=impl) for cls in (OwnConv2d, OwnMaxPool2d, OwnLinear))
             Act = partial(make_own_activation, impl=impl)
         norm2d = (lambda c: nn.BatchNorm2d(c)) if batchnorm else (lambda c: nn.Identity())
@@ -123,22 +135,26 @@ class LeNet5(nn.Module):
         # Conv biases are redundant before BatchNorm (it has its own shift). conv1's weights are drawn
         # once, by whichever class runs it: the fused stage starts from the aten model's weights.
         conv1 = (partial(ConvReluPool2d, impl="cpp") if self.fused else Conv)(1, 6, 5, padding=2, bias=not bn1)
-        stage1 = [conv1, norm2d(6) if bn1 else nn.Identity(), Act(act), Pool(2)]                                  # 28→28→14
+        stage1 = [conv1, norm2d(6) if bn1 else nn.Identity(), Act(act), Pool(2)]  # 28→28→14
         conv2 = (NCHWConv2d if self.fused else Conv)(6, 16, 5, bias=not batchnorm)
-        stage2 = [conv2, norm2d(16), Act(act), Pool(2)]                                                             # 14→10→5
+        stage2 = [conv2, norm2d(16), Act(act), Pool(2)]  # 14→10→5
         # max(relu(x)) == relu(max(x)), gradient included (the same first argmax in each window; zero
         # gradient where the window's max is ≤ 0): pooling first applies ReLU, forward and backward, to
         # a quarter of the values. Not for GELU (not monotone) nor average pooling.
         self.pool_first = act == "relu" and pool == "max"
         if self.pool_first:
             stage1[2:], stage2[2:] = stage1[:1:-1], stage2[:1:-1]
-        if self.fused:   # same slots, same state_dict keys ("features.0.weight", …) as the aten stage
+        if self.fused:  # same slots, same state_dict keys ("features.0.weight", …) as the aten stage
             stage1[1:] = [nn.Identity(), nn.Identity(), nn.Identity()]
         self.features = nn.Sequential(*stage1, *stage2)
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            Linear(16 * 5 * 5, 120, bias=not batchnorm), norm1d(120), Act(act),
-            Linear(120, 84, bias=not batchnorm), norm1d(84), Act(act),
+            Linear(16 * 5 * 5, 120, bias=not batchnorm),
+            norm1d(120),
+            Act(act),
+            Linear(120, 84, bias=not batchnorm),
+            norm1d(84),
+            Act(act),
             Linear(84, num_classes),
         )
 

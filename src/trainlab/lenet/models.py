@@ -61,11 +61,16 @@ class MLP(nn.Module):
 
 
 class OneConv(nn.Module):
-    def __init__(self, act: str = "relu", pool: str = "max", channels: int = 8, hidden: int = 128, num_classes: int = 10):
+    def __init__(
+        self, act: str = "relu", pool: str = "max", channels: int = 8, hidden: int = 128, num_classes: int = 10
+    ):
         super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(1, channels, 5, padding=2), make_activation(act), POOLS[pool](2))  # 28→28→14
-        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(channels * 14 * 14, hidden), make_activation(act),
-                                        nn.Linear(hidden, num_classes))
+        self.features = nn.Sequential(
+            nn.Conv2d(1, channels, 5, padding=2), make_activation(act), POOLS[pool](2)
+        )  # 28→28→14
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(channels * 14 * 14, hidden), make_activation(act), nn.Linear(hidden, num_classes)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input("one-conv", x)
@@ -89,8 +94,11 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
         self.act1, self.act2 = make_activation(act), make_activation(act)
-        self.shortcut = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
-                         if stride != 1 or cin != cout else nn.Identity())
+        self.shortcut = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.act1(self.bn1(self.conv1(x)))
@@ -102,7 +110,9 @@ class ResNet18(nn.Module):
 
     def __init__(self, act: str = "relu", num_classes: int = 10, in_channels: int = 1):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), make_activation(act))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), make_activation(act)
+        )
         blocks, cin = [], 64
         for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
             blocks += [BasicBlock(cin, cout, stride, act), BasicBlock(cout, cout, 1, act)]
@@ -130,22 +140,31 @@ def check_model_choice(model: str, batchnorm: bool, ops: str, pool: str) -> None
     if model in LENET_MODELS:
         return
     if batchnorm:
-        raise ConfigError(f"--batchnorm is a LeNet-5 option; --model {model} "
-                          + ("has its own BatchNorm" if model == "resnet18" else "has none (use --model lenet5-bn)")
-                          + " (the `best` preset turns --batchnorm on)")
+        raise ConfigError(
+            f"--batchnorm is a LeNet-5 option; --model {model} "
+            + ("has its own BatchNorm" if model == "resnet18" else "has none (use --model lenet5-bn)")
+            + " (the `best` preset turns --batchnorm on)"
+        )
     if ops not in ("aten", "auto"):
         raise ConfigError(f"--ops {ops}: our operators build LeNet-5 only; use --model lenet5 (got --model {model})")
     if pool != "max" and model != "one-conv":
         raise ConfigError(f"--pool {pool}: --model {model} has no pooling layer to choose (lenet5, one-conv)")
 
 
-def make_model(model: str = "lenet5", act: str = "relu", pool: str = "max", batchnorm: bool = False,
-               ops: str = "aten", batchnorm_conv1: bool = True) -> nn.Module:
+def make_model(
+    model: str = "lenet5",
+    act: str = "relu",
+    pool: str = "max",
+    batchnorm: bool = False,
+    ops: str = "aten",
+    batchnorm_conv1: bool = True,
+) -> nn.Module:
     """The network `--model` names, built with the run's --act/--pool (and LeNet-5's --batchnorm/--ops)."""
     check_model_choice(model, batchnorm, ops, pool)
     if model in LENET_MODELS:
-        return LeNet5(act=act, pool=pool, batchnorm=batchnorm or model == "lenet5-bn", ops=ops,
-                      batchnorm_conv1=batchnorm_conv1)
+        return LeNet5(
+            act=act, pool=pool, batchnorm=batchnorm or model == "lenet5-bn", ops=ops, batchnorm_conv1=batchnorm_conv1
+        )
     if model == "linear":
         return Linear()
     if model == "mlp":
@@ -165,7 +184,7 @@ def flops_per_image(model: nn.Module) -> int:
         nonlocal total
         if isinstance(module, nn.Conv2d):
             k = module.kernel_size[0] * module.kernel_size[1] * module.in_channels // module.groups
-            total += 2 * k * output[0].numel()          # each output value: k multiply-adds
+            total += 2 * k * output[0].numel()  # each output value: k multiply-adds
         elif isinstance(module, nn.Linear):
             total += 2 * module.in_features * module.out_features
 
@@ -173,7 +192,7 @@ def flops_per_image(model: nn.Module) -> int:
     hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     was_training = model.training
     try:
-        model.eval()   # the probe must not move BatchNorm's running statistics
+        model.eval()  # the probe must not move BatchNorm's running statistics
         with torch.no_grad():
             model(torch.zeros(1, *IMAGE_SHAPE, device=param.device, dtype=param.dtype))
     finally:

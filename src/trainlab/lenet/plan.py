@@ -34,30 +34,30 @@ CAPTURE_SAFE_ACTS = ("relu", "tanh", "sigmoid", "silu", "gelu", "gelu-tanh")
 class LeNetPlan:
     """What a LeNet-5 run computes and how, every choice made (summary.json's `plan`)."""
 
-    device: str                 # "cpu", "cuda:0", …
+    device: str  # "cpu", "cuda:0", …
     # the model
     model: str
     act: str
     pool: str
-    batchnorm: bool             # lenet5-bn resolved to batchnorm=True
+    batchnorm: bool  # lenet5-bn resolved to batchnorm=True
     batchnorm_conv1: bool
-    ops: str                    # aten | fused | own (whose layers, --ops auto resolved)
-    ops_impl: str | None        # with own: python | cpp | triton | cuda
+    ops: str  # aten | fused | own (whose layers, --ops auto resolved)
+    ops_impl: str | None  # with own: python | cpp | triton | cuda
     # execution
-    precision: str              # bf16 | fp16 (autocast; fp16 with a GradScaler in the step) | fp32
+    precision: str  # bf16 | fp16 (autocast; fp16 with a GradScaler in the step) | fp32
     channels_last: bool
     tf32: bool
-    step_mode: str              # eager | compile | cudagraph (lenet.step)
-    compile_mode: str           # torch.compile's mode in the compile step: "default" (benchmarks may ask for others)
+    step_mode: str  # eager | compile | cudagraph (lenet.step)
+    compile_mode: str  # torch.compile's mode in the compile step: "default" (benchmarks may ask for others)
     # the optimization
-    batch_size: int             # global
+    batch_size: int  # global
     epochs: int
-    optimizer: str              # adamw | adam | sgd
-    lr: float                   # the peak lr after --scale-lr
+    optimizer: str  # adamw | adam | sgd
+    lr: float  # the peak lr after --scale-lr
     weight_decay: float
     momentum: float
-    fused_optimizer: bool       # torch's fused kernel: one pass over all parameters
-    capturable: bool            # optimizer state and lr on the device: the optimizer step inside the CUDA graph
+    fused_optimizer: bool  # torch's fused kernel: one pass over all parameters
+    capturable: bool  # optimizer state and lr on the device: the optimizer step inside the CUDA graph
     schedule: str
     warmup_epochs: float
     label_smoothing: float
@@ -101,24 +101,44 @@ def resolve(cfg, device: torch.device) -> LeNetPlan:
     impl = parse_ops(ops)
     precision = _precision(cfg.amp, device)
     # our operators (--ops own) compute in NCHW, so `auto` keeps them there
-    channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and device.type == "cuda"
-                                                  and ops in ("aten", "fused"))
+    channels_last = cfg.channels_last == "on" or (
+        cfg.channels_last == "auto" and device.type == "cuda" and ops in ("aten", "fused")
+    )
     step_mode = _step_mode(cfg, device, ops, precision)
     lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.scale_lr)
     return LeNetPlan(
-        device=str(device), model=cfg.model, act=cfg.act, pool=cfg.pool, batchnorm=batchnorm,
-        batchnorm_conv1=cfg.batchnorm_conv1, ops="own" if impl is not None else ops, ops_impl=impl,
-        precision=precision, channels_last=channels_last, tf32=cfg.tf32 == "on", step_mode=step_mode,
-        compile_mode="default", batch_size=cfg.batch_size, epochs=cfg.epochs, optimizer=cfg.optimizer, lr=lr,
-        weight_decay=cfg.weight_decay, momentum=cfg.momentum, fused_optimizer=device.type in ("cuda", "cpu"),
-        capturable=step_mode == "cudagraph" and cfg.schedule != "onecycle", schedule=cfg.schedule, warmup_epochs=cfg.warmup_epochs,
-        label_smoothing=cfg.label_smoothing, seed=cfg.seed)
+        device=str(device),
+        model=cfg.model,
+        act=cfg.act,
+        pool=cfg.pool,
+        batchnorm=batchnorm,
+        batchnorm_conv1=cfg.batchnorm_conv1,
+        ops="own" if impl is not None else ops,
+        ops_impl=impl,
+        precision=precision,
+        channels_last=channels_last,
+        tf32=cfg.tf32 == "on",
+        step_mode=step_mode,
+        compile_mode="default",
+        batch_size=cfg.batch_size,
+        epochs=cfg.epochs,
+        optimizer=cfg.optimizer,
+        lr=lr,
+        weight_decay=cfg.weight_decay,
+        momentum=cfg.momentum,
+        fused_optimizer=device.type in ("cuda", "cpu"),
+        capturable=step_mode == "cudagraph" and cfg.schedule != "onecycle",
+        schedule=cfg.schedule,
+        warmup_epochs=cfg.warmup_epochs,
+        label_smoothing=cfg.label_smoothing,
+        seed=cfg.seed,
+    )
 
 
 def scaled_lr(lr: float, batch_size: int, rule: str) -> float:
     """--scale-lr: multiply the lr by (global batch / 128), or its square root."""
     ratio = batch_size / 128
-    return lr * ratio if rule == "linear" else lr * ratio ** 0.5 if rule == "sqrt" else lr
+    return lr * ratio if rule == "linear" else lr * ratio**0.5 if rule == "sqrt" else lr
 
 
 def _ops(cfg, device: torch.device, batchnorm: bool) -> str:
@@ -172,15 +192,21 @@ def _step_mode(cfg, device: torch.device, ops: str, precision: str) -> str:
         raise ConfigError(f"--step-mode {mode}: conflicts with --compile (which is --step-mode compile)")
     if mode == "cudagraph":
         if device.type != "cuda":
-            raise ConfigError(f"--step-mode cudagraph: CUDA graphs need a CUDA device, not {device} "
-                              "(use --step-mode eager or compile)")
+            raise ConfigError(
+                f"--step-mode cudagraph: CUDA graphs need a CUDA device, not {device} "
+                "(use --step-mode eager or compile)"
+            )
         blockers = _graph_blockers(cfg, ops, precision)
         if blockers:
             raise ConfigError(f"--step-mode cudagraph: not with {blockers[0]}")
         return mode
     if mode != "auto":
         return mode
-    if (device.type == "cuda" and not _graph_blockers(cfg, ops, precision) and ops in ("aten", "fused")
-            and cfg.act in CAPTURE_SAFE_ACTS):
+    if (
+        device.type == "cuda"
+        and not _graph_blockers(cfg, ops, precision)
+        and ops in ("aten", "fused")
+        and cfg.act in CAPTURE_SAFE_ACTS
+    ):
         return "cudagraph"
     return "compile" if cfg.compile else "eager"

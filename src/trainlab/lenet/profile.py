@@ -64,7 +64,7 @@ from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 from trainlab.telemetry.rundir import RunDir
 
-STEP = "trainlab.step:"   # + the variant
+STEP = "trainlab.step:"  # + the variant
 # Training settings a --variant may set (TrainConfig fields, plus the CPU threads of its steps).
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=,-]{0,63}")
 VARIANT_KEYS = ("ops", "act", "amp", "channels_last", "batchnorm", "batchnorm_conv1", "batch_size", "threads")
@@ -76,45 +76,71 @@ BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 class ProfileConfig(Config):
     """Per-layer forward/backward time of LeNet-5 training steps (`trainlab profile`)."""
 
-    ops: list[str] | None = opt(None, "variants side by side: aten, fused, auto, own, own=python|cpp|triton|cuda (repeatable; "
-                                      "default: aten and own, or none with --variant)", metavar="aten|fused|auto|own[=IMPL]")
-    variant: list[str] | None = opt(None, "a training-settings variant NAME:KEY=VALUE,... (repeatable); keys: "
-                                          f"{', '.join(VARIANT_KEYS)}", metavar="NAME:KEY=V,...")
-    wall_steps: int = opt(0, "also time this many steps of each variant without the profiler (interleaved): "
-                             "wall ms per step and images/s", check=at_least(0))
+    ops: list[str] | None = opt(
+        None,
+        "variants side by side: aten, fused, auto, own, own=python|cpp|triton|cuda (repeatable; "
+        "default: aten and own, or none with --variant)",
+        metavar="aten|fused|auto|own[=IMPL]",
+    )
+    variant: list[str] | None = opt(
+        None,
+        f"a training-settings variant NAME:KEY=VALUE,... (repeatable); keys: {', '.join(VARIANT_KEYS)}",
+        metavar="NAME:KEY=V,...",
+    )
+    wall_steps: int = opt(
+        0,
+        "also time this many steps of each variant without the profiler (interleaved): wall ms per step and images/s",
+        check=at_least(0),
+    )
     steps: int | None = opt(None, "profile this many training steps (default: one epoch)", check=at_least(1))
-    warmup: int = opt(3, "steps run before profiling (extension build, allocator, caches), not measured",
-                      check=at_least(0))
+    warmup: int = opt(
+        3, "steps run before profiling (extension build, allocator, caches), not measured", check=at_least(0)
+    )
     batch_size: int = opt(256, "training batch size", check=at_least(1))
     act: str = opt("relu", "activation: relu | gelu | gelu-tanh", check=one_of(ACTIVATIONS))
-    train_subset: int | None = opt(None, "use the first N training images (the epoch is then shorter)",
-                                   check=at_least(1))
+    train_subset: int | None = opt(
+        None, "use the first N training images (the epoch is then shorter)", check=at_least(1)
+    )
     device: str = opt("auto", "auto | cpu | cuda")
     threads: int | None = opt(None, "torch CPU threads (default: torch's choice)", check=thread_count)
-    seed: int = opt(0, "seeds the initial weights and the batch order (the same for every variant)",
-                    check=seed_value)
+    seed: int = opt(0, "seeds the initial weights and the batch order (the same for every variant)", check=seed_value)
     trace: bool = opt(True, "write the Chrome trace (trace.json.gz, every variant's steps)")
     out: str | None = opt(None, "run directory (default runs/profile-<timestamp>); new or empty unless --overwrite")
     overwrite: bool = opt(False, "replace what --out holds (its files go when this run starts writing)")
-    json: str | None = opt(None, "write the result as JSON to PATH ('-': print it instead of the table, the log "
-                                 "goes to stderr)", metavar="PATH", check=json_output)
+    json: str | None = opt(
+        None,
+        "write the result as JSON to PATH ('-': print it instead of the table, the log goes to stderr)",
+        metavar="PATH",
+        check=json_output,
+    )
 
     @property
     def variants(self) -> list[str]:
-        return list(self.ops or ([] if self.variant else ["aten", "own"])) + [parse_variant(v)[0] for v in self.variant or []]
+        return list(self.ops or ([] if self.variant else ["aten", "own"])) + [
+            parse_variant(v)[0] for v in self.variant or []
+        ]
 
     def settings(self) -> dict[str, dict]:
         """{variant name: its settings} (an --ops variant sets ops alone)."""
-        return {**{ops: {"ops": ops} for ops in self.ops or ([] if self.variant else ["aten", "own"])},
-                **dict(parse_variant(v) for v in self.variant or [])}
+        return {
+            **{ops: {"ops": ops} for ops in self.ops or ([] if self.variant else ["aten", "own"])},
+            **dict(parse_variant(v) for v in self.variant or []),
+        }
 
     def validate(self) -> None:
         super().validate()
         if len(set(self.variants)) < len(self.variants):
-            raise ConfigError(f"--ops {' '.join(self.variants)}: each variant once (they are told apart by name in the trace)")
-        for name, s in self.settings().items():   # every flag fails here, before data loads
-            check_model_options(s.get("act", self.act), "max", s.get("batchnorm", False), s.get("ops", "aten"),
-                                s.get("batchnorm_conv1", True))
+            raise ConfigError(
+                f"--ops {' '.join(self.variants)}: each variant once (they are told apart by name in the trace)"
+            )
+        for name, s in self.settings().items():  # every flag fails here, before data loads
+            check_model_options(
+                s.get("act", self.act),
+                "max",
+                s.get("batchnorm", False),
+                s.get("ops", "aten"),
+                s.get("batchnorm_conv1", True),
+            )
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -128,21 +154,32 @@ def parse_variant(spec: str) -> tuple[str, dict]:
         key, eq, raw = (part.strip() for part in item.partition("="))
         key = key.replace("-", "_")
         if not eq or key not in VARIANT_KEYS:
-            raise ConfigError(f"--variant {spec!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(VARIANT_KEYS)}")
-        kind = type(getattr(TrainConfig, key, 1))   # threads: an int like batch_size
+            raise ConfigError(
+                f"--variant {spec!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(VARIANT_KEYS)}"
+            )
+        kind = type(getattr(TrainConfig, key, 1))  # threads: an int like batch_size
         try:
-            settings[key] = ({"true": True, "on": True, "false": False, "off": False}[raw.lower()] if kind is bool
-                             else int(raw) if kind is int else raw)
+            settings[key] = (
+                {"true": True, "on": True, "false": False, "off": False}[raw.lower()]
+                if kind is bool
+                else int(raw)
+                if kind is int
+                else raw
+            )
         except (KeyError, ValueError):
-            raise ConfigError(f"--variant {spec!r}: {key}={raw!r} is not {'true/false' if kind is bool else 'an integer'}") from None
+            raise ConfigError(
+                f"--variant {spec!r}: {key}={raw!r} is not {'true/false' if kind is bool else 'an integer'}"
+            ) from None
     try:
         TrainConfig(**{k: v for k, v in settings.items() if k != "threads"}).validate()
         check_value(settings.get("threads", 1), thread_count, "threads")
     except ConfigError as e:
         raise ConfigError(f"--variant {spec!r}: {e}") from None
     if not VARIANT_NAME.fullmatch(name.strip()):  # it names the variant in the trace, the table and file names
-        raise ConfigError(f"--variant {spec!r}: the name {name.strip()!r} is not a plain name (letters, digits, "
-                          "'.', '_', '+', '-', at most 64; write NAME:KEY=VALUE,...)")
+        raise ConfigError(
+            f"--variant {spec!r}: the name {name.strip()!r} is not a plain name (letters, digits, "
+            "'.', '_', '+', '-', at most 64; write NAME:KEY=VALUE,...)"
+        )
     return name.strip(), settings
 
 
@@ -157,14 +194,22 @@ def layer_names(model: nn.Module) -> dict[str, nn.Module]:
         if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)):
             names[f"bn{counts.get('conv', 0) + counts.get('fc', 0)}"] = module
             continue
-        if isinstance(module, ConvReluPool2d):   # --ops fused: one module, three layers' names
+        if isinstance(module, ConvReluPool2d):  # --ops fused: one module, three layers' names
             for kind in ("conv", "relu", "pool"):
                 counts[kind] = counts.get(kind, 0) + 1
             names[f"conv{counts['conv']}+relu{counts['relu']}+pool{counts['pool']}"] = module
             continue
-        kind = ("conv" if isinstance(module, nn.Conv2d) else "fc" if isinstance(module, nn.Linear)
-                else "pool" if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)) else "flatten"
-                if isinstance(module, nn.Flatten) else type(module).__name__.lower())
+        kind = (
+            "conv"
+            if isinstance(module, nn.Conv2d)
+            else "fc"
+            if isinstance(module, nn.Linear)
+            else "pool"
+            if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d))
+            else "flatten"
+            if isinstance(module, nn.Flatten)
+            else type(module).__name__.lower()
+        )
         counts[kind] = counts.get(kind, 0) + 1
         names[kind if kind == "flatten" else f"{kind}{counts[kind]}"] = module
     return names
@@ -196,9 +241,9 @@ def attribute(events) -> dict[str, list[dict]]:
     """{variant: per profiled step {part: (cpu_us, device_us)}} for each layer's forward and
     backward and the rest of the step, from the profiler's events (see the module docstring)."""
     steps = sorted((e for e in events if e.name.startswith(STEP)), key=lambda e: e.time_range.start)
-    owner: dict[tuple, str] = {}   # (thread, sequence_nr) of a forward op -> the part that created it
+    owner: dict[tuple, str] = {}  # (thread, sequence_nr) of a forward op -> the part that created it
     for e in events:
-        part = e.name[len(LAYER_PREFIX):] if e.name.startswith(LAYER_PREFIX) else "loss" if e.name == "loss" else None
+        part = e.name[len(LAYER_PREFIX) :] if e.name.startswith(LAYER_PREFIX) else "loss" if e.name == "loss" else None
         if part:
             for d in _descendants(e):
                 if d.sequence_nr >= 0:
@@ -208,18 +253,18 @@ def attribute(events) -> dict[str, list[dict]]:
 
     def charge(event, part):
         start = event.time_range.start
-        i = bisect.bisect_right(starts, start) - 1   # the last step that began before this event
+        i = bisect.bisect_right(starts, start) - 1  # the last step that began before this event
         if i >= 0 and start <= steps[i].time_range.end:
             cpu, dev = per_step[i].get(part, (0.0, 0.0))
             per_step[i][part] = (cpu + event.time_range.elapsed_us(), dev + (event.device_time_total or 0.0))
 
     for e in events:
         if e.name.startswith(LAYER_PREFIX):
-            charge(e, e.name[len(LAYER_PREFIX):] + ".fwd")
+            charge(e, e.name[len(LAYER_PREFIX) :] + ".fwd")
         elif e.name == "loss":
             charge(e, "loss.fwd")
         elif e.name.startswith(BACKWARD_PREFIX):
-            node = e.name[len(BACKWARD_PREFIX):]
+            node = e.name[len(BACKWARD_PREFIX) :]
             part = owner.get((e.fwd_thread if e.fwd_thread is not None else e.thread, e.sequence_nr))
             charge(e, f"{part}.bwd" if part else "accumulate_grad" if "AccumulateGrad" in node else "other_bwd")
         elif e.name.startswith("Optimizer.step#"):
@@ -231,7 +276,7 @@ def attribute(events) -> dict[str, list[dict]]:
         per_step[i]["step"] = (s.time_range.elapsed_us(), s.device_time_total or 0.0)
         accounted = sum(cpu for part, (cpu, _) in per_step[i].items() if part != "step")
         per_step[i]["other"] = (max(0.0, per_step[i]["step"][0] - accounted), 0.0)
-        by_variant.setdefault(s.name[len(STEP):], []).append(per_step[i])
+        by_variant.setdefault(s.name[len(STEP) :], []).append(per_step[i])
     return by_variant
 
 
@@ -240,15 +285,21 @@ class Variant:
     threads, its own batch order — built as `trainlab train` builds them from the same settings."""
 
     def __init__(self, name: str, settings: dict, cfg: ProfileConfig, data, device: torch.device):
-        train_settings = {"act": cfg.act, "batch_size": cfg.batch_size, "amp": "off", "channels_last": "off",
-                          **{k: v for k, v in settings.items() if k != "threads"}}
+        train_settings = {
+            "act": cfg.act,
+            "batch_size": cfg.batch_size,
+            "amp": "off",
+            "channels_last": "off",
+            **{k: v for k, v in settings.items() if k != "threads"},
+        }
         # the profiled step is the eager one: torch.compile and CUDA graphs would hide the layers
-        tcfg = TrainConfig(**train_settings, seed=cfg.seed, train_subset=cfg.train_subset, device=str(device),
-                           step_mode="eager")
+        tcfg = TrainConfig(
+            **train_settings, seed=cfg.seed, train_subset=cfg.train_subset, device=str(device), step_mode="eager"
+        )
         plan = resolve(tcfg, device)
         self.name, self.settings, self.batch_size = name, settings, tcfg.batch_size
         self.threads, self.device, self.channels_last = settings.get("threads"), device, plan.channels_last
-        self.model = build_model(plan)   # every variant starts from the same weights (the seed)
+        self.model = build_model(plan)  # every variant starts from the same weights (the seed)
         self.training_step = make_step(plan, self.model, build_optimizer(plan, self.model), annotate=True)
         self.batches = build_train_batches(tcfg, data, device)
         self.layers = list(layer_names(self.model))
@@ -258,7 +309,7 @@ class Variant:
     def next_batch(self):
         try:
             return next(self.it)
-        except StopIteration:   # epoch 0 is the warm-up's; profiled steps start at epoch 1
+        except StopIteration:  # epoch 0 is the warm-up's; profiled steps start at epoch 1
             self.epoch += 1
             self.batches.set_epoch(self.epoch)
             self.it = iter(self.batches)
@@ -271,7 +322,7 @@ class Variant:
             torch.set_num_threads(self.threads)
         try:
             with record_function(STEP + self.name):
-                self.training_step(x, y)   # the library's step (lenet.step), the loss in its own range
+                self.training_step(x, y)  # the library's step (lenet.step), the loss in its own range
         finally:
             torch.set_num_threads(before)
 
@@ -287,22 +338,23 @@ def profile_variants(cfg: ProfileConfig, data, device: torch.device, out: Path, 
             run.step()
     wall = {}
     if cfg.wall_steps:
-        for run in runs:   # the hooks' record_function ranges cost next to nothing outside a profiler
+        for run in runs:  # the hooks' record_function ranges cost next to nothing outside a profiler
             run.epoch, run.it = 0, iter(())
-        wall = time_interleaved({run.name: run.step for run in runs}, warmup=0, rounds=cfg.wall_steps,
-                                sync=lambda: synchronize(device))
+        wall = time_interleaved(
+            {run.name: run.step for run in runs}, warmup=0, rounds=cfg.wall_steps, sync=lambda: synchronize(device)
+        )
         for run in runs:
             ms = wall[run.name]["median"] * 1e3
             log(f"{run.name:<32} wall {ms:8.2f} ms/step  {run.batch_size / ms * 1e3:>9,.0f} images/s (no profiler)")
     for run in runs:
-        run.epoch, run.it = 0, iter(())   # profiled steps: from the start of epoch 1, in order
+        run.epoch, run.it = 0, iter(())  # profiled steps: from the start of epoch 1, in order
     n_steps = cfg.steps or len(runs[0].batches)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     synchronize(device)
     t0 = time.perf_counter()
     with profile(activities=activities) as prof:
         for i in range(n_steps):
-            for run in runs[i % len(runs):] + runs[:i % len(runs)]:
+            for run in runs[i % len(runs) :] + runs[: i % len(runs)]:
                 run.step()
             synchronize(device)
     wall_s = time.perf_counter() - t0
@@ -315,12 +367,26 @@ def profile_variants(cfg: ProfileConfig, data, device: torch.device, out: Path, 
         prof.export_chrome_trace(str(trace))
         record_written(trace)
     per_step = attribute(prof.events())
-    log(f"profiled {n_steps} steps of each of {', '.join(variants)} in {wall_s:.1f} s" + (f"; trace {trace}" if trace else ""))
-    return {"steps": n_steps, "wall_s": wall_s, "trace": str(trace) if trace else None,
-            "variants": [{"variant": run.name, "settings": run.settings, "batch_size": run.batch_size, "layers": run.layers,
-                          "per_step": per_step.get(run.name, []),
-                          "wall_ms_per_step": wall[run.name]["median"] * 1e3 if run.name in wall else None}
-                         for run in runs]}
+    log(
+        f"profiled {n_steps} steps of each of {', '.join(variants)} in {wall_s:.1f} s"
+        + (f"; trace {trace}" if trace else "")
+    )
+    return {
+        "steps": n_steps,
+        "wall_s": wall_s,
+        "trace": str(trace) if trace else None,
+        "variants": [
+            {
+                "variant": run.name,
+                "settings": run.settings,
+                "batch_size": run.batch_size,
+                "layers": run.layers,
+                "per_step": per_step.get(run.name, []),
+                "wall_ms_per_step": wall[run.name]["median"] * 1e3 if run.name in wall else None,
+            }
+            for run in runs
+        ],
+    }
 
 
 def summarize_parts(result: dict) -> list[dict]:
@@ -334,16 +400,38 @@ def summarize_parts(result: dict) -> list[dict]:
 
     for part in parts:
         fwd, bwd = summarize(series(f"{part}.fwd", 0)), summarize(series(f"{part}.bwd", 0))
-        rows.append({"variant": result["variant"], "layer": part, "fwd_ms_median": fwd["median"], "fwd_ms_p10": fwd["p10"],
-                     "fwd_ms_p90": fwd["p90"], "bwd_ms_median": bwd["median"], "bwd_ms_p10": bwd["p10"],
-                     "bwd_ms_p90": bwd["p90"], "fwd_device_ms_median": summarize(series(f"{part}.fwd", 1))["median"],
-                     "bwd_device_ms_median": summarize(series(f"{part}.bwd", 1))["median"]})
+        rows.append(
+            {
+                "variant": result["variant"],
+                "layer": part,
+                "fwd_ms_median": fwd["median"],
+                "fwd_ms_p10": fwd["p10"],
+                "fwd_ms_p90": fwd["p90"],
+                "bwd_ms_median": bwd["median"],
+                "bwd_ms_p10": bwd["p10"],
+                "bwd_ms_p90": bwd["p90"],
+                "fwd_device_ms_median": summarize(series(f"{part}.fwd", 1))["median"],
+                "bwd_device_ms_median": summarize(series(f"{part}.bwd", 1))["median"],
+            }
+        )
     for part in ("optimizer.zero_grad", "optimizer.step", "accumulate_grad", "other_bwd", "other", "step"):
         s = summarize(series(part, 0))
-        rows.append({"variant": result["variant"], "layer": part, "fwd_ms_median": None, "fwd_ms_p10": None, "fwd_ms_p90": None,
-                     "bwd_ms_median": None, "bwd_ms_p10": None, "bwd_ms_p90": None, "total_ms_median": s["median"],
-                     "total_ms_p10": s["p10"], "total_ms_p90": s["p90"],
-                     "total_device_ms_median": summarize(series(part, 1))["median"]})
+        rows.append(
+            {
+                "variant": result["variant"],
+                "layer": part,
+                "fwd_ms_median": None,
+                "fwd_ms_p10": None,
+                "fwd_ms_p90": None,
+                "bwd_ms_median": None,
+                "bwd_ms_p10": None,
+                "bwd_ms_p90": None,
+                "total_ms_median": s["median"],
+                "total_ms_p10": s["p10"],
+                "total_ms_p90": s["p90"],
+                "total_device_ms_median": summarize(series(part, 1))["median"],
+            }
+        )
     for r in rows:
         r.setdefault("total_ms_median", (r["fwd_ms_median"] or 0.0) + (r["bwd_ms_median"] or 0.0))
     return rows
@@ -355,21 +443,24 @@ def format_table(rows: list[dict], variants: list[str], walls: dict | None = Non
     (`walls`: {variant: (ms per step, batch size)})."""
     by = {(r["variant"], r["layer"]): r for r in rows}
     per_variant = [[r["layer"] for r in rows if r["variant"] == v] for v in variants]
-    layers = list(dict.fromkeys(max(per_variant, key=len) + [r["layer"] for r in rows]))   # BatchNorm rows in place
+    layers = list(dict.fromkeys(max(per_variant, key=len) + [r["layer"] for r in rows]))  # BatchNorm rows in place
     w = max(16, *(len(v) + 5 for v in variants))
     rw = max(22, *(len(variants[0]) + len(v) + 6 for v in variants))
     head = f"{'part':<20}" + "".join(f"{v + ' fwd':>{w}}{v + ' bwd':>{w}}" for v in variants)
     if len(variants) > 1:
         head += "".join(f"{'x ' + variants[0] + ' (' + v + ')':>{rw}}" for v in variants[1:])
-    lines = ["ms per training step, median over the profiled steps, variants interleaved step by step "
-             "(CPU time; p10/p90 in profile.json)", head]
+    lines = [
+        "ms per training step, median over the profiled steps, variants interleaved step by step "
+        "(CPU time; p10/p90 in profile.json)",
+        head,
+    ]
     for layer in layers:
         cells = []
         for v in variants:
             r = by.get((v, layer))
             if r is None:
                 cells += ["-", "-"]
-            elif r["fwd_ms_median"] is None:   # not split into forward/backward
+            elif r["fwd_ms_median"] is None:  # not split into forward/backward
                 cells += [f"{r['total_ms_median']:.3f}", ""]
             else:
                 cells += [f"{r['fwd_ms_median']:.3f}", f"{r['bwd_ms_median']:.3f}"]
@@ -400,25 +491,52 @@ def run_profile(cfg: ProfileConfig, command: str = "trainlab profile", log=print
         run.write_json("config.json", cfg.to_dict())  # the first write (with --overwrite: the old files go now)
         result = profile_variants(cfg, data, device, run.path, log)
         rows = [r for res in result["variants"] for r in summarize_parts(res)]
-        table = format_table(rows, variants, {res["variant"]: (res["wall_ms_per_step"], res["batch_size"])
-                                              for res in result["variants"] if res["wall_ms_per_step"]})
-        payload = {"config": cfg.to_dict(), "device": str(device), "torch_threads": torch.get_num_threads(),
-                   "variants": variants, "steps": result["steps"], "batch_size": cfg.batch_size, "rows": rows,
-                   "trace": result["trace"], "wall_s": result["wall_s"], "interleaved": True,
-                   # the raw attribution: per variant, per step, {part: [cpu_us, device_us]}
-                   "per_step": {res["variant"]: res["per_step"] for res in result["variants"]},
-                   "settings": {res["variant"]: res["settings"] for res in result["variants"]},
-                   "wall_ms_per_step": {res["variant"]: res["wall_ms_per_step"] for res in result["variants"]}}
-        write_results(run.path, "profile", payload, f"# LeNet-5 per-layer profile\n\n```\n{table}\n```",
-                      [header, "", table], command, env=env)
+        table = format_table(
+            rows,
+            variants,
+            {
+                res["variant"]: (res["wall_ms_per_step"], res["batch_size"])
+                for res in result["variants"]
+                if res["wall_ms_per_step"]
+            },
+        )
+        payload = {
+            "config": cfg.to_dict(),
+            "device": str(device),
+            "torch_threads": torch.get_num_threads(),
+            "variants": variants,
+            "steps": result["steps"],
+            "batch_size": cfg.batch_size,
+            "rows": rows,
+            "trace": result["trace"],
+            "wall_s": result["wall_s"],
+            "interleaved": True,
+            # the raw attribution: per variant, per step, {part: [cpu_us, device_us]}
+            "per_step": {res["variant"]: res["per_step"] for res in result["variants"]},
+            "settings": {res["variant"]: res["settings"] for res in result["variants"]},
+            "wall_ms_per_step": {res["variant"]: res["wall_ms_per_step"] for res in result["variants"]},
+        }
+        write_results(
+            run.path,
+            "profile",
+            payload,
+            f"# LeNet-5 per-layer profile\n\n```\n{table}\n```",
+            [header, "", table],
+            command,
+            env=env,
+        )
     return {**payload, "table": table, "run_dir": str(run.path)}
 
 
 def run_profile_cmd(cfg: ProfileConfig, command: str) -> int:
-    result = run_profile(cfg, command, log=(lambda *a, **k: print(*a, file=sys.stderr, **k)) if cfg.json == "-" else print)
+    result = run_profile(
+        cfg, command, log=(lambda *a, **k: print(*a, file=sys.stderr, **k)) if cfg.json == "-" else print
+    )
     if cfg.json:
         write_json_output(cfg.json, {k: v for k, v in result.items() if k != "table"})
     if cfg.json != "-":
         print(result["table"])
-        print(f"wrote {result['run_dir']}/profile.{{json,md,log}}" + (f", {result['trace']}" if result["trace"] else ""))
+        print(
+            f"wrote {result['run_dir']}/profile.{{json,md,log}}" + (f", {result['trace']}" if result["trace"] else "")
+        )
     return 0

@@ -76,14 +76,14 @@ def ring_allreduce_(flat: torch.Tensor, group=None) -> int:
         raise ValueError("ring_allreduce_ takes a contiguous 1-D tensor")
     right, left = _peer(group, (rank + 1) % world), _peer(group, (rank - 1) % world)
     chunks = list(flat.tensor_split(world))  # contiguous views; sizes differ by at most one element
-    scratch = torch.empty_like(chunks[0])   # the largest chunk (tensor_split puts the larger ones first)
+    scratch = torch.empty_like(chunks[0])  # the largest chunk (tensor_split puts the larger ones first)
     sent = 0
-    for step in range(world - 1):            # reduce-scatter
+    for step in range(world - 1):  # reduce-scatter
         out, into = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]
-        incoming = scratch[:into.numel()]
+        incoming = scratch[: into.numel()]
         sent += _exchange(out, incoming, right, left, group)
         into.add_(incoming)
-    for step in range(world - 1):            # all-gather: received chunks land in place
+    for step in range(world - 1):  # all-gather: received chunks land in place
         out, into = chunks[(rank + 1 - step) % world], chunks[(rank - step) % world]
         sent += _exchange(out, into, right, left, group)
     return sent
@@ -115,7 +115,9 @@ def measure_link_bandwidth(nbytes: int, device: torch.device, group=None, repeat
     return send.numel() * 4 / median_seconds(lambda: _exchange(send, recv, right, left, group), device, group, repeats)
 
 
-def measure_allreduce_seconds(algorithm: str, nbytes: int, device: torch.device, group=None, repeats: int = 20) -> float:
+def measure_allreduce_seconds(
+    algorithm: str, nbytes: int, device: torch.device, group=None, repeats: int = 20
+) -> float:
     """Median time of one all-reduce of `nbytes` (float32) by `algorithm` — "ring" (ours) or "builtin"
     (`dist.all_reduce`, what DDP and `--parallel allreduce` call) — with all ranks starting together."""
     flat = torch.ones(max(1, nbytes // 4), device=device)
@@ -133,14 +135,23 @@ class RingAllReduce:
     time per step (for `dp compare`); `bytes_sent` the bytes this rank sent in the last step.
     """
 
-    def __init__(self, model: nn.Module, world_size: int, bucket_bytes: int = RING_BUCKET_BYTES, group=None,
-                 overlap: bool = True, on_comm=None):
+    def __init__(
+        self,
+        model: nn.Module,
+        world_size: int,
+        bucket_bytes: int = RING_BUCKET_BYTES,
+        group=None,
+        overlap: bool = True,
+        on_comm=None,
+    ):
         self.world_size, self.group, self.overlap, self.on_comm = world_size, group, overlap, on_comm
         params = [p for p in model.parameters() if p.requires_grad]
         self.buckets = make_buckets(list(reversed(params)), bucket_bytes)  # the order backward produces them
         self.grad_bytes = sum(p.numel() * p.element_size() for p in params)
         self.bytes_sent = 0
-        self._flats = [torch.empty(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device) for b in self.buckets]
+        self._flats = [
+            torch.empty(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device) for b in self.buckets
+        ]
         self._device = params[0].device
         self._stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
         self._events: list = [None] * len(self.buckets)
@@ -211,15 +222,15 @@ class RingAllReduce:
         for p in bucket:  # a parameter without a gradient on this rank contributes zeros
             n = p.numel()
             if p.grad is None:
-                flat[offset:offset + n].zero_()
+                flat[offset : offset + n].zero_()
             else:
-                flat[offset:offset + n].copy_(p.grad.reshape(-1))
+                flat[offset : offset + n].copy_(p.grad.reshape(-1))
             offset += n
         sent = ring_allreduce_(flat, self.group)
         flat.div_(self.world_size)
         offset = 0
         for p in bucket:
-            view = flat[offset:offset + p.numel()].view_as(p)
+            view = flat[offset : offset + p.numel()].view_as(p)
             if p.grad is None:
                 p.grad = view.clone()
             else:

@@ -14,7 +14,8 @@ import torch
 from trainlab.errors import HardwareError, UserError
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.models import make_model
-from trainlab.lenet.plan import LeNetPlan, scaled_lr as _scaled_lr
+from trainlab.lenet.plan import LeNetPlan
+from trainlab.lenet.plan import scaled_lr as _scaled_lr
 
 
 def build_model(plan: LeNetPlan) -> torch.nn.Module:
@@ -25,8 +26,14 @@ def build_model(plan: LeNetPlan) -> torch.nn.Module:
     flag = f"--ops {plan.ops_spec}" if plan.ops != "aten" else f"--act {plan.act}"
     try:
         torch.manual_seed(plan.seed)  # the initial weights depend on the seed alone
-        model = make_model(plan.model, act=plan.act, pool=plan.pool, batchnorm=plan.batchnorm, ops=plan.ops_spec,
-                           batchnorm_conv1=plan.batchnorm_conv1).to(device)
+        model = make_model(
+            plan.model,
+            act=plan.act,
+            pool=plan.pool,
+            batchnorm=plan.batchnorm,
+            ops=plan.ops_spec,
+            batchnorm_conv1=plan.batchnorm_conv1,
+        ).to(device)
         if plan.channels_last:
             model = model.to(memory_format=torch.channels_last)
         was_training = model.training
@@ -36,8 +43,10 @@ def build_model(plan: LeNetPlan) -> torch.nn.Module:
     except UserError as e:
         # the operator's message names its Python argument (impl='cuda'); keep its reason, name the flag
         reason = re.sub(r"^.*?impl='?\w+'?: ", "", str(e)).split("; ")[0]
-        raise HardwareError(f"{flag}: cannot run on {device}: {reason}; choose another {flag.split()[0]} "
-                            f"(`trainlab train --help` lists them)") from None
+        raise HardwareError(
+            f"{flag}: cannot run on {device}: {reason}; choose another {flag.split()[0]} "
+            f"(`trainlab train --help` lists them)"
+        ) from None
     return model
 
 
@@ -64,7 +73,9 @@ def build_optimizer(plan: LeNetPlan, model: torch.nn.Module, lr: float | None = 
         return torch.optim.AdamW(params, lr=lr, weight_decay=plan.weight_decay, **fused)
     if plan.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=plan.weight_decay, **fused)
-    return torch.optim.SGD(params, lr=lr, momentum=plan.momentum, nesterov=True, weight_decay=plan.weight_decay, **fused)
+    return torch.optim.SGD(
+        params, lr=lr, momentum=plan.momentum, nesterov=True, weight_decay=plan.weight_decay, **fused
+    )
 
 
 def build_scheduler(plan: LeNetPlan, optimizer, lr: float, steps_per_epoch: int, total_steps: int | None = None):
@@ -74,12 +85,20 @@ def build_scheduler(plan: LeNetPlan, optimizer, lr: float, steps_per_epoch: int,
     if plan.schedule == "onecycle" and total >= 4:
         # OneCycle warms up for 25% of training then anneals: the fastest route to 99% for small nets.
         # torch's OneCycleLR divides by zero when the warm-up is shorter than 2 steps (tiny runs).
-        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total, pct_start=max(0.25, 2.0 / total))
+        return torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=lr, total_steps=total, pct_start=max(0.25, 2.0 / total)
+        )
     if plan.schedule == "onecycle":  # fewer than 4 steps in all: nothing to schedule
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     warmup = int(plan.warmup_epochs * steps_per_epoch)
     if plan.schedule == "cosine":
-        f = lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup)))  # noqa: E731
+
+        def f(s):
+            return (
+                (s + 1) / warmup
+                if s < warmup
+                else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup)))
+            )
     elif plan.schedule == "linear":
         # Up to the peak, then straight down to 0 at the last step: for a one-epoch run every step
         # counts, and the last ones, at a tiny lr, settle the weights (and BatchNorm statistics).
@@ -91,5 +110,8 @@ def build_scheduler(plan: LeNetPlan, optimizer, lr: float, steps_per_epoch: int,
 
 def autocast(device: torch.device, dtype: torch.dtype | None, cache: bool = True):
     """Autocast to `dtype` (bf16, or fp16 below sm80) when it is set; `cache=False` inside a CUDA-graph capture (PyTorch requires it)."""
-    return (torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache) if dtype is not None
-            else nullcontext())
+    return (
+        torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache)
+        if dtype is not None
+        else nullcontext()
+    )

@@ -31,10 +31,10 @@ from trainlab.data.loader import shard_bounds
 from trainlab.errors import ConfigError
 
 SLOW_ENV = "TRAINLAB_SLOW_RANKS"
-AUTO_STEPS = 5        # `auto` times at least this many steps per rank, after one untimed (allocations, kernel choice)
-AUTO_SECONDS = 0.5    # … and at least this long, so that a millisecond step is timed many times
+AUTO_STEPS = 5  # `auto` times at least this many steps per rank, after one untimed (allocations, kernel choice)
+AUTO_SECONDS = 0.5  # … and at least this long, so that a millisecond step is timed many times
 AUTO_MAX_STEPS = 200  # … but never more steps than this
-MAX_WEIGHT = 1e6      # a --shard-weights value: only ratios matter, and the sum must stay finite
+MAX_WEIGHT = 1e6  # a --shard-weights value: only ratios matter, and the sum must stay finite
 MAX_SLOWDOWN = 1000.0  # a $TRAINLAB_SLOW_RANKS factor: 1000× slower is already a stalled rank
 
 
@@ -47,8 +47,10 @@ def parse_shard_weights(spec: str | None) -> tuple[float, ...] | str | None:
     except ValueError:
         weights = ()
     if len(weights) < 2 or not all(0 < w <= MAX_WEIGHT for w in weights):  # NaN fails too; 1e308s would sum to inf
-        raise ConfigError(f"--shard-weights {spec!r}: expected auto or one positive number per rank, e.g. 2,1 "
-                          f"(each finite, > 0 and <= {MAX_WEIGHT:g})")
+        raise ConfigError(
+            f"--shard-weights {spec!r}: expected auto or one positive number per rank, e.g. 2,1 "
+            f"(each finite, > 0 and <= {MAX_WEIGHT:g})"
+        )
     return weights
 
 
@@ -58,16 +60,20 @@ def check_shard_weights(spec: str | None, parallel: str, world_size: int, global
     if weights is None:
         return
     if parallel not in ("ddp", "allreduce", "ring") or world_size < 2:
-        raise ConfigError(f"--shard-weights {spec}: splits a global batch across processes; it needs "
-                          f"--parallel ddp|allreduce|ring with --nproc 2 or more (got --parallel {parallel}, {world_size} process(es))")
+        raise ConfigError(
+            f"--shard-weights {spec}: splits a global batch across processes; it needs "
+            f"--parallel ddp|allreduce|ring with --nproc 2 or more (got --parallel {parallel}, {world_size} process(es))"
+        )
     if weights == "auto":
         return
     if len(weights) != world_size:
         raise ConfigError(f"--shard-weights {spec}: {len(weights)} weights for {world_size} ranks (one per rank)")
     empty = [r for r in range(world_size) if len(range(*shard_bounds(global_batch, r, world_size, 0, weights))) == 0]
     if empty:
-        raise ConfigError(f"--shard-weights {spec}: rank {empty[0]} would get no image of a global batch of {global_batch}; "
-                          "raise --batch-size or that rank's weight")
+        raise ConfigError(
+            f"--shard-weights {spec}: rank {empty[0]} would get no image of a global batch of {global_batch}; "
+            "raise --batch-size or that rank's weight"
+        )
 
 
 def slowdown_factor(rank: int) -> float:
@@ -80,7 +86,9 @@ def slowdown_factor(rank: int) -> float:
     except ValueError:
         raise ConfigError(f"${SLOW_ENV}={spec!r}: expected RANK:FACTOR pairs such as 1:2") from None
     if not all(1 <= f <= MAX_SLOWDOWN for f in table.values()):  # NaN and inf fail here too
-        raise ConfigError(f"${SLOW_ENV}={spec!r}: a factor is a finite number >= 1 and <= {MAX_SLOWDOWN:g} (1 = full speed)")
+        raise ConfigError(
+            f"${SLOW_ENV}={spec!r}: a factor is a finite number >= 1 and <= {MAX_SLOWDOWN:g} (1 = full speed)"
+        )
     if not all(0 <= r < 2**16 for r in table):
         raise ConfigError(f"${SLOW_ENV}={spec!r}: a rank is an integer >= 0")
     return table.get(rank, 1.0)
@@ -95,7 +103,7 @@ def install_slowdown(model: torch.nn.Module, rank: int) -> float:
     model.register_forward_pre_hook(lambda *_: started.append(time.perf_counter()))
 
     def pause(*_):
-        if model.training:   # evaluation runs at full speed: only the training step is the "slow device"
+        if model.training:  # evaluation runs at full speed: only the training step is the "slow device"
             time.sleep((factor - 1) * 3 * (time.perf_counter() - started.pop()))
         else:
             started.pop()
@@ -160,9 +168,19 @@ def setup_shards(spec: str | None, step, batches, par, log=print) -> dict | None
     if weights == "auto":
         measured, _ = measure_shares(step, batches)
         weights = tuple(measured)
-        log("shard weights (auto): measured " + ", ".join(f"rank {r} {t:,.0f} img/s" for r, t in enumerate(measured))
-            + " → rows per global batch " + ", ".join(
-                str(len(range(*shard_bounds(batches.batch_size, r, par.world_size, 0, weights)))) for r in range(par.world_size)))
+        log(
+            "shard weights (auto): measured "
+            + ", ".join(f"rank {r} {t:,.0f} img/s" for r, t in enumerate(measured))
+            + " → rows per global batch "
+            + ", ".join(
+                str(len(range(*shard_bounds(batches.batch_size, r, par.world_size, 0, weights))))
+                for r in range(par.world_size)
+            )
+        )
     batches.set_shares(weights)
-    return {"spec": spec, "shares": list(weights) if weights is not None else None,
-            "measured_images_per_s": measured, "slowdown": factor}
+    return {
+        "spec": spec,
+        "shares": list(weights) if weights is not None else None,
+        "measured_images_per_s": measured,
+        "slowdown": factor,
+    }

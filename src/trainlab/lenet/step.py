@@ -47,14 +47,21 @@ GRAPH_WARMUP_STEPS = 3  # eager steps on a side stream before capture (PyTorch's
 class Step:
     """Call `step(x, y)` → (loss, correct) device tensors; `prepare(x, y)` first (compiles/captures)."""
 
-    def __init__(self, plan: LeNetPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-                 after_backward=None, annotate: bool = False):
+    def __init__(
+        self,
+        plan: LeNetPlan,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        after_backward=None,
+        annotate: bool = False,
+    ):
         self.plan, self.mode, self.optimizer = plan, plan.step_mode, optimizer
         self.device, self.precision = plan.torch_device, plan.amp_dtype
-        self.module = unwrap(model)   # the parameters and buffers the step changes
+        self.module = unwrap(model)  # the parameters and buffers the step changes
         self.model = torch.compile(model, mode=plan.compile_mode) if self.mode == "compile" else model  # what runs
         self.after_backward = after_backward
-        self.annotate = annotate      # `trainlab profile`: the loss in its own record_function range
+        self.annotate = annotate  # `trainlab profile`: the loss in its own record_function range
         self.graph: torch.cuda.CUDAGraph | None = None
         # fp16 (a GPU below sm80): the loss is scaled so small gradients survive fp16's range; the
         # scaler unscales them and skips a step whose gradients overflowed (the same on every rank:
@@ -146,8 +153,10 @@ class Step:
             if not torch.is_tensor(group["lr"]) or group["lr"].device.type != "cuda":
                 group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=self.device)
         saved_model = copy.deepcopy(self.module.state_dict())
-        saved_state = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
-                       for p, s in self.optimizer.state.items()}
+        saved_state = {
+            p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+            for p, s in self.optimizer.state.items()
+        }
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph requires
@@ -157,7 +166,7 @@ class Step:
         # Undo the warm-up IN PLACE: the graph will read and write these very tensors. Optimizer state
         # the warm-up created (a fresh run) goes back to its initial zeros, as if it had never stepped.
         with torch.no_grad():
-            self.module.load_state_dict(saved_model)   # copies into the existing parameters and buffers
+            self.module.load_state_dict(saved_model)  # copies into the existing parameters and buffers
             for p, state in self.optimizer.state.items():
                 for k, v in state.items():
                     if torch.is_tensor(v) and p in saved_state:
@@ -173,16 +182,26 @@ class Step:
         self.graph_grads = [(p, p.grad) for p in self.module.parameters() if p.grad is not None]
 
 
-def make_step(plan: LeNetPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, after_backward=None,
-              annotate: bool = False) -> Step:
+def make_step(
+    plan: LeNetPlan,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    after_backward=None,
+    annotate: bool = False,
+) -> Step:
     """The training step `plan.step_mode` asks for, over `model` (wrapped or not) and `optimizer`."""
     if plan.step_mode == "cudagraph":
         if plan.torch_device.type != "cuda":
             raise ConfigError(f"--step-mode cudagraph: CUDA graphs need a CUDA device, not {plan.device}")
         if plan.grad_scaler:
-            raise ConfigError("--step-mode cudagraph: not with fp16 autocast (its GradScaler decides on the host "
-                              "whether to step); use --step-mode eager or compile")
+            raise ConfigError(
+                "--step-mode cudagraph: not with fp16 autocast (its GradScaler decides on the host "
+                "whether to step); use --step-mode eager or compile"
+            )
         if plan.optimizer_in_graph and not optimizer.param_groups[0].get("capturable"):
-            raise ConfigError("--step-mode cudagraph: the optimizer must be capturable (build it with "
-                              "lenet.setup.build_optimizer from the same plan)")
+            raise ConfigError(
+                "--step-mode cudagraph: the optimizer must be capturable (build it with "
+                "lenet.setup.build_optimizer from the same plan)"
+            )
     return Step(plan, model, optimizer, after_backward=after_backward, annotate=annotate)

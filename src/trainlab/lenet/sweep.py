@@ -21,16 +21,16 @@ interrupted sweep. Every configuration is validated before the first run starts.
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 import math
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -54,12 +54,20 @@ MAX_RUNS = 10_000  # a sweep of more runs is a typo (at seconds per run, it woul
 class SweepConfig(Config):
     """`trainlab sweep`: where the runs go and how they are scheduled (the swept flags are TrainConfig's)."""
 
-    out: str | None = opt(None, "sweep directory; each run is OUT/<flag>=<value>_…_seed=<s> (default runs/sweep-<time>)",
-                          check=output_dir)
-    seeds: int | None = opt(None, "seeds 0..N-1 for every configuration (same as --seed 0,1,…,N-1)", metavar="N",
-                            check=int_range(1, MAX_RUNS))
-    gpus: str = opt("auto", "auto (one run per visible GPU when there are several) | none (one run after another "
-                            "on --device) | comma-separated GPU indices")
+    out: str | None = opt(
+        None, "sweep directory; each run is OUT/<flag>=<value>_…_seed=<s> (default runs/sweep-<time>)", check=output_dir
+    )
+    seeds: int | None = opt(
+        None,
+        "seeds 0..N-1 for every configuration (same as --seed 0,1,…,N-1)",
+        metavar="N",
+        check=int_range(1, MAX_RUNS),
+    )
+    gpus: str = opt(
+        "auto",
+        "auto (one run per visible GPU when there are several) | none (one run after another "
+        "on --device) | comma-separated GPU indices",
+    )
     dry_run: bool = opt(False, "print the runs and exit")
 
 
@@ -67,7 +75,7 @@ class SweepConfig(Config):
 class Run:
     name: str
     config: TrainConfig
-    values: dict          # swept flag → value for this run (seed included)
+    values: dict  # swept flag → value for this run (seed included)
 
     @property
     def dir(self) -> Path:
@@ -81,10 +89,13 @@ class Run:
         saved = TrainConfig.from_dict(read_json(self.dir / "config.json"), source=str(self.dir / "config.json"))
         differ = self.config.result_differences(saved)
         if differ:
-            raise ConfigError(f"{self.dir}: holds a finished run of other settings ("
-                              + ", ".join(f"{k} {getattr(saved, k)!r}, this sweep wants {getattr(self.config, k)!r}"
-                                          for k in differ[:3])
-                              + "); give the sweep another --out")
+            raise ConfigError(
+                f"{self.dir}: holds a finished run of other settings ("
+                + ", ".join(
+                    f"{k} {getattr(saved, k)!r}, this sweep wants {getattr(self.config, k)!r}" for k in differ[:3]
+                )
+                + "); give the sweep another --out"
+            )
         return True
 
     def resume_from(self) -> str | None:
@@ -100,7 +111,9 @@ class Run:
 def _show(v: Any, exact: bool = False) -> str:
     """A value as a folder-name part: short (`:g`), or `exact` (repr: every float digit) when short
     labels of one flag collide (0.0010000001 and 0.001 are both 0.001 in `:g`)."""
-    text = (repr(v) if exact else f"{v:g}") if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)
+    text = (
+        (repr(v) if exact else f"{v:g}") if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)
+    )
     return "".join(c if c.isalnum() or c in ".-+" else "_" for c in text)
 
 
@@ -111,8 +124,10 @@ def _labels(values: list) -> dict:
         if len(set(labels.values())) == len(labels):
             return labels
     clash = [v for v in values if list(labels.values()).count(labels[v]) > 1]
-    raise ConfigError(f"values {', '.join(map(repr, clash))} would share the run folder label {labels[clash[0]]!r}; "
-                      "give distinct values")
+    raise ConfigError(
+        f"values {', '.join(map(repr, clash))} would share the run folder label {labels[clash[0]]!r}; "
+        "give distinct values"
+    )
 
 
 def plan(values: dict[str, list], sc: SweepConfig) -> tuple[list[Run], dict[str, list], list[str], Path]:
@@ -125,11 +140,15 @@ def plan(values: dict[str, list], sc: SweepConfig) -> tuple[list[Run], dict[str,
         if "seed" in values:
             raise ConfigError("--seeds N and --seed LIST both give the seeds: use one of them")
         values["seed"] = list(range(sc.seeds))
-    order = [f for f in TrainConfig.__dataclass_fields__ if f in values and f != "seed"] + (["seed"] if "seed" in values else [])
+    order = [f for f in TrainConfig.__dataclass_fields__ if f in values and f != "seed"] + (
+        ["seed"] if "seed" in values else []
+    )
     total = math.prod(len(values[k]) for k in order)  # counted before a single run is built
     if total > MAX_RUNS:
-        raise ConfigError(f"the sweep has {total:,} runs ({' × '.join(str(len(values[k])) for k in order)}); "
-                          f"expected at most {MAX_RUNS:,}: sweep fewer values or seeds")
+        raise ConfigError(
+            f"the sweep has {total:,} runs ({' × '.join(str(len(values[k])) for k in order)}); "
+            f"expected at most {MAX_RUNS:,}: sweep fewer values or seeds"
+        )
     swept = [k for k in order if len(values[k]) > 1]
     root = Path(sc.out) if sc.out else Path("runs") / f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     labels = {k: _labels(values[k]) for k in swept}
@@ -149,8 +168,10 @@ def validate(cfg: TrainConfig) -> None:
     run before the first one starts; and a sweep's runs are single-process."""
     cfg.validate()
     if cfg.parallel in MULTI_PROCESS_MODES:
-        raise ConfigError(f"--parallel {cfg.parallel}: a sweep runs single-process runs (one per device); "
-                          "run multi-process training with `trainlab train --nproc N`")
+        raise ConfigError(
+            f"--parallel {cfg.parallel}: a sweep runs single-process runs (one per device); "
+            "run multi-process training with `trainlab train --nproc N`"
+        )
     check_launch(cfg.parallel, 1, cfg.device, cfg.batch_size)
 
 
@@ -162,7 +183,9 @@ def resolve_gpus(spec: str, device: str) -> list[int]:
         try:
             gpus = [int(g) for g in spec.split(",") if g.strip()]
         except ValueError:
-            raise ConfigError(f"--gpus {spec!r}: expected auto, none or comma-separated GPU indices such as 0,1") from None
+            raise ConfigError(
+                f"--gpus {spec!r}: expected auto, none or comma-separated GPU indices such as 0,1"
+            ) from None
         if not gpus or len(set(gpus)) != len(gpus):
             raise ConfigError(f"--gpus {spec!r}: expected distinct GPU indices such as 0,1")
         if str(device) == "cpu":
@@ -180,8 +203,14 @@ def resolve_gpus(spec: str, device: str) -> list[int]:
 
 # ---------------------------------------------------------------------------------- scheduling
 
-def schedule(jobs: list, gpus: list[int], start: Callable[[Any, int], Any], wait_any: Callable[[list], tuple[Any, int]],
-             on_done: Callable[[Any, int, int], None] | None = None) -> dict[int, tuple[int, int]]:
+
+def schedule(
+    jobs: list,
+    gpus: list[int],
+    start: Callable[[Any, int], Any],
+    wait_any: Callable[[list], tuple[Any, int]],
+    on_done: Callable[[Any, int, int], None] | None = None,
+) -> dict[int, tuple[int, int]]:
     """Run every job with at most one job per GPU at a time, in order, each on the lowest free GPU.
 
     `start(job, gpu)` launches a job and returns a handle; `wait_any(handles)` blocks until one of the
@@ -233,12 +262,15 @@ def _wait_any(procs: list, poll_s: float = 0.5) -> tuple[Any, int]:
 
 # ---------------------------------------------------------------------------------- the sweep
 
+
 def _outcome(run: Run) -> str:
     try:
         s = read_json(run.dir / "summary.json")
         t99 = s.get("time_to_99_seconds")
-        return (f"test accuracy {s['test_accuracy']:.2f} %, {s['train_seconds']:.1f} s, "
-                f"time to 99 %: {'%.1f s' % t99 if t99 is not None else 'not reached'}")
+        return (
+            f"test accuracy {s['test_accuracy']:.2f} %, {s['train_seconds']:.1f} s, "
+            f"time to 99 %: {f'{t99:.1f} s' if t99 is not None else 'not reached'}"
+        )
     except Exception as e:  # the line is informative only
         return f"no summary ({type(e).__name__})"
 
@@ -250,7 +282,11 @@ def run_sweep(values: dict[str, list], sc: SweepConfig, command: str = "", log=p
         validate(run.config)
     gpus = resolve_gpus(sc.gpus, runs[0].config.device)
     todo = [r for r in runs if not r.done]
-    where = f"one run per GPU on GPUs {','.join(map(str, gpus))}" if gpus else f"one after another on --device {runs[0].config.device}"
+    where = (
+        f"one run per GPU on GPUs {','.join(map(str, gpus))}"
+        if gpus
+        else f"one after another on --device {runs[0].config.device}"
+    )
     grid = " × ".join(f"{len(values[k])} {k}" for k in swept) or "one configuration"
     log(f"sweep: {len(runs)} runs ({grid}), {len(runs) - len(todo)} already done, {where}; directory {root}")
     for run in runs:
@@ -258,8 +294,15 @@ def run_sweep(values: dict[str, list], sc: SweepConfig, command: str = "", log=p
     if sc.dry_run:
         return 0
     root.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(root / SWEEP_FILE, {"command": command, "swept": swept, "values": values,
-                                          "runs": [{"name": r.name, "values": r.values} for r in runs]})
+    atomic_write_json(
+        root / SWEEP_FILE,
+        {
+            "command": command,
+            "swept": swept,
+            "values": values,
+            "runs": [{"name": r.name, "values": r.values} for r in runs],
+        },
+    )
     failed = []
     if gpus:
         (root / "logs").mkdir(exist_ok=True)
@@ -269,7 +312,10 @@ def run_sweep(values: dict[str, list], sc: SweepConfig, command: str = "", log=p
             return _start_process(run, gpu, root)
 
         def done(run: Run, gpu: int, code: int) -> None:
-            log(f"[gpu {gpu}] {run.name}: " + (_outcome(run) if code == 0 else f"FAILED (exit {code}, log {root / 'logs' / (run.name + '.log')})"))
+            log(
+                f"[gpu {gpu}] {run.name}: "
+                + (_outcome(run) if code == 0 else f"FAILED (exit {code}, log {root / 'logs' / (run.name + '.log')})")
+            )
             if code != 0:
                 failed.append(run.name)
 
@@ -279,8 +325,11 @@ def run_sweep(values: dict[str, list], sc: SweepConfig, command: str = "", log=p
             log(f"== [{i}/{len(todo)}] {run.name}")
             try:
                 resume = run.resume_from()
-                summary = train(run.config, resume=resume,
-                                log=lambda line: log("   " + line) if line.startswith(("data", "epoch", "done")) else None)
+                summary = train(
+                    run.config,
+                    resume=resume,
+                    log=lambda line: log("   " + line) if line.startswith(("data", "epoch", "done")) else None,
+                )
             except ConfigError:
                 raise
             except Exception as e:  # one diverged or crashed run must not cost the rest of the sweep
@@ -290,7 +339,9 @@ def run_sweep(values: dict[str, list], sc: SweepConfig, command: str = "", log=p
             if not summary:
                 failed.append(run.name)
     finished = sum(r.done for r in runs)  # counted from the run folders, not assumed
-    log(f"sweep done: {finished} of {len(runs)} runs finished in {root}"
-        + (f"; failed: {', '.join(failed)}" if failed else "") + f"\nreport: trainlab report {root} -o {root}/report")
+    log(
+        f"sweep done: {finished} of {len(runs)} runs finished in {root}"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+        + f"\nreport: trainlab report {root} -o {root}/report"
+    )
     return len(runs) - finished
-

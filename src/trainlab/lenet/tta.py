@@ -32,7 +32,9 @@ def shifted(x: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_tta(model: torch.nn.Module, batches, device: torch.device, amp_dtype=None, shifts=SHIFTS, par=None) -> dict:
+def evaluate_tta(
+    model: torch.nn.Module, batches, device: torch.device, amp_dtype=None, shifts=SHIFTS, par=None
+) -> dict:
     """Accuracy (%) of the mean softmax over `shifts` views of every test image. Under data parallelism
     (`par`) `batches` is this rank's shard of the test set and the counts are summed over ranks."""
     was_training = model.training

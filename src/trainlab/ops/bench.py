@@ -40,11 +40,13 @@ from trainlab.stats import time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
-DEFAULT_SIZES = [2**10, 2**14, 2**18, 2**20, 2**22, 2**24, 2**26]   # 1K … 64M elements
+DEFAULT_SIZES = [2**10, 2**14, 2**18, 2**20, 2**22, 2**24, 2**26]  # 1K … 64M elements
 QUICK_SIZES = [2**10, 2**16, 2**20]
 DEFAULT_BATCHES = (256, 4096)
-CPP_ON_CUDA = ("on CUDA tensors impl='cpp' dispatches to the same CUDA kernel as impl='cuda' "
-               "(the op's CUDA key): timed once, as 'cuda'")
+CPP_ON_CUDA = (
+    "on CUDA tensors impl='cpp' dispatches to the same CUDA kernel as impl='cuda' "
+    "(the op's CUDA key): timed once, as 'cuda'"
+)
 
 
 def parse_size(text: str) -> int:
@@ -71,12 +73,15 @@ def available_impls(device: torch.device) -> tuple[list[str], dict]:
         impls, skipped = ["aten", "python", "cuda"], {"cpp": CPP_ON_CUDA}
         try:
             import triton  # noqa: F401
+
             impls.append("triton")
         except ImportError:
             skipped["triton"] = "triton not installed"
         return impls, skipped
-    return ["aten", "python", "cpp"], {"triton": "CPU: Triton only runs interpreted here; interpreter speed is meaningless",
-                                       "cuda": "no CUDA GPU"}
+    return ["aten", "python", "cpp"], {
+        "triton": "CPU: Triton only runs interpreted here; interpreter speed is meaningless",
+        "cuda": "no CUDA GPU",
+    }
 
 
 def _impls(requested, device: torch.device, extra: tuple[str, ...] = ()) -> tuple[list[str], dict]:
@@ -100,9 +105,19 @@ def _error_line(e: BaseException) -> str:
 
 # ---- GELU: sizes x rungs x (fwd, fwd+bwd) ---------------------------------------------------------------
 
-def run_gelu_bench(sizes=None, impls=None, dtype: str = "float32", approximate: str = "none",
-                   device: str | torch.device = "cpu", warmup: int = 3, min_runs: int = 5, max_runs: int = 200,
-                   budget_s: float = 0.5, progress=None) -> dict:
+
+def run_gelu_bench(
+    sizes=None,
+    impls=None,
+    dtype: str = "float32",
+    approximate: str = "none",
+    device: str | torch.device = "cpu",
+    warmup: int = 3,
+    min_runs: int = 5,
+    max_runs: int = 200,
+    budget_s: float = 0.5,
+    progress=None,
+) -> dict:
     """Time forward and forward+backward for each rung and size. Returns a JSON-able dict."""
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
@@ -128,12 +143,12 @@ def run_gelu_bench(sizes=None, impls=None, dtype: str = "float32", approximate: 
         xr = {}
         for impl in impls:
             if impl in skipped and impl != "aten":
-                continue   # failed at an earlier size
-            try:   # build / JIT / import, and one full-size forward+backward, outside the timing
+                continue  # failed at an earlier size
+            try:  # build / JIT / import, and one full-size forward+backward, outside the timing
                 xr[impl] = x.detach().clone().requires_grad_()
                 gelu(xr[impl], impl=impl, approximate=approximate).backward(g)
                 sync()
-            except Exception as e:   # unavailable here, or failing at this size: report, time the rest
+            except Exception as e:  # unavailable here, or failing at this size: report, time the rest
                 if impl == "aten":
                     raise
                 xr.pop(impl, None)
@@ -143,43 +158,67 @@ def run_gelu_bench(sizes=None, impls=None, dtype: str = "float32", approximate: 
             def run():
                 with torch.no_grad():
                     gelu(x, impl=impl, approximate=approximate)
+
             return run
 
         def fwd_bwd(impl):
             def run():
                 xr[impl].grad = None
                 gelu(xr[impl], impl=impl, approximate=approximate).backward(g)
+
             return run
 
         for pass_name, maker, nbytes in (("fwd", fwd, 2 * n * elem), ("fwd+bwd", fwd_bwd, 5 * n * elem)):
             stats = time_interleaved({impl: maker(impl) for impl in xr}, **timing)
             base = stats["aten"]["median"]
             for impl, st in stats.items():
-                row = {"size": n, "impl": impl, "pass": pass_name, "dtype": dtype, "approximate": approximate,
-                       "median_s": st["median"], "p10_s": st["p10"], "p90_s": st["p90"], "runs": st["n"],
-                       "gbps": nbytes / st["median"] / 1e9,
-                       "ratio_to_torch": st["median"] / base,   # to aten (F.gelu); the key the reports read
-                       "copy_gbps": copy_gbps.get(n),
-                       "pct_of_copy_bw": (nbytes / st["median"] / 1e9) / copy_gbps[n] if n in copy_gbps else None}
+                row = {
+                    "size": n,
+                    "impl": impl,
+                    "pass": pass_name,
+                    "dtype": dtype,
+                    "approximate": approximate,
+                    "median_s": st["median"],
+                    "p10_s": st["p10"],
+                    "p90_s": st["p90"],
+                    "runs": st["n"],
+                    "gbps": nbytes / st["median"] / 1e9,
+                    "ratio_to_torch": st["median"] / base,  # to aten (F.gelu); the key the reports read
+                    "copy_gbps": copy_gbps.get(n),
+                    "pct_of_copy_bw": (nbytes / st["median"] / 1e9) / copy_gbps[n] if n in copy_gbps else None,
+                }
                 rows.append(row)
                 if progress:
                     progress(row)
-        del xr
-    return {"device": str(device), "dtype": dtype, "approximate": approximate, "torch_threads": torch.get_num_threads(),
-            "sizes": sizes, "impls": impls, "skipped": skipped, "rows": rows,
-            "bytes_model": "fwd 2N, fwd+bwd 5N element-bytes (fused kernel minimum)"}
+        xr.clear()  # the full-size copies go before the next size
+    return {
+        "device": str(device),
+        "dtype": dtype,
+        "approximate": approximate,
+        "torch_threads": torch.get_num_threads(),
+        "sizes": sizes,
+        "impls": impls,
+        "skipped": skipped,
+        "rows": rows,
+        "bytes_model": "fwd 2N, fwd+bwd 5N element-bytes (fused kernel minimum)",
+    }
 
 
 def format_gelu_table(result: dict) -> str:
     head = f"{'size':>6}  {'impl':<7} {'pass':<8} {'median':>10}  {'p10–p90':>21}  {'GB/s':>7}  {'x F.gelu':>8}"
     if result["device"].startswith("cuda"):
         head += f"  {'% copy':>6}"
-    lines = [f"device {result['device']}  dtype {result['dtype']}  approximate {result['approximate']}  "
-             f"torch threads {result['torch_threads']}", head]
+    lines = [
+        f"device {result['device']}  dtype {result['dtype']}  approximate {result['approximate']}  "
+        f"torch threads {result['torch_threads']}",
+        head,
+    ]
     for r in result["rows"]:
-        line = (f"{format_size(r['size']):>6}  {r['impl']:<7} {r['pass']:<8} {r['median_s'] * 1e3:>8.3f}ms  "
-                f"{r['p10_s'] * 1e3:>9.3f}–{r['p90_s'] * 1e3:<9.3f}ms  {r['gbps']:>7.2f}  "
-                f"{(r['ratio_to_torch'] or float('nan')):>8.2f}")
+        line = (
+            f"{format_size(r['size']):>6}  {r['impl']:<7} {r['pass']:<8} {r['median_s'] * 1e3:>8.3f}ms  "
+            f"{r['p10_s'] * 1e3:>9.3f}–{r['p90_s'] * 1e3:<9.3f}ms  {r['gbps']:>7.2f}  "
+            f"{(r['ratio_to_torch'] or float('nan')):>8.2f}"
+        )
         if r["pct_of_copy_bw"] is not None:
             line += f"  {100 * r['pct_of_copy_bw']:>5.0f}%"
         lines.append(line)
@@ -189,7 +228,9 @@ def format_gelu_table(result: dict) -> str:
 # ---- layers: LeNet-5's layers x batch sizes x rungs, forward and backward ----------------------------
 
 # Every operator's LeNet-5 layers (its folder's BENCH), in LeNet-5's order.
-LAYERS = tuple(sorted((layer for op in registry.OPS for layer in registry.module(op).BENCH), key=lambda layer: layer.order))
+LAYERS = tuple(
+    sorted((layer for op in registry.OPS for layer in registry.module(op).BENCH), key=lambda layer: layer.order)
+)
 LAYER_NAMES = tuple(layer.name for layer in LAYERS)
 
 
@@ -224,7 +265,7 @@ def _time_layer(layer: Layer, batch: int, impls: list[str], device: torch.device
     for impl in impls:
         tensors = {k: v.detach().clone().requires_grad_(k != "x" or layer.input_needs_grad) for k, v in base.items()}
         try:
-            out = _call(layer, tensors, impl)   # builds / compiles / imports outside the timing
+            out = _call(layer, tensors, impl)  # builds / compiles / imports outside the timing
         except UserError as e:
             skipped[impl] = str(e)
             continue
@@ -242,9 +283,17 @@ def _time_layer(layer: Layer, batch: int, impls: list[str], device: torch.device
     return time_interleaved(phases, sync=lambda: synchronize(device), **timing)
 
 
-def run_layer_bench(batches=DEFAULT_BATCHES, impls=None, layers=None, device: str | torch.device = "cpu",
-                    warmup: int = 2, min_runs: int = 5, max_runs: int = 200, budget_s: float = 1.0,
-                    progress=None) -> dict:
+def run_layer_bench(
+    batches=DEFAULT_BATCHES,
+    impls=None,
+    layers=None,
+    device: str | torch.device = "cpu",
+    warmup: int = 2,
+    min_runs: int = 5,
+    max_runs: int = 200,
+    budget_s: float = 1.0,
+    progress=None,
+) -> dict:
     """Time every layer's forward and backward for each rung and batch. Returns a JSON-able dict."""
     device = torch.device(device)
     impls, skipped = _impls(impls, device, extra=("cuda-atomic",))
@@ -262,25 +311,51 @@ def run_layer_bench(batches=DEFAULT_BATCHES, impls=None, layers=None, device: st
     rows = []
     for batch in batches:
         for layer in chosen:
-            stats = _time_layer(layer, batch, impls, device, skipped, warmup=warmup, min_runs=min_runs,
-                                max_runs=max_runs, budget_s=budget_s)
+            stats = _time_layer(
+                layer,
+                batch,
+                impls,
+                device,
+                skipped,
+                warmup=warmup,
+                min_runs=min_runs,
+                max_runs=max_runs,
+                budget_s=budget_s,
+            )
             base = stats["aten"]
             for impl, (fwd, bwd) in stats.items():
-                row = {"layer": layer.name, "op": layer.op, "batch": batch, "impl": impl,
-                       "fwd_median_s": fwd["median"], "fwd_p10_s": fwd["p10"], "fwd_p90_s": fwd["p90"],
-                       "bwd_median_s": bwd["median"], "bwd_p10_s": bwd["p10"], "bwd_p90_s": bwd["p90"],
-                       "runs": fwd["n"], "fwd_ratio_to_aten": fwd["median"] / base[0]["median"],
-                       "bwd_ratio_to_aten": bwd["median"] / base[1]["median"],
-                       "total_ratio_to_aten": (fwd["median"] + bwd["median"]) / (base[0]["median"] + base[1]["median"])}
+                row = {
+                    "layer": layer.name,
+                    "op": layer.op,
+                    "batch": batch,
+                    "impl": impl,
+                    "fwd_median_s": fwd["median"],
+                    "fwd_p10_s": fwd["p10"],
+                    "fwd_p90_s": fwd["p90"],
+                    "bwd_median_s": bwd["median"],
+                    "bwd_p10_s": bwd["p10"],
+                    "bwd_p90_s": bwd["p90"],
+                    "runs": fwd["n"],
+                    "fwd_ratio_to_aten": fwd["median"] / base[0]["median"],
+                    "bwd_ratio_to_aten": bwd["median"] / base[1]["median"],
+                    "total_ratio_to_aten": (fwd["median"] + bwd["median"]) / (base[0]["median"] + base[1]["median"]),
+                }
                 rows.append(row)
                 if progress:
                     progress(row)
-    return {"device": str(device), "torch_threads": torch.get_num_threads(), "batches": list(batches),
-            "impls": impls, "layers": [layer.name for layer in chosen], "skipped": skipped, "rows": rows,
-            "totals": _totals(rows)}
+    return {
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "batches": list(batches),
+        "impls": impls,
+        "layers": [layer.name for layer in chosen],
+        "skipped": skipped,
+        "rows": rows,
+        "totals": _totals(rows),
+    }
 
 
-PARTIAL = {"cuda-atomic": "max_pool2d"}   # rungs that time one operator's layers only, by design
+PARTIAL = {"cuda-atomic": "max_pool2d"}  # rungs that time one operator's layers only, by design
 
 
 def _totals(rows: list[dict]) -> list[dict]:
@@ -303,10 +378,19 @@ def _totals(rows: list[dict]) -> list[dict]:
                 continue
             fwd, bwd = (sum(by_layer[n][k] for n in layers) for k in ("fwd_median_s", "bwd_median_s"))
             base = timed.get("aten", {})
-            base_s = sum(base[n]["fwd_median_s"] + base[n]["bwd_median_s"] for n in layers) if layers <= set(base) else None
-            out.append({"batch": batch, "impl": impl, "fwd_s": fwd, "bwd_s": bwd,
-                        "layers": [layer.name for layer in LAYERS if layer.name in layers],
-                        "ratio_to_aten": (fwd + bwd) / base_s if base_s else None})
+            base_s = (
+                sum(base[n]["fwd_median_s"] + base[n]["bwd_median_s"] for n in layers) if layers <= set(base) else None
+            )
+            out.append(
+                {
+                    "batch": batch,
+                    "impl": impl,
+                    "fwd_s": fwd,
+                    "bwd_s": bwd,
+                    "layers": [layer.name for layer in LAYERS if layer.name in layers],
+                    "ratio_to_aten": (fwd + bwd) / base_s if base_s else None,
+                }
+            )
     return out
 
 
@@ -315,22 +399,28 @@ def _ms(s: float) -> str:
 
 
 def format_layer_table(result: dict) -> str:
-    lines = [f"device {result['device']}  torch threads {result['torch_threads']}  "
-             "(times in ms: median [p10–p90]; ratio = median / ATen's median)",
-             f"{'batch':>5}  {'layer':<6} {'impl':<11} {'forward':>26} {'x aten':>7} {'backward':>26} {'x aten':>7}"]
+    lines = [
+        f"device {result['device']}  torch threads {result['torch_threads']}  "
+        "(times in ms: median [p10–p90]; ratio = median / ATen's median)",
+        f"{'batch':>5}  {'layer':<6} {'impl':<11} {'forward':>26} {'x aten':>7} {'backward':>26} {'x aten':>7}",
+    ]
     for r in result["rows"]:
         fwd = f"{_ms(r['fwd_median_s'])} [{_ms(r['fwd_p10_s'])}–{_ms(r['fwd_p90_s'])}]"
         bwd = f"{_ms(r['bwd_median_s'])} [{_ms(r['bwd_p10_s'])}–{_ms(r['bwd_p90_s'])}]"
-        lines.append(f"{r['batch']:>5}  {r['layer']:<6} {r['impl']:<11} {fwd:>26} {r['fwd_ratio_to_aten']:>7.2f} "
-                     f"{bwd:>26} {r['bwd_ratio_to_aten']:>7.2f}")
+        lines.append(
+            f"{r['batch']:>5}  {r['layer']:<6} {r['impl']:<11} {fwd:>26} {r['fwd_ratio_to_aten']:>7.2f} "
+            f"{bwd:>26} {r['bwd_ratio_to_aten']:>7.2f}"
+        )
     lines += ["", "layers summed (sum of medians; each ratio over the same layers for aten), per batch and impl:"]
     common = {t["batch"]: t.get("layers") for t in result["totals"] if t["impl"] == "aten"}
     for t in result["totals"]:
         ratio = f"{t['ratio_to_aten']:.2f}x aten" if t["ratio_to_aten"] is not None else ""
         which = t.get("layers")
         label = "" if which is None or which == common.get(t["batch"]) else f"  ({', '.join(which)} only)"
-        lines.append(f"{t['batch']:>5}  {t['impl']:<11} fwd {_ms(t['fwd_s']):>8} ms  bwd {_ms(t['bwd_s']):>8} ms  "
-                     f"total {_ms(t['fwd_s'] + t['bwd_s']):>8} ms  {ratio}{label}")
+        lines.append(
+            f"{t['batch']:>5}  {t['impl']:<11} fwd {_ms(t['fwd_s']):>8} ms  bwd {_ms(t['bwd_s']):>8} ms  "
+            f"total {_ms(t['fwd_s'] + t['bwd_s']):>8} ms  {ratio}{label}"
+        )
     return "\n".join(lines + [f"skipped {impl}: {why}" for impl, why in result["skipped"].items()])
 
 
@@ -339,8 +429,11 @@ def write_bench_results(out_dir, result: dict, table: str, command: str, stem: s
     env = collect_env(result["device"])
     config = {"command": command, "device": result["device"], "torch_threads": result["torch_threads"]}
     if "sizes" in result:
-        config.update(dtype=result["dtype"], approximate=result["approximate"],
-                      sizes=",".join(format_size(s) for s in result["sizes"]))
+        config.update(
+            dtype=result["dtype"],
+            approximate=result["approximate"],
+            sizes=",".join(format_size(s) for s in result["sizes"]),
+        )
         title = "GELU benchmark"
     else:
         config["batches"] = ",".join(map(str, result["batches"]))

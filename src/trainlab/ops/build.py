@@ -21,20 +21,28 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from trainlab.errors import HardwareError
 
-OPS_DIR = Path(__file__).resolve().parent   # sources are named relative to it: "<op>/<file>.cpp"
+OPS_DIR = Path(__file__).resolve().parent  # sources are named relative to it: "<op>/<file>.cpp"
 
 # Compiler flags per CPU capability that torch itself detected (and would use for its own kernels).
 # The CPU_CAPABILITY_* macros select the matching at::vec::Vectorized specialisation.
 CAPABILITY_FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
-               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+    "AVX512": [
+        "-mavx512f",
+        "-mavx512bw",
+        "-mavx512vl",
+        "-mavx512dq",
+        "-mfma",
+        "-mf16c",
+        "-DCPU_CAPABILITY=AVX512",
+        "-DCPU_CAPABILITY_AVX512",
+    ],
     "AVX2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
 }
 
@@ -66,19 +74,27 @@ def check_toolchain(with_cuda: bool) -> None:
     if shutil.which(cxx) is None:
         raise HardwareError(
             f"impl='cpp': no C++ compiler found ({cxx!r} is not on PATH); install g++ (e.g. apt-get install g++) "
-            "or use impl='python'")
+            "or use impl='python'"
+        )
     try:
         from torch.utils.cpp_extension import verify_ninja_availability
 
         verify_ninja_availability()
     except RuntimeError:
-        raise HardwareError("impl='cpp': the ninja build tool is missing; `pip install ninja` or use impl='python'") from None
-    if with_cuda and shutil.which("nvcc") is None and not Path(os.environ.get("CUDA_HOME", "/nonexistent"), "bin", "nvcc").exists():
+        raise HardwareError(
+            "impl='cpp': the ninja build tool is missing; `pip install ninja` or use impl='python'"
+        ) from None
+    if (
+        with_cuda
+        and shutil.which("nvcc") is None
+        and not Path(os.environ.get("CUDA_HOME", "/nonexistent"), "bin", "nvcc").exists()
+    ):
         raise HardwareError("impl='cuda': nvcc not found (set CUDA_HOME); use impl='cpp' on CPU or impl='python'")
 
 
-def build_extension(stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sources: tuple[str, ...],
-                    verbose: bool = False) -> dict:
+def build_extension(
+    stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sources: tuple[str, ...], verbose: bool = False
+) -> dict:
     """Compile (or reuse) `trainlab_<stem>_<capability>[_cuda]` from sources under ops/ (each in its
     operator's folder, e.g. "gelu/gelu_cpu.cpp") and load it;
     returns {'name', 'build_dir', 'cuda', 'cpu_capability'}. `what` names it in the error line."""
@@ -92,17 +108,24 @@ def build_extension(stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sou
     build_dir.mkdir(parents=True, exist_ok=True)
     sources = [str(OPS_DIR / s) for s in cpu_sources + (cuda_sources if with_cuda else ())]
     try:
-        cpp_extension.load(name=name, sources=sources, build_directory=str(build_dir), with_cuda=with_cuda,
-                           extra_cflags=["-O3", *CAPABILITY_FLAGS.get(cap, [])],
-                           # no fast-math: erff/expf stay accurate
-                           extra_cuda_cflags=["-O3"] if with_cuda else None,
-                           is_python_module=False,   # the library registers ops; no Python module needed
-                           verbose=verbose)
+        cpp_extension.load(
+            name=name,
+            sources=sources,
+            build_directory=str(build_dir),
+            with_cuda=with_cuda,
+            extra_cflags=["-O3", *CAPABILITY_FLAGS.get(cap, [])],
+            # no fast-math: erff/expf stay accurate
+            extra_cuda_cflags=["-O3"] if with_cuda else None,
+            is_python_module=False,  # the library registers ops; no Python module needed
+            verbose=verbose,
+        )
     except (RuntimeError, OSError, ImportError) as e:
         lines = str(e).strip().splitlines() or ["unknown error"]
         first = next((ln.strip() for ln in lines if "error:" in ln), lines[0])[:300]
-        raise HardwareError(f"impl='cpp': building the C++ {what} extension in {build_dir} failed ({first}); "
-                            "rerun with TRAINLAB_VERBOSE_BUILD=1 for the compiler log, or use impl='python'") from e
+        raise HardwareError(
+            f"impl='cpp': building the C++ {what} extension in {build_dir} failed ({first}); "
+            "rerun with TRAINLAB_VERBOSE_BUILD=1 for the compiler log, or use impl='python'"
+        ) from e
     return {"name": name, "build_dir": str(build_dir), "cuda": with_cuda, "cpu_capability": cap}
 
 
@@ -110,8 +133,14 @@ class Extension:
     """One extension, loaded at most once per process. `register(with_cuda)` (and any `also_register`)
     runs after the first successful load (autograd formulas, fakes)."""
 
-    def __init__(self, stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sources: tuple[str, ...],
-                 register: Callable[[bool], None]):
+    def __init__(
+        self,
+        stem: str,
+        what: str,
+        cpu_sources: tuple[str, ...],
+        cuda_sources: tuple[str, ...],
+        register: Callable[[bool], None],
+    ):
         self.stem, self.what, self.cpu_sources, self.cuda_sources = stem, what, cpu_sources, cuda_sources
         self.registrations = [register]
         self.loaded: dict | None = None
@@ -137,10 +166,16 @@ class Extension:
 
     def ensure(self) -> dict:
         """load() unless already loaded — checked outside the lock so torch.compile never traces it."""
-        return self.loaded if self.loaded is not None else self.load(verbose=bool(os.environ.get("TRAINLAB_VERBOSE_BUILD")))
+        return (
+            self.loaded
+            if self.loaded is not None
+            else self.load(verbose=bool(os.environ.get("TRAINLAB_VERBOSE_BUILD")))
+        )
 
     def require_cuda(self) -> None:
         """impl='cuda': the extension must have been built with its CUDA kernels."""
         if not self.ensure()["cuda"]:
-            raise HardwareError(f"impl='cuda': the {self.what} extension was built without CUDA (no GPU or nvcc "
-                                "at build time); set CUDA_HOME and clear the build cache, or use impl='triton'/'python'")
+            raise HardwareError(
+                f"impl='cuda': the {self.what} extension was built without CUDA (no GPU or nvcc "
+                "at build time); set CUDA_HOME and clear the build cache, or use impl='triton'/'python'"
+            )

@@ -38,19 +38,55 @@ import torch
 
 from trainlab.errors import ConfigError, UserError
 from trainlab.ops import registry
-from trainlab.ops.ladder import (DEFAULT_DTYPES, DTYPES, IMPLS, REDUCED, TOLERANCES, Case, Tolerance, availability, dtype_name, mode,
-                                 triton_interpreter_if_cpu)
+from trainlab.ops.ladder import (
+    DEFAULT_DTYPES,
+    DTYPES,
+    IMPLS,
+    REDUCED,
+    TOLERANCES,
+    Case,
+    Tolerance,
+    availability,
+    dtype_name,
+    mode,
+    triton_interpreter_if_cpu,
+)
 
 OPS = registry.OPS
 CASES: dict[str, list[Case]] = {op: registry.module(op).CASES for op in OPS}
 # The fields of every row, of every operator, in the case table and the autograd table alike.
-ROW_FIELDS = ("op", "case", "impl", "dtype", "device", "mode", "shapes", "fwd_max_abs_err", "fwd_max_rel_err",
-              "grad_max_abs_err", "grad_max_rel_err", "fwd_vs_aten", "grad_vs_aten", "worst_ratio_to_tol",
-              "nonfinite_ok", "gradcheck", "gradgradcheck", "opcheck", "checks", "ok", "status", "skipped",
-              "by_design", "reason", "note", "seconds")
+ROW_FIELDS = (
+    "op",
+    "case",
+    "impl",
+    "dtype",
+    "device",
+    "mode",
+    "shapes",
+    "fwd_max_abs_err",
+    "fwd_max_rel_err",
+    "grad_max_abs_err",
+    "grad_max_rel_err",
+    "fwd_vs_aten",
+    "grad_vs_aten",
+    "worst_ratio_to_tol",
+    "nonfinite_ok",
+    "gradcheck",
+    "gradgradcheck",
+    "opcheck",
+    "checks",
+    "ok",
+    "status",
+    "skipped",
+    "by_design",
+    "reason",
+    "note",
+    "seconds",
+)
 
 
 # ---- shared by every row ------------------------------------------------------------------------------
+
 
 def compare(value: torch.Tensor, ref: torch.Tensor, tol: Tolerance, bound) -> dict:
     """Max abs error on the finite reference entries, max rel error where |ref| >= 1e-3, the worst
@@ -58,7 +94,9 @@ def compare(value: torch.Tensor, ref: torch.Tensor, tol: Tolerance, bound) -> di
     whether every entry is within it, and whether NaN/+-inf come out where the reference has them."""
     v, r = value.double().cpu(), ref.double().cpu()
     finite = torch.isfinite(r)
-    nonfinite_ok = bool(torch.equal(torch.isnan(v), torch.isnan(r)) and torch.equal(v[torch.isinf(r)], r[torch.isinf(r)]))
+    nonfinite_ok = bool(
+        torch.equal(torch.isnan(v), torch.isnan(r)) and torch.equal(v[torch.isinf(r)], r[torch.isinf(r)])
+    )
     if not finite.any():
         return {"max_abs": 0.0, "max_rel": 0.0, "ratio": 0.0, "within": True, "nonfinite_ok": nonfinite_ok}
     d, ra = (v[finite] - r[finite]).abs(), r[finite].abs()
@@ -68,15 +106,20 @@ def compare(value: torch.Tensor, ref: torch.Tensor, tol: Tolerance, bound) -> di
     # Relative error only where |ref| >= 1e-3: near a zero, outputs like 1e-23 are legitimately
     # flushed to 0 by float32/bf16 math, and "100 % relative error" there says nothing.
     big = ra >= 1e-3
-    return {"max_abs": float(d.max()), "max_rel": float((d[big] / ra[big]).max()) if big.any() else 0.0,
-            "ratio": float(ratio.max()), "within": bool((d <= limit).all()), "nonfinite_ok": nonfinite_ok}
+    return {
+        "max_abs": float(d.max()),
+        "max_rel": float((d[big] / ra[big]).max()) if big.any() else 0.0,
+        "ratio": float(ratio.max()),
+        "within": bool((d <= limit).all()),
+        "nonfinite_ok": nonfinite_ok,
+    }
 
 
 def _guarded(row: dict, impl: str, body) -> dict:
     """Fill `row` by body(row, device) unless the rung cannot run here (then `skipped` with why);
     a kernel failure is recorded in the row, never raised."""
     skip, device = availability(impl)
-    if skip:   # could not run here: neither a pass nor a failure
+    if skip:  # could not run here: neither a pass nor a failure
         row.update(ok=None, status="skipped", skipped=True, reason=skip)
         return row
     row.update(device=str(device), mode=mode(impl, device))
@@ -84,9 +127,9 @@ def _guarded(row: dict, impl: str, body) -> dict:
     try:
         with triton_interpreter_if_cpu(impl):
             body(row, device)
-    except UserError as e:   # the rung cannot run here although the machine claims it can (toolchain)
+    except UserError as e:  # the rung cannot run here although the machine claims it can (toolchain)
         row.update(ok=False, reason=str(e))
-    except Exception as e:   # a crashing kernel is a failed row, not a crashed check
+    except Exception as e:  # a crashing kernel is a failed row, not a crashed check
         row.update(ok=False, reason=f"{type(e).__name__}: {e}")
     row["ok"] = bool(row["ok"])
     row["status"] = "ok" if row["ok"] else "FAIL"
@@ -111,18 +154,22 @@ def verdict(rows: list[dict]) -> tuple[bool, str]:
     failed = [r for r in ran if not r["ok"]]
     by_design = sum(1 for r in rows if r["skipped"] and r.get("by_design"))
     cannot = len(rows) - len(ran) - by_design
-    tail = (f", {cannot} skipped (could not run here)" if cannot else "") + \
-           (f", {by_design} not checked in reduced precision (unfused rungs of a fused op)" if by_design else "")
+    tail = (f", {cannot} skipped (could not run here)" if cannot else "") + (
+        f", {by_design} not checked in reduced precision (unfused rungs of a fused op)" if by_design else ""
+    )
     if not ran:
         why = sorted({r["reason"] for r in rows if r["reason"]})
-        return False, (f"nothing checked: 0 rows that ran{tail}" + (f" — {'; '.join(why)}" if why else
-                                                                      " — no case matched the selection"))
+        return False, (
+            f"nothing checked: 0 rows that ran{tail}"
+            + (f" — {'; '.join(why)}" if why else " — no case matched the selection")
+        )
     if failed:
         return False, f"{len(failed)} of {len(ran)} row(s) failed{tail}"
     return True, f"all ok ({len(ran)} rows that ran{tail})"
 
 
 # ---- a row per shape case x rung x dtype ---------------------------------------------------------------
+
 
 class DeviceMismatch(RuntimeError):
     """The check itself handed autograd a tensor that is not on the rung's device."""
@@ -131,12 +178,17 @@ class DeviceMismatch(RuntimeError):
 def grad(outputs, inputs, grad_outputs, device: torch.device):
     """torch.autograd.grad, after checking that every tensor it is handed lives on `device` (the
     rung's): the one way the check and the cases' bounds take gradients."""
-    tensors = [*(outputs if isinstance(outputs, (list, tuple)) else [outputs]), *inputs,
-               *(grad_outputs if isinstance(grad_outputs, (list, tuple)) else [grad_outputs])]
+    tensors = [
+        *(outputs if isinstance(outputs, (list, tuple)) else [outputs]),
+        *inputs,
+        *(grad_outputs if isinstance(grad_outputs, (list, tuple)) else [grad_outputs]),
+    ]
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.device.type != torch.device(device).type:
-            raise DeviceMismatch(f"check harness: a tensor handed to autograd is on {t.device}, the rung runs on "
-                                 f"{device} (shape {list(t.shape)})")
+            raise DeviceMismatch(
+                f"check harness: a tensor handed to autograd is on {t.device}, the rung runs on "
+                f"{device} (shape {list(t.shape)})"
+            )
     return torch.autograd.grad(outputs, inputs, grad_outputs)
 
 
@@ -165,16 +217,21 @@ def _bounds(case: Case, inputs64: dict, ref_out, dy64, device) -> tuple[torch.Te
         abs_inputs = {k: (v.abs() if isinstance(v, torch.Tensor) else v) for k, v in inputs64.items()}
         s_out, s_grads, _ = _run(case, abs_inputs, "aten", dy64.abs(), device)
         return s_out, s_grads
-    _, s_grads, _ = _run(case, inputs64, "aten", dy64.abs(), device)   # the reference's routing, |dy|
+    _, s_grads, _ = _run(case, inputs64, "aten", dy64.abs(), device)  # the reference's routing, |dy|
     return ref_out.abs(), s_grads
 
 
 def _skipped_by_design(row: dict, case: Case, impl: str, dtype: torch.dtype) -> bool:
     if dtype in REDUCED and case.reduced_impls is not None and impl not in case.reduced_impls:
-        row.update(ok=None, status="skipped", skipped=True, by_design=True,
-                   reason=f"not checked in {dtype_name(dtype)}: this rung runs the ops one after another and rounds "
-                          f"their intermediate results to {dtype_name(dtype)}, which moves the pooling's winners; "
-                          f"checked in float32")
+        row.update(
+            ok=None,
+            status="skipped",
+            skipped=True,
+            by_design=True,
+            reason=f"not checked in {dtype_name(dtype)}: this rung runs the ops one after another and rounds "
+            f"their intermediate results to {dtype_name(dtype)}, which moves the pooling's winners; "
+            f"checked in float32",
+        )
         return True
     return False
 
@@ -199,12 +256,18 @@ def check_row(case: Case, impl: str, dtype: torch.dtype, batch: int = 8, seed: i
         s_out, s_grads = _bounds(case, inputs64, ref, dy64, device)
         cmp = [compare(out, ref, tol, s_out)] + [compare(grads[k], ref_grads[k], tol, s_grads[k]) for k in grads]
         row.update(
-            fwd_max_abs_err=cmp[0]["max_abs"], fwd_max_rel_err=cmp[0]["max_rel"],
-            grad_max_abs_err=max(c["max_abs"] for c in cmp[1:]), grad_max_rel_err=max(c["max_rel"] for c in cmp[1:]),
-            fwd_vs_aten=_max_diff(out, same), grad_vs_aten=max(_max_diff(grads[k], same_grads[k]) for k in grads),
+            fwd_max_abs_err=cmp[0]["max_abs"],
+            fwd_max_rel_err=cmp[0]["max_rel"],
+            grad_max_abs_err=max(c["max_abs"] for c in cmp[1:]),
+            grad_max_rel_err=max(c["max_rel"] for c in cmp[1:]),
+            fwd_vs_aten=_max_diff(out, same),
+            grad_vs_aten=max(_max_diff(grads[k], same_grads[k]) for k in grads),
             worst_ratio_to_tol=max(c["ratio"] for c in cmp),
-            nonfinite_ok=all(c["nonfinite_ok"] for c in cmp) if case.edge else None)
-        shape_ok = out.shape == ref.shape and out.dtype == dtype and all(grads[k].shape == inputs[k].shape for k in grads)
+            nonfinite_ok=all(c["nonfinite_ok"] for c in cmp) if case.edge else None,
+        )
+        shape_ok = (
+            out.shape == ref.shape and out.dtype == dtype and all(grads[k].shape == inputs[k].shape for k in grads)
+        )
         extra_ok = True
         if case.extra:
             row["checks"] = case.extra(impl, dtype, device)
@@ -214,25 +277,32 @@ def check_row(case: Case, impl: str, dtype: torch.dtype, batch: int = 8, seed: i
             # ATen is the reference being measured, not a candidate: record how far it is from
             # float64, do not fail the check for it (e.g. its bf16 pool backward sums in bf16; on x86
             # float32/bf16 exact GELU goes through oneDNN and returns NaN at +inf).
-            row["note"] = (f"ATen itself is {row['worst_ratio_to_tol']:.1f}x the tolerance here" +
-                           (", its NaN/inf pattern differs from float64" if row["nonfinite_ok"] is False else "") +
-                           " (recorded, not failed)")
+            row["note"] = (
+                f"ATen itself is {row['worst_ratio_to_tol']:.1f}x the tolerance here"
+                + (", its NaN/inf pattern differs from float64" if row["nonfinite_ok"] is False else "")
+                + " (recorded, not failed)"
+            )
             row["ok"] = True
         if not row["ok"]:
-            row["reason"] = ("wrong shape or dtype" if not shape_ok else
-                             "NaN/inf pattern differs from ATen" if row["nonfinite_ok"] is False else
-                             f"error {row['worst_ratio_to_tol']:.2f}x the tolerance" if row["worst_ratio_to_tol"] > 1.0
-                             else f"its own check failed ({', '.join(f'{k} {_fmt(v)}' for k, v in row['checks'].items())})")
+            row["reason"] = (
+                "wrong shape or dtype"
+                if not shape_ok
+                else "NaN/inf pattern differs from ATen"
+                if row["nonfinite_ok"] is False
+                else f"error {row['worst_ratio_to_tol']:.2f}x the tolerance"
+                if row["worst_ratio_to_tol"] > 1.0
+                else f"its own check failed ({', '.join(f'{k} {_fmt(v)}' for k, v in row['checks'].items())})"
+            )
 
     return _guarded(row, impl, body)
 
 
-_REGISTERED = {"cpp": "", "cuda": "", "triton": "triton_"}   # op-name prefix of each registered family
+_REGISTERED = {"cpp": "", "cuda": "", "triton": "triton_"}  # op-name prefix of each registered family
 
 
 def _opcheck(op: str, impl: str, device: torch.device) -> bool:
     module = registry.module(op)
-    if hasattr(module, "opcheck"):   # an operator with several registered ops checks them itself
+    if hasattr(module, "opcheck"):  # an operator with several registered ops checks them itself
         return module.opcheck(impl, device)
     inputs, _ = module.gradcheck_case(torch.Generator().manual_seed(3))
     args = [t.float().to(device).requires_grad_() for t in inputs]
@@ -256,17 +326,23 @@ def autograd_row(op: str, impl: str) -> dict:
         row["gradcheck"] = bool(torch.autograd.gradcheck(call, leaves, **kw))
         if getattr(module, "DOUBLE_BACKWARD", False):
             row["gradgradcheck"] = bool(torch.autograd.gradgradcheck(call, leaves, **kw))
-        if impl in getattr(module, "REGISTERED", _REGISTERED):   # a rung with its own registered op
+        if impl in getattr(module, "REGISTERED", _REGISTERED):  # a rung with its own registered op
             row["opcheck"] = _opcheck(op, impl, device)
         row["ok"] = row["gradcheck"] is True and row["gradgradcheck"] is not False and row["opcheck"] is not False
         if not row["ok"]:
-            row["reason"] = ("gradcheck failed" if not row["gradcheck"] else
-                             "gradgradcheck failed" if row["gradgradcheck"] is False else "opcheck failed")
+            row["reason"] = (
+                "gradcheck failed"
+                if not row["gradcheck"]
+                else "gradgradcheck failed"
+                if row["gradgradcheck"] is False
+                else "opcheck failed"
+            )
 
     return _guarded(row, impl, body)
 
 
 # ---- the whole check ---------------------------------------------------------------------------------------
+
 
 def _choose(values, allowed, flag: str) -> list:
     for v in values:
@@ -279,8 +355,9 @@ def case_names(ops) -> list[str]:
     return [c.name for op in ops for c in CASES[op]]
 
 
-def run_check(ops=OPS, impls=IMPLS, dtypes=None, cases=None, variants=None, n: int = 4096, batch: int = 8,
-              progress=None) -> dict:
+def run_check(
+    ops=OPS, impls=IMPLS, dtypes=None, cases=None, variants=None, n: int = 4096, batch: int = 8, progress=None
+) -> dict:
     """Every row of the operators in `ops` (case rows, then one autograd row per operator and rung);
     `ok` is False if a row failed or none ran. `dtypes` None: each operator's own DTYPES. `cases`
     filters case names and `variants` the cases' variants (GELU's approximations); None: all."""
@@ -293,8 +370,11 @@ def run_check(ops=OPS, impls=IMPLS, dtypes=None, cases=None, variants=None, n: i
         raise ConfigError(f"--batch {batch}: expected a positive number of samples")
     rows, grad_rows = [], []
     for op in ops:
-        chosen = [c for c in CASES[op] if (not cases or c.name in cases)
-                  and (not variants or c.variant is None or c.variant in variants)]
+        chosen = [
+            c
+            for c in CASES[op]
+            if (not cases or c.name in cases) and (not variants or c.variant is None or c.variant in variants)
+        ]
         for case in chosen:
             for impl in impls:
                 for dname in dtypes or getattr(registry.module(op), "DTYPES", DEFAULT_DTYPES):
@@ -304,16 +384,28 @@ def run_check(ops=OPS, impls=IMPLS, dtypes=None, cases=None, variants=None, n: i
         if chosen:
             grad_rows += [autograd_row(op, impl) for impl in impls]
     ok, line = verdict(rows + grad_rows)
-    tol = {family: {dtype_name(d): {"atol": t.atol, "rtol": t.rtol} for d, t in by_dtype.items()}
-           for family, by_dtype in TOLERANCES.items()}
-    return {"torch": torch.__version__, "ops": ops, "batch": batch, "n": n, "tolerances": tol,
-            "reference": "ATen in float64 on the same (rounded) inputs; tolerance |err| <= atol*S + rtol*|ref| "
-                         "(S: 1 element-wise, else the op on |inputs|)",
-            "rows": rows, "autograd_rows": grad_rows, "ok": ok, "verdict": line,
-            "skipped": sum(r["skipped"] for r in rows + grad_rows)}
+    tol = {
+        family: {dtype_name(d): {"atol": t.atol, "rtol": t.rtol} for d, t in by_dtype.items()}
+        for family, by_dtype in TOLERANCES.items()
+    }
+    return {
+        "torch": torch.__version__,
+        "ops": ops,
+        "batch": batch,
+        "n": n,
+        "tolerances": tol,
+        "reference": "ATen in float64 on the same (rounded) inputs; tolerance |err| <= atol*S + rtol*|ref| "
+        "(S: 1 element-wise, else the op on |inputs|)",
+        "rows": rows,
+        "autograd_rows": grad_rows,
+        "ok": ok,
+        "verdict": line,
+        "skipped": sum(r["skipped"] for r in rows + grad_rows),
+    }
 
 
 # ---- tables --------------------------------------------------------------------------------------------------
+
 
 def _fmt(v) -> str:
     if v is None:
@@ -345,24 +437,55 @@ def _row_name(r: dict) -> str:
 
 
 def _notes_and_failures(rows: list[dict]) -> list[str]:
-    return ([f"note {_row_name(r)}: {r['note']}" for r in rows if r.get("note")]
-            + [f"FAILED {_row_name(r)}: {r['reason']}" for r in rows if r["ok"] is False])
+    return [f"note {_row_name(r)}: {r['note']}" for r in rows if r.get("note")] + [
+        f"FAILED {_row_name(r)}: {r['reason']}" for r in rows if r["ok"] is False
+    ]
 
 
 def format_table(result: dict) -> str:
     """The case table, the autograd table, notes and failures, then the one verdict over every row."""
-    cols = [("op", "op"), ("case", "case"), ("impl", "impl"), ("dtype", "dtype"), ("mode", "mode"),
-            ("fwd_max_abs_err", "fwd err"), ("grad_max_abs_err", "grad err"), ("worst_ratio_to_tol", "err/tol"),
-            ("fwd_vs_aten", "fwd Δaten"), ("grad_vs_aten", "grad Δaten"), ("nonfinite_ok", "nan/inf"), ("ok", "ok")]
-    gcols = [("op", "op"), ("impl", "impl"), ("gradcheck", "gradcheck (float64)"), ("gradgradcheck", "gradgradcheck"),
-             ("opcheck", "opcheck"), ("ok", "ok")]
-    tol = "; ".join(f"{family} {d}: {v['atol']:g}*S + {v['rtol']:g}*|ref|"
-                    for family, by_dtype in result["tolerances"].items() for d, v in by_dtype.items())
+    cols = [
+        ("op", "op"),
+        ("case", "case"),
+        ("impl", "impl"),
+        ("dtype", "dtype"),
+        ("mode", "mode"),
+        ("fwd_max_abs_err", "fwd err"),
+        ("grad_max_abs_err", "grad err"),
+        ("worst_ratio_to_tol", "err/tol"),
+        ("fwd_vs_aten", "fwd Δaten"),
+        ("grad_vs_aten", "grad Δaten"),
+        ("nonfinite_ok", "nan/inf"),
+        ("ok", "ok"),
+    ]
+    gcols = [
+        ("op", "op"),
+        ("impl", "impl"),
+        ("gradcheck", "gradcheck (float64)"),
+        ("gradgradcheck", "gradgradcheck"),
+        ("opcheck", "opcheck"),
+        ("ok", "ok"),
+    ]
+    tol = "; ".join(
+        f"{family} {d}: {v['atol']:g}*S + {v['rtol']:g}*|ref|"
+        for family, by_dtype in result["tolerances"].items()
+        for d, v in by_dtype.items()
+    )
     rows = result["rows"] + result["autograd_rows"]
-    own = [f"{_row_name(r)}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in r["checks"].items())
-           for r in result["rows"] if r.get("checks")]
-    lines = (_table(result["rows"], cols) + [""] + _table(result["autograd_rows"], gcols)
-             + (["", "checks of a case's own (GELU: the handout's recipe, |Δloss| and gradient MSE vs F.gelu):"] + own
-                if own else [])
-             + [f"batch {result['batch']}, n {result['n']}; reference: {result['reference']}", f"tolerances: {tol}"])
+    own = [
+        f"{_row_name(r)}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in r["checks"].items())
+        for r in result["rows"]
+        if r.get("checks")
+    ]
+    lines = (
+        _table(result["rows"], cols)
+        + [""]
+        + _table(result["autograd_rows"], gcols)
+        + (
+            ["", "checks of a case's own (GELU: the handout's recipe, |Δloss| and gradient MSE vs F.gelu):"] + own
+            if own
+            else []
+        )
+        + [f"batch {result['batch']}, n {result['n']}; reference: {result['reference']}", f"tolerances: {tol}"]
+    )
     return "\n".join(lines + _notes_and_failures(rows) + [verdict(rows)[1]])

@@ -20,19 +20,32 @@ from trainlab.telemetry.results import write_results
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("ops", help=f"our operators ({', '.join(registry.OPS)}): check and benchmark every rung vs aten")
+    p = subparsers.add_parser(
+        "ops", help=f"our operators ({', '.join(registry.OPS)}): check and benchmark every rung vs aten"
+    )
     sub = p.add_subparsers(dest="ops_command", metavar="{check,bench}")
     sub.required = True
-    add_command(sub, "check", "every rung against a float64 reference: errors, gradcheck, opcheck, edge values",
-                OpsCheckConfig, run_check_cmd)
-    add_command(sub, "bench", "forward and backward time of each rung vs aten: LeNet-5's layers, GELU over sizes",
-                OpsBenchConfig, run_bench_cmd)
+    add_command(
+        sub,
+        "check",
+        "every rung against a float64 reference: errors, gradcheck, opcheck, edge values",
+        OpsCheckConfig,
+        run_check_cmd,
+    )
+    add_command(
+        sub,
+        "bench",
+        "forward and backward time of each rung vs aten: LeNet-5's layers, GELU over sizes",
+        OpsBenchConfig,
+        run_bench_cmd,
+    )
 
     p = subparsers.add_parser("gelu", help="verify and benchmark the GELU rungs (= trainlab ops check|bench --op gelu)")
     sub = p.add_subparsers(dest="gelu_command", metavar="{check,bench}")
     sub.required = True
-    add_command(sub, "check", "error table vs a float64 reference, gradcheck, opcheck, edge cases", CheckConfig,
-                run_check_cmd)
+    add_command(
+        sub, "check", "error table vs a float64 reference, gradcheck, opcheck, edge cases", CheckConfig, run_check_cmd
+    )
     add_command(sub, "bench", "forward and forward+backward timing vs F.gelu", BenchConfig, run_bench_cmd)
 
 
@@ -50,24 +63,34 @@ def nothing_ran(rows: list[dict], what: str, hint: str) -> None:
 
 
 def run_check_cmd(args) -> int:
-    alias = args.command == "gelu"   # `trainlab gelu check`: `ops check --op gelu` with GELU's flags
+    alias = args.command == "gelu"  # `trainlab gelu check`: `ops check --op gelu` with GELU's flags
     cls = CheckConfig if alias else OpsCheckConfig
     cc = cls(**explicit_values(args, cls))
     ops = ["gelu"] if alias else cc.validate()
     if alias:
         cc.validate()
-    result = check.run_check(ops=ops, impls=cc.impl or check.IMPLS, dtypes=cc.dtype, cases=getattr(cc, "case", None),
-                             variants=cc.approximate, n=cc.n, batch=getattr(cc, "batch", 8),
-                             progress=None if cc.json else _progress)
+    result = check.run_check(
+        ops=ops,
+        impls=cc.impl or check.IMPLS,
+        dtypes=cc.dtype,
+        cases=getattr(cc, "case", None),
+        variants=cc.approximate,
+        n=cc.n,
+        batch=getattr(cc, "batch", 8),
+        progress=None if cc.json else _progress,
+    )
     table = check.format_table(result)
     if getattr(cc, "out", None):
         env = collect_env("cpu")
         text = f"{format_header({'command': args.command_line}, env)}\n\n{table}"
-        write_results(cc.out, "ops_check", result, f"# Operator check\n\n```\n{text}\n```", [text],
-                      args.command_line, env=env)
+        write_results(
+            cc.out, "ops_check", result, f"# Operator check\n\n```\n{text}\n```", [text], args.command_line, env=env
+        )
     print(json.dumps(result, indent=2) if cc.json else table)
     # the case rows are what was asked for (the autograd table is float64 whatever --dtype says)
-    nothing_ran(result["rows"], "checked", "ask for rungs and dtypes that can run here, e.g. --impl cpp --dtype float32")
+    nothing_ran(
+        result["rows"], "checked", "ask for rungs and dtypes that can run here, e.g. --impl cpp --dtype float32"
+    )
     return 0 if result["ok"] else 1
 
 
@@ -84,35 +107,69 @@ def run_bench_cmd(args) -> int:
     quiet = bc.json
     results, tables = {}, []
     layer_ops = [op for op in ops if registry.module(op).BENCH]
-    chosen_layers = getattr(bc, "layer", None)   # the alias `gelu bench` has no --layer, --batch, --threads
+    chosen_layers = getattr(bc, "layer", None)  # the alias `gelu bench` has no --layer, --batch, --threads
     if chosen_layers:
         unknown = sorted(set(chosen_layers) - set(bench.LAYER_NAMES))
         if unknown:
             raise ConfigError(f"--layer {unknown[0]!r}: choose from {', '.join(bench.LAYER_NAMES)}")
         theirs = {op: [layer.name for layer in bench.LAYERS if layer.op == op] for op in layer_ops}
         if not any(name in chosen_layers for names in theirs.values() for name in names):
-            have = "; ".join(f"{op}: {', '.join(names)}" for op, names in theirs.items()) or "none (gelu is timed over sizes)"
+            have = (
+                "; ".join(f"{op}: {', '.join(names)}" for op, names in theirs.items())
+                or "none (gelu is timed over sizes)"
+            )
             raise ConfigError(f"--layer {','.join(chosen_layers)}: not a layer of the chosen operators ({have})")
     batches = bc.batches(explicit_batch="batch" in explicit) if layer_ops else []
-    asked = [i for i in bc.impl or [] if i != "aten"]   # aten is always timed: the baseline
-    if asked and device.type != "cuda" and all(i in ("cuda", "cuda-atomic") for i in asked):   # before timing aten
-        nothing_ran([{"impl": i, "skipped": True, "reason": f"runs on a CUDA GPU, the device is {device}"} for i in asked],
-                    "timed", "ask for rungs that run here, e.g. --impl cpp on a CPU")
+    asked = [i for i in bc.impl or [] if i != "aten"]  # aten is always timed: the baseline
+    if asked and device.type != "cuda" and all(i in ("cuda", "cuda-atomic") for i in asked):  # before timing aten
+        nothing_ran(
+            [{"impl": i, "skipped": True, "reason": f"runs on a CUDA GPU, the device is {device}"} for i in asked],
+            "timed",
+            "ask for rungs that run here, e.g. --impl cpp on a CPU",
+        )
     if layer_ops:
-        layers = [layer.name for layer in bench.LAYERS if layer.op in layer_ops and (not chosen_layers or layer.name in chosen_layers)]
+        layers = [
+            layer.name
+            for layer in bench.LAYERS
+            if layer.op in layer_ops and (not chosen_layers or layer.name in chosen_layers)
+        ]
         result = bench.run_layer_bench(
-            batches=batches, impls=bc.impl, layers=layers,
-            device=device, budget_s=0.1 if bc.quick else bc.budget, min_runs=3 if bc.quick else 5,
-            progress=None if quiet else (lambda r: print(
-                f"  {r['batch']:>5} {r['layer']:<6} {r['impl']:<11} fwd {r['fwd_median_s'] * 1e3:9.3f} ms  "
-                f"bwd {r['bwd_median_s'] * 1e3:9.3f} ms", file=sys.stderr, flush=True)))
+            batches=batches,
+            impls=bc.impl,
+            layers=layers,
+            device=device,
+            budget_s=0.1 if bc.quick else bc.budget,
+            min_runs=3 if bc.quick else 5,
+            progress=None
+            if quiet
+            else (
+                lambda r: print(
+                    f"  {r['batch']:>5} {r['layer']:<6} {r['impl']:<11} fwd {r['fwd_median_s'] * 1e3:9.3f} ms  "
+                    f"bwd {r['bwd_median_s'] * 1e3:9.3f} ms",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            ),
+        )
         results["layers"] = (result, bench.format_layer_table(result), "ops_bench")
     if "gelu" in ops:
         result = bench.run_gelu_bench(
-            sizes=sizes, impls=[i for i in bc.impl or [] if i != "cuda-atomic"] or None, dtype=bc.dtype,
-            approximate=bc.approximate, device=device, budget_s=0.1 if bc.quick else bc.budget,
-            progress=None if quiet else (lambda r: print(
-                f"  {r['size']:>9} {r['impl']:<7}{r['pass']:<8} {r['median_s'] * 1e3:9.3f} ms", file=sys.stderr, flush=True)))
+            sizes=sizes,
+            impls=[i for i in bc.impl or [] if i != "cuda-atomic"] or None,
+            dtype=bc.dtype,
+            approximate=bc.approximate,
+            device=device,
+            budget_s=0.1 if bc.quick else bc.budget,
+            progress=None
+            if quiet
+            else (
+                lambda r: print(
+                    f"  {r['size']:>9} {r['impl']:<7}{r['pass']:<8} {r['median_s'] * 1e3:9.3f} ms",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            ),
+        )
         results["gelu"] = (result, bench.format_gelu_table(result), "gelu_bench")
     for result, table, stem in results.values():
         if bc.out:
@@ -124,9 +181,17 @@ def run_bench_cmd(args) -> int:
     else:
         print("\n\n".join(tables))
     # what was asked for is the rungs besides aten (or aten alone): at least one of them must have been timed
-    rows = [{"impl": r["impl"], "skipped": False, "reason": None} for result, _, _ in results.values()
-            for r in result["rows"] if not asked or r["impl"] in asked]
-    skipped = [{"impl": i, "skipped": True, "reason": why} for result, _, _ in results.values()
-               for i, why in result["skipped"].items() if not asked or i in asked]
+    rows = [
+        {"impl": r["impl"], "skipped": False, "reason": None}
+        for result, _, _ in results.values()
+        for r in result["rows"]
+        if not asked or r["impl"] in asked
+    ]
+    skipped = [
+        {"impl": i, "skipped": True, "reason": why}
+        for result, _, _ in results.values()
+        for i, why in result["skipped"].items()
+        if not asked or i in asked
+    ]
     nothing_ran(rows + skipped, "timed", "ask for rungs that run here, e.g. --impl cpp on a CPU")
     return 0

@@ -17,15 +17,17 @@ from trainlab.ops.ladder import DTYPES, canonical_impls
 from trainlab.ops.registry import OPS
 
 BENCH_COPIES = 8  # tensors of --sizes elements alive at once in the GELU bench (x, grad, per-impl inputs, outputs)
-MAX_CHECK_N = 2**24   # --n: a correctness row keeps ~10 float64 copies of its input (2.5 GiB at this size)
-MAX_BATCH = 65536     # --batch of `ops bench`: conv1's activations and gradients alone are ~40 MiB per 1K samples
+MAX_CHECK_N = 2**24  # --n: a correctness row keeps ~10 float64 copies of its input (2.5 GiB at this size)
+MAX_BATCH = 65536  # --batch of `ops bench`: conv1's activations and gradients alone are ~40 MiB per 1K samples
 
 
 def count(lo: int, hi: int, why: str):
     """A flag check: an integer in [lo, hi], the upper bound named with why — before anything is allocated."""
+
     def check(v) -> str | None:
         problem = at_least(lo)(v)
         return problem if problem is not None or v <= hi else f"expected an integer >= {lo} and <= {hi:,} ({why})"
+
     return check
 
 
@@ -47,8 +49,10 @@ def gelu_bench_sizes(sizes: str | None, quick: bool, dtype: str, device: str) ->
     need = max(chosen) * torch.finfo(DTYPES[dtype]).bits // 8 * BENCH_COPIES
     have = total_memory_bytes(where)
     if have is not None and need > have:
-        raise ConfigError(f"--sizes {format_size(max(chosen))}: the benchmark holds about {BENCH_COPIES} tensors of that "
-                          f"many {dtype} elements ({need / 2**30:,.1f} GiB); {where} has {have / 2**30:,.1f} GiB")
+        raise ConfigError(
+            f"--sizes {format_size(max(chosen))}: the benchmark holds about {BENCH_COPIES} tensors of that "
+            f"many {dtype} elements ({need / 2**30:,.1f} GiB); {where} has {have / 2**30:,.1f} GiB"
+        )
     return chosen
 
 
@@ -61,8 +65,11 @@ class CheckConfig(Config):
     impl: list[str] | None = opt(None, "only these rungs (repeatable): aten, python, cpp, triton, cuda (default: all)")
     approximate: list[str] | None = opt(None, "only these approximations (repeatable)", choices=APPROXIMATIONS)
     dtype: list[str] | None = opt(None, "only these dtypes (repeatable)", choices=tuple(DTYPES))
-    n: int = opt(4096, "random elements per row besides the edge values",
-                 check=count(1, MAX_CHECK_N, "a correctness row, not a benchmark"))
+    n: int = opt(
+        4096,
+        "random elements per row besides the edge values",
+        check=count(1, MAX_CHECK_N, "a correctness row, not a benchmark"),
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -73,11 +80,17 @@ class CheckConfig(Config):
 class OpsCheckConfig(CheckConfig):
     """Correctness of every rung of every operator against a float64 reference (`trainlab ops check`)."""
 
-    op: list[str] | None = opt(None, f"only these operators, comma-separated or repeated: {','.join(OPS)} (default: all)")
-    dtype: list[str] | None = opt(None, "only these dtypes (repeatable; default: float32 and bfloat16, and float64 "
-                                        "for gelu)", choices=tuple(DTYPES))
-    case: list[str] | None = opt(None, "only these shape cases, e.g. lenet-conv1, batch1 (repeatable; gelu's "
-                                       "one case is 'elementwise')")
+    op: list[str] | None = opt(
+        None, f"only these operators, comma-separated or repeated: {','.join(OPS)} (default: all)"
+    )
+    dtype: list[str] | None = opt(
+        None,
+        "only these dtypes (repeatable; default: float32 and bfloat16, and float64 for gelu)",
+        choices=tuple(DTYPES),
+    )
+    case: list[str] | None = opt(
+        None, "only these shape cases, e.g. lenet-conv1, batch1 (repeatable; gelu's one case is 'elementwise')"
+    )
     batch: int = opt(8, "batch size of the LeNet-shaped cases", check=at_least(1))
     gelu: bool = opt(True, "with the default --op, include gelu (--no-gelu: the layer operators only)")
     out: str | None = opt(None, "also write ops_check.json/.md/.log into this directory", check=output_dir)
@@ -101,8 +114,9 @@ class BenchConfig(Config):
     approximate: str = opt("none", "GELU: " + " | ".join(APPROXIMATIONS), check=one_of(APPROXIMATIONS))
     device: str = opt("auto", "auto | cpu | cuda")
     budget: float = opt(0.5, "seconds of timed runs per measurement (min 5 runs)", check=positive)
-    out: str | None = opt(None, "also write gelu_bench.json/.md/.log (ops_bench.* for the layers) into this directory",
-                          check=output_dir)
+    out: str | None = opt(
+        None, "also write gelu_bench.json/.md/.log (ops_bench.* for the layers) into this directory", check=output_dir
+    )
 
     def validate(self) -> list[int]:
         """Every declared range, and sizes that parse and fit the device; returns the sizes to time."""
@@ -116,17 +130,23 @@ class OpsBenchConfig(BenchConfig):
     """Forward and backward time of every rung vs aten (`trainlab ops bench`): LeNet-5's layers at their
     real shapes, and GELU over sizes."""
 
-    op: list[str] | None = opt(None, "only these operators, comma-separated or repeated: "
-                                     f"{','.join(OPS)} (default: the layer operators; gelu only when named)")
+    op: list[str] | None = opt(
+        None,
+        "only these operators, comma-separated or repeated: "
+        f"{','.join(OPS)} (default: the layer operators; gelu only when named)",
+    )
     batch: str = opt(",".join(map(str, DEFAULT_BATCHES)), "layers: comma-separated batch sizes")
-    impl: list[str] | None = opt(None, "only these rungs (repeatable; aten is always included; "
-                                       "cuda-atomic: the naive pool backward, GPU only)")
+    impl: list[str] | None = opt(
+        None, "only these rungs (repeatable; aten is always included; cuda-atomic: the naive pool backward, GPU only)"
+    )
     layer: list[str] | None = opt(None, f"only these layers: {' '.join(LAYER_NAMES)}")
-    threads: int | None = opt(None, "torch CPU threads (default: torch's choice; at most this machine's CPUs)",
-                              check=thread_count)
+    threads: int | None = opt(
+        None, "torch CPU threads (default: torch's choice; at most this machine's CPUs)", check=thread_count
+    )
     budget: float = opt(1.0, "seconds of timed runs per layer and rung (at least 5 runs)", check=positive)
-    out: str | None = opt(None, "also write ops_bench.json/.md/.log (gelu_bench.* for gelu) into this directory",
-                          check=output_dir)
+    out: str | None = opt(
+        None, "also write ops_bench.json/.md/.log (gelu_bench.* for gelu) into this directory", check=output_dir
+    )
 
     def operators(self) -> list[str]:
         return parse_ops(self.op) if self.op else [o for o in OPS if o != "gelu"]

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from trainlab.errors import HardwareError
 
-ARCHS = (80, 90)   # A100; H100/H200
+ARCHS = (80, 90)  # A100; H100/H200
 
 # Where the NVIDIA PyPI wheels put their binaries, relative to a site-packages directory:
 # CUDA 13 wheels share nvidia/cu13/bin; CUDA 12 wheels have one folder per component.
@@ -84,8 +84,10 @@ def _require(name: str) -> str:
 
 # ---- Triton --------------------------------------------------------------------------------------
 
-def triton_asm(fn, signature: dict[str, str], constexprs: dict[str, object], arch: int = 90,
-               aligned: tuple[str, ...] = ()) -> dict:
+
+def triton_asm(
+    fn, signature: dict[str, str], constexprs: dict[str, object], arch: int = 90, aligned: tuple[str, ...] = ()
+) -> dict:
     """Every stage Triton compiled `fn` to for sm_`arch`: {"ttir", "ttgir", "llir", "ptx", "cubin", …}.
 
     `fn` is a plain function or a `JITFunction`. `signature` maps every argument to a Triton type
@@ -106,18 +108,23 @@ def triton_asm(fn, signature: dict[str, str], constexprs: dict[str, object], arc
     return dict(triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm)
 
 
-def triton_ptx(fn, signature: dict[str, str], constexprs: dict[str, object], arch: int = 90,
-               aligned: tuple[str, ...] = ()) -> str:
+def triton_ptx(
+    fn, signature: dict[str, str], constexprs: dict[str, object], arch: int = 90, aligned: tuple[str, ...] = ()
+) -> str:
     """PTX of the Triton kernel `fn` for sm_`arch` (see `triton_asm` for the arguments)."""
     return triton_asm(fn, signature, constexprs, arch, aligned)["ptx"]
 
 
 # ---- CUDA with nvcc -------------------------------------------------------------------------------
 
+
 def _nvcc(source, arch: int, kind: str, flags: tuple[str, ...], out: Path) -> None:
     nvcc = _require("nvcc")
-    proc = subprocess.run([nvcc, f"-arch=sm_{arch}", f"-{kind}", *flags, "-o", str(out), os.fspath(source)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [nvcc, f"-arch=sm_{arch}", f"-{kind}", *flags, "-o", str(out), os.fspath(source)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"nvcc -arch=sm_{arch} -{kind} {source} failed:\n{proc.stderr.strip()}")
 
@@ -145,8 +152,9 @@ def cuda_include_dir() -> str | None:
     nvcc = find_nvcc()
     if nvcc is None:
         return None
-    proc = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull], capture_output=True, text=True
+    )
     for m in re.finditer(r'INCLUDES="([^"]*)"', proc.stdout + proc.stderr):
         for flag in m.group(1).split():
             d = Path(flag.strip('"')[2:]) if flag.strip('"').startswith("-I") else None
@@ -156,6 +164,7 @@ def cuda_include_dir() -> str | None:
 
 
 # ---- reading what the compilers produced -----------------------------------------------------------
+
 
 def cubin_sass(cubin: bytes) -> str:
     """`cuobjdump -sass` of a cubin (bytes). cuobjdump needs nvdisasm; both are searched for."""
@@ -179,8 +188,9 @@ _ENTRY = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$]+)\s*\(", r
 def ptx_entries(ptx: str) -> dict[str, str]:
     """{kernel (entry) name: its PTX text up to the next entry}, names as in the PTX (mangled)."""
     starts = [(m.start(), m.group(1)) for m in _ENTRY.finditer(ptx)]
-    return {name: ptx[pos:(starts[i + 1][0] if i + 1 < len(starts) else len(ptx))]
-            for i, (pos, name) in enumerate(starts)}
+    return {
+        name: ptx[pos : (starts[i + 1][0] if i + 1 < len(starts) else len(ptx))] for i, (pos, name) in enumerate(starts)
+    }
 
 
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$", re.M)
@@ -189,8 +199,10 @@ _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$", re.M)
 def sass_functions(sass: str) -> dict[str, str]:
     """{kernel name: its SASS}, from `cuobjdump -sass` output."""
     starts = [(m.start(), m.group(1)) for m in _FUNCTION.finditer(sass)]
-    return {name: sass[pos:(starts[i + 1][0] if i + 1 < len(starts) else len(sass))]
-            for i, (pos, name) in enumerate(starts)}
+    return {
+        name: sass[pos : (starts[i + 1][0] if i + 1 < len(starts) else len(sass))]
+        for i, (pos, name) in enumerate(starts)
+    }
 
 
 def demangle(name: str) -> str:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -27,9 +27,9 @@ from trainlab.errors import ConfigError
 IMPLS = ("aten", "python", "cpp", "triton", "cuda")
 # Older spellings accepted on the command line (`trainlab gelu check --impl torch`, in earlier docs).
 IMPL_ALIASES = {"torch": "aten"}
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}   # checked in
-DEFAULT_DTYPES = ("float32", "bfloat16")   # `ops check`'s default for an operator without DTYPES of its own
-FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)   # what every rung accepts
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}  # checked in
+DEFAULT_DTYPES = ("float32", "bfloat16")  # `ops check`'s default for an operator without DTYPES of its own
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # what every rung accepts
 REDUCED = (torch.bfloat16, torch.float16)
 
 
@@ -59,14 +59,20 @@ TOLERANCES = {
     #   float32  float32 erf approximations (ATen's Abramowitz–Stegun fit, our rational fit, libdevice)
     #            are within ~4e-7 absolute of erf; GELU multiplies that by x/2, <= 1e-6 for |x| <= 5.
     #   bfloat16 math in float32 then one rounding to an 8-bit significand: one full ulp (2^-7).
-    "elementwise": {torch.float64: Tolerance(1e-13, 1e-12), torch.float32: Tolerance(2e-6, 2e-6),
-                    torch.bfloat16: Tolerance(1e-5, 2.0 ** -7)},
+    "elementwise": {
+        torch.float64: Tolerance(1e-13, 1e-12),
+        torch.float32: Tolerance(2e-6, 2e-6),
+        torch.bfloat16: Tolerance(1e-5, 2.0**-7),
+    },
     # Sums of products and selections (conv2d, linear, max_pool2d, relu), S as in check.py:
     #   float64  k <= ~10^4 terms, ~100x margin on the typical error;
     #   float32  u sqrt(k) S is ~1e-5 S for k ~ 10^4 (dW of conv1);
     #   bfloat16 float32 math, one rounding: half a bf16 ulp of |ref| on top.
-    "sum": {torch.float64: Tolerance(1e-12, 0.0), torch.float32: Tolerance(2e-5, 0.0),
-            torch.bfloat16: Tolerance(2e-5, 2.0 ** -8)},
+    "sum": {
+        torch.float64: Tolerance(1e-12, 0.0),
+        torch.float32: Tolerance(2e-5, 0.0),
+        torch.bfloat16: Tolerance(2e-5, 2.0**-8),
+    },
 }
 
 
@@ -126,6 +132,7 @@ def triton_interpreter_if_cpu(impl: str):
 
 # ---- check cases: each operator file lists its own (see check.py for how a row is judged) ----------
 
+
 @dataclass(frozen=True)
 class Case:
     """One shape case: `make(size, gen)` returns float64 inputs (name -> tensor, or a non-tensor
@@ -138,7 +145,7 @@ class Case:
     call: Callable
     bilinear: bool
     view: Callable | None = None
-    edge: bool = False   # contains NaN/inf: compare the non-finite pattern too
+    edge: bool = False  # contains NaN/inf: compare the non-finite pattern too
     # (inputs64, dy64, grad) -> (S of the output, {input name: S of its gradient}) for an op that is
     # neither a plain sum of products nor a plain selection (a fused conv → relu → pool, GELU).
     # inputs64 and dy64 live on the rung's device; take gradients with `grad` (autograd.grad that
@@ -148,8 +155,8 @@ class Case:
     # intermediate results, which moves a pooling's winners: its reduced-precision rows are skipped
     # with that reason rather than compared against a float64 routing they cannot follow.
     reduced_impls: tuple[str, ...] | None = None
-    tolerance: str = "sum"      # the TOLERANCES family: "sum" (sums of products, selections) or "elementwise"
-    sized_by: str = "batch"     # what `make` gets as its size: the check's --batch, or --n (elements)
+    tolerance: str = "sum"  # the TOLERANCES family: "sum" (sums of products, selections) or "elementwise"
+    sized_by: str = "batch"  # what `make` gets as its size: the check's --batch, or --n (elements)
     variant: str | None = None  # an operator's named variant the case runs (GELU's approximation)
     # (impl, dtype, device) -> {name: value, ..., "ok": bool}: checks of the case's own, in the row's `checks`
     extra: Callable | None = None
@@ -167,7 +174,7 @@ class Layer:
     run: Callable
     order: int
     input_needs_grad: bool = True
-    in_step: bool = True   # False: a fused stage that repeats layers already timed (left out of the totals)
+    in_step: bool = True  # False: a fused stage that repeats layers already timed (left out of the totals)
 
 
 def randn64(gen, *shape) -> torch.Tensor:
@@ -175,4 +182,4 @@ def randn64(gen, *shape) -> torch.Tensor:
 
 
 def every_other_column(t: dict) -> dict:
-    return {**t, "x": t["x"][..., ::2]}   # a strided, non-contiguous view
+    return {**t, "x": t["x"][..., ::2]}  # a strided, non-contiguous view

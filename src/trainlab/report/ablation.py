@@ -38,8 +38,19 @@ from __future__ import annotations
 
 from trainlab.report import format as fmt
 
-COLUMNS = ["row", "group", "tokens", "tokens/s", "step time", "total time", "peak memory", "TFLOP/s, 6N + attention",
-           "TFLOP/s, 8·N·B·T (handout)", "MFU", "speed-up"]
+COLUMNS = [
+    "row",
+    "group",
+    "tokens",
+    "tokens/s",
+    "step time",
+    "total time",
+    "peak memory",
+    "TFLOP/s, 6N + attention",
+    "TFLOP/s, 8·N·B·T (handout)",
+    "MFU",
+    "speed-up",
+]
 
 
 def _speedup(tps, ref) -> str:
@@ -53,16 +64,27 @@ def _table(rows: list[dict], tokens_key: str) -> list[list[str]]:
     for r in rows:
         status = r.get("status", "ok")
         if status != "ok":
-            table.append([str(r.get("label")), str(r.get("group", fmt.MISSING)), f"not measured: {status}"]
-                         + [fmt.MISSING] * (len(COLUMNS) - 3))
+            table.append(
+                [str(r.get("label")), str(r.get("group", fmt.MISSING)), f"not measured: {status}"]
+                + [fmt.MISSING] * (len(COLUMNS) - 3)
+            )
             continue
         tflops_8n = r.get("tflops_per_device_handout", r.get("tflops_per_device_8n"))
-        table.append([str(r.get("label")), str(r.get("group", fmt.MISSING)), fmt.count(r.get(tokens_key)),
-                      fmt.count(round(r["tokens_per_s"])) if fmt.is_number(r.get("tokens_per_s")) else fmt.MISSING,
-                      fmt.seconds(r.get("step_seconds_median")),
-                      fmt.seconds(r.get("total_seconds")), fmt.value("peak_memory_bytes", r.get("peak_memory_bytes")),
-                      fmt.number(r.get("tflops_per_device")), fmt.number(tflops_8n), fmt.value("mfu", r.get("mfu")),
-                      _speedup(r.get("tokens_per_s"), ref)])
+        table.append(
+            [
+                str(r.get("label")),
+                str(r.get("group", fmt.MISSING)),
+                fmt.count(r.get(tokens_key)),
+                fmt.count(round(r["tokens_per_s"])) if fmt.is_number(r.get("tokens_per_s")) else fmt.MISSING,
+                fmt.seconds(r.get("step_seconds_median")),
+                fmt.seconds(r.get("total_seconds")),
+                fmt.value("peak_memory_bytes", r.get("peak_memory_bytes")),
+                fmt.number(r.get("tflops_per_device")),
+                fmt.number(tflops_8n),
+                fmt.value("mfu", r.get("mfu")),
+                _speedup(r.get("tokens_per_s"), ref),
+            ]
+        )
     return table
 
 
@@ -79,9 +101,13 @@ def ablation_blocks(data: dict) -> list:
     rows = [r for r in data.get("rows", []) if isinstance(r, dict)]
     total = data.get("total_tokens")
     where = ", ".join(str(data[k]) for k in ("model", "device_name") if data.get(k))
-    blocks = [para(f"Every row trains {fmt.count(total)} tokens" + (f" ({where})" if where else "") + "; speed-up over the "
-                   "baseline row's tokens/s. " + _peak_line(data.get("peak_tflops"), data.get("peak_tflops_source"))),
-              Block("table", rows=_table(rows, "tokens"))]
+    blocks = [
+        para(
+            f"Every row trains {fmt.count(total)} tokens" + (f" ({where})" if where else "") + "; speed-up over the "
+            "baseline row's tokens/s. " + _peak_line(data.get("peak_tflops"), data.get("peak_tflops_source"))
+        ),
+        Block("table", rows=_table(rows, "tokens")),
+    ]
     off = [str(r.get("label")) for r in rows if r.get("status", "ok") == "ok" and r.get("tokens") != total]
     if off:
         blocks.append(Block("note", f"Not on the same total tokens ({fmt.count(total)}): {', '.join(off)}."))
@@ -98,17 +124,29 @@ def bench_rows(benches: list[tuple[str, str, dict]]) -> list:
         per_step, steps = d.get("tokens_per_step"), d.get("timed_steps")
         tokens = per_step * steps if fmt.is_number(per_step) and fmt.is_number(steps) else None
         tps = d.get("tokens_per_s")
-        rows.append({**d, "label": label, "group": group, "tokens": tokens, "status": "ok",
-                     "total_seconds": tokens / tps if tokens and fmt.is_number(tps) and tps > 0 else None})
+        rows.append(
+            {
+                **d,
+                "label": label,
+                "group": group,
+                "tokens": tokens,
+                "status": "ok",
+                "total_seconds": tokens / tps if tokens and fmt.is_number(tps) and tps > 0 else None,
+            }
+        )
     if not rows:
         return []
     peak = next((r for r in rows if fmt.is_number(r.get("peak_tflops"))), {})
     counts = {r["tokens"] for r in rows}
     blocks = [Block("table", rows=_table(rows, "tokens"))]
-    note = ("Tokens: the tokens each benchmark timed (tokens per step × timed steps); total time: those tokens at the "
-            "measured rate. " + _peak_line(peak.get("peak_tflops"), peak.get("peak_tflops_source")))
+    note = (
+        "Tokens: the tokens each benchmark timed (tokens per step × timed steps); total time: those tokens at the "
+        "measured rate. " + _peak_line(peak.get("peak_tflops"), peak.get("peak_tflops_source"))
+    )
     if len(counts) > 1:
-        note += (" These rows time different numbers of tokens, and each mixes several changes at once: the ablation "
-                 "(every change alone and cumulatively, on the same total tokens) is not in this lab folder.")
+        note += (
+            " These rows time different numbers of tokens, and each mixes several changes at once: the ablation "
+            "(every change alone and cumulatively, on the same total tokens) is not in this lab folder."
+        )
     blocks.append(para(note))
     return blocks

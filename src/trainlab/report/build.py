@@ -28,16 +28,16 @@ from trainlab.report.inputs import ResultFile, TrainingRun, load_inputs
 
 @dataclass
 class Block:
-    kind: str            # h1..h4 | p | table | img | pre | note | status | details | toc | fold | row
+    kind: str  # h1..h4 | p | table | img | pre | note | status | details | toc | fold | row
     text: str = ""
-    rows: list[list[str]] | None = None   # table: first row is the header
-    src: str = ""        # img: path relative to the report directory
-    body: str = ""       # details: preformatted text shown when the block is opened
+    rows: list[list[str]] | None = None  # table: first row is the header
+    src: str = ""  # img: path relative to the report directory
+    body: str = ""  # details: preformatted text shown when the block is opened
     segments: list[tuple[str, str, str]] = field(default_factory=list)  # p: (text|code|link, text, anchor)
-    anchor: str = ""     # headings: the id a link or the table of contents points at
+    anchor: str = ""  # headings: the id a link or the table of contents points at
     links: list[tuple[str, str]] = field(default_factory=list)  # toc: (text, anchor)
-    children: list["Block"] = field(default_factory=list)  # fold: shown when opened (<details>); row: side by side
-    text_table: bool = False   # table: a table of words (left-aligned), not of numbers
+    children: list[Block] = field(default_factory=list)  # fold: shown when opened (<details>); row: side by side
+    text_table: bool = False  # table: a table of words (left-aligned), not of numbers
 
 
 def para(*parts) -> Block:
@@ -61,10 +61,12 @@ def fold(summary: str, children: list[Block]) -> Block:
 
 
 # What the |Δloss| and gradient-MSE columns of `gelu check` measure (ops/check.py, _gelu_recipe)
-GELU_RECIPE_NOTE = ("|Δloss| and gradient MSE: the handout's check (§4.2.1). A = torch.randn(100) and a target "
-                    "c = torch.randn(100) go through F.gelu and through this implementation in the row's dtype; "
-                    "|Δloss| is the difference of the two MSE losses against c, gradient MSE the mean squared "
-                    "difference of the two input gradients.")
+GELU_RECIPE_NOTE = (
+    "|Δloss| and gradient MSE: the handout's check (§4.2.1). A = torch.randn(100) and a target "
+    "c = torch.randn(100) go through F.gelu and through this implementation in the row's dtype; "
+    "|Δloss| is the difference of the two MSE losses against c, gradient MSE the mean squared "
+    "difference of the two input gradients."
+)
 
 # Above this many runs the summary shows groups (mean ± sd) instead of one row per run.
 SUMMARY_MAX_RUN_ROWS = 12
@@ -105,26 +107,55 @@ def _time_to_99(s: dict) -> str:
 
 # ------------------------------------------------------------------------------------ sections
 
+
 def summary_section(runs: list[TrainingRun], results: list[ResultFile], out: Path) -> list[Block]:
     """The first screen: what a reader wants before any detail."""
     blocks = [Block("h2", "Summary")]
     if runs:
         keys, groups = group_runs(runs)
         if len(runs) <= SUMMARY_MAX_RUN_ROWS:
-            rows = [["run", "test accuracy", "train accuracy", "train time", "time to 99 %", "throughput", "device", "GPU utilization"]]
-            rows += [[r.name, fmt.pct(r.summary.get("test_accuracy")), fmt.pct(r.summary.get("train_accuracy")),
-                      fmt.seconds(r.summary.get("train_seconds")), _time_to_99(r.summary),
-                      fmt.rate(r.summary.get("images_per_s_median")), _device(r), _gpu_util(r)] for r in runs]
+            rows = [
+                [
+                    "run",
+                    "test accuracy",
+                    "train accuracy",
+                    "train time",
+                    "time to 99 %",
+                    "throughput",
+                    "device",
+                    "GPU utilization",
+                ]
+            ]
+            rows += [
+                [
+                    r.name,
+                    fmt.pct(r.summary.get("test_accuracy")),
+                    fmt.pct(r.summary.get("train_accuracy")),
+                    fmt.seconds(r.summary.get("train_seconds")),
+                    _time_to_99(r.summary),
+                    fmt.rate(r.summary.get("images_per_s_median")),
+                    _device(r),
+                    _gpu_util(r),
+                ]
+                for r in runs
+            ]
         else:
             rows = _group_rows(groups)
         blocks.append(Block("table", rows=rows))
         with_gpu = next((r for r in runs if r.gpu), None)
         if with_gpu is not None:
             png = plots.gpu_timeline(with_gpu, out / "summary_gpu_timeline.png")
-            blocks.append(Block("img", f"GPU utilization and memory during {with_gpu.name} (NVML, ~10 Hz)", src=png.name))
+            blocks.append(
+                Block("img", f"GPU utilization and memory during {with_gpu.name} (NVML, ~10 Hz)", src=png.name)
+            )
         if len(groups) > 1:
-            blocks.append(para(f"{len(runs)} runs in {len(groups)} groups by {', '.join(keys)}: see ",
-                               link("Comparison", "comparison"), "."))
+            blocks.append(
+                para(
+                    f"{len(runs)} runs in {len(groups)} groups by {', '.join(keys)}: see ",
+                    link("Comparison", "comparison"),
+                    ".",
+                )
+            )
     if results:
         pieces: list = ["Result files: "]
         for i, r in enumerate(results):
@@ -134,16 +165,36 @@ def summary_section(runs: list[TrainingRun], results: list[ResultFile], out: Pat
 
 
 def _group_rows(groups) -> list[list[str]]:
-    rows = [["group", "runs (seeds)", "test accuracy, mean ± sd", "min", "max", "reached 99 %", "time to 99 % (median)",
-             "train time (median)", "throughput (median)"]]
+    rows = [
+        [
+            "group",
+            "runs (seeds)",
+            "test accuracy, mean ± sd",
+            "min",
+            "max",
+            "reached 99 %",
+            "time to 99 % (median)",
+            "train time (median)",
+            "throughput (median)",
+        ]
+    ]
     for g in groups:
         mean, sd = g.mean_sd("test_accuracy")
         accs = g.stat("test_accuracy")
         t99 = sorted(g.stat("time_to_99_seconds"))
-        rows.append([g.label, f"{len(g.members)} ({', '.join(str(s) for s in g.seeds)})", fmt.pct_sd(mean, sd),
-                     fmt.pct(min(accs)) if accs else fmt.MISSING, fmt.pct(max(accs)) if accs else fmt.MISSING,
-                     f"{len(t99)} of {len(g.members)}", fmt.seconds(_median(t99)),
-                     fmt.seconds(_median(g.stat("train_seconds"))), fmt.rate(_median(g.stat("images_per_s_median")))])
+        rows.append(
+            [
+                g.label,
+                f"{len(g.members)} ({', '.join(str(s) for s in g.seeds)})",
+                fmt.pct_sd(mean, sd),
+                fmt.pct(min(accs)) if accs else fmt.MISSING,
+                fmt.pct(max(accs)) if accs else fmt.MISSING,
+                f"{len(t99)} of {len(g.members)}",
+                fmt.seconds(_median(t99)),
+                fmt.seconds(_median(g.stat("train_seconds"))),
+                fmt.rate(_median(g.stat("images_per_s_median"))),
+            ]
+        )
     return rows
 
 
@@ -196,7 +247,9 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
-def run_section(run: TrainingRun, out: Path, index: int, reuse_figures: bool = False, curves: bool = True) -> list[Block]:
+def run_section(
+    run: TrainingRun, out: Path, index: int, reuse_figures: bool = False, curves: bool = True
+) -> list[Block]:
     """A training run's facts, configuration, environment and figures; `curves=False` leaves out the
     loss, accuracy and GPU figures (a page that shows them elsewhere)."""
     s, cfg, env = run.summary, run.config, run.env
@@ -226,19 +279,32 @@ def run_section(run: TrainingRun, out: Path, index: int, reuse_figures: bool = F
     if env:
         blocks.append(Block("h3", "Environment"))
         gpus = ", ".join(env.get("gpus") or []) or "none"
-        blocks.append(para(f"python {env.get('python')}, torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), "
-                           f"CPU {env.get('cpu')} × {env.get('cpu_count')}, GPUs: {gpus}, {env.get('time_utc')}"))
+        blocks.append(
+            para(
+                f"python {env.get('python')}, torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), "
+                f"CPU {env.get('cpu')} × {env.get('cpu_count')}, GPUs: {gpus}, {env.get('time_utc')}"
+            )
+        )
         busy = busy_snapshot(env)
         if busy:
             blocks.append(para(f"nvidia-smi during training (taken {busy['taken_utc']}):"))
             blocks.append(Block("pre", busy["text"]))
         elif env.get("nvidia_smi"):
-            blocks.append(para("nvidia-smi at start-up, before training (the run has no snapshot taken during training):"))
+            blocks.append(
+                para("nvidia-smi at start-up, before training (the run has no snapshot taken during training):")
+            )
             blocks.append(Block("pre", env["nvidia_smi"]))
     prefix = f"run{index}_"
     source = run.path / "summary.json" if reuse_figures else None
-    for title, fn in (("Loss", plots.loss_curves), ("Accuracy: train (running) and test", plots.accuracy_curve),
-                      ("GPU", plots.gpu_timeline)) if curves else ():
+    for title, fn in (
+        (
+            ("Loss", plots.loss_curves),
+            ("Accuracy: train (running) and test", plots.accuracy_curve),
+            ("GPU", plots.gpu_timeline),
+        )
+        if curves
+        else ()
+    ):
         png = _figure(out / f"{prefix}{fn.__name__}.png", source, lambda path, fn=fn: fn(run, path))
         if png is not None:
             blocks.append(Block("img", title, src=png.name))
@@ -261,33 +327,61 @@ def run_section(run: TrainingRun, out: Path, index: int, reuse_figures: bool = F
         blocks.append(Block("img", "Misclassified test images (true→predicted)", src=png.name))
     if run.epochs:
         rows = [["epoch", "train loss", "test loss", "train accuracy", "test accuracy", "throughput", "epoch time"]]
-        rows += [[str(r["epoch"]), fmt.number(r.get("train_loss")), fmt.number(r.get("test_loss")), fmt.pct(r.get("train_accuracy")),
-                  fmt.pct(r.get("test_accuracy")), fmt.rate(r.get("images_per_s")), fmt.seconds(r.get("epoch_seconds"))]
-                 for r in run.epochs]
+        rows += [
+            [
+                str(r["epoch"]),
+                fmt.number(r.get("train_loss")),
+                fmt.number(r.get("test_loss")),
+                fmt.pct(r.get("train_accuracy")),
+                fmt.pct(r.get("test_accuracy")),
+                fmt.rate(r.get("images_per_s")),
+                fmt.seconds(r.get("epoch_seconds")),
+            ]
+            for r in run.epochs
+        ]
         blocks.append(Block("table", rows=rows))
     raw = {k: v for k, v in s.items() if k not in ("confusion_matrix",)}
     blocks.append(Block("details", "raw values (summary.json)", body=json.dumps(raw, indent=1)))
     return blocks
 
 
-DP_COMPILE_NOTE = ("Step time: each step synchronized on its own (median). Queued / finished: the same steps run "
-                   "back to back, timed without and with a final synchronize — what the host queued against what the "
-                   "GPU finished. Throughput = batch / finished ms per step, the rate of training's back-to-back steps.")
+DP_COMPILE_NOTE = (
+    "Step time: each step synchronized on its own (median). Queued / finished: the same steps run "
+    "back to back, timed without and with a final synchronize — what the host queued against what the "
+    "GPU finished. Throughput = batch / finished ms per step, the rate of training's back-to-back steps."
+)
 
 
 def dp_compile_table(rows: list[dict]) -> list[list[str]]:
     """benchmarks/dp_compile.py's rows. The throughput is computed from the column beside it (batch /
     synced ms per step): the file's own images_per_s was batch / the median of singly synchronized
     steps before that script was fixed, which matches neither timing column shown."""
-    table = [["variant", "batch", "compile / capture", "step time (median, each synchronized)",
-              "queued ms/step (no sync)", "finished ms/step (synced)", "throughput (batch / finished)"]]
+    table = [
+        [
+            "variant",
+            "batch",
+            "compile / capture",
+            "step time (median, each synchronized)",
+            "queued ms/step (no sync)",
+            "finished ms/step (synced)",
+            "throughput (batch / finished)",
+        ]
+    ]
     for r in rows:
         step = r.get("step_ms") if isinstance(r.get("step_ms"), dict) else {}
         batch, synced = r.get("batch_size"), r.get("synced_ms_per_step")
         tput = batch / (synced / 1e3) if fmt.is_number(batch) and fmt.is_number(synced) and synced > 0 else None
-        table.append([str(r.get("variant")), fmt.value("batch", batch), fmt.value("setup_seconds", r.get("setup_seconds")),
-                      fmt.millis(step.get("median")), fmt.millis(r.get("unsynced_ms_per_step")),
-                      fmt.millis(synced), fmt.rate(tput)])
+        table.append(
+            [
+                str(r.get("variant")),
+                fmt.value("batch", batch),
+                fmt.value("setup_seconds", r.get("setup_seconds")),
+                fmt.millis(step.get("median")),
+                fmt.millis(r.get("unsynced_ms_per_step")),
+                fmt.millis(synced),
+                fmt.rate(tput),
+            ]
+        )
     return table
 
 
@@ -319,33 +413,129 @@ def result_section(res: ResultFile, out: Path, index: int, reuse_figures: bool =
     if res.kind == "gelu_check":
         # A row that could not run here (no GPU, no Triton) is "skipped", never "ok" (older files: ok + skipped)
         # ops check rows keep a case's own checks (the handout's recipe) under "checks"
-        rows = [{**r, **(r.get("checks") if isinstance(r.get("checks"), dict) else {}),
-                 "status": "skipped: " + str(r.get("reason")) if r.get("skipped")
-                 else r.get("status") or ("ok" if r.get("ok") else "FAIL")} for r in rows]
+        rows = [
+            {
+                **r,
+                **(r.get("checks") if isinstance(r.get("checks"), dict) else {}),
+                "status": "skipped: " + str(r.get("reason"))
+                if r.get("skipped")
+                else r.get("status") or ("ok" if r.get("ok") else "FAIL"),
+            }
+            for r in rows
+        ]
         failed = [r for r in rows if r["status"] == "FAIL"]
         skipped = [r for r in rows if r["status"].startswith("skipped")]
-        blocks.append(para(f"{len(rows)} rows: {len(rows) - len(failed) - len(skipped)} ok, {len(failed)} failing, "
-                           f"{len(skipped)} skipped (could not run on the machine that made the file)."))
-        blocks.append(Block("table", rows=table_from_rows(rows, ["case", "impl", "approximate", "dtype", "fwd_max_abs_err", "grad_max_abs_err",
-                                                                 "recipe_loss_diff", "recipe_grad_mse", "gradcheck",
-                                                                 "gradgradcheck", "status"])))
+        blocks.append(
+            para(
+                f"{len(rows)} rows: {len(rows) - len(failed) - len(skipped)} ok, {len(failed)} failing, "
+                f"{len(skipped)} skipped (could not run on the machine that made the file)."
+            )
+        )
+        blocks.append(
+            Block(
+                "table",
+                rows=table_from_rows(
+                    rows,
+                    [
+                        "case",
+                        "impl",
+                        "approximate",
+                        "dtype",
+                        "fwd_max_abs_err",
+                        "grad_max_abs_err",
+                        "recipe_loss_diff",
+                        "recipe_grad_mse",
+                        "gradcheck",
+                        "gradgradcheck",
+                        "status",
+                    ],
+                ),
+            )
+        )
         if any("recipe_loss_diff" in r for r in rows):
             blocks.append(para(GELU_RECIPE_NOTE))
     elif res.kind == "gelu_bench":
-        blocks.append(Block("table", rows=table_from_rows(rows, ["size", "impl", "pass", "dtype", "approximate", "median_s", "p10_s", "p90_s",
-                                                                 "gbps", "ratio_to_torch", "pct_of_copy_bw"])))
+        blocks.append(
+            Block(
+                "table",
+                rows=table_from_rows(
+                    rows,
+                    [
+                        "size",
+                        "impl",
+                        "pass",
+                        "dtype",
+                        "approximate",
+                        "median_s",
+                        "p10_s",
+                        "p90_s",
+                        "gbps",
+                        "ratio_to_torch",
+                        "pct_of_copy_bw",
+                    ],
+                ),
+            )
+        )
     elif res.kind == "dp_compare":
-        blocks.append(Block("table", rows=table_from_rows(rows, ["mode", "world_size", "loader", "workers", "epoch_seconds", "images_per_s",
-                                                                 "data_ms", "compute_ms", "comm_ms", "comm_overlapped", "test_accuracy",
-                                                                 "status"])))
+        blocks.append(
+            Block(
+                "table",
+                rows=table_from_rows(
+                    rows,
+                    [
+                        "mode",
+                        "world_size",
+                        "loader",
+                        "workers",
+                        "epoch_seconds",
+                        "images_per_s",
+                        "data_ms",
+                        "compute_ms",
+                        "comm_ms",
+                        "comm_overlapped",
+                        "test_accuracy",
+                        "status",
+                    ],
+                ),
+            )
+        )
         if any(r.get("busbw_gbps") is not None for r in rows):
-            blocks.append(para("Gradient all-reduce against the 2(W−1)/W·S/B bound (S gradient bytes, B measured link bandwidth):"))
-            blocks.append(Block("table", rows=table_from_rows([r for r in rows if r.get("busbw_gbps") is not None],
-                                                              ["mode", "world_size", "grad_bytes", "bytes_sent_per_step", "allreduce_ms",
-                                                               "bound_comm_ms", "algbw_gbps", "busbw_gbps", "link_gbps", "busbw_pct_of_link"])))
-        labels = [f"{r.get('mode')}×{r.get('world_size')}" + (f" w{r['workers']}" if r.get("workers") is not None else "") for r in rows]
-        png = _figure(out / f"result{index}_dp.png", res.path if reuse_figures else None, lambda path: plots.bars(
-            labels, [float(r.get("images_per_s") or 0) for r in rows], path, "Throughput by mode", "images/s"))
+            blocks.append(
+                para(
+                    "Gradient all-reduce against the 2(W−1)/W·S/B bound (S gradient bytes, B measured link bandwidth):"
+                )
+            )
+            blocks.append(
+                Block(
+                    "table",
+                    rows=table_from_rows(
+                        [r for r in rows if r.get("busbw_gbps") is not None],
+                        [
+                            "mode",
+                            "world_size",
+                            "grad_bytes",
+                            "bytes_sent_per_step",
+                            "allreduce_ms",
+                            "bound_comm_ms",
+                            "algbw_gbps",
+                            "busbw_gbps",
+                            "link_gbps",
+                            "busbw_pct_of_link",
+                        ],
+                    ),
+                )
+            )
+        labels = [
+            f"{r.get('mode')}×{r.get('world_size')}" + (f" w{r['workers']}" if r.get("workers") is not None else "")
+            for r in rows
+        ]
+        png = _figure(
+            out / f"result{index}_dp.png",
+            res.path if reuse_figures else None,
+            lambda path: plots.bars(
+                labels, [float(r.get("images_per_s") or 0) for r in rows], path, "Throughput by mode", "images/s"
+            ),
+        )
         blocks.append(Block("img", "Throughput by mode", src=png.name))
     elif res.kind == "dp_compile":
         blocks.append(Block("table", rows=dp_compile_table(rows)))
@@ -356,50 +546,167 @@ def result_section(res: ResultFile, out: Path, index: int, reuse_figures: bool =
         blocks += ablation_blocks(res.data)
     elif res.kind == "gpt_bench":
         d = res.data
-        blocks.append(Block("table", rows=[["metric", "value"]] + [[fmt.header(k), fmt.value(k, d[k])] for k in
-                                             ("strategy", "world_size", "params", "step_seconds_median", "tokens_per_s", "tflops_per_device",
-                                              "mfu", "peak_memory_bytes") if k in d]))
+        blocks.append(
+            Block(
+                "table",
+                rows=[["metric", "value"]]
+                + [
+                    [fmt.header(k), fmt.value(k, d[k])]
+                    for k in (
+                        "strategy",
+                        "world_size",
+                        "params",
+                        "step_seconds_median",
+                        "tokens_per_s",
+                        "tflops_per_device",
+                        "mfu",
+                        "peak_memory_bytes",
+                    )
+                    if k in d
+                ],
+            )
+        )
         if d.get("losses"):
             blocks.append(para("losses: " + ", ".join(fmt.number(x) for x in d["losses"])))
     elif res.kind == "gpt_plan":
         d = res.data
         blocks.append(para(f"model params: {fmt.count(d.get('params'))}"))
-        blocks.append(Block("table", rows=table_from_rows(rows, ["strategy", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
-                                                                 "total_bytes", "fits", "max_micro_batch"])))
-    elif res.kind == "lenet_profile":   # ms per training step, medians; rows = variant x part
-        blocks.append(para(f"{res.data.get('steps')} profiled steps per variant (interleaved), batch "
-                           f"{res.data.get('batch_size')}, device {res.data.get('device')}; trace: {res.data.get('trace')}"))
-        blocks.append(Block("table", rows=table_from_rows(rows, ["variant", "layer", "fwd_ms_median", "bwd_ms_median", "total_ms_median",
-                                                                 "fwd_ms_p10", "fwd_ms_p90", "bwd_ms_p10", "bwd_ms_p90"])))
+        blocks.append(
+            Block(
+                "table",
+                rows=table_from_rows(
+                    rows,
+                    [
+                        "strategy",
+                        "params_bytes",
+                        "grads_bytes",
+                        "optimizer_bytes",
+                        "activations_bytes",
+                        "total_bytes",
+                        "fits",
+                        "max_micro_batch",
+                    ],
+                ),
+            )
+        )
+    elif res.kind == "lenet_profile":  # ms per training step, medians; rows = variant x part
+        blocks.append(
+            para(
+                f"{res.data.get('steps')} profiled steps per variant (interleaved), batch "
+                f"{res.data.get('batch_size')}, device {res.data.get('device')}; trace: {res.data.get('trace')}"
+            )
+        )
+        blocks.append(
+            Block(
+                "table",
+                rows=table_from_rows(
+                    rows,
+                    [
+                        "variant",
+                        "layer",
+                        "fwd_ms_median",
+                        "bwd_ms_median",
+                        "total_ms_median",
+                        "fwd_ms_p10",
+                        "fwd_ms_p90",
+                        "bwd_ms_p10",
+                        "bwd_ms_p90",
+                    ],
+                ),
+            )
+        )
     elif res.kind == "ops_check":
         failed = [r for r in rows if r.get("ok") is False]
         blocks.append(para(f"{len(rows)} rows, {len(failed)} failing."))
-        blocks.append(Block("table", rows=table_from_rows(rows, ["op", "case", "impl", "dtype", "fwd_max_abs_err", "grad_max_abs_err",
-                                                                 "worst_ratio_to_tol", "ok"])))
+        blocks.append(
+            Block(
+                "table",
+                rows=table_from_rows(
+                    rows,
+                    ["op", "case", "impl", "dtype", "fwd_max_abs_err", "grad_max_abs_err", "worst_ratio_to_tol", "ok"],
+                ),
+            )
+        )
     elif res.kind == "ops_bench":
-        blocks.append(Block("table", rows=table_from_rows(rows, ["batch", "layer", "impl", "fwd_median_s", "fwd_ratio_to_aten",
-                                                                 "bwd_median_s", "bwd_ratio_to_aten"])))
+        blocks.append(
+            Block(
+                "table",
+                rows=table_from_rows(
+                    rows,
+                    [
+                        "batch",
+                        "layer",
+                        "impl",
+                        "fwd_median_s",
+                        "fwd_ratio_to_aten",
+                        "bwd_median_s",
+                        "bwd_ratio_to_aten",
+                    ],
+                ),
+            )
+        )
     elif res.kind == "gpt_compare":
         # speed-up: throughput over the first strategy's (`none` when the matrix has it), as the handout's table wants
         ref_row = next((r for r in rows if r.get("strategy") == "none"), rows[0] if rows else {})
         ref = ref_row.get("tokens_per_s")
-        rows = [{**r, "speedup": f"{r['tokens_per_s'] / ref:.2f}× vs {ref_row.get('strategy')}"
-                 if isinstance(ref, (int, float)) and ref > 0 and isinstance(r.get("tokens_per_s"), (int, float)) else None}
-                for r in rows]
-        blocks.append(Block("table", rows=table_from_rows(rows, ["strategy", "nproc", "status", "step_ms_median", "tokens_per_s",
-                                                                 "speedup", "tflops_per_device", "mfu", "peak_tensor_bytes",
-                                                                 "predicted_bytes", "first_loss_diff_vs_none"])))
+        rows = [
+            {
+                **r,
+                "speedup": f"{r['tokens_per_s'] / ref:.2f}× vs {ref_row.get('strategy')}"
+                if isinstance(ref, (int, float)) and ref > 0 and isinstance(r.get("tokens_per_s"), (int, float))
+                else None,
+            }
+            for r in rows
+        ]
+        blocks.append(
+            Block(
+                "table",
+                rows=table_from_rows(
+                    rows,
+                    [
+                        "strategy",
+                        "nproc",
+                        "status",
+                        "step_ms_median",
+                        "tokens_per_s",
+                        "speedup",
+                        "tflops_per_device",
+                        "mfu",
+                        "peak_tensor_bytes",
+                        "predicted_bytes",
+                        "first_loss_diff_vs_none",
+                    ],
+                ),
+            )
+        )
         ok = [r for r in rows if r.get("tokens_per_s")]
         if ok:
-            png = _figure(out / f"result{index}_gpt_tps.png", res.path if reuse_figures else None, lambda path: plots.bars(
-                [r["strategy"] for r in ok], [r["tokens_per_s"] for r in ok], path, "GPT throughput per strategy", "tokens/s"))
+            png = _figure(
+                out / f"result{index}_gpt_tps.png",
+                res.path if reuse_figures else None,
+                lambda path: plots.bars(
+                    [r["strategy"] for r in ok],
+                    [r["tokens_per_s"] for r in ok],
+                    path,
+                    "GPT throughput per strategy",
+                    "tokens/s",
+                ),
+            )
             blocks.append(Block("img", "Throughput per strategy", src=png.name))
             key = "peak_tensor_bytes" if any(r.get("peak_tensor_bytes") for r in ok) else "peak_memory_bytes"
             mem = [r for r in ok if r.get(key)]
             if mem:
-                png = _figure(out / f"result{index}_gpt_mem.png", res.path if reuse_figures else None, lambda path: plots.bars(
-                    [r["strategy"] for r in mem], [r[key] / 2**30 for r in mem], path,
-                    f"Peak memory per strategy ({fmt.header(key)}, GiB)", "GiB"))
+                png = _figure(
+                    out / f"result{index}_gpt_mem.png",
+                    res.path if reuse_figures else None,
+                    lambda path: plots.bars(
+                        [r["strategy"] for r in mem],
+                        [r[key] / 2**30 for r in mem],
+                        path,
+                        f"Peak memory per strategy ({fmt.header(key)}, GiB)",
+                        "GiB",
+                    ),
+                )
                 blocks.append(Block("img", "Peak memory per strategy", src=png.name))
     return blocks
 
@@ -424,8 +731,9 @@ h5{font-size:.95em;margin:.8em 0 .3em}
 def _template():
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("trainlab.report", "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("trainlab.report", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+    )
     return env.get_template("page.html.j2")
 
 
@@ -440,13 +748,25 @@ def to_markdown(blocks: list[Block]) -> str:
     lines = []
     for b in blocks:
         if b.kind == "fold":
-            lines += [f"<details><summary>{md.html_text(b.text)}</summary>", "", to_markdown(b.children), "</details>", ""]
+            lines += [
+                f"<details><summary>{md.html_text(b.text)}</summary>",
+                "",
+                to_markdown(b.children),
+                "</details>",
+                "",
+            ]
         elif b.kind == "row":
             lines += [to_markdown(b.children)]
         elif b.kind in ("h1", "h2", "h3", "h4", "h5"):
             lines += ["#" * int(b.kind[1]) + " " + md.text(b.text), ""]
         elif b.kind == "p":
-            lines += ["".join(md.code(t) if k == "code" else md.text(t, line_start=i == 0) for i, (k, t, _) in enumerate(b.segments)), ""]
+            lines += [
+                "".join(
+                    md.code(t) if k == "code" else md.text(t, line_start=i == 0)
+                    for i, (k, t, _) in enumerate(b.segments)
+                ),
+                "",
+            ]
         elif b.kind in ("note", "status"):
             lines += [f"> {md.text(b.text, line_start=True)}", ""]
         elif b.kind == "pre":
@@ -470,8 +790,10 @@ def build_report(inputs: list[str], out_dir: str | Path, title: str = "trainlab 
     """Write out_dir/index.html and out_dir/report.md (+ PNGs). Returns what went into it."""
     runs, results, notes = load_inputs(inputs)  # first: a bad input must not leave an empty report folder
     if not runs and not results:  # a report of nothing is not a success
-        raise UserError("nothing to report: no usable run or trainlab result among the inputs"
-                        + (f" ({'; '.join(notes)[:400]})" if notes else ""))
+        raise UserError(
+            "nothing to report: no usable run or trainlab result among the inputs"
+            + (f" ({'; '.join(notes)[:400]})" if notes else "")
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     blocks = [Block("h1", title)]
@@ -488,5 +810,10 @@ def build_report(inputs: list[str], out_dir: str | Path, title: str = "trainlab 
         blocks += result_section(res, out, i)
     atomic_write_text(out / "index.html", to_html(blocks, title))
     atomic_write_text(out / "report.md", to_markdown(blocks))
-    return {"runs": [str(r.path) for r in runs], "results": [str(r.path) for r in results], "notes": notes,
-            "images": [b.src for b in blocks if b.kind == "img"], "index": str(out / "index.html")}
+    return {
+        "runs": [str(r.path) for r in runs],
+        "results": [str(r.path) for r in results],
+        "notes": notes,
+        "images": [b.src for b in blocks if b.kind == "img"],
+        "index": str(out / "index.html"),
+    }

@@ -30,13 +30,17 @@ def run_report(args) -> int:
         print(f"report: {index} (the lab in {args.inputs[0]}: {len(lab['steps'])} step records)")
     else:
         if any((Path(p) / "results.json").is_file() for p in args.inputs if Path(p).is_dir()) and len(args.inputs) > 1:
-            raise UserError("trainlab report: a lab folder (with results.json) is rebuilt on its own: give it as the only input")
+            raise UserError(
+                "trainlab report: a lab folder (with results.json) is rebuilt on its own: give it as the only input"
+            )
         result = build_report(args.inputs, args.out, title=args.title)
         for note in result["notes"]:
             print(f"note: {note}")
         index = Path(result["index"])
-        print(f"report: {index} ({len(result['runs'])} runs, {len(result['results'])} result files, "
-              f"{len(result['images'])} figures)")
+        print(
+            f"report: {index} ({len(result['runs'])} runs, {len(result['results'])} result files, "
+            f"{len(result['images'])} figures)"
+        )
     if args.pdf:
         from trainlab.report.pdf import write_pdf
 
@@ -45,12 +49,20 @@ def run_report(args) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("report", help="build an HTML/Markdown (and PDF) report from run directories, result JSONs "
-                                             "or a lab folder")
-    p.add_argument("inputs", nargs="+", help="run directories (or a folder of runs) and trainlab result .json files; or one "
-                                             "`trainlab lab` folder (with results.json), whose report is rebuilt from its files")
+    p = subparsers.add_parser(
+        "report", help="build an HTML/Markdown (and PDF) report from run directories, result JSONs or a lab folder"
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        help="run directories (or a folder of runs) and trainlab result .json files; or one "
+        "`trainlab lab` folder (with results.json), whose report is rebuilt from its files",
+    )
     p.add_argument("-o", "--out", required=True, help="output directory (index.html, report.md, PNGs, report.pdf)")
     p.add_argument("--title", default="trainlab report", help="the page's title (run directories and result files)")
-    p.add_argument("--pdf", action="store_true", help="also print the page to OUT/report.pdf with headless Chromium "
-                                                      "(Debian: apt-get install chromium)")
+    p.add_argument(
+        "--pdf",
+        action="store_true",
+        help="also print the page to OUT/report.pdf with headless Chromium (Debian: apt-get install chromium)",
+    )
     p.set_defaults(func=run_report)

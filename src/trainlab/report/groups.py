@@ -18,15 +18,25 @@ from trainlab.errors import UserError
 from trainlab.schema import STR, ListOf, Obj, read_json
 
 # Config keys that never change what a run computes: never a reason to put runs in different groups.
-BOOKKEEPING = {"out", "name", "progress", "tensorboard", "gpu_telemetry", "stop_after", "dist_timeout",
-               "step_timing", "data_dir", "seed"}
+BOOKKEEPING = {
+    "out",
+    "name",
+    "progress",
+    "tensorboard",
+    "gpu_telemetry",
+    "stop_after",
+    "dist_timeout",
+    "step_timing",
+    "data_dir",
+    "seed",
+}
 SWEEP_FILE = "sweep.json"
 
 
 @dataclass
 class Group:
-    values: dict            # swept key → value shared by the members
-    members: list = field(default_factory=list)   # TrainingRun
+    values: dict  # swept key → value shared by the members
+    members: list = field(default_factory=list)  # TrainingRun
 
     @property
     def label(self) -> str:
@@ -60,8 +70,11 @@ def swept_keys(runs: list) -> list[str]:
     keys: list[str] = []
     for run in runs:
         keys += [k for k in _config(run) if k not in keys]
-    varying = [k for k in keys if k not in BOOKKEEPING
-               and len({json.dumps(_config(r).get(k), sort_keys=True) for r in runs}) > 1]
+    varying = [
+        k
+        for k in keys
+        if k not in BOOKKEEPING and len({json.dumps(_config(r).get(k), sort_keys=True) for r in runs}) > 1
+    ]
     order = sweep_order(runs)
     return [k for k in order if k in varying] + [k for k in varying if k not in order]
 
@@ -102,5 +115,7 @@ def series_for(key: str, keys: list[str], groups: list[Group], metric: str = "te
         if mean is not None:
             series.setdefault(others, []).append((g.values[key], mean, sd or 0.0, len(g.stat(metric))))
     for points in series.values():
-        points.sort(key=lambda p: (not isinstance(p[0], (int, float)), p[0] if isinstance(p[0], (int, float)) else str(p[0])))
+        points.sort(
+            key=lambda p: (not isinstance(p[0], (int, float)), p[0] if isinstance(p[0], (int, float)) else str(p[0]))
+        )
     return series

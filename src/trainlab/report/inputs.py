@@ -29,8 +29,8 @@ class TrainingRun:
     summary: dict
     config: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
-    epochs: list[dict] = field(default_factory=list)   # metrics.jsonl records
-    gpu: list[dict] = field(default_factory=list)      # gpu.csv rows
+    epochs: list[dict] = field(default_factory=list)  # metrics.jsonl records
+    gpu: list[dict] = field(default_factory=list)  # gpu.csv rows
 
     @property
     def name(self) -> str:
@@ -40,7 +40,7 @@ class TrainingRun:
 @dataclass
 class ResultFile:
     path: Path
-    kind: str            # gelu_check | gelu_bench | dp_compare | dp_compile | gpt_bench | gpt_plan | gpt_compare | gpt_ablation | lenet_profile | ops_check | ops_bench
+    kind: str  # gelu_check | gelu_bench | dp_compare | dp_compile | gpt_bench | gpt_plan | gpt_compare | gpt_ablation | lenet_profile | ops_check | ops_bench
     data: Any
 
     @property
@@ -63,19 +63,56 @@ MAX_FILE_BYTES = MAX_JSON_BYTES
 PERCENT = Spec("a percentage (0 to 100)", lambda v: _is_number(v) and 0 <= v <= 100)
 FINITE = Spec("a number within ±1e15", lambda v: _is_number(v) and abs(v) <= 1e15)
 OPT_FINITE = Opt(FINITE)
-SQUARE = Spec(f"a square list of lists of numbers (at most {MAX_CLASSES} classes)",
-              lambda v: isinstance(v, list) and 0 < len(v) <= MAX_CLASSES
-              and all(isinstance(r, list) and len(r) == len(v) and all(_is_number(x) and abs(x) <= 1e15 for x in r) for r in v))
-SUMMARY = Obj({"test_accuracy": PERCENT, "train_accuracy": Opt(PERCENT), "test_loss": FINITE, "epochs": FINITE,
-               "train_seconds": FINITE, "seed": FINITE, "time_to_99_seconds": OPT_FINITE, "images_per_s_median": OPT_FINITE,
-               "warmup_seconds": OPT_FINITE, "params": OPT_FINITE,
-               "per_class_accuracy": ListOf(PERCENT, max_len=MAX_CLASSES), "confusion_matrix": SQUARE,
-               "data": STR}, what="a training summary")
-METRIC = Obj({**{k: FINITE for k in ("epoch", "global_step", "train_loss", "test_loss", "images_per_s", "epoch_seconds",
-                                      "lr", "train_seconds")},
-              "test_accuracy": PERCENT, "train_accuracy": Opt(PERCENT),
-              "step_losses": ListOf(FINITE), "per_class_accuracy": ListOf(PERCENT, max_len=MAX_CLASSES)},
-             required=("epoch", "global_step", "train_loss", "test_loss", "test_accuracy", "images_per_s", "epoch_seconds"))
+SQUARE = Spec(
+    f"a square list of lists of numbers (at most {MAX_CLASSES} classes)",
+    lambda v: (
+        isinstance(v, list)
+        and 0 < len(v) <= MAX_CLASSES
+        and all(
+            isinstance(r, list) and len(r) == len(v) and all(_is_number(x) and abs(x) <= 1e15 for x in r) for r in v
+        )
+    ),
+)
+SUMMARY = Obj(
+    {
+        "test_accuracy": PERCENT,
+        "train_accuracy": Opt(PERCENT),
+        "test_loss": FINITE,
+        "epochs": FINITE,
+        "train_seconds": FINITE,
+        "seed": FINITE,
+        "time_to_99_seconds": OPT_FINITE,
+        "images_per_s_median": OPT_FINITE,
+        "warmup_seconds": OPT_FINITE,
+        "params": OPT_FINITE,
+        "per_class_accuracy": ListOf(PERCENT, max_len=MAX_CLASSES),
+        "confusion_matrix": SQUARE,
+        "data": STR,
+    },
+    what="a training summary",
+)
+METRIC = Obj(
+    {
+        **{
+            k: FINITE
+            for k in (
+                "epoch",
+                "global_step",
+                "train_loss",
+                "test_loss",
+                "images_per_s",
+                "epoch_seconds",
+                "lr",
+                "train_seconds",
+            )
+        },
+        "test_accuracy": PERCENT,
+        "train_accuracy": Opt(PERCENT),
+        "step_losses": ListOf(FINITE),
+        "per_class_accuracy": ListOf(PERCENT, max_len=MAX_CLASSES),
+    },
+    required=("epoch", "global_step", "train_loss", "test_loss", "test_accuracy", "images_per_s", "epoch_seconds"),
+)
 ENV = Obj({"gpus": Opt(ListOf(STR, max_len=1024))})
 GPU_COLUMNS = ("time_s", "utilization_pct", "memory_used_mib")
 
@@ -87,8 +124,10 @@ def _read_jsonl(path: Path) -> list[dict]:
 def _read_gpu_csv(path: Path) -> list[dict]:
     text = read_capped(path, MAX_FILE_BYTES, "a gpu.csv").decode(errors="replace")
     try:
-        rows = [{k: (float(v) if v not in ("", "None") else None) for k, v in row.items()}
-                for row in csv.DictReader(io.StringIO(text))]
+        rows = [
+            {k: (float(v) if v not in ("", "None") else None) for k, v in row.items()}
+            for row in csv.DictReader(io.StringIO(text))
+        ]
     except (ValueError, TypeError, csv.Error) as e:
         raise UserError(f"{path}: not a trainlab gpu.csv ({e})") from None
     missing = [c for c in GPU_COLUMNS if rows and c not in rows[0]]
@@ -113,7 +152,7 @@ def load_run(path: Path, summary: dict | None = None) -> TrainingRun:
         run.gpu = _read_gpu_csv(path / "gpu.csv")
     for f in sorted(path.glob("gpu.rank*.csv"), key=lambda f: (len(f.name), f.name)):
         if GPU_RANK_FILE.fullmatch(f.name):
-            rank = int(f.name[len("gpu.rank"):-len(".csv")])
+            rank = int(f.name[len("gpu.rank") : -len(".csv")])
             run.gpu += [{**row, "rank": rank} for row in _read_gpu_csv(f)]
     return run
 
@@ -142,7 +181,7 @@ def classify(data: Any) -> str | None:
     first = rows[0] if rows and isinstance(rows[0], dict) else {}
     if {"variant", "layer", "fwd_ms_median"} <= set(first):
         return "lenet_profile"
-    if {"op", "case", "impl", "worst_ratio_to_tol"} <= set(first):   # every operator's rows (GELU's too)
+    if {"op", "case", "impl", "worst_ratio_to_tol"} <= set(first):  # every operator's rows (GELU's too)
         return "gelu_check" if all(isinstance(r, dict) and r.get("op") == "gelu" for r in rows) else "ops_check"
     if {"layer", "impl", "fwd_median_s"} <= set(first):
         return "ops_bench"

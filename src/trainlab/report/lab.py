@@ -55,7 +55,10 @@ from trainlab.report.lab_text import (
     STRATEGY_WORDS,
 )
 
-HANDOUT_PASS_BAR = 98.0  # the handout's pass bar for LeNet-5 test accuracy (§4.1.5; not the 99 % time-to-accuracy target, lenet.loop)
+HANDOUT_PASS_BAR = (
+    98.0  # the handout's pass bar for LeNet-5 test accuracy (§4.1.5; not the 99 % time-to-accuracy target, lenet.loop)
+)
+
 
 def _scalar_table(rows: list[dict], preferred: list[str] | None = None) -> list[list[str]]:
     """A table of the rows' scalar columns (nested dicts and lists stay in the raw file)."""
@@ -77,6 +80,7 @@ def _demote(blocks: list[Block], by: int = 1) -> list[Block]:
 
 # ------------------------------------------------------------------------------------ pieces
 
+
 def _step_detail(lab: Lab, step: dict) -> list[Block]:
     """A step's whole output folded under its title, or the one line that says why there is none."""
     name, rec = step["name"], lab.recs.get(step["name"])
@@ -87,11 +91,17 @@ def _step_detail(lab: Lab, step: dict) -> list[Block]:
     if not contained(lab.root, lab.root / "steps" / name):
         return [para(f"{title}: "), Block("status", f"{name}: steps/{name} is a link out of the lab folder; not read")]
     index = lab.index(name)
-    body = [para(f"Measured in {fmt.seconds(rec.get('seconds'))} (estimate {fmt.seconds(rec.get('estimate_s'))}); command: ",
-                 code(rec.get("command", "")))]
+    body = [
+        para(
+            f"Measured in {fmt.seconds(rec.get('seconds'))} (estimate {fmt.seconds(rec.get('estimate_s'))}); command: ",
+            code(rec.get("command", "")),
+        )
+    ]
     runs, known, other = lab.outputs(name)
     for i, run in enumerate(runs):
-        body += _demote(run_section(run, lab.out, index * 10 + i, reuse_figures=True, curves=name != "lenet_train"), by=3)
+        body += _demote(
+            run_section(run, lab.out, index * 10 + i, reuse_figures=True, curves=name != "lenet_train"), by=3
+        )
     for i, res in enumerate(known):
         body += _demote(result_section(res, lab.out, index * 10 + i, reuse_figures=True), by=3)
     for path, data in other:
@@ -115,8 +125,10 @@ def _details(lab: Lab, part: str, skip: tuple = ()) -> list[Block]:
 def _accuracy_line(s: dict) -> str:
     acc = s.get("test_accuracy")
     met = "met" if fmt.is_number(acc) and acc >= HANDOUT_PASS_BAR else "missed"
-    return (f"test accuracy {fmt.pct(acc)} after {fmt.count(s.get('epochs'))} epochs ({fmt.seconds(s.get('train_seconds'))} "
-            f"of training) — the handout's {HANDOUT_PASS_BAR:.0f} % bar: {met}")
+    return (
+        f"test accuracy {fmt.pct(acc)} after {fmt.count(s.get('epochs'))} epochs ({fmt.seconds(s.get('train_seconds'))} "
+        f"of training) — the handout's {HANDOUT_PASS_BAR:.0f} % bar: {met}"
+    )
 
 
 def lenet_architecture(summary: dict, config: dict) -> tuple[list[list[str]], str] | None:
@@ -128,25 +140,56 @@ def lenet_architecture(summary: dict, config: dict) -> tuple[list[list[str]], st
     rows = summary.get("architecture")
     if isinstance(rows, list) and rows and all(isinstance(r, list) and len(r) == 3 for r in rows):
         return [[str(c) for c in r] for r in rows], "recorded by the run"
-    standard = (config.get("model", "lenet5") == "lenet5" and config.get("pool", "max") == "max"
-                and not config.get("batchnorm") and config.get("act", "relu") == "relu")
-    return ([list(r) for r in STANDARD_LENET5], "the standard LeNet-5 (this run predates recorded tables)") if standard else None
+    standard = (
+        config.get("model", "lenet5") == "lenet5"
+        and config.get("pool", "max") == "max"
+        and not config.get("batchnorm")
+        and config.get("act", "relu") == "relu"
+    )
+    return (
+        ([list(r) for r in STANDARD_LENET5], "the standard LeNet-5 (this run predates recorded tables)")
+        if standard
+        else None
+    )
 
 
 # ------------------------------------------------------------------------------------ sections
+
 
 def _front(lab: Lab) -> list[Block]:
     hw, state = lab.state.get("hardware") or {}, lab.state
     data = state.get("data") or {}  # the lab's --mnist, where it is not the official MNIST (run.py)
     ran = [r for r in lab.recs.values() if r.get("status") == "ok"]
-    blocks = [Block("h1", f"Lab 5: LeNet-5, a GELU operator and GPT-2 — trainlab lab on {hw.get('name', 'an unknown device')}"),
-              para(f"Hardware: {hw.get('name')} ({hw.get('kind')}, {hw.get('gpus')} GPU(s), {hw.get('cpus')} CPU cores); size "
-                   f"{state.get('size')}; {len(ran)} of {len(lab.plan)} steps ok over {len(state.get('calls', []))} call(s). "
-                   "Sections follow the handout's §6; every step's full output is folded under its title."),
-              *([Block("note", f"Data: --mnist {data.get('line')}")] if data and not data.get("official", True) else []),
-              Block("toc", links=[(HEADING[a], a) for a in ("lenet", "gelu", "handin", "gpu", "tensorboard", "gpt", "pretrained",
-                                                           "sources", "extra", "references")]),
-              Block("table", rows=_at_a_glance(lab), text_table=True)]
+    blocks = [
+        Block(
+            "h1", f"Lab 5: LeNet-5, a GELU operator and GPT-2 — trainlab lab on {hw.get('name', 'an unknown device')}"
+        ),
+        para(
+            f"Hardware: {hw.get('name')} ({hw.get('kind')}, {hw.get('gpus')} GPU(s), {hw.get('cpus')} CPU cores); size "
+            f"{state.get('size')}; {len(ran)} of {len(lab.plan)} steps ok over {len(state.get('calls', []))} call(s). "
+            "Sections follow the handout's §6; every step's full output is folded under its title."
+        ),
+        *([Block("note", f"Data: --mnist {data.get('line')}")] if data and not data.get("official", True) else []),
+        Block(
+            "toc",
+            links=[
+                (HEADING[a], a)
+                for a in (
+                    "lenet",
+                    "gelu",
+                    "handin",
+                    "gpu",
+                    "tensorboard",
+                    "gpt",
+                    "pretrained",
+                    "sources",
+                    "extra",
+                    "references",
+                )
+            ],
+        ),
+        Block("table", rows=_at_a_glance(lab), text_table=True),
+    ]
     return blocks
 
 
@@ -167,15 +210,31 @@ def _at_a_glance(lab: Lab) -> list[list[str]]:
         ok = [r for r in check.rows if r.get("ok") is True and not r.get("skipped")]
         gelu.append(f"{len(ok)} of {len(check.rows)} checks ok")
     if gelu_runs:
-        gelu.append(f"LeNet-5 with {gelu_runs[0].summary.get('act')}: {fmt.pct(gelu_runs[0].summary.get('test_accuracy'))}")
+        gelu.append(
+            f"LeNet-5 with {gelu_runs[0].summary.get('act')}: {fmt.pct(gelu_runs[0].summary.get('test_accuracy'))}"
+        )
     rows.append([HEADING["gelu"], "; ".join(gelu) or "not measured", steps_ok("gelu")])
     g = (lenet[0].summary.get("gpu") or {}) if lenet else {}
-    rows.append(["3.2.2 GPU utilization (nvidia-smi, NVML)", f"NVML mean {fmt.pct(g.get('utilization_mean_pct'), 0)}, peak "
-                 f"{fmt.pct(g.get('utilization_max_pct'), 0)} while LeNet-5 trains" if g else "not measured (no GPU record)", ""])
+    rows.append(
+        [
+            "3.2.2 GPU utilization (nvidia-smi, NVML)",
+            f"NVML mean {fmt.pct(g.get('utilization_mean_pct'), 0)}, peak "
+            f"{fmt.pct(g.get('utilization_max_pct'), 0)} while LeNet-5 trains"
+            if g
+            else "not measured (no GPU record)",
+            "",
+        ]
+    )
     base, best = lab.bench("gpt_baseline"), lab.bench("gpt_best")
-    gpt = (f"ours {best['tokens_per_s'] / base['tokens_per_s']:.2f}× the handout's baseline in tokens/s ({best.get('strategy')})"
-           if base and best and fmt.is_number(base.get("tokens_per_s")) and fmt.is_number(best.get("tokens_per_s"))
-           and base["tokens_per_s"] > 0 else "not measured")
+    gpt = (
+        f"ours {best['tokens_per_s'] / base['tokens_per_s']:.2f}× the handout's baseline in tokens/s ({best.get('strategy')})"
+        if base
+        and best
+        and fmt.is_number(base.get("tokens_per_s"))
+        and fmt.is_number(best.get("tokens_per_s"))
+        and base["tokens_per_s"] > 0
+        else "not measured"
+    )
     rows.append([HEADING["gpt"], gpt, steps_ok("gpt")])
     rows.append([HEADING["extra"], "", f"ops {steps_ok('ops')}; dp {steps_ok('dp')}"])
     return rows
@@ -185,28 +244,56 @@ def _lenet(lab: Lab) -> list[Block]:
     blocks = [Block("h2", HEADING["lenet"], anchor="lenet")]
     runs = lab.runs("lenet_train")
     if not runs:
-        blocks.append(Block("status", status_line("lenet_train", lab.recs.get("lenet_train"), lab.root) or "lenet_train: no run found"))
+        blocks.append(
+            Block(
+                "status",
+                status_line("lenet_train", lab.recs.get("lenet_train"), lab.root) or "lenet_train: no run found",
+            )
+        )
         return blocks + _details(lab, "lenet")
     run = runs[0]
     c, s = run.config, run.summary
-    blocks.append(para(
-        "LeNet-5 is a torch.nn.Module (", code("src/trainlab/lenet/model.py"), ") trained by ", code("trainlab train"),
-        f" on the 60,000 MNIST training images and tested on the 10,000 test images after every epoch (under torch.no_grad()): "
-        f"{c.get('optimizer', '?')} at learning rate {fmt.number(c.get('lr'))} with a {c.get('schedule', '?')} schedule, batch "
-        f"{fmt.count(c.get('batch_size'))}, {fmt.count(c.get('epochs'))} epochs, cross-entropy loss, on "
-        f"{s.get('device_name') or s.get('device')}" + (f" in {s.get('amp')} autocast" if s.get("amp") not in (None, "off", "no") else "")
-        + ". MNIST is read by our own code (", code("src/trainlab/data/mnist.py"), ": IDX parsing and a "
-        "torch.utils.data.Dataset subclass), not torchvision; "
-        + ("the whole set stays on the device and batches are sliced there (--loader device)."
-           if c.get("loader", "device") == "device" else "a DataLoader feeds the batches (--loader dataloader).")))
+    blocks.append(
+        para(
+            "LeNet-5 is a torch.nn.Module (",
+            code("src/trainlab/lenet/model.py"),
+            ") trained by ",
+            code("trainlab train"),
+            f" on the 60,000 MNIST training images and tested on the 10,000 test images after every epoch (under torch.no_grad()): "
+            f"{c.get('optimizer', '?')} at learning rate {fmt.number(c.get('lr'))} with a {c.get('schedule', '?')} schedule, batch "
+            f"{fmt.count(c.get('batch_size'))}, {fmt.count(c.get('epochs'))} epochs, cross-entropy loss, on "
+            f"{s.get('device_name') or s.get('device')}"
+            + (f" in {s.get('amp')} autocast" if s.get("amp") not in (None, "off", "no") else "")
+            + ". MNIST is read by our own code (",
+            code("src/trainlab/data/mnist.py"),
+            ": IDX parsing and a "
+            "torch.utils.data.Dataset subclass), not torchvision; "
+            + (
+                "the whole set stays on the device and batches are sliced there (--loader device)."
+                if c.get("loader", "device") == "device"
+                else "a DataLoader feeds the batches (--loader dataloader)."
+            ),
+        )
+    )
     arch = lenet_architecture(s, c)
     if arch:
         blocks.append(Block("table", rows=arch[0]))
         if c.get("act", "relu") == "relu" and c.get("pool", "max") == "max":
-            blocks.append(para(f"LeNet-5 {lab.cite('lenet')} in its common modern form (ReLU, max-pooling). ReLU comes after "
-                               "the pooling: max(relu(x)) = relu(max(x)), gradient included, on a quarter of the values."))
-    blocks.append(para(_accuracy_line(s)[0].upper() + _accuracy_line(s)[1:] + ". Curves: ", _link("tensorboard"),
-                       "; GPU utilization: ", _link("gpu"), "."))
+            blocks.append(
+                para(
+                    f"LeNet-5 {lab.cite('lenet')} in its common modern form (ReLU, max-pooling). ReLU comes after "
+                    "the pooling: max(relu(x)) = relu(max(x)), gradient included, on a quarter of the values."
+                )
+            )
+    blocks.append(
+        para(
+            _accuracy_line(s)[0].upper() + _accuracy_line(s)[1:] + ". Curves: ",
+            _link("tensorboard"),
+            "; GPU utilization: ",
+            _link("gpu"),
+            ".",
+        )
+    )
     return blocks + _details(lab, "lenet")
 
 
@@ -226,17 +313,32 @@ def _gelu_summary(check: ResultFile) -> list[list[str]]:
         xs = [r[key] for r in rows if fmt.is_number(r.get(key)) and r.get("dtype") in dtypes]
         return max(xs) if xs else None
 
-    table = [["implementation", "rows ok", "forward max |error| (fp32)", "gradient max |error| (fp32)",
-              "|Δloss| (worst)", "gradient MSE (worst)", "gradcheck, gradgradcheck (fp64)"]]
+    table = [
+        [
+            "implementation",
+            "rows ok",
+            "forward max |error| (fp32)",
+            "gradient max |error| (fp32)",
+            "|Δloss| (worst)",
+            "gradient MSE (worst)",
+            "gradcheck, gradgradcheck (fp64)",
+        ]
+    ]
     for impl, rows in impls.items():
         ok = sum(1 for r in rows if r.get("ok") is True and not r.get("skipped"))
         skipped = sum(1 for r in rows if r.get("skipped"))
         checks = [r.get(k) for r in rows for k in ("gradcheck", "gradgradcheck") if r.get(k) is not None]
-        table.append([impl, f"{ok} of {len(rows)}" + (f" ({skipped} skipped)" if skipped else ""),
-                      fmt.number(worst(rows, "fwd_max_abs_err", ("float32",))), fmt.number(worst(rows, "grad_max_abs_err", ("float32",))),
-                      fmt.number(worst(rows, "recipe_loss_diff", ("float32", "float64", "bfloat16"))),
-                      fmt.number(worst(rows, "recipe_grad_mse", ("float32", "float64", "bfloat16"))),
-                      ("pass" if all(checks) else "FAIL") if checks else fmt.MISSING])
+        table.append(
+            [
+                impl,
+                f"{ok} of {len(rows)}" + (f" ({skipped} skipped)" if skipped else ""),
+                fmt.number(worst(rows, "fwd_max_abs_err", ("float32",))),
+                fmt.number(worst(rows, "grad_max_abs_err", ("float32",))),
+                fmt.number(worst(rows, "recipe_loss_diff", ("float32", "float64", "bfloat16"))),
+                fmt.number(worst(rows, "recipe_grad_mse", ("float32", "float64", "bfloat16"))),
+                ("pass" if all(checks) else "FAIL") if checks else fmt.MISSING,
+            ]
+        )
     return table
 
 
@@ -246,36 +348,66 @@ def _gelu_speed_line(bench: ResultFile) -> str | None:
         return None
     n = max(r["size"] for r in rows)
     at = [r for r in rows if r["size"] == n]
-    parts = [f"{r.get('impl')} {fmt.number(r.get('ratio_to_torch'))}× F.gelu's time ({fmt.value('pct_of_copy_bw', r.get('pct_of_copy_bw'))} "
-             "of copy bandwidth)" for r in at if r.get("impl") != "aten"]
+    parts = [
+        f"{r.get('impl')} {fmt.number(r.get('ratio_to_torch'))}× F.gelu's time ({fmt.value('pct_of_copy_bw', r.get('pct_of_copy_bw'))} "
+        "of copy bandwidth)"
+        for r in at
+        if r.get("impl") != "aten"
+    ]
     return f"Speed, forward + backward on {fmt.count(n)} {at[0].get('dtype', '')} elements: " + "; ".join(parts) + "."
 
 
 def _gelu(lab: Lab) -> list[Block]:
-    blocks = [Block("h2", HEADING["gelu"], anchor="gelu"),
-              para(f"GELU {lab.cite('gelu')} weighs its input by the probability that a standard normal variable "
-                   "is below it:"),
-              Block("pre", GELU_FORMULAS),
-              para("Our operator (", code("src/trainlab/ops/gelu.py"), ") has one forward and one backward per implementation: ",
-                   code("python"), ", a torch.autograd.Function whose backward is the derivative above; ", code("cpp"),
-                   ", a C++ extension (", code("ops/csrc/gelu_cpu.cpp"), ") built with torch.utils.cpp_extension and registered "
-                   "as a torch.library op with its autograd formula; ", code("cuda"), ", our CUDA kernel (",
-                   code("ops/csrc/gelu_cuda_kernels.cu"), "); ", code("triton"), ", a Triton kernel. ", code("aten"),
-                   " is F.gelu itself, checked the same way as a control.")]
+    blocks = [
+        Block("h2", HEADING["gelu"], anchor="gelu"),
+        para(
+            f"GELU {lab.cite('gelu')} weighs its input by the probability that a standard normal variable is below it:"
+        ),
+        Block("pre", GELU_FORMULAS),
+        para(
+            "Our operator (",
+            code("src/trainlab/ops/gelu.py"),
+            ") has one forward and one backward per implementation: ",
+            code("python"),
+            ", a torch.autograd.Function whose backward is the derivative above; ",
+            code("cpp"),
+            ", a C++ extension (",
+            code("ops/csrc/gelu_cpu.cpp"),
+            ") built with torch.utils.cpp_extension and registered as a torch.library op with its autograd formula; ",
+            code("cuda"),
+            ", our CUDA kernel (",
+            code("ops/csrc/gelu_cuda_kernels.cu"),
+            "); ",
+            code("triton"),
+            ", a Triton kernel. ",
+            code("aten"),
+            " is F.gelu itself, checked the same way as a control.",
+        ),
+    ]
     check = lab.result("gelu_check", "gelu_check")
     if check:
-        blocks.append(para("Correctness (", code("trainlab gelu check"), "): every implementation against F.gelu evaluated in "
-                           "float64 on the same inputs — 4,096 random values and the edge values ±0, ±10, ±10⁴, ±inf, NaN and "
-                           "denormals — forward and gradient, in float32, float64 and bfloat16; gradcheck and gradgradcheck "
-                           "in float64; and the handout's recipe. " + GELU_RECIPE_NOTE))
+        blocks.append(
+            para(
+                "Correctness (",
+                code("trainlab gelu check"),
+                "): every implementation against F.gelu evaluated in "
+                "float64 on the same inputs — 4,096 random values and the edge values ±0, ±10, ±10⁴, ±inf, NaN and "
+                "denormals — forward and gradient, in float32, float64 and bfloat16; gradcheck and gradgradcheck "
+                "in float64; and the handout's recipe. " + GELU_RECIPE_NOTE,
+            )
+        )
         blocks.append(Block("table", rows=_gelu_summary(check)))
     runs = lab.runs("gelu_train")
     relu = lab.runs("lenet_train")
     if runs:
         s = runs[0].summary
-        blocks.append(para(f"In LeNet-5 (every activation {s.get('act')}): {_accuracy_line(s)}"
-                           + (f"; with ReLU (§1) {fmt.pct(relu[0].summary.get('test_accuracy'))}" if relu else "")
-                           + "."))
+        blocks.append(
+            para(
+                f"In LeNet-5 (every activation {s.get('act')}): {_accuracy_line(s)}"
+                + (f"; with ReLU (§1) {fmt.pct(relu[0].summary.get('test_accuracy'))}" if relu else "")
+                + "."
+            )
+        )
     bench = lab.result("gelu_bench", "gelu_bench")
     line = _gelu_speed_line(bench) if bench else None
     if line:
@@ -284,35 +416,70 @@ def _gelu(lab: Lab) -> list[Block]:
 
 
 def _handin(lab: Lab) -> list[Block]:
-    blocks = [Block("h2", HEADING["handin"], anchor="handin"), Block("h3", "3.1 The code"),
-              para("All code is the trainlab package (", code("src/trainlab/"), "): LeNet-5 in ", code("lenet/model.py"),
-                   " and its training loop in ", code("lenet/loop.py"), "; GELU in ", code("ops/gelu.py"), " and ", code("ops/csrc/"),
-                   "; GPT-2 and its strategies in ", code("gpt/"), "; this lab in ", code("lab/"),
-                   ". Each step below is one command a student can type; its exact line is in the step's fold."),
-              Block("h3", "3.2 The report")]
+    blocks = [
+        Block("h2", HEADING["handin"], anchor="handin"),
+        Block("h3", "3.1 The code"),
+        para(
+            "All code is the trainlab package (",
+            code("src/trainlab/"),
+            "): LeNet-5 in ",
+            code("lenet/model.py"),
+            " and its training loop in ",
+            code("lenet/loop.py"),
+            "; GELU in ",
+            code("ops/gelu.py"),
+            " and ",
+            code("ops/csrc/"),
+            "; GPT-2 and its strategies in ",
+            code("gpt/"),
+            "; this lab in ",
+            code("lab/"),
+            ". Each step below is one command a student can type; its exact line is in the step's fold.",
+        ),
+        Block("h3", "3.2 The report"),
+    ]
     return blocks + _procedure(lab) + _gpu(lab) + _tensorboard(lab) + _accuracy(lab) + _gpt(lab)
 
 
 def _procedure(lab: Lab) -> list[Block]:
     calls = lab.state.get("calls", [])
-    blocks = [Block("h4", HEADING["procedure"], anchor="procedure"),
-              para("The whole lab is one command, ", code("trainlab lab --out DIR"), ", run here in "
-                   f"{len(calls)} call(s) that resume one another in one folder. It runs each step as its own process under a "
-                   "time limit, records its status and time in results.json, and rebuilds this page after every step: "
-                   "LeNet-5 trained with telemetry; GELU checked, timed and trained; GPT-2's memory planned, our fastest "
-                   "configuration and the handout's baseline timed, strategies compared; then our own layer operators and "
-                   "data parallel, beyond the handout.")]
+    blocks = [
+        Block("h4", HEADING["procedure"], anchor="procedure"),
+        para(
+            "The whole lab is one command, ",
+            code("trainlab lab --out DIR"),
+            ", run here in "
+            f"{len(calls)} call(s) that resume one another in one folder. It runs each step as its own process under a "
+            "time limit, records its status and time in results.json, and rebuilds this page after every step: "
+            "LeNet-5 trained with telemetry; GELU checked, timed and trained; GPT-2's memory planned, our fastest "
+            "configuration and the handout's baseline timed, strategies compared; then our own layer operators and "
+            "data parallel, beyond the handout.",
+        ),
+    ]
     for c in calls:
-        blocks.append(para(f"{c.get('started_utc')}, budget {fmt.seconds(c.get('budget_s'))}, used {fmt.seconds(c.get('used_s'))}: ",
-                           code(c.get("command", ""))))
+        blocks.append(
+            para(
+                f"{c.get('started_utc')}, budget {fmt.seconds(c.get('budget_s'))}, used {fmt.seconds(c.get('used_s'))}: ",
+                code(c.get("command", "")),
+            )
+        )
     table = [["step", "part", "status", "estimate", "measured", "measured / estimate", "limit", "sizes"]]
     for s in lab.plan:
         r = lab.recs.get(s["name"]) or {}
         sec, est = r.get("seconds"), r.get("estimate_s", s.get("estimate_s"))  # the estimate the step ran under
         ratio = f"{sec / est:.2f}" if fmt.is_number(sec) and fmt.is_number(est) and est else fmt.MISSING
-        table.append([s["name"], str(s.get("part")), r.get("status", "not reached") + (f": {r['reason']}" if r.get("reason") else ""),
-                      fmt.seconds(est), fmt.seconds(sec), ratio, fmt.seconds(r.get("limit_s", s.get("limit_s"))),
-                      ", ".join(f"{k} {v}" for k, v in (s.get("sizes") or {}).items())])
+        table.append(
+            [
+                s["name"],
+                str(s.get("part")),
+                r.get("status", "not reached") + (f": {r['reason']}" if r.get("reason") else ""),
+                fmt.seconds(est),
+                fmt.seconds(sec),
+                ratio,
+                fmt.seconds(r.get("limit_s", s.get("limit_s"))),
+                ", ".join(f"{k} {v}" for k, v in (s.get("sizes") or {}).items()),
+            ]
+        )
     blocks.append(fold("Steps: status, estimate against measured time", [Block("table", rows=table)]))
     return blocks
 
@@ -336,7 +503,9 @@ def _gpu(lab: Lab) -> list[Block]:
     if busy:
         after = _seconds_between(run.env.get("time_utc"), busy["taken_utc"])
         row.append(Block("pre", busy["text"].rstrip()))
-        what = f"nvidia-smi taken during training, {busy['taken_utc']}" + (f" ({after:.0f} s after the run started)" if after is not None else "")
+        what = f"nvidia-smi taken during training, {busy['taken_utc']}" + (
+            f" ({after:.0f} s after the run started)" if after is not None else ""
+        )
     elif run.env.get("nvidia_smi"):
         row.append(Block("pre", run.env["nvidia_smi"].rstrip()))
         what = "nvidia-smi taken at start-up, before training (this run has no snapshot taken during training)"
@@ -348,11 +517,15 @@ def _gpu(lab: Lab) -> list[Block]:
     if row:
         blocks.append(Block("row", children=row))
     if g:
-        blocks.append(para(f"{what}. NVML over the whole run ({fmt.count(g.get('samples'))} samples): utilization mean "
-                           f"{fmt.pct(g.get('utilization_mean_pct'), 0)}, peak {fmt.pct(g.get('utilization_max_pct'), 0)}; "
-                           f"memory peak {fmt.nbytes((g.get('memory_used_max_mib') or 0) * 2**20) if fmt.is_number(g.get('memory_used_max_mib')) else fmt.MISSING}. "
-                           "Both measure the share of time a kernel ran (nvidia-smi over its last sample period, up to 1 s): "
-                           "LeNet-5's kernels are tiny, so the GPU waits on the launches between them."))
+        blocks.append(
+            para(
+                f"{what}. NVML over the whole run ({fmt.count(g.get('samples'))} samples): utilization mean "
+                f"{fmt.pct(g.get('utilization_mean_pct'), 0)}, peak {fmt.pct(g.get('utilization_max_pct'), 0)}; "
+                f"memory peak {fmt.nbytes((g.get('memory_used_max_mib') or 0) * 2**20) if fmt.is_number(g.get('memory_used_max_mib')) else fmt.MISSING}. "
+                "Both measure the share of time a kernel ran (nvidia-smi over its last sample period, up to 1 s): "
+                "LeNet-5's kernels are tiny, so the GPU waits on the launches between them."
+            )
+        )
     else:
         blocks.append(para(f"{what}. NVML: no record."))
     return blocks
@@ -364,18 +537,25 @@ def _tensorboard(lab: Lab) -> list[Block]:
     events = sorted(p for p in steps.rglob("events.out.tfevents.*") if contained(steps, p)) if steps.is_dir() else []
     if events:
         runs = sorted({str(p.parent.relative_to(steps)) for p in events})
-        blocks.append(para(f"Every training run wrote TensorBoard event files ({len(events)} in {', '.join(runs)}): loss per "
-                           "step and per epoch, accuracy, learning rate, GPU utilization, the model graph, and misclassified "
-                           "digits. Open them all with ", code(f"tensorboard --logdir {steps}"),
-                           " and a browser at http://localhost:6006. The figures below are drawn from the same values "
-                           "(metrics.jsonl)."))
+        blocks.append(
+            para(
+                f"Every training run wrote TensorBoard event files ({len(events)} in {', '.join(runs)}): loss per "
+                "step and per epoch, accuracy, learning rate, GPU utilization, the model graph, and misclassified "
+                "digits. Open them all with ",
+                code(f"tensorboard --logdir {steps}"),
+                " and a browser at http://localhost:6006. The figures below are drawn from the same values "
+                "(metrics.jsonl).",
+            )
+        )
     else:
         blocks.append(para(f"No TensorBoard event files under {steps} (runs without --tensorboard, or none finished)."))
     runs = lab.runs("lenet_train")
     if runs:
         figs = []
-        for name, fn, caption in (("lenet_loss", plots.loss_curves, "Loss: train per step and per epoch, test per epoch"),
-                                  ("lenet_accuracy", plots.accuracy_curve, "Accuracy: train (running) and test")):
+        for name, fn, caption in (
+            ("lenet_loss", plots.loss_curves, "Loss: train per step and per epoch, test per epoch"),
+            ("lenet_accuracy", plots.accuracy_curve, "Accuracy: train (running) and test"),
+        ):
             png = lab.figure(name, runs[0], fn)
             if png is not None:
                 figs.append(Block("img", caption, src=png.name))
@@ -386,16 +566,38 @@ def _tensorboard(lab: Lab) -> list[Block]:
 
 def _accuracy(lab: Lab) -> list[Block]:
     blocks = [Block("h4", HEADING["accuracy"], anchor="accuracy")]
-    table = [["run", "activation", "layers", "epochs", "test accuracy", f"≥ {HANDOUT_PASS_BAR:.0f} %", "time to 99 %",
-              "train time", "throughput"]]
+    table = [
+        [
+            "run",
+            "activation",
+            "layers",
+            "epochs",
+            "test accuracy",
+            f"≥ {HANDOUT_PASS_BAR:.0f} %",
+            "time to 99 %",
+            "train time",
+            "throughput",
+        ]
+    ]
     for step in ("lenet_train", "gelu_train", "ops_train"):
         for run in lab.runs(step):
             s, c = run.summary, run.config
             acc = s.get("test_accuracy")
-            table.append([run.name, str(s.get("act", c.get("act"))), str(s.get("ops", c.get("ops", "aten"))), fmt.count(s.get("epochs")),
-                          fmt.pct(acc), "yes" if fmt.is_number(acc) and acc >= HANDOUT_PASS_BAR else "no",
-                          fmt.seconds(s.get("time_to_99_seconds")) if s.get("time_to_99_seconds") is not None else "not reached",
-                          fmt.seconds(s.get("train_seconds")), fmt.rate(s.get("images_per_s_median"))])
+            table.append(
+                [
+                    run.name,
+                    str(s.get("act", c.get("act"))),
+                    str(s.get("ops", c.get("ops", "aten"))),
+                    fmt.count(s.get("epochs")),
+                    fmt.pct(acc),
+                    "yes" if fmt.is_number(acc) and acc >= HANDOUT_PASS_BAR else "no",
+                    fmt.seconds(s.get("time_to_99_seconds"))
+                    if s.get("time_to_99_seconds") is not None
+                    else "not reached",
+                    fmt.seconds(s.get("train_seconds")),
+                    fmt.rate(s.get("images_per_s_median")),
+                ]
+            )
     if len(table) == 1:
         return blocks + [Block("status", "No LeNet-5 run finished.")]
     return blocks + [Block("table", rows=table)]
@@ -405,13 +607,23 @@ def _gpt(lab: Lab) -> list[Block]:
     blocks = [Block("h4", HEADING["gpt"], anchor="gpt")]
     base, best = lab.bench("gpt_baseline"), lab.bench("gpt_best")
     model = (best or base or {}).get("model")
-    blocks.append(para(
-        "GPT-2 with the handout's shape (" + (f"{model}: " if model else "") + "hidden 1600, 32 heads, 48 layers, sequence 1024) "
-        f"{lab.cite('gpt2')} trained on random tokens, as the handout's baseline does. The baseline is the handout's own code path: HF "
-        "GPT2LMHeadModel in fp32 with gradient checkpointing. Ours is trainlab's GPT-2 (", code("src/trainlab/gpt/model.py"),
-        ") with the strategies named in each row: " + "; ".join(
-            f"{name} = {what}" + (f" {lab.cite(key)}" if key else "") for name, what, key, marks in STRATEGY_WORDS
-            if lab.strategy_words() & marks) + "."))
+    blocks.append(
+        para(
+            "GPT-2 with the handout's shape ("
+            + (f"{model}: " if model else "")
+            + "hidden 1600, 32 heads, 48 layers, sequence 1024) "
+            f"{lab.cite('gpt2')} trained on random tokens, as the handout's baseline does. The baseline is the handout's own code path: HF "
+            "GPT2LMHeadModel in fp32 with gradient checkpointing. Ours is trainlab's GPT-2 (",
+            code("src/trainlab/gpt/model.py"),
+            ") with the strategies named in each row: "
+            + "; ".join(
+                f"{name} = {what}" + (f" {lab.cite(key)}" if key else "")
+                for name, what, key, marks in STRATEGY_WORDS
+                if lab.strategy_words() & marks
+            )
+            + ".",
+        )
+    )
     ablation = next((r for s in lab.steps("gpt") for r in lab.outputs(s["name"])[1] if r.kind == "gpt_ablation"), None)
     if ablation is not None:
         blocks += ablation_blocks(ablation.data)
@@ -426,45 +638,75 @@ def _gpt(lab: Lab) -> list[Block]:
 
 
 def _pretrained(lab: Lab) -> list[Block]:
-    return [Block("h2", HEADING["pretrained"], anchor="pretrained"),
-            para("Every network here starts from random weights drawn from the run's seed: LeNet-5 with PyTorch's default "
-                 "initialisation; GPT-2, ours and the HF baseline (GPT2LMHeadModel(config), never from_pretrained), with "
-                 "GPT-2's normal(0, 0.02) initialisation (", code("src/trainlab/gpt/model.py"), "). No trained weights are "
-                 "downloaded; the architectures are written here (LeNet-5, our GPT-2) or are the handout's own baseline.")]
+    return [
+        Block("h2", HEADING["pretrained"], anchor="pretrained"),
+        para(
+            "Every network here starts from random weights drawn from the run's seed: LeNet-5 with PyTorch's default "
+            "initialisation; GPT-2, ours and the HF baseline (GPT2LMHeadModel(config), never from_pretrained), with "
+            "GPT-2's normal(0, 0.02) initialisation (",
+            code("src/trainlab/gpt/model.py"),
+            "). No trained weights are "
+            "downloaded; the architectures are written here (LeNet-5, our GPT-2) or are the handout's own baseline.",
+        ),
+    ]
 
 
 def _sources(lab: Lab) -> list[Block]:
-    return [Block("h2", HEADING["sources"], anchor="sources"),
-            para("Code we followed: the handout's GPT-2 baseline (GPTLMModel, GPTLMLoss, get_tflops) is the baseline step; "
-                 "the C++ operator follows PyTorch's C++-extension tutorial; our GELU kernels follow the formulas of PyTorch's "
-                 "own, located below. F.gelu has no Python body: it is the C++ operator aten::gelu."),
-            Block("table", rows=GELU_SOURCE, text_table=True),
-            para("The call path, the kernels' math and how ours map onto them: ", code("docs/gelu-in-pytorch.md"), ".")]
+    return [
+        Block("h2", HEADING["sources"], anchor="sources"),
+        para(
+            "Code we followed: the handout's GPT-2 baseline (GPTLMModel, GPTLMLoss, get_tflops) is the baseline step; "
+            "the C++ operator follows PyTorch's C++-extension tutorial; our GELU kernels follow the formulas of PyTorch's "
+            "own, located below. F.gelu has no Python body: it is the C++ operator aten::gelu."
+        ),
+        Block("table", rows=GELU_SOURCE, text_table=True),
+        para("The call path, the kernels' math and how ours map onto them: ", code("docs/gelu-in-pytorch.md"), "."),
+    ]
 
 
 def _extra(lab: Lab) -> list[Block]:
-    blocks = [Block("h2", HEADING["extra"], anchor="extra"),
-              para("Not asked by the handout: LeNet-5's conv2d, max-pool, linear and ReLU written by us (Python, C++, Triton, "
-                   "CUDA) and checked against ATen; data parallel (DataParallel, DDP, hand-written and ring all-reduce); "
-                   "torch.compile and CUDA graphs on the LeNet-5 step.")]
+    blocks = [
+        Block("h2", HEADING["extra"], anchor="extra"),
+        para(
+            "Not asked by the handout: LeNet-5's conv2d, max-pool, linear and ReLU written by us (Python, C++, Triton, "
+            "CUDA) and checked against ATen; data parallel (DataParallel, DDP, hand-written and ring all-reduce); "
+            "torch.compile and CUDA graphs on the LeNet-5 step."
+        ),
+    ]
     ops = lab.runs("ops_train")
     if ops:
-        blocks.append(para(f"LeNet-5 on our operators ({ops[0].summary.get('ops')}): {_accuracy_line(ops[0].summary)}."))
+        blocks.append(
+            para(f"LeNet-5 on our operators ({ops[0].summary.get('ops')}): {_accuracy_line(ops[0].summary)}.")
+        )
     return blocks + _details(lab, "ops") + _details(lab, "dp")
 
 
 def _references(lab: Lab) -> list[Block]:
     keys = lab.refs()
-    return [Block("h2", HEADING["references"], anchor="references"),
-            Block("table", rows=[["", "reference"]] + [[f"[{i}]", REFERENCES[k]] for i, k in enumerate(keys, 1)], text_table=True)]
+    return [
+        Block("h2", HEADING["references"], anchor="references"),
+        Block(
+            "table",
+            rows=[["", "reference"]] + [[f"[{i}]", REFERENCES[k]] for i, k in enumerate(keys, 1)],
+            text_table=True,
+        ),
+    ]
 
 
 def lab_blocks(root: Path, state: dict, out: Path) -> list[Block]:
     """The page's blocks from results.json: its `plan` (every step of the lab for this hardware, in order,
     as the runner recorded it) and its per-step records."""
     lab = Lab(root, state, out)
-    return (_front(lab) + _lenet(lab) + _gelu(lab) + _handin(lab) + _pretrained(lab) + _sources(lab) + _extra(lab)
-            + _references(lab))
+    return (
+        _front(lab)
+        + _lenet(lab)
+        + _gelu(lab)
+        + _handin(lab)
+        + _pretrained(lab)
+        + _sources(lab)
+        + _extra(lab)
+        + _references(lab)
+    )
 
 
 def build_lab_report(root: Path, state: dict, out: Path | None = None) -> Path:

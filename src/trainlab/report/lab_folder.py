@@ -18,18 +18,47 @@ from trainlab.schema import INT, NUMBER, STR, DictOf, ListOf, Obj, Opt, check
 # The lab folder's results.json, which the lab writes and resumes from and the report reads: what it
 # must hold (`trainlab.schema`): a hand-edited or damaged
 # file is one line naming the key, never a traceback in the middle of a call.
-STEP_RECORD = Obj({"status": STR, "part": STR, "title": STR, "estimate_s": NUMBER, "limit_s": NUMBER, "seconds": NUMBER,
-                   "limit_used_s": NUMBER, "rc": Opt(INT), "pgid": INT, "reason": Opt(STR), "note": STR, "log": STR,
-                   "command": STR, "sizes": DictOf(), "started_utc": STR}, required=("status",))
-LAB_STATE = Obj({"version": INT, "steps": DictOf(STEP_RECORD),
-                 "calls": ListOf(Obj({"command": STR, "started_utc": STR, "budget_s": NUMBER, "used_s": NUMBER,
-                                      "parts": ListOf(STR)}), max_len=10_000),
-                 "size": Opt(STR), "hardware": Opt(Obj({"kind": STR, "gpus": INT, "name": STR, "cpus": INT})),
-                 "plan": ListOf(Obj({"name": STR, "part": STR, "title": STR, "estimate_s": NUMBER, "limit_s": NUMBER,
-                                     "sizes": DictOf()}, required=("name", "part", "title", "estimate_s", "limit_s", "sizes")),
-                                max_len=1000),
-                 "data": Opt(DictOf())},
-                required=("version", "steps", "calls"))
+STEP_RECORD = Obj(
+    {
+        "status": STR,
+        "part": STR,
+        "title": STR,
+        "estimate_s": NUMBER,
+        "limit_s": NUMBER,
+        "seconds": NUMBER,
+        "limit_used_s": NUMBER,
+        "rc": Opt(INT),
+        "pgid": INT,
+        "reason": Opt(STR),
+        "note": STR,
+        "log": STR,
+        "command": STR,
+        "sizes": DictOf(),
+        "started_utc": STR,
+    },
+    required=("status",),
+)
+LAB_STATE = Obj(
+    {
+        "version": INT,
+        "steps": DictOf(STEP_RECORD),
+        "calls": ListOf(
+            Obj({"command": STR, "started_utc": STR, "budget_s": NUMBER, "used_s": NUMBER, "parts": ListOf(STR)}),
+            max_len=10_000,
+        ),
+        "size": Opt(STR),
+        "hardware": Opt(Obj({"kind": STR, "gpus": INT, "name": STR, "cpus": INT})),
+        "plan": ListOf(
+            Obj(
+                {"name": STR, "part": STR, "title": STR, "estimate_s": NUMBER, "limit_s": NUMBER, "sizes": DictOf()},
+                required=("name", "part", "title", "estimate_s", "limit_s", "sizes"),
+            ),
+            max_len=1000,
+        ),
+        "data": Opt(DictOf()),
+    },
+    required=("version", "steps", "calls"),
+)
 
 
 RESULTS = "results.json"
@@ -94,8 +123,11 @@ def results_in(folder: Path) -> tuple[list[TrainingRun], list[ResultFile], list[
         except UserError:
             continue  # a damaged run costs its own section only
     for p in sorted(filter(inside, folder.rglob("*.json"))):
-        if p.name in ("summary.json", "config.json", "env.json") or p.name.endswith(".spec.json") \
-                or any(r.path in p.parents for r in runs):
+        if (
+            p.name in ("summary.json", "config.json", "env.json")
+            or p.name.endswith(".spec.json")
+            or any(r.path in p.parents for r in runs)
+        ):
             continue
         try:
             data = read_json(p)
@@ -116,8 +148,16 @@ class Lab:
         self.root, self.state, self.out = Path(root), state, Path(out)
         self.recs: dict = state.get("steps") or {}
         self.plan: list[dict] = state.get("plan") or [
-            {"name": n, "part": r.get("part"), "title": r.get("title", n), "estimate_s": r.get("estimate_s"),
-             "limit_s": r.get("limit_s"), "sizes": r.get("sizes") or {}} for n, r in self.recs.items()]
+            {
+                "name": n,
+                "part": r.get("part"),
+                "title": r.get("title", n),
+                "estimate_s": r.get("estimate_s"),
+                "limit_s": r.get("limit_s"),
+                "sizes": r.get("sizes") or {},
+            }
+            for n, r in self.recs.items()
+        ]
         self._outputs: dict = {}
         self._refs: list[str] | None = None
         self._words: set[str] | None = None
@@ -133,7 +173,7 @@ class Lab:
         return self._words
 
     def cite(self, key: str) -> str:
-        """"[n]": the reference's number in this page's list."""
+        """ "[n]": the reference's number in this page's list."""
         return f"[{self.refs().index(key) + 1}]" if key in self.refs() else ""
 
     def ok(self, name: str) -> bool:
@@ -171,10 +211,14 @@ def strategy_words(lab: Lab) -> set[str]:
     for step in lab.steps("gpt"):
         for res in lab.outputs(step["name"])[1]:
             rows = res.rows if res.kind != "gpt_bench" else [res.data]
-            names |= {str(r.get("strategy", "")) + "+" + str(r.get("attention", "")) for r in rows if isinstance(r, dict)}
+            names |= {
+                str(r.get("strategy", "")) + "+" + str(r.get("attention", "")) for r in rows if isinstance(r, dict)
+            }
         for _path, data in lab.outputs(step["name"])[2]:
             rows = data["rows"] if isinstance(data, dict) else data
-            names |= {str(r.get("strategy", "")) + "+" + str(r.get("attention", "")) for r in rows if isinstance(r, dict)}
+            names |= {
+                str(r.get("strategy", "")) + "+" + str(r.get("attention", "")) for r in rows if isinstance(r, dict)
+            }
     return {w for n in names for w in re.split(r"[+,\s()]+", n.lower()) if w}
 
 
@@ -194,5 +238,5 @@ def load_lab(root: Path) -> dict | None:
 
     state = read_json(f)
     if not (isinstance(state, dict) and isinstance(state.get("steps"), dict)):
-        raise UserError(f"{f}: not a trainlab lab's results.json (no \"steps\" object)")
+        raise UserError(f'{f}: not a trainlab lab\'s results.json (no "steps" object)')
     return check(state, LAB_STATE, str(f))

@@ -26,8 +26,14 @@ def text(value, line_start: bool = False) -> str:
     one_line = _INLINE.sub(lambda m: "\\" + m.group(0), " ".join(str(value).split()))
     if not line_start:
         return one_line
-    return _LINE_START.sub(lambda m: m.group(1) + "\\" + m.group(2) if not m.group(2)[0].isdigit()
-                           else m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1], one_line)
+    return _LINE_START.sub(
+        lambda m: (
+            m.group(1) + "\\" + m.group(2)
+            if not m.group(2)[0].isdigit()
+            else m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1]
+        ),
+        one_line,
+    )
 
 
 def code(value) -> str:
@@ -53,5 +59,6 @@ def html_text(value) -> str:
 
 def link_target(value) -> str:
     """A relative file name as a link or image target: nothing in it can end the target early."""
-    return re.sub(r"[^A-Za-z0-9._/-]", lambda m: "%{:02X}".format(ord(m.group(0))) if ord(m.group(0)) < 128
-                  else m.group(0), str(value))
+    return re.sub(
+        r"[^A-Za-z0-9._/-]", lambda m: f"%{ord(m.group(0)):02X}" if ord(m.group(0)) < 128 else m.group(0), str(value)
+    )

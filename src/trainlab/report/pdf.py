@@ -13,8 +13,18 @@ from pathlib import Path
 from trainlab.errors import UserError
 from trainlab.io import atomic_write_bytes
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-pdf-header-footer", "--virtual-time-budget=10000"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-pdf-header-footer",
+    "--virtual-time-budget=10000",
+]
 TIMEOUT_S = 180
 
 
@@ -34,12 +44,19 @@ def write_pdf(page: Path, pdf: Path | None = None) -> Path:
     if exe is None:
         raise no_chromium(f"the HTML report is written: {page}")
     with tempfile.TemporaryDirectory(prefix="trainlab_chromium_") as tmp:
-        printed = Path(tmp) / "page.pdf"   # printed aside, then written in one step (and recorded as trainlab's)
+        printed = Path(tmp) / "page.pdf"  # printed aside, then written in one step (and recorded as trainlab's)
         try:
-            proc = subprocess.run([exe, *FLAGS, f"--user-data-dir={Path(tmp) / 'profile'}", f"--print-to-pdf={printed}",
-                                   page.as_uri()], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+            proc = subprocess.run(
+                [exe, *FLAGS, f"--user-data-dir={Path(tmp) / 'profile'}", f"--print-to-pdf={printed}", page.as_uri()],
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
-            raise UserError(f"--pdf: Chromium did not print {page} within {TIMEOUT_S} s; the HTML report is written") from None
+            raise UserError(
+                f"--pdf: Chromium did not print {page} within {TIMEOUT_S} s; the HTML report is written"
+            ) from None
         data = printed.read_bytes() if printed.exists() else b""
     if data[:5] != b"%PDF-":
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]

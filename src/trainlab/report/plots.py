@@ -50,7 +50,12 @@ def loss_curves(run, path: Path) -> Path | None:
     fig, ax = _figure(6.4, 3.6)
     if losses:
         ax.plot(steps, losses, lw=0.6, alpha=0.5, label="train loss (per step)")
-    ax.plot([r["global_step"] for r in run.epochs], [r["train_loss"] for r in run.epochs], "o-", label="train loss (epoch mean)")
+    ax.plot(
+        [r["global_step"] for r in run.epochs],
+        [r["train_loss"] for r in run.epochs],
+        "o-",
+        label="train loss (epoch mean)",
+    )
     ax.plot([r["global_step"] for r in run.epochs], [r["test_loss"] for r in run.epochs], "s-", label="test loss")
     ax.set_yscale("log")
     ax.set_xlabel("step")
@@ -77,11 +82,20 @@ def accuracy_curve(run, path: Path) -> Path | None:
     epochs = [r["epoch"] for r in run.epochs]
     if any("train_accuracy" in r for r in run.epochs):
         # a mean over the epoch's steps, so it belongs to the middle of the epoch, not its end
-        ax.plot([e - 0.5 for e in epochs], [r.get("train_accuracy") for r in run.epochs], "o-", color="#4c72b0",
-                label="train accuracy (epoch mean, at mid-epoch)")
-    ax.plot(epochs, [r["test_accuracy"] for r in run.epochs], "s-", color="#dd8452", label="test accuracy (end of epoch)")
+        ax.plot(
+            [e - 0.5 for e in epochs],
+            [r.get("train_accuracy") for r in run.epochs],
+            "o-",
+            color="#4c72b0",
+            label="train accuracy (epoch mean, at mid-epoch)",
+        )
+    ax.plot(
+        epochs, [r["test_accuracy"] for r in run.epochs], "s-", color="#dd8452", label="test accuracy (end of epoch)"
+    )
     ax.axhline(99.0, color="gray", ls="--", lw=0.8)
-    top = [r["test_accuracy"] for r in run.epochs] + [r["train_accuracy"] for r in run.epochs if r.get("train_accuracy") is not None]
+    top = [r["test_accuracy"] for r in run.epochs] + [
+        r["train_accuracy"] for r in run.epochs if r.get("train_accuracy") is not None
+    ]
     ax.set_ylim(max(0.0, min(min(top) - 1.0, 97.0)), 100.2)
     ax.set_xlabel("epoch")
     ax.set_ylabel("accuracy (%)")
@@ -146,7 +160,9 @@ def gpu_timeline(run, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def bars(labels: list[str], values: list[float], path: Path, title: str, ylabel: str, errors: list[float] | None = None) -> Path:
+def bars(
+    labels: list[str], values: list[float], path: Path, title: str, ylabel: str, errors: list[float] | None = None
+) -> Path:
     fig, ax = _figure(min(9.0, max(5.0, 0.7 * len(labels) + 2)), 3.6)
     ax.bar(range(len(values)), values, yerr=errors, capsize=3, color="#4c72b0")
     ax.set_xticks(range(len(labels)))
@@ -168,7 +184,7 @@ def misclassified_grid(run, path: Path) -> Path | None:
     return _save(misclassified_figure(examples, run.name), path)
 
 
-MISCLASSIFIED_MAX_BYTES = 16 * 2**20   # the trainer keeps at most a few hundred 28×28 images
+MISCLASSIFIED_MAX_BYTES = 16 * 2**20  # the trainer keeps at most a few hundred 28×28 images
 
 
 def load_misclassified(f: Path) -> dict:
@@ -189,10 +205,18 @@ def load_misclassified(f: Path) -> dict:
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         raise UserError(f"{f}: not a trainlab misclassified.npz ({type(e).__name__}: {str(e)[:80]})") from None
     n = len(ex["index"]) if ex["index"].ndim == 1 else -1
-    ok = (n >= 0 and ex["image"].ndim in (3, 4) and len(ex["image"]) == n and ex["image"].shape[-1] <= 64
-          and ex["label"].shape == (n,) and ex["predicted"].shape == (n,) and ex["total"].size == 1 and ex["tested"].size == 1
-          and all(np.issubdtype(ex[k].dtype, np.integer) for k in ("index", "label", "predicted", "total", "tested"))
-          and n <= 1000)
+    ok = (
+        n >= 0
+        and ex["image"].ndim in (3, 4)
+        and len(ex["image"]) == n
+        and ex["image"].shape[-1] <= 64
+        and ex["label"].shape == (n,)
+        and ex["predicted"].shape == (n,)
+        and ex["total"].size == 1
+        and ex["tested"].size == 1
+        and all(np.issubdtype(ex[k].dtype, np.integer) for k in ("index", "label", "predicted", "total", "tested"))
+        and n <= 1000
+    )
     if not ok:
         raise UserError(f"{f}: not a trainlab misclassified.npz (its arrays' shapes or types differ)")
     return ex
@@ -211,8 +235,14 @@ def sweep_lines(key: str, series: dict[str, list], path: Path, metric: str = "te
         # categories (optimizer names) have no order to draw a line along: markers, nudged apart
         nudge = 0.0 if numeric else 0.06 * (k - (len(series) - 1) / 2)
         xs = [p[0] if numeric else values.index(p[0]) + nudge for p in points]
-        ax.errorbar(xs, [p[1] for p in points], yerr=[p[2] for p in points], fmt="o-" if numeric else "o", capsize=3,
-                    label=f"{label} (n={'/'.join(str(p[3]) for p in points)})")
+        ax.errorbar(
+            xs,
+            [p[1] for p in points],
+            yerr=[p[2] for p in points],
+            fmt="o-" if numeric else "o",
+            capsize=3,
+            label=f"{label} (n={'/'.join(str(p[3]) for p in points)})",
+        )
     if not numeric:
         ax.set_xticks(range(len(values)))
         ax.set_xticklabels([str(v) for v in values])

@@ -44,7 +44,7 @@ class BusySnapshot:
         self._proc: subprocess.Popen | None = None
         self._started_utc: str | None = None
 
-    def start(self) -> "BusySnapshot":
+    def start(self) -> BusySnapshot:
         exe = shutil.which("nvidia-smi")
         if exe is not None and self._proc is None and torch.cuda.is_available():
             try:
@@ -99,11 +99,13 @@ def format_header(config: dict, env: dict, terminal: bool | None = None) -> str:
     table on a terminal; in a log file (stdout not a terminal) it is one line, `config: k=v …`, so the
     log holds one line per epoch after a short header (the run directory's config.json has it all)."""
     terminal = sys.stdout.isatty() if terminal is None else terminal
-    lines = ["== trainlab " + str(env.get("trainlab")) + " ==",
-             f"python {env['python']}  torch {env['torch']}  cuda {env['torch_cuda']}  triton {env['triton']}",
-             f"cpu: {env['cpu']} ({env['cpu_count']} cores, {env['torch_threads']} torch threads)",
-             "gpus: " + (", ".join(env["gpus"]) if env["gpus"] else "none"),
-             f"device: {env['device']}"]
+    lines = [
+        "== trainlab " + str(env.get("trainlab")) + " ==",
+        f"python {env['python']}  torch {env['torch']}  cuda {env['torch_cuda']}  triton {env['triton']}",
+        f"cpu: {env['cpu']} ({env['cpu_count']} cores, {env['torch_threads']} torch threads)",
+        "gpus: " + (", ".join(env["gpus"]) if env["gpus"] else "none"),
+        f"device: {env['device']}",
+    ]
     if not terminal:
         return "\n".join(lines + ["config: " + "  ".join(f"{k}={v}" for k, v in config.items())])
     width = max((len(k) for k in config), default=0)

@@ -34,6 +34,9 @@ def misclassified_figure(examples: dict, name: str = ""):
     titles = [f"{t}→{p}" for t, p in zip(examples["label"], examples["predicted"])]
     shown, total = len(examples["index"]), int(examples["total"])
     head = f"{name}: " if name else ""
-    return digit_grid_figure(examples["image"], titles,
-                             title=f"{head}{total} of {int(examples['tested']):,} test images misclassified"
-                                   f"{f' (first {shown} shown)' if shown < total else ''}, true→predicted")
+    return digit_grid_figure(
+        examples["image"],
+        titles,
+        title=f"{head}{total} of {int(examples['tested']):,} test images misclassified"
+        f"{f' (first {shown} shown)' if shown < total else ''}, true→predicted",
+    )

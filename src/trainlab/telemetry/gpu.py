@@ -31,7 +31,7 @@ def cuda_uuid(index: int) -> str | None:
     """NVML's name ("GPU-…"/"MIG-…") for CUDA device `index` of this process, or None."""
     try:
         raw = str(torch.cuda.get_device_properties(index).uuid)
-    except (AssertionError, RuntimeError, AttributeError):   # no CUDA, or a torch without the field
+    except (AssertionError, RuntimeError, AttributeError):  # no CUDA, or a torch without the field
         return None
     return raw if raw.startswith(("GPU-", "MIG-")) else f"GPU-{raw}"
 
@@ -78,7 +78,7 @@ class GPUSampler:
         if not self.available:
             log(f"gpu telemetry: skipped — {self.reason}")
 
-    def start(self) -> "GPUSampler":
+    def start(self) -> GPUSampler:
         if self.available and self._thread is None:
             self._t0 = time.perf_counter()
             self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
@@ -128,9 +128,13 @@ class GPUSampler:
             return None
         utils = [s["utilization_pct"] for s in self.samples]
         mems = [s["memory_used_mib"] for s in self.samples]
-        return {"samples": len(self.samples), "utilization_mean_pct": sum(utils) / len(utils),
-                "utilization_max_pct": max(utils), "memory_used_max_mib": max(mems),
-                "gpus": {str(i): u for i, u in self.uuids.items()}}
+        return {
+            "samples": len(self.samples),
+            "utilization_mean_pct": sum(utils) / len(utils),
+            "utilization_max_pct": max(utils),
+            "memory_used_max_mib": max(mems),
+            "gpus": {str(i): u for i, u in self.uuids.items()},
+        }
 
     def write_csv(self, path) -> None:
         buf = io.StringIO()
@@ -139,7 +143,7 @@ class GPUSampler:
         writer.writerows(self.samples)
         atomic_write_text(path, buf.getvalue())
 
-    def __enter__(self) -> "GPUSampler":
+    def __enter__(self) -> GPUSampler:
         return self.start()
 
     def __exit__(self, *exc) -> None:

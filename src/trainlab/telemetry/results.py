@@ -19,8 +19,16 @@ def machine_line(env: dict) -> str:
     return f"{env['cpu']} ({env['cpu_count']} cores){gpus}; torch {env['torch']}; {env['time_utc']}"
 
 
-def write_results(out_dir: str | Path, stem: str, data: Any, markdown: str, log_lines: list[str], command: str,
-                  device=None, env: dict | None = None) -> dict[str, str]:
+def write_results(
+    out_dir: str | Path,
+    stem: str,
+    data: Any,
+    markdown: str,
+    log_lines: list[str],
+    command: str,
+    device=None,
+    env: dict | None = None,
+) -> dict[str, str]:
     """Write out_dir/<stem>.json ({command, env, **data} or {command, env, rows: data}), .md and .log."""
     out = Path(out_dir)
     env = env if env is not None else collect_env(device)
@@ -29,6 +37,8 @@ def write_results(out_dir: str | Path, stem: str, data: Any, markdown: str, log_
     paths = {
         "json": atomic_write_json(out / f"{stem}.json", payload),
         "md": atomic_write_text(out / f"{stem}.md", header + markdown.rstrip("\n") + "\n"),
-        "log": atomic_write_text(out / f"{stem}.log", "\n".join([f"$ {command}", f"# {machine_line(env)}", *log_lines]) + "\n"),
+        "log": atomic_write_text(
+            out / f"{stem}.log", "\n".join([f"$ {command}", f"# {machine_line(env)}", *log_lines]) + "\n"
+        ),
     }
     return {k: str(v) for k, v in paths.items()}

@@ -23,8 +23,8 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 import re
+import shutil
 import socket
 import sys
 import time
@@ -32,22 +32,43 @@ from pathlib import Path
 from typing import Any
 
 from trainlab.errors import ConfigError, UserError
-from trainlab.io import (MANIFEST, atomic_write_json, atomic_write_text, output_problem, owned_files, read_capped,
-                         read_json, record_written, to_json, vet_folder)
+from trainlab.io import (
+    MANIFEST,
+    atomic_write_json,
+    atomic_write_text,
+    output_problem,
+    owned_files,
+    read_capped,
+    read_json,
+    record_written,
+    to_json,
+    vet_folder,
+)
 
 LOCK_NAME = ".trainlab.lock"
 GPU_RANK_FILE = re.compile(r"gpu\.rank\d+\.csv")  # one NVML record per rank (telemetry.gpu.rank_csv_name)
 # Files a trainlab run writes: in a run directory written before manifests existed, these are its own.
-RUN_FILES = ("config.json", "env.json", "metrics.jsonl", "summary.json", "checkpoint.pt", "gpu.csv",
-             "nvidia-smi-busy.txt", "misclassified.npz")
+RUN_FILES = (
+    "config.json",
+    "env.json",
+    "metrics.jsonl",
+    "summary.json",
+    "checkpoint.pt",
+    "gpu.csv",
+    "nvidia-smi-busy.txt",
+    "misclassified.npz",
+)
 
 
 def _owned(path: Path) -> set[str]:
     """The entries of run directory `path` that trainlab wrote (so --overwrite may delete them)."""
     if (path / MANIFEST).exists():
         return owned_files(path) | {MANIFEST}
-    return {n for n in _entries(path) if n in RUN_FILES or n.startswith("events.out.tfevents.")
-            or GPU_RANK_FILE.fullmatch(n) is not None}
+    return {
+        n
+        for n in _entries(path)
+        if n in RUN_FILES or n.startswith("events.out.tfevents.") or GPU_RANK_FILE.fullmatch(n) is not None
+    }
 
 
 def _entries(path: Path) -> list[str]:
@@ -73,16 +94,22 @@ def _refusal(path: Path, resume: bool, overwrite: bool, flag: str, resumable: bo
         return None
     if not overwrite:
         resume_hint = f"--resume {path} to continue it, " if resumable else ""
-        return (f"{path}: already holds a run ({_listing(names)}); pass {resume_hint}--overwrite to replace it, "
-                f"or choose another {flag}")
+        return (
+            f"{path}: already holds a run ({_listing(names)}); pass {resume_hint}--overwrite to replace it, "
+            f"or choose another {flag}"
+        )
     owned = _owned(path)
     if not owned - {MANIFEST}:
-        return f"{path}: not a trainlab run directory (it holds {_listing(names)}); refusing to replace it (--overwrite)"
+        return (
+            f"{path}: not a trainlab run directory (it holds {_listing(names)}); refusing to replace it (--overwrite)"
+        )
     # a temporary file of a crashed atomic write is the run's own (see trainlab.io._atomic)
     foreign = [n for n in names if n not in owned and not (n.startswith(".") and n.endswith(".tmp"))]
     if foreign:
-        return (f"{path}: holds files trainlab did not write ({_listing(foreign)}); refusing to replace the run "
-                "(--overwrite deletes only trainlab's own files): move them away or choose another " + flag)
+        return (
+            f"{path}: holds files trainlab did not write ({_listing(foreign)}); refusing to replace the run "
+            "(--overwrite deletes only trainlab's own files): move them away or choose another " + flag
+        )
     return None
 
 
@@ -120,12 +147,22 @@ def lock_folder(path: Path, flag: str = "--out", what: str = "trainlab run") -> 
     process dies."""
     fd = _try_lock(path / LOCK_NAME)
     if fd is None:
-        raise UserError(f"{path}: in use by another {what} ({_holder(path / LOCK_NAME)}); "
-                        f"wait for it to finish or choose another {flag}")
+        raise UserError(
+            f"{path}: in use by another {what} ({_holder(path / LOCK_NAME)}); "
+            f"wait for it to finish or choose another {flag}"
+        )
     os.ftruncate(fd, 0)
-    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                             "command": " ".join(["trainlab", *sys.argv[1:]])}).encode())
+    os.write(
+        fd,
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "command": " ".join(["trainlab", *sys.argv[1:]]),
+            }
+        ).encode(),
+    )
     return fd
 
 
@@ -137,8 +174,9 @@ def unlock_folder(path: Path, fd: int) -> None:
     os.close(fd)
 
 
-def check_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = False, flag: str = "--out",
-                  resumable: bool = True) -> None:
+def check_run_dir(
+    path: str | Path, *, resume: bool = False, overwrite: bool = False, flag: str = "--out", resumable: bool = True
+) -> None:
     """The checks of `RunDir.claim` without taking the lock: for a parent before it launches workers."""
     path = Path(path)
     refusal = _refusal(path, resume, overwrite, flag, resumable)
@@ -148,8 +186,10 @@ def check_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = F
     if lock_path.exists():
         fd = _try_lock(lock_path)
         if fd is None:
-            raise UserError(f"{path}: in use by another trainlab run ({_holder(lock_path)}); "
-                            f"wait for it to finish or choose another {flag}")
+            raise UserError(
+                f"{path}: in use by another trainlab run ({_holder(lock_path)}); "
+                f"wait for it to finish or choose another {flag}"
+            )
         os.close(fd)
 
 
@@ -157,13 +197,20 @@ class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._lock_fd: int | None = None
-        self._created: list[Path] = []   # directories this run created, deepest first
+        self._created: list[Path] = []  # directories this run created, deepest first
         self._clear_pending = False
         self._appended: set[str] = set()  # files `append_metric` already recorded in the manifest
 
     @classmethod
-    def claim(cls, path: str | Path, *, resume: bool = False, overwrite: bool = False, flag: str = "--out",
-              resumable: bool = True) -> "RunDir":
+    def claim(
+        cls,
+        path: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        flag: str = "--out",
+        resumable: bool = True,
+    ) -> RunDir:
         """Own `path` for a run (see the module docstring); release with `release()` or a `with` block.
         `resumable`: whether the command has --resume (the refusal says so)."""
         run = cls(path)
@@ -195,7 +242,7 @@ class RunDir:
                 except OSError:
                     break
 
-    def __enter__(self) -> "RunDir":
+    def __enter__(self) -> RunDir:
         return self
 
     def __exit__(self, exc_type, *_exc) -> None:

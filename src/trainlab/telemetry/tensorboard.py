@@ -37,5 +37,5 @@ def image_grid(images: torch.Tensor, ncol: int | None = None, pad: int = 1) -> t
     grid = torch.ones(nrow * (h + pad) + pad, ncol * (w + pad) + pad)
     for i in range(n):
         r, c = divmod(i, ncol)
-        grid[pad + r * (h + pad): pad + r * (h + pad) + h, pad + c * (w + pad): pad + c * (w + pad) + w] = images[i]
+        grid[pad + r * (h + pad) : pad + r * (h + pad) + h, pad + c * (w + pad) : pad + c * (w + pad) + w] = images[i]
     return grid.unsqueeze(0)

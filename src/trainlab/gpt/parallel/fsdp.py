@@ -24,8 +24,14 @@ from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from trainlab.gpt.model import transformer_blocks
 
 
-def apply_fsdp(model: nn.Module, device: torch.device, *, reshard_after_forward: bool, offload: bool = False,
-               mesh: DeviceMesh | None = None) -> nn.Module:
+def apply_fsdp(
+    model: nn.Module,
+    device: torch.device,
+    *,
+    reshard_after_forward: bool,
+    offload: bool = False,
+    mesh: DeviceMesh | None = None,
+) -> nn.Module:
     """Shard `model` in place, block by block then the root; returns the (same) FSDPModule."""
     device = torch.device(device)
     if mesh is None:
@@ -35,6 +41,5 @@ def apply_fsdp(model: nn.Module, device: torch.device, *, reshard_after_forward:
     for block in transformer_blocks(model):
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=policy)
     # Root: None lets FSDP keep it unsharded after forward, since backward needs the LM head first.
-    fully_shard(model, mesh=mesh, reshard_after_forward=None if reshard_after_forward else False,
-                offload_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=None if reshard_after_forward else False, offload_policy=policy)
     return model

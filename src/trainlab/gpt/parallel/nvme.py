@@ -29,16 +29,27 @@ def check_nvme_available(device_type: str = "cuda") -> None:
         raise HardwareError(f"--strategy nvme needs deepspeed and a GPU ({'; '.join(missing)})")
 
 
-def deepspeed_config(*, micro_batch: int, accumulation_steps: int, world_size: int, lr: float,
-                     betas=(0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0, amp: str | None = None,
-                     nvme_path: str = DEFAULT_NVME_PATH) -> dict:
+def deepspeed_config(
+    *,
+    micro_batch: int,
+    accumulation_steps: int,
+    world_size: int,
+    lr: float,
+    betas=(0.9, 0.95),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    amp: str | None = None,
+    nvme_path: str = DEFAULT_NVME_PATH,
+) -> dict:
     """The DeepSpeed config: ZeRO-3 with params and optimizer states on NVMe; same AdamW as ours."""
     return {
         "train_batch_size": micro_batch * accumulation_steps * world_size,
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": accumulation_steps,
-        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": list(betas), "eps": eps,
-                                                  "weight_decay": weight_decay}},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay},
+        },
         "bf16": {"enabled": amp == "bf16"},
         "fp16": {"enabled": amp == "fp16"},
         "zero_optimization": {

@@ -84,9 +84,19 @@ def tied_weight_group(pp_mesh_ranks: list[list[int]]):
 class PipelineRunner:
     """Runs one training step of this rank's stage and returns the batch's mean loss on every rank."""
 
-    def __init__(self, stage_module: nn.Module, stage_index: int, n_stages: int, device: torch.device,
-                 pp_mesh: DeviceMesh, mesh_ranks: list[list[int]], n_microbatches: int, schedule: str,
-                 loss_fn, autocast_factory):
+    def __init__(
+        self,
+        stage_module: nn.Module,
+        stage_index: int,
+        n_stages: int,
+        device: torch.device,
+        pp_mesh: DeviceMesh,
+        mesh_ranks: list[list[int]],
+        n_microbatches: int,
+        schedule: str,
+        loss_fn,
+        autocast_factory,
+    ):
         if schedule not in SCHEDULES:
             raise ConfigError(f"--pp-schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
         self.module = stage_module
@@ -99,8 +109,9 @@ class PipelineRunner:
         self.n_microbatches = n_microbatches
         self._autocast = autocast_factory
         self.stage = PipelineStage(stage_module, stage_index, n_stages, self.device, group=self.group)
-        self.schedule = SCHEDULES[schedule](self.stage, n_microbatches=n_microbatches, loss_fn=loss_fn,
-                                            scale_grads=True)
+        self.schedule = SCHEDULES[schedule](
+            self.stage, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True
+        )
         self.tied_group = tied_weight_group(mesh_ranks)
         self.tied = tied_weight(stage_module) if (self.is_first or self.is_last) else None
 
@@ -120,7 +131,11 @@ class PipelineRunner:
             grad = self.tied.grad if self.tied.grad is not None else torch.zeros_like(self.tied)
             dist.all_reduce(grad, group=self.tied_group)
             self.tied.grad = grad
-        loss = torch.stack([l.detach().float() for l in losses]).mean() if self.is_last else torch.zeros((), device=self.device)
+        loss = (
+            torch.stack([l.detach().float() for l in losses]).mean()
+            if self.is_last
+            else torch.zeros((), device=self.device)
+        )
         # Every rank reports the same number: the last stage shares its loss with its pipeline.
         dist.broadcast(loss, group=self.group, group_src=self.n_stages - 1)
         return loss

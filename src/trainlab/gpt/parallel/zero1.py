@@ -11,10 +11,16 @@ import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
-def build_zero1_optimizer(params, *, optimizer_class=torch.optim.AdamW, fused: bool = False, process_group=None,
-                          **optimizer_kwargs) -> ZeroRedundancyOptimizer:
+def build_zero1_optimizer(
+    params, *, optimizer_class=torch.optim.AdamW, fused: bool = False, process_group=None, **optimizer_kwargs
+) -> ZeroRedundancyOptimizer:
     """`optimizer_class` (AdamW by default) whose states are partitioned across the data-parallel ranks."""
     if fused:
         optimizer_kwargs["fused"] = True
-    return ZeroRedundancyOptimizer(list(params), optimizer_class=optimizer_class, process_group=process_group,
-                                   parameters_as_bucket_view=False, **optimizer_kwargs)
+    return ZeroRedundancyOptimizer(
+        list(params),
+        optimizer_class=optimizer_class,
+        process_group=process_group,
+        parameters_as_bucket_view=False,
+        **optimizer_kwargs,
+    )

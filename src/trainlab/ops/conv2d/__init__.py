@@ -41,17 +41,18 @@ from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
 
 # ---- python: the reference autograd.Function -------------------------------------------------------
 
+
 def im2col(x: torch.Tensor, kh: int, kw: int, padding: tuple[int, int]) -> torch.Tensor:
     """[N, C, H, W] -> [N, C*KH*KW, OH*OW]: one strided slice of the padded input per kernel offset."""
     n, c, h, w = x.shape
     ph, pw = padding
     xpad = x.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
-    xpad[:, :, ph:ph + h, pw:pw + w] = x
+    xpad[:, :, ph : ph + h, pw : pw + w] = x
     oh, ow = conv2d_output_hw(h, w, kh, kw, padding)
     cols = x.new_empty((n, c, kh, kw, oh, ow))
     for p in range(kh):
         for q in range(kw):
-            cols[:, :, p, q] = xpad[:, :, p:p + oh, q:q + ow]
+            cols[:, :, p, q] = xpad[:, :, p : p + oh, q : q + ow]
     return cols.reshape(n, c * kh * kw, oh * ow)
 
 
@@ -64,8 +65,8 @@ def col2im(cols: torch.Tensor, c: int, h: int, w: int, kh: int, kw: int, padding
     xpad = cols.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
     for p in range(kh):
         for q in range(kw):
-            xpad[:, :, p:p + oh, q:q + ow] += cols[:, :, p, q]
-    return xpad[:, :, ph:ph + h, pw:pw + w]
+            xpad[:, :, p : p + oh, q : q + ow] += cols[:, :, p, q]
+    return xpad[:, :, ph : ph + h, pw : pw + w]
 
 
 class Conv2dFunction(torch.autograd.Function):
@@ -79,8 +80,8 @@ class Conv2dFunction(torch.autograd.Function):
         ctx.padding, ctx.has_bias = padding, bias is not None
         xc, wc = widen(x), widen(weight)
         oc, _, kh, kw = weight.shape
-        cols = im2col(xc, kh, kw, padding)                           # [N, CKK, L]
-        y = wc.reshape(oc, -1) @ cols                                # [N, OC, L]   (torch.matmul: BLAS)
+        cols = im2col(xc, kh, kw, padding)  # [N, CKK, L]
+        y = wc.reshape(oc, -1) @ cols  # [N, OC, L]   (torch.matmul: BLAS)
         if bias is not None:
             y = y + widen(bias).view(1, oc, 1)
         oh, ow = conv2d_output_hw(x.shape[2], x.shape[3], kh, kw, padding)
@@ -92,7 +93,7 @@ class Conv2dFunction(torch.autograd.Function):
         xc, wc, g = widen(x), widen(weight), widen(grad)
         n, c, h, w = x.shape
         oc, _, kh, kw = weight.shape
-        gm = g.reshape(n, oc, -1)                                    # [N, OC, L]
+        gm = g.reshape(n, oc, -1)  # [N, OC, L]
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = col2im(wc.reshape(oc, -1).t() @ gm, c, h, w, kh, kw, ctx.padding).to(x.dtype)
@@ -106,8 +107,10 @@ class Conv2dFunction(torch.autograd.Function):
 
 # ---- dispatch --------------------------------------------------------------------------------------
 
-def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, padding=0,
-           impl: str = "aten") -> torch.Tensor:
+
+def conv2d(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, padding=0, impl: str = "aten"
+) -> torch.Tensor:
     """2-D convolution, stride 1, zero padding, with the chosen implementation; differentiable.
 
     OpInputError (one line) for a wrong dtype, rank, channel count or a kernel larger than the
@@ -126,9 +129,10 @@ class Conv2d(nn.Conv2d):
     """nn.Conv2d with our operator in `forward`: same parameters, same initialization (so the same
     seed gives the same weights as nn.Conv2d), same state_dict keys. Stride 1, no dilation/groups."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, padding=0, bias: bool = True,
-                 impl: str = "cpp"):
-        check_impl(type(self).__name__, impl)   # before nn.Conv2d draws its initial weights
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size, padding=0, bias: bool = True, impl: str = "cpp"
+    ):
+        check_impl(type(self).__name__, impl)  # before nn.Conv2d draws its initial weights
         super().__init__(in_channels, out_channels, kernel_size, padding=padding, bias=bias)
         self.impl = prepare(type(self).__name__, impl)
 
@@ -141,13 +145,19 @@ class Conv2d(nn.Conv2d):
 
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------
 
+
 def _conv_case(name, x, w, padding, bias=True, view=None):
     def make(batch, gen):
         n = batch if x[0] is None else x[0]
-        return {"x": randn64(gen, n, *x[1:]), "weight": randn64(gen, *w) / math.sqrt(w[1] * w[2] * w[3]),
-                "bias": randn64(gen, w[0]) if bias else None}
-    return Case("conv2d", name, make, lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], padding, impl=impl),
-                True, view)
+        return {
+            "x": randn64(gen, n, *x[1:]),
+            "weight": randn64(gen, *w) / math.sqrt(w[1] * w[2] * w[3]),
+            "bias": randn64(gen, w[0]) if bias else None,
+        }
+
+    return Case(
+        "conv2d", name, make, lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], padding, impl=impl), True, view
+    )
 
 
 CASES = [
@@ -161,22 +171,38 @@ CASES = [
 
 def gradcheck_case(g: torch.Generator):
     """float64 inputs small enough for gradcheck's numerical Jacobian, and fn(*inputs, impl)."""
-    return ((torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g),
-             torch.randn(3, 2, 3, 2, dtype=torch.float64, generator=g),
-             torch.randn(3, dtype=torch.float64, generator=g)), lambda x, w, b, impl: conv2d(x, w, b, (1, 0), impl=impl))
+    return (
+        (
+            torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g),
+            torch.randn(3, 2, 3, 2, dtype=torch.float64, generator=g),
+            torch.randn(3, dtype=torch.float64, generator=g),
+        ),
+        lambda x, w, b, impl: conv2d(x, w, b, (1, 0), impl=impl),
+    )
 
 
-OPCHECK_EXTRA = ([1, 0],)   # the non-tensor arguments of trainlab::conv2d_fwd for gradcheck_case's shapes
+OPCHECK_EXTRA = ([1, 0],)  # the non-tensor arguments of trainlab::conv2d_fwd for gradcheck_case's shapes
 
 
 # ---- what `ops bench` times: LeNet-5's convolutions at their real shapes ----------------------------
 
+
 def bench_layer(name, c, h, oc, pad, order, first=False):
     def inputs(b, gen):
-        return {"x": torch.randn(b, c, h, h, generator=gen), "weight": torch.randn(oc, c, 5, 5, generator=gen) * 0.2,
-                "bias": torch.randn(oc, generator=gen)}
-    return Layer(name, "conv2d", inputs, lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], pad, impl=impl),
-                 order, input_needs_grad=not first)
+        return {
+            "x": torch.randn(b, c, h, h, generator=gen),
+            "weight": torch.randn(oc, c, 5, 5, generator=gen) * 0.2,
+            "bias": torch.randn(oc, generator=gen),
+        }
+
+    return Layer(
+        name,
+        "conv2d",
+        inputs,
+        lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], pad, impl=impl),
+        order,
+        input_needs_grad=not first,
+    )
 
 
 BENCH = [bench_layer("conv1", 1, 28, 6, 2, 0, first=True), bench_layer("conv2", 6, 14, 16, 0, 4)]

@@ -43,7 +43,7 @@ from trainlab.ops.layers.layers_cpp import EXTENSION, compiled_rung
 from trainlab.ops.max_pool2d import max_pool2d
 from trainlab.ops.relu import relu
 
-REGISTERED = ("cpp",)   # the rungs with a registered trainlab:: operator of their own (opcheck)
+REGISTERED = ("cpp",)  # the rungs with a registered trainlab:: operator of their own (opcheck)
 
 
 def check_conv_relu_pool2d(x, weight, bias, padding) -> tuple[int, int]:
@@ -51,14 +51,19 @@ def check_conv_relu_pool2d(x, weight, bias, padding) -> tuple[int, int]:
     pad = check_conv2d(x, weight, bias, padding)
     ch, cw = conv2d_output_hw(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], pad)
     if ch < 2 or cw < 2:
-        raise OpInputError(f"conv_relu_pool2d: the convolution output is {ch}x{cw}, smaller than the 2x2 pooling window")
-    if weight.shape[3] > 16:   # the C++ weight gradient keeps a row of taps in one or two vectors
-        raise OpInputError(f"conv_relu_pool2d: kernel width {weight.shape[3]} is above 16, the widest the fused kernel takes")
+        raise OpInputError(
+            f"conv_relu_pool2d: the convolution output is {ch}x{cw}, smaller than the 2x2 pooling window"
+        )
+    if weight.shape[3] > 16:  # the C++ weight gradient keeps a row of taps in one or two vectors
+        raise OpInputError(
+            f"conv_relu_pool2d: kernel width {weight.shape[3]} is above 16, the widest the fused kernel takes"
+        )
     return pad
 
 
-def conv_relu_pool2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, padding=0,
-                     impl: str = "aten") -> torch.Tensor:
+def conv_relu_pool2d(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, padding=0, impl: str = "aten"
+) -> torch.Tensor:
     """max_pool2d(relu(conv2d(x, weight, bias, padding)), 2) with the chosen implementation; differentiable.
     OpInputError (one line) for what conv2d refuses or a conv output smaller than 2x2."""
     check_impl("conv_relu_pool2d", impl)
@@ -68,8 +73,10 @@ def conv_relu_pool2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         return F.max_pool2d(F.relu(F.conv2d(x, weight, bias, padding=pad)), 2)
     if impl == "cpp":
         if x.device.type != "cpu":
-            raise OpInputError(f"conv_relu_pool2d impl='cpp': the fused kernel runs on the CPU, the input is on "
-                               f"{x.device}; use impl='cuda' (our unfused GPU kernels) or 'aten'")
+            raise OpInputError(
+                f"conv_relu_pool2d impl='cpp': the fused kernel runs on the CPU, the input is on "
+                f"{x.device}; use impl='cuda' (our unfused GPU kernels) or 'aten'"
+            )
         return compiled_rung(impl).conv_relu_pool2d(x, weight, bias, pad)
     return max_pool2d(relu(conv2d(x, weight, bias, pad, impl=impl), impl=impl), 2, impl=impl)
 
@@ -91,6 +98,7 @@ class ConvReluPool2d(Conv2d):
 
 
 # ---- registration of the fused C++ ops (compiled into the layer extension, ops/layers) ----------------
+
 
 def fused_output_channels_last(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The kernel's layout rule, mirrored by the fake: channels-last output when x or the weight has
@@ -119,7 +127,7 @@ def register_fused() -> None:
 
     def setup(ctx, inputs, output):
         x, weight, bias, padding = inputs
-        ctx.save_for_backward(x, weight, output[1])   # the input and one code byte per output
+        ctx.save_for_backward(x, weight, output[1])  # the input and one code byte per output
         ctx.padding, ctx.has_bias = padding, bias is not None
 
     def backward(ctx, grad, _grad_code):
@@ -143,6 +151,7 @@ EXTENSION.also_register(lambda with_cuda: register_fused())
 
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------
 
+
 def _bound(padding):
     """S for a sum of products whose terms are chosen by a selection: the convolution of |x| and |W|
     (+|b|), pooled, for the output; for the gradients, |dy| routed the way the float64 reference
@@ -150,6 +159,7 @@ def _bound(padding):
     values. (Routing |dy| through the op on |inputs| would pick other winners: S could be 0 where
     the gradient is not.) `grad` is the check's autograd.grad, which insists that every tensor is
     on the rung's device: dy64 is there, like the inputs (it once was left on the CPU)."""
+
     def bound(t, dy64, grad):
         x, w, b = t["x"], t["weight"], t["bias"]
         conv_out = F.conv2d(x, w, b, padding=padding).requires_grad_()
@@ -159,29 +169,45 @@ def _bound(padding):
         s_conv = F.conv2d(leaves["x"], leaves["weight"], leaves.get("bias"), padding=padding)
         grads = grad(s_conv, list(leaves.values()), routed)
         return F.max_pool2d(s_conv.detach(), 2), dict(zip(leaves, grads))
+
     return bound
 
 
 def _case(name, x, w, padding, bias=True, view=None, make=None, edge=False):
     def default_make(batch, gen):
         n = batch if x[0] is None else x[0]
-        return {"x": randn64(gen, n, *x[1:]), "weight": randn64(gen, *w) / math.sqrt(w[1] * w[2] * w[3]),
-                "bias": randn64(gen, w[0]) if bias else None}
-    return Case("conv_relu_pool2d", name, make or default_make,
-                lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], padding, impl=impl), True, view, edge,
-                bound=_bound(padding), reduced_impls=("aten", "cpp"))   # only the fused rung computes in float32 throughout
+        return {
+            "x": randn64(gen, n, *x[1:]),
+            "weight": randn64(gen, *w) / math.sqrt(w[1] * w[2] * w[3]),
+            "bias": randn64(gen, w[0]) if bias else None,
+        }
+
+    return Case(
+        "conv_relu_pool2d",
+        name,
+        make or default_make,
+        lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], padding, impl=impl),
+        True,
+        view,
+        edge,
+        bound=_bound(padding),
+        reduced_impls=("aten", "cpp"),
+    )  # only the fused rung computes in float32 throughout
 
 
 def _channels_last(t: dict) -> dict:
-    return {**t, "x": t["x"].to(memory_format=torch.channels_last)}   # .to restrides a one-channel tensor
+    return {**t, "x": t["x"].to(memory_format=torch.channels_last)}  # .to restrides a one-channel tensor
 
 
 def _ties_and_nonfinite(batch, gen):
     """Small integers (exact ties between window elements, in every dtype) plus NaN and ±inf inputs."""
     x = torch.randint(-2, 3, (2, 2, 8, 9), generator=gen).double()
     x[0, 0, 1, 1], x[0, 1, 5, 2], x[1, 0, 6, 6] = math.nan, math.inf, -math.inf
-    return {"x": x, "weight": torch.randint(-1, 2, (3, 2, 3, 3), generator=gen).double(),
-            "bias": torch.tensor([0.0, 1.0, -1.0], dtype=torch.float64)}
+    return {
+        "x": x,
+        "weight": torch.randint(-1, 2, (3, 2, 3, 3), generator=gen).double(),
+        "bias": torch.tensor([0.0, 1.0, -1.0], dtype=torch.float64),
+    }
 
 
 CASES = [
@@ -189,28 +215,38 @@ CASES = [
     _case("lenet-stage1-channels-last", (None, 1, 28, 28), (6, 1, 5, 5), (2, 2), view=_channels_last),
     _case("multi-channel-odd", (2, 3, 9, 8), (4, 3, 3, 2), (1, 0), bias=False),
     _case("strided-input", (2, 2, 10, 22), (3, 2, 3, 3), (1, 1), view=every_other_column),
-    _case("wide-kernel", (2, 2, 9, 20), (3, 2, 3, 9), (1, 4)),   # 9 taps: the 16-wide weight-gradient rows
+    _case("wide-kernel", (2, 2, 9, 20), (3, 2, 3, 9), (1, 4)),  # 9 taps: the 16-wide weight-gradient rows
     _case("ties-nan-inf", None, (3, 2, 3, 3), (1, 1), make=_ties_and_nonfinite, edge=True),
 ]
 
 
 def gradcheck_case(g: torch.Generator):
     """float64 inputs small enough for gradcheck's numerical Jacobian, and fn(*inputs, impl)."""
-    return ((torch.randn(2, 2, 6, 5, dtype=torch.float64, generator=g),
-             torch.randn(3, 2, 3, 2, dtype=torch.float64, generator=g),
-             torch.randn(3, dtype=torch.float64, generator=g)),
-            lambda x, w, b, impl: conv_relu_pool2d(x, w, b, (1, 0), impl=impl))
+    return (
+        (
+            torch.randn(2, 2, 6, 5, dtype=torch.float64, generator=g),
+            torch.randn(3, 2, 3, 2, dtype=torch.float64, generator=g),
+            torch.randn(3, dtype=torch.float64, generator=g),
+        ),
+        lambda x, w, b, impl: conv_relu_pool2d(x, w, b, (1, 0), impl=impl),
+    )
 
 
-OPCHECK_EXTRA = ([1, 0],)   # the non-tensor argument of trainlab::conv_relu_pool2d_fwd for gradcheck_case's shapes
+OPCHECK_EXTRA = ([1, 0],)  # the non-tensor argument of trainlab::conv_relu_pool2d_fwd for gradcheck_case's shapes
 
 
 def _stage1():
     """conv1 → ReLU → max-pool as one operator (the cpp rung is fused; the others run the three layers)."""
     conv1 = bench_conv_layer("conv1", 1, 28, 6, 2, 0)
-    return Layer("stage1", "conv_relu_pool2d", conv1.inputs,
-                 lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], 2, impl=impl), 3,
-                 input_needs_grad=False, in_step=False)
+    return Layer(
+        "stage1",
+        "conv_relu_pool2d",
+        conv1.inputs,
+        lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], 2, impl=impl),
+        3,
+        input_needs_grad=False,
+        in_step=False,
+    )
 
 
-BENCH = [_stage1()]   # what `ops bench` times
+BENCH = [_stage1()]  # what `ops bench` times

@@ -34,9 +34,11 @@ import torch
 import torch.nn as nn
 
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.ops.gelu import gelu_math
 from trainlab.ops.build import Extension
-from trainlab.ops.ladder import FLOAT_DTYPES, IMPLS, check_impl, widen
+from trainlab.ops.gelu import gelu_math
+from trainlab.ops.ladder import FLOAT_DTYPES, check_impl, widen
+from trainlab.ops.ladder import IMPLS as IMPLS  # re-exported: `from trainlab.ops.gelu import IMPLS`
+
 APPROXIMATIONS = gelu_math.APPROXIMATIONS
 
 
@@ -53,13 +55,23 @@ def validate(x: torch.Tensor, impl: str, approximate: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"gelu expects a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
-        kind = ("complex" if x.dtype.is_complex else "boolean" if x.dtype == torch.bool
-                else "integer" if not x.dtype.is_floating_point else "unsupported floating-point")
-        raise TypeError(f"gelu(impl={impl!r}) got a {kind} tensor of dtype {x.dtype}; GELU is defined for "
-                        f"floating-point tensors ({', '.join(str(d) for d in FLOAT_DTYPES)}) — cast with x.float()")
+        kind = (
+            "complex"
+            if x.dtype.is_complex
+            else "boolean"
+            if x.dtype == torch.bool
+            else "integer"
+            if not x.dtype.is_floating_point
+            else "unsupported floating-point"
+        )
+        raise TypeError(
+            f"gelu(impl={impl!r}) got a {kind} tensor of dtype {x.dtype}; GELU is defined for "
+            f"floating-point tensors ({', '.join(str(d) for d in FLOAT_DTYPES)}) — cast with x.float()"
+        )
 
 
 # ---- python: the reference autograd.Function ---------------------------------------------------
+
 
 class GeluFunction(torch.autograd.Function):
     """GELU written with torch element-wise ops and the backward derived above (module docstring).
@@ -72,7 +84,7 @@ class GeluFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-        ctx.save_for_backward(x)   # the backward needs x only
+        ctx.save_for_backward(x)  # the backward needs x only
         ctx.approximate = approximate
         return gelu_math.forward(widen(x), approximate).to(x.dtype)
 
@@ -101,8 +113,13 @@ def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 # traces the ops and `torch.library.opcheck` passes. Each op's autograd formula uses the next op, so
 # every order is exact: gelu_fwd → gelu_bwd → (gelu_bwd, gelu_bwd2) → torch ops (gelu_math.bwd2_backward).
 
-EXTENSION = Extension("gelu", "GELU", ("gelu/gelu_cpu.cpp",), ("gelu/gelu_cuda.cpp", "gelu/gelu_cuda_kernels.cu"),
-                      register=lambda with_cuda: _register(with_cuda))
+EXTENSION = Extension(
+    "gelu",
+    "GELU",
+    ("gelu/gelu_cpu.cpp",),
+    ("gelu/gelu_cuda.cpp", "gelu/gelu_cuda_kernels.cu"),
+    register=lambda with_cuda: _register(with_cuda),
+)
 
 
 def load(verbose: bool = False) -> dict:
@@ -145,23 +162,27 @@ def gelu_cpp(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     in `load`). The first call must happen outside the compiled region (or call `load()` first, as
     `GELU(impl="cpp")` does in its constructor): building takes a lock Dynamo cannot trace.
     """
-    EXTENSION.ensure()   # outside any lock when loaded, so torch.compile never traces the build lock
+    EXTENSION.ensure()  # outside any lock when loaded, so torch.compile never traces the build lock
     return torch.ops.trainlab.gelu_fwd(x, approximate)
 
 
 def gelu_cuda(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """GELU through the extension's CUDA kernel; x must live on a CUDA device."""
     if not torch.cuda.is_available():
-        raise HardwareError(f"impl='cuda': no CUDA GPU is available (torch {torch.__version__}); "
-                            "use impl='cpp' or impl='python' on CPU")
+        raise HardwareError(
+            f"impl='cuda': no CUDA GPU is available (torch {torch.__version__}); use impl='cpp' or impl='python' on CPU"
+        )
     if x.device.type != "cuda":
-        raise HardwareError(f"impl='cuda': input is on {x.device}, expected a CUDA tensor; move it with "
-                            "x.cuda() or use impl='cpp' for CPU tensors")
+        raise HardwareError(
+            f"impl='cuda': input is on {x.device}, expected a CUDA tensor; move it with "
+            "x.cuda() or use impl='cpp' for CPU tensors"
+        )
     EXTENSION.require_cuda()
     return torch.ops.trainlab.gelu_fwd(x, approximate)
 
 
 # ---- dispatch ----------------------------------------------------------------------------------
+
 
 def gelu(x: torch.Tensor, impl: str = "aten", approximate: str = "none") -> torch.Tensor:
     """GELU of `x` with the chosen implementation; differentiable for every impl.
@@ -208,5 +229,4 @@ class GELU(nn.Module):
 
 # ---- its check cases and autograd-table hooks (ops/check.py; cases.py imports the entry point above) ----
 
-from trainlab.ops.gelu.cases import (BENCH, CASES, DOUBLE_BACKWARD, DTYPES, REGISTERED, gradcheck_case,  # noqa: E402,F401
-                                     opcheck)
+from trainlab.ops.gelu.cases import BENCH, CASES, DOUBLE_BACKWARD, DTYPES, REGISTERED, gradcheck_case, opcheck  # noqa: E402,F401

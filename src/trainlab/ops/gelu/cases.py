@@ -16,34 +16,53 @@ import torch.nn.functional as F
 from trainlab.ops.gelu import APPROXIMATIONS, EXTENSION, gelu, gelu_math
 from trainlab.ops.ladder import TOLERANCES, Case
 
-DTYPES = ("float32", "float64", "bfloat16")   # checked by default
-REGISTERED = ("cpp", "cuda")   # triton is an autograd.Function here, not a registered op
-DOUBLE_BACKWARD = True         # every rung differentiates its backward (gelu_bwd2): gradgradcheck too
-BENCH: list = []               # no LeNet-5 layer: `ops bench --op gelu` sweeps tensor sizes (bench.run_gelu_bench)
+DTYPES = ("float32", "float64", "bfloat16")  # checked by default
+REGISTERED = ("cpp", "cuda")  # triton is an autograd.Function here, not a registered op
+DOUBLE_BACKWARD = True  # every rung differentiates its backward (gelu_bwd2): gradgradcheck too
+BENCH: list = []  # no LeNet-5 layer: `ops bench --op gelu` sweeps tensor sizes (bench.run_gelu_bench)
 
 
 def edge_values(dtype: torch.dtype) -> torch.Tensor:
     """+-0, large |x|, +-inf, NaN, denormals (the smallest subnormal and one just below normal)."""
     fi = torch.finfo(dtype)
     tiny = fi.smallest_normal
-    vals = [0.0, -0.0, 10.0, -10.0, 1e4, -1e4, math.inf, -math.inf, math.nan,
-            tiny / 2, -tiny / 2, tiny * fi.eps, -tiny * fi.eps, 1.0, -1.0, 3.0, -3.0, 5.0, -5.0]
+    vals = [
+        0.0,
+        -0.0,
+        10.0,
+        -10.0,
+        1e4,
+        -1e4,
+        math.inf,
+        -math.inf,
+        math.nan,
+        tiny / 2,
+        -tiny / 2,
+        tiny * fi.eps,
+        -tiny * fi.eps,
+        1.0,
+        -1.0,
+        3.0,
+        -3.0,
+        5.0,
+        -5.0,
+    ]
     return torch.tensor(vals, dtype=torch.float64).to(dtype)
 
 
 def _bound(inputs64: dict, dy64: torch.Tensor, grad):
     """Element-wise: S = 1 for the output, max|dy| for the gradient."""
-    x = inputs64["x"]   # max|dy| as a tensor like x: it stays on the rung's device (no sync, no .item())
+    x = inputs64["x"]  # max|dy| as a tensor like x: it stays on the rung's device (no sync, no .item())
     return 1.0, {"x": dy64.abs().amax().expand(x.shape) if dy64.numel() else 1.0}
 
 
 def _with_edges(t: dict) -> dict:
-    x = t["x"]   # already in the row's dtype and on its device: the edge values of that dtype
+    x = t["x"]  # already in the row's dtype and on its device: the edge values of that dtype
     return {**t, "x": torch.cat([x, edge_values(x.dtype).to(x.device)])}
 
 
 def _strided(t: dict) -> dict:
-    return {**t, "x": t["x"].t()[:, ::2]}   # neither contiguous nor dense
+    return {**t, "x": t["x"].t()[:, ::2]}  # neither contiguous nor dense
 
 
 def handout_recipe(approximate: str):
@@ -52,6 +71,7 @@ def handout_recipe(approximate: str):
     inputs); the losses and the input gradients agree up to rounding. Also records `vs_exact`, the
     rung's max |y - x Phi(x)| on a grid over [-8, 8]: its kernel error for "none", the approximation's
     error otherwise (report 000's sigmoid form: ~0.020; tanh: 4.7e-4)."""
+
     def check(impl: str, dtype: torch.dtype, device: torch.device) -> dict:
         grid = torch.linspace(-8, 8, 4001, dtype=torch.float64).to(dtype)
         with torch.no_grad():
@@ -68,24 +88,49 @@ def handout_recipe(approximate: str):
         tol = TOLERANCES["elementwise"][dtype]
         loss_diff = abs(float(loss1.detach()) - float(loss2.detach()))
         # "equal up to rounding": a few output ulps of the dtype, relative to the loss / gradient size.
-        ok = (loss_diff <= 4 * tol.rtol * abs(float(loss1.detach())) + tol.atol
-              and grad_mse <= (4 * tol.rtol) ** 2 * float((x1.grad.double() ** 2).mean()) + tol.atol ** 2)
+        ok = (
+            loss_diff <= 4 * tol.rtol * abs(float(loss1.detach())) + tol.atol
+            and grad_mse <= (4 * tol.rtol) ** 2 * float((x1.grad.double() ** 2).mean()) + tol.atol**2
+        )
         return {"recipe_loss_diff": loss_diff, "recipe_grad_mse": grad_mse, "vs_exact": vs_exact, "ok": ok}
+
     return check
 
 
 def _case(approximate: str, suffix: str, make, view=None, edge=False, extra=None) -> Case:
     name = approximate + (f"-{suffix}" if suffix else "")
-    return Case("gelu", name, make, lambda t, impl: gelu(t["x"], impl=impl, approximate=approximate), False, view,
-                edge, bound=_bound, tolerance="elementwise", sized_by="n", variant=approximate, extra=extra)
+    return Case(
+        "gelu",
+        name,
+        make,
+        lambda t, impl: gelu(t["x"], impl=impl, approximate=approximate),
+        False,
+        view,
+        edge,
+        bound=_bound,
+        tolerance="elementwise",
+        sized_by="n",
+        variant=approximate,
+        extra=extra,
+    )
 
 
 def _cases(approximate: str) -> list[Case]:
     return [
-        _case(approximate, "", lambda n, gen: {"x": torch.randn(n, dtype=torch.float64, generator=gen) * 3},
-              view=_with_edges, edge=True, extra=handout_recipe(approximate)),
-        _case(approximate, "strided", lambda n, gen: {"x": torch.randn(16, 12, dtype=torch.float64, generator=gen) * 3},
-              view=_strided),
+        _case(
+            approximate,
+            "",
+            lambda n, gen: {"x": torch.randn(n, dtype=torch.float64, generator=gen) * 3},
+            view=_with_edges,
+            edge=True,
+            extra=handout_recipe(approximate),
+        ),
+        _case(
+            approximate,
+            "strided",
+            lambda n, gen: {"x": torch.randn(16, 12, dtype=torch.float64, generator=gen) * 3},
+            view=_strided,
+        ),
         _case(approximate, "0d", lambda n, gen: {"x": torch.tensor(-0.75, dtype=torch.float64)}),
         _case(approximate, "empty", lambda n, gen: {"x": torch.empty(0, 3, dtype=torch.float64)}),
     ]
@@ -108,9 +153,12 @@ def opcheck(impl: str, device: torch.device) -> bool:
         for a in APPROXIMATIONS:
             x = torch.randn(3, 5, dtype=dtype, device=device, requires_grad=True)
             g = torch.randn(3, 5, dtype=dtype, device=device)
-            results = (torch.library.opcheck(torch.ops.trainlab.gelu_fwd.default, (x, a)),
-                       torch.library.opcheck(torch.ops.trainlab.gelu_bwd.default, (g.requires_grad_(), x, a)),
-                       torch.library.opcheck(torch.ops.trainlab.gelu_bwd2.default,
-                                             (torch.randn_like(g).requires_grad_(), g, x, a)))
+            results = (
+                torch.library.opcheck(torch.ops.trainlab.gelu_fwd.default, (x, a)),
+                torch.library.opcheck(torch.ops.trainlab.gelu_bwd.default, (g.requires_grad_(), x, a)),
+                torch.library.opcheck(
+                    torch.ops.trainlab.gelu_bwd2.default, (torch.randn_like(g).requires_grad_(), g, x, a)
+                ),
+            )
             ok = ok and all(v == "SUCCESS" for r in results for v in r.values())
     return ok

@@ -57,7 +57,7 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 BETA = math.sqrt(2.0 / math.pi)
 KAPPA = 0.044715
 SIGMOID_K = 1.702
-APPROXIMATIONS = ("none", "tanh", "sigmoid")   # exact, tanh form, report 000's x sigmoid(1.702 x)
+APPROXIMATIONS = ("none", "tanh", "sigmoid")  # exact, tanh form, report 000's x sigmoid(1.702 x)
 
 
 def sech2(u: torch.Tensor) -> torch.Tensor:
@@ -141,7 +141,7 @@ def third_derivative(x: torch.Tensor, approximate: str) -> torch.Tensor:
     if approximate == "sigmoid":
         z = SIGMOID_K * x
         a = sig_var(z)
-        return SIGMOID_K ** 2 * a * (3.0 * (1.0 - 2.0 * torch.sigmoid(z)) + z * (1.0 - 6.0 * a))
+        return SIGMOID_K**2 * a * (3.0 * (1.0 - 2.0 * torch.sigmoid(z)) + z * (1.0 - 6.0 * a))
     x2 = x * x
     if approximate == "tanh":
         u = BETA * (x + KAPPA * x2 * x)
@@ -169,5 +169,8 @@ def bwd2_backward(ggg: torch.Tensor, gg: torch.Tensor, g: torch.Tensor, x: torch
     dtype = x.dtype
     ggg, gg, g, x = (widen(t) for t in (ggg, gg, g, x))
     s = second_derivative(x, approximate)
-    return ((ggg * g * s).to(dtype), (ggg * gg * s).to(dtype),
-            (ggg * gg * g * third_derivative(x, approximate)).to(dtype))
+    return (
+        (ggg * g * s).to(dtype),
+        (ggg * gg * s).to(dtype),
+        (ggg * gg * g * third_derivative(x, approximate)).to(dtype),
+    )

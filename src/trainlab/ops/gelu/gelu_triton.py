@@ -54,31 +54,41 @@ except ImportError as _e:  # pragma: no cover - exercised only where triton is a
 # 2048, 16 elements = 2 x 128-bit per thread, so every dtype keeps at least two 16-byte requests per
 # input in flight per thread (with 1024, a bf16 thread would have one).
 _NUM_WARPS = 4
-_BLOCK_GPU = {2: 2048, 4: 1024, 8: 1024}   # by element size in bytes
+_BLOCK_GPU = {2: 2048, 4: 1024, 8: 1024}  # by element size in bytes
 _BLOCK_INTERPRETED = 8192  # fewer, larger NumPy calls: the interpreter's cost is per program instance
-FORMS = {"none": 0, "tanh": 1, "sigmoid": 2}   # the FORM constexpr of each approximation
+FORMS = {"none": 0, "tanh": 1, "sigmoid": 2}  # the FORM constexpr of each approximation
 
 _kernels: dict = {}
 
 
 if tl is not None:
     # A plain Python function; wrapped per mode (JITFunction or InterpretedFunction) in _get_kernel.
-    def _gelu_kernel(x_ptr, g_ptr, gg_ptr, out_ptr, n, ORDER: tl.constexpr, FORM: tl.constexpr, F64: tl.constexpr,
-                     BLOCK: tl.constexpr, RNE_BF16: tl.constexpr):
+    def _gelu_kernel(
+        x_ptr,
+        g_ptr,
+        gg_ptr,
+        out_ptr,
+        n,
+        ORDER: tl.constexpr,
+        FORM: tl.constexpr,
+        F64: tl.constexpr,
+        BLOCK: tl.constexpr,
+        RNE_BF16: tl.constexpr,
+    ):
         # FORM: 0 exact x Phi(x), 1 tanh form, 2 sigmoid form x sigmoid(1.702 x) (FORMS)
         # program_id is int32: multiply in int64, or block 2^31 / BLOCK and beyond wraps around.
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-        if not F64:   # constexpr branch, resolved at compile time: 16-bit and fp32 math in fp32
+        if not F64:  # constexpr branch, resolved at compile time: 16-bit and fp32 math in fp32
             x = x.to(tl.float32)
         x2 = x * x
         if ORDER == 0:
             if FORM == 1:
                 u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
-                r = x / (1.0 + tl.exp(-2.0 * u))                     # x (1 + tanh u) / 2
+                r = x / (1.0 + tl.exp(-2.0 * u))  # x (1 + tanh u) / 2
             elif FORM == 2:
-                r = x / (1.0 + tl.exp(-1.702 * x))                    # x sigmoid(1.702 x)
+                r = x / (1.0 + tl.exp(-1.702 * x))  # x sigmoid(1.702 x)
             else:
                 r = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
         elif ORDER == 1:
@@ -87,13 +97,13 @@ if tl is not None:
                 g = g.to(tl.float32)
             if FORM == 1:
                 u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
-                s = 1.0 / (1.0 + tl.exp(-2.0 * u))                   # (1 + tanh u) / 2
+                s = 1.0 / (1.0 + tl.exp(-2.0 * u))  # (1 + tanh u) / 2
                 du = 0.7978845608028654 * (1.0 + 0.134145 * x2)
-                d = s + x * 2.0 * s * (1.0 - s) * du                  # (1 + t)/2 + x (1 - t^2)/2 u'
+                d = s + x * 2.0 * s * (1.0 - s) * du  # (1 + t)/2 + x (1 - t^2)/2 u'
             elif FORM == 2:
                 z = 1.702 * x
                 e = tl.exp(-tl.abs(z))
-                d = 1.0 / (1.0 + tl.exp(-z)) + z * (e / ((1.0 + e) * (1.0 + e)))   # s + z s (1 - s)
+                d = 1.0 / (1.0 + tl.exp(-z)) + z * (e / ((1.0 + e) * (1.0 + e)))  # s + z s (1 - s)
             else:
                 cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
                 pdf = 0.3989422804014327 * tl.exp(-0.5 * x2)
@@ -108,19 +118,19 @@ if tl is not None:
             if FORM == 1:
                 u = 0.7978845608028654 * (x + 0.044715 * x2 * x)
                 s = 1.0 / (1.0 + tl.exp(-2.0 * u))
-                t = 2.0 * s - 1.0                                     # tanh u
+                t = 2.0 * s - 1.0  # tanh u
                 e = tl.exp(-2.0 * tl.abs(u))
-                sech2 = 4.0 * e / ((1.0 + e) * (1.0 + e))             # 1 - t^2 without cancellation
+                sech2 = 4.0 * e / ((1.0 + e) * (1.0 + e))  # 1 - t^2 without cancellation
                 du = 0.7978845608028654 * (1.0 + 0.134145 * x2)
-                d2u = 0.21406444881780076 * x                         # 6 beta kappa x
+                d2u = 0.21406444881780076 * x  # 6 beta kappa x
                 d2 = sech2 * (du + 0.5 * x * (d2u - 2.0 * t * du * du))
             elif FORM == 2:
                 z = 1.702 * x
                 e = tl.exp(-tl.abs(z))
                 s = 1.0 / (1.0 + tl.exp(-z))
-                d2 = 1.702 * (e / ((1.0 + e) * (1.0 + e))) * (2.0 + z * (1.0 - 2.0 * s))   # k A (2 + z (1 - 2s))
+                d2 = 1.702 * (e / ((1.0 + e) * (1.0 + e))) * (2.0 + z * (1.0 - 2.0 * s))  # k A (2 + z (1 - 2s))
             else:
-                d2 = 0.3989422804014327 * tl.exp(-0.5 * x2) * (2.0 - x2)   # phi (2 - x^2)
+                d2 = 0.3989422804014327 * tl.exp(-0.5 * x2) * (2.0 - x2)  # phi (2 - x^2)
             r = gg * g * d2
         if RNE_BF16:
             # Interpreter only: its float32 -> bfloat16 cast truncates; round to nearest even by hand
@@ -138,8 +148,10 @@ ORDERS = {"forward": 0, "backward": 1, "double_backward": 2}
 
 def _import_triton():
     if triton is None:
-        raise HardwareError(f"impl='triton': Triton is not installed ({_TRITON_IMPORT_ERROR}); `pip install triton` "
-                            "(or trainlab[triton]) or use impl='cpp'/'python'")
+        raise HardwareError(
+            f"impl='triton': Triton is not installed ({_TRITON_IMPORT_ERROR}); `pip install triton` "
+            "(or trainlab[triton]) or use impl='cpp'/'python'"
+        )
     return triton
 
 
@@ -192,30 +204,46 @@ def run_mode(x: torch.Tensor, interpret: bool | None = None) -> bool:
     if x.device.type == "cuda":
         if (interpret or (interpret is None and interpreter_enabled())) and not _warned_interpret_on_cuda:
             _warned_interpret_on_cuda = True
-            warnings.warn("trainlab: TRITON_INTERPRET is set, but trainlab's Triton kernels run compiled on CUDA "
-                          "tensors (the interpreter is for CPU tensors only)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                "trainlab: TRITON_INTERPRET is set, but trainlab's Triton kernels run compiled on CUDA "
+                "tensors (the interpreter is for CPU tensors only)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return False
     if x.device.type == "cpu" and (interpret if interpret is not None else interpreter_enabled()):
         return True
     raise HardwareError(
         f"impl='triton': input is on {x.device} and no CUDA GPU is in use; Triton kernels need a GPU — "
-        "set TRITON_INTERPRET=1 to run them in Triton's (slow) CPU interpreter, or use impl='cpp'")
+        "set TRITON_INTERPRET=1 to run them in Triton's (slow) CPU interpreter, or use impl='cpp'"
+    )
 
 
-def run_kernel(order: int, x: torch.Tensor, approximate: str, interpret: bool | None = None,
-               g: torch.Tensor | None = None, gg: torch.Tensor | None = None) -> torch.Tensor:
+def run_kernel(
+    order: int,
+    x: torch.Tensor,
+    approximate: str,
+    interpret: bool | None = None,
+    g: torch.Tensor | None = None,
+    gg: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One launch of `_gelu_kernel` (ORDER 0/1/2); inputs are made contiguous, the output is too."""
     interpreted = run_mode(x, interpret)
     xc = x.contiguous()
-    gc = g.contiguous() if g is not None else xc     # unused pointers: any tensor of the right dtype
+    gc = g.contiguous() if g is not None else xc  # unused pointers: any tensor of the right dtype
     ggc = gg.contiguous() if gg is not None else xc
     out = torch.empty_like(xc)
     n = xc.numel()
     if n == 0:
         return out
     block = _BLOCK_INTERPRETED if interpreted else _BLOCK_GPU[xc.element_size()]
-    consts = dict(ORDER=order, FORM=FORMS[approximate], F64=x.dtype == torch.float64, BLOCK=block,
-                  RNE_BF16=interpreted and x.dtype == torch.bfloat16)
+    consts = dict(
+        ORDER=order,
+        FORM=FORMS[approximate],
+        F64=x.dtype == torch.float64,
+        BLOCK=block,
+        RNE_BF16=interpreted and x.dtype == torch.bfloat16,
+    )
     if not interpreted:
         consts["num_warps"] = _NUM_WARPS
     grid = (-(-n // block),)
@@ -227,7 +255,9 @@ def gelu_fwd_triton(x: torch.Tensor, approximate: str, interpret: bool | None = 
     return run_kernel(0, x, approximate, interpret)
 
 
-def gelu_bwd_triton(grad: torch.Tensor, x: torch.Tensor, approximate: str, interpret: bool | None = None) -> torch.Tensor:
+def gelu_bwd_triton(
+    grad: torch.Tensor, x: torch.Tensor, approximate: str, interpret: bool | None = None
+) -> torch.Tensor:
     return run_kernel(1, x, approximate, interpret, g=grad)
 
 
@@ -243,7 +273,7 @@ class TritonGeluFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        if not torch.is_grad_enabled():   # no create_graph: one launch, without a second Function's bookkeeping
+        if not torch.is_grad_enabled():  # no create_graph: one launch, without a second Function's bookkeeping
             return run_kernel(1, x, ctx.approximate, ctx.interpret, g=grad), None, None
         return TritonGeluBackward.apply(grad, x, ctx.approximate, ctx.interpret), None, None
 
@@ -262,8 +292,12 @@ class TritonGeluBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gg):
         grad, x = ctx.saved_tensors
-        return (TritonGeluBackward.apply(gg, x, ctx.approximate, ctx.interpret),
-                TritonGeluDoubleBackward.apply(gg, grad, x, ctx.approximate, ctx.interpret), None, None)
+        return (
+            TritonGeluBackward.apply(gg, x, ctx.approximate, ctx.interpret),
+            TritonGeluDoubleBackward.apply(gg, grad, x, ctx.approximate, ctx.interpret),
+            None,
+            None,
+        )
 
 
 class TritonGeluDoubleBackward(torch.autograd.Function):
@@ -282,7 +316,7 @@ class TritonGeluDoubleBackward(torch.autograd.Function):
 
 def gelu_triton(x: torch.Tensor, approximate: str = "none", interpret: bool | None = None) -> torch.Tensor:
     """GELU with the Triton kernels. `interpret=None` follows TRITON_INTERPRET for CPU tensors."""
-    run_mode(x, interpret)   # fail before autograd records anything
-    if not (torch.is_grad_enabled() and x.requires_grad):   # nothing to record: skip the Function's bookkeeping
+    run_mode(x, interpret)  # fail before autograd records anything
+    if not (torch.is_grad_enabled() and x.requires_grad):  # nothing to record: skip the Function's bookkeeping
         return run_kernel(0, x, approximate, interpret)
     return TritonGeluFunction.apply(x, approximate, interpret)

@@ -32,15 +32,32 @@ def check_device(op: str, impl: str, x: torch.Tensor) -> None:
 
 def pair(op: str, name: str, value, minimum: int) -> tuple[int, int]:
     """An int or a pair of ints (like nn.Conv2d's arguments), each >= minimum."""
-    vals = (value, value) if isinstance(value, int) and not isinstance(value, bool) else tuple(value) if isinstance(value, (tuple, list)) else None
-    if vals is None or len(vals) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in vals):
+    vals = (
+        (value, value)
+        if isinstance(value, int) and not isinstance(value, bool)
+        else tuple(value)
+        if isinstance(value, (tuple, list))
+        else None
+    )
+    if (
+        vals is None
+        or len(vals) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in vals)
+    ):
         raise OpInputError(f"{op}: {name} must be an integer or a pair of integers >= {minimum}, got {value!r}")
     return vals
 
 
 def _dtype_name(t: torch.Tensor) -> str:
-    kind = ("complex" if t.dtype.is_complex else "boolean" if t.dtype == torch.bool
-            else "integer" if not t.dtype.is_floating_point else "unsupported floating-point")
+    kind = (
+        "complex"
+        if t.dtype.is_complex
+        else "boolean"
+        if t.dtype == torch.bool
+        else "integer"
+        if not t.dtype.is_floating_point
+        else "unsupported floating-point"
+    )
     return f"a {kind} tensor ({t.dtype})"
 
 
@@ -48,8 +65,9 @@ def check_tensor(op: str, name: str, t, rank: int | None, layout: str = "") -> N
     if not isinstance(t, torch.Tensor):
         raise OpInputError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
-        raise OpInputError(f"{op}: {name} is {_dtype_name(t)}; expected float32, float64, bfloat16 or float16 "
-                           f"(cast with .float())")
+        raise OpInputError(
+            f"{op}: {name} is {_dtype_name(t)}; expected float32, float64, bfloat16 or float16 (cast with .float())"
+        )
     if rank is not None and t.dim() != rank:
         raise OpInputError(f"{op}: {name} must be {rank}-D{' ' + layout if layout else ''}, got shape {list(t.shape)}")
 
@@ -67,8 +85,10 @@ def check_x_weight_bias(op: str, x, weight, bias, rank: int, x_layout: str, w_la
     check_tensor(op, "weight", weight, rank, w_layout)
     check_same(op, "weight", weight, "x", x)
     if x.shape[1] != weight.shape[1]:
-        raise OpInputError(f"{op}: x has {x.shape[1]} {unit} but weight expects {weight.shape[1]} "
-                           f"(x {list(x.shape)}, weight {list(weight.shape)})")
+        raise OpInputError(
+            f"{op}: x has {x.shape[1]} {unit} but weight expects {weight.shape[1]} "
+            f"(x {list(x.shape)}, weight {list(weight.shape)})"
+        )
     check_bias(op, bias, x, weight.shape[0], f"output {unit}")
 
 
@@ -84,6 +104,7 @@ def check_bias(op: str, bias, x: torch.Tensor, n_out: int, what: str) -> None:
 
 # ---- conv2d (stride 1, zero padding) -------------------------------------------------------------
 
+
 def conv2d_output_hw(h, w, kh, kw, padding: tuple[int, int]):
     return h + 2 * padding[0] - kh + 1, w + 2 * padding[1] - kw + 1
 
@@ -95,12 +116,15 @@ def check_conv2d(x, weight, bias, padding) -> tuple[int, int]:
     pad = pair(op, "padding", padding, 0)
     oh, ow = conv2d_output_hw(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], pad)
     if oh < 1 or ow < 1:
-        raise OpInputError(f"{op}: kernel {weight.shape[2]}x{weight.shape[3]} is larger than the input "
-                           f"{x.shape[2]}x{x.shape[3]} padded by {pad[0]}x{pad[1]}")
+        raise OpInputError(
+            f"{op}: kernel {weight.shape[2]}x{weight.shape[3]} is larger than the input "
+            f"{x.shape[2]}x{x.shape[3]} padded by {pad[0]}x{pad[1]}"
+        )
     return pad
 
 
 # ---- max_pool2d ------------------------------------------------------------------------------------
+
 
 def pool_output_hw(h, w, kernel, stride, padding):
     return (h + 2 * padding[0] - kernel[0]) // stride[0] + 1, (w + 2 * padding[1] - kernel[1]) // stride[1] + 1
@@ -121,16 +145,20 @@ def check_max_pool2d(x, kernel_size, stride, padding):
     if 2 * pad[0] > kernel[0] or 2 * pad[1] > kernel[1]:
         raise OpInputError(f"{op}: padding {pad} must be at most half the kernel {kernel}")
     if x.shape[2] + 2 * pad[0] < kernel[0] or x.shape[3] + 2 * pad[1] < kernel[1]:
-        raise OpInputError(f"{op}: kernel {kernel[0]}x{kernel[1]} is larger than the input "
-                           f"{x.shape[2]}x{x.shape[3]} padded by {pad[0]}x{pad[1]}")
+        raise OpInputError(
+            f"{op}: kernel {kernel[0]}x{kernel[1]} is larger than the input "
+            f"{x.shape[2]}x{x.shape[3]} padded by {pad[0]}x{pad[1]}"
+        )
     return kernel, stride, pad
 
 
 # ---- linear / relu ---------------------------------------------------------------------------------
 
+
 def check_linear(x, weight, bias) -> None:
-    check_x_weight_bias("linear", x, weight, bias, 2, "[N, in_features] (flatten it first)",
-                        "[out_features, in_features]", "features")
+    check_x_weight_bias(
+        "linear", x, weight, bias, 2, "[N, in_features] (flatten it first)", "[out_features, in_features]", "features"
+    )
 
 
 def check_relu(x) -> None:
@@ -152,6 +180,7 @@ def check_relu(x) -> None:
 #
 # Every real kernel returns contiguous tensors, which is what `new_empty` gives the fakes.
 
+
 def register(prefix: str, with_atomic_pool: bool = False) -> None:
     """Fakes + autograd for the ops `trainlab::<prefix>conv2d_fwd`, … (prefix '' or 'triton_')."""
     ns = torch.ops.trainlab
@@ -168,7 +197,7 @@ def register(prefix: str, with_atomic_pool: bool = False) -> None:
         return x.new_empty((x.shape[0], weight.shape[0], oh, ow))
 
     def conv_bwd_input_fake(grad, weight, padding):
-        h = grad.shape[2] - 2 * padding[0] + weight.shape[2] - 1   # stride 1: the input size is implied
+        h = grad.shape[2] - 2 * padding[0] + weight.shape[2] - 1  # stride 1: the input size is implied
         w = grad.shape[3] - 2 * padding[1] + weight.shape[3] - 1
         return grad.new_empty((grad.shape[0], weight.shape[1], h, w))
 
@@ -191,10 +220,17 @@ def register(prefix: str, with_atomic_pool: bool = False) -> None:
     def same_shape_fake(t, *_):
         return t.new_empty(t.shape)
 
-    fakes = {"conv2d_fwd": conv_fwd_fake, "conv2d_bwd_input": conv_bwd_input_fake,
-             "conv2d_bwd_weight": conv_bwd_weight_fake, "max_pool2d_fwd": pool_fwd_fake,
-             "max_pool2d_bwd": pool_bwd_fake, "linear_fwd": linear_fwd_fake, "linear_bwd": linear_bwd_fake,
-             "relu_fwd": same_shape_fake, "relu_bwd": same_shape_fake}
+    fakes = {
+        "conv2d_fwd": conv_fwd_fake,
+        "conv2d_bwd_input": conv_bwd_input_fake,
+        "conv2d_bwd_weight": conv_bwd_weight_fake,
+        "max_pool2d_fwd": pool_fwd_fake,
+        "max_pool2d_bwd": pool_bwd_fake,
+        "linear_fwd": linear_fwd_fake,
+        "linear_bwd": linear_bwd_fake,
+        "relu_fwd": same_shape_fake,
+        "relu_bwd": same_shape_fake,
+    }
     if with_atomic_pool:
         fakes["max_pool2d_bwd_atomic"] = pool_bwd_fake
     for op_name, fake in fakes.items():
@@ -217,7 +253,7 @@ def register(prefix: str, with_atomic_pool: bool = False) -> None:
 
     def pool_setup(ctx, inputs, output):
         x, kernel, stride, padding = inputs
-        ctx.save_for_backward(output[1])   # the window indices, one byte per output
+        ctx.save_for_backward(output[1])  # the window indices, one byte per output
         ctx.input_hw, ctx.window = list(x.shape[2:]), (kernel, stride, padding)
 
     def pool_backward(ctx, grad, _grad_indices):
@@ -244,9 +280,11 @@ def register(prefix: str, with_atomic_pool: bool = False) -> None:
     # The C++ family's conv2d, linear and relu carry the same formulas in C++ (layers_cpu.cpp: no
     # interpreter in the step's hot path); the Triton family and max_pool2d keep these.
     in_cpp = {"conv2d_fwd", "linear_fwd", "relu_fwd"} if prefix == "" else set()
-    for op_name, backward, setup in (("conv2d_fwd", conv_backward, conv_setup),
-                                     ("max_pool2d_fwd", pool_backward, pool_setup),
-                                     ("linear_fwd", linear_backward, linear_setup),
-                                     ("relu_fwd", relu_backward, relu_setup)):
+    for op_name, backward, setup in (
+        ("conv2d_fwd", conv_backward, conv_setup),
+        ("max_pool2d_fwd", pool_backward, pool_setup),
+        ("linear_fwd", linear_backward, linear_setup),
+        ("relu_fwd", relu_backward, relu_setup),
+    ):
         if op_name not in in_cpp:
             torch.library.register_autograd(name(op_name), backward, setup_context=setup)

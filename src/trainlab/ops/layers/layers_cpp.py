@@ -35,9 +35,13 @@ from trainlab.ops.layers.layer_args import register
 
 # conv_relu_pool2d's C++ file is compiled into this library (one build, the layers' headers); its
 # folder registers its ops' fakes and autograd with EXTENSION.also_register.
-EXTENSION = Extension("layers", "layer", ("layers/layers_cpu.cpp", "conv_relu_pool2d/conv_relu_pool_cpu.cpp"),
-                      ("layers/layers_cuda.cu", "layers/layers_cuda_glue.cpp"),
-                      register=lambda with_cuda: register("", with_atomic_pool=with_cuda))
+EXTENSION = Extension(
+    "layers",
+    "layer",
+    ("layers/layers_cpu.cpp", "conv_relu_pool2d/conv_relu_pool_cpu.cpp"),
+    ("layers/layers_cuda.cu", "layers/layers_cuda_glue.cpp"),
+    register=lambda with_cuda: register("", with_atomic_pool=with_cuda),
+)
 
 
 def load(verbose: bool = False) -> dict:
@@ -46,6 +50,7 @@ def load(verbose: bool = False) -> dict:
 
 
 # ---- dispatch to a compiled rung ---------------------------------------------------------------------
+
 
 def compiled_rung(impl: str) -> ModuleType:
     """The module that runs layer impl 'cpp', 'cuda' or 'triton' (conv2d, max_pool2d, linear, relu,
@@ -71,6 +76,7 @@ def prepare(layer: str, impl: str) -> str:
 
 
 # ---- entry points used by the cpp / cuda rungs (arguments already validated by layer_args) ------
+
 
 def conv2d(x, weight, bias, padding) -> torch.Tensor:
     EXTENSION.ensure()

@@ -29,7 +29,6 @@ Offsets into the batch dimension are computed in int64 (batch 4096 x 6 x 28 x 28
 """
 
 # No `from __future__ import annotations`: Triton reads `tl.constexpr` annotations as objects.
-from typing import Optional
 
 import torch
 
@@ -46,10 +45,33 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent 
 if tl is not None:
     # Plain functions, wrapped per mode (JITFunction or InterpretedFunction) by gelu_triton.kernel_object.
 
-    def _conv2d_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, C, H, W, OC, OH, OW, sxn, sxc, sxh, sxw,
-                           KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
-                           HAS_BIAS: tl.constexpr, F64: tl.constexpr, IEEE: tl.constexpr,
-                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    def _conv2d_fwd_kernel(
+        x_ptr,
+        w_ptr,
+        b_ptr,
+        y_ptr,
+        N,
+        C,
+        H,
+        W,
+        OC,
+        OH,
+        OW,
+        sxn,
+        sxc,
+        sxh,
+        sxw,
+        KH: tl.constexpr,
+        KW: tl.constexpr,
+        PH: tl.constexpr,
+        PW: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        F64: tl.constexpr,
+        IEEE: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+    ):
         # y[n, o, i, j] = b[o] + sum_k x[n, c, i+p-PH, j+q-PW] * w[o, k],  k = (c, p, q).
         # GEMM rows m = (n, i, j) (output pixels), columns o, reduction k; w is contiguous [OC, K].
         rm = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -79,17 +101,43 @@ if tl is not None:
             if IEEE:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
             else:
-                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)   # float64 for gradcheck (triton 3.7 wants it named)
-        if HAS_BIAS:   # epilogue: the bias is added while the tile is still in registers
+                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)  # float64 for gradcheck (triton 3.7 wants it named)
+        if HAS_BIAS:  # epilogue: the bias is added while the tile is still in registers
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(acc.dtype)[None, :]
         y_off = img.to(tl.int64)[:, None] * (OC * OH * OW) + rn[None, :] * (OH * OW) + (oh * OW + ow)[:, None]
         tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
-    def _conv2d_bwd_weight_kernel(g_ptr, x_ptr, dw_ptr, N, C, H, W, OC, OH, OW,
-                                  sgn, sgc, sgh, sgw, sxn, sxc, sxh, sxw, K_PER_SPLIT,
-                                  KH: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
-                                  BIAS_COL: tl.constexpr, F64: tl.constexpr, IEEE: tl.constexpr,
-                                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    def _conv2d_bwd_weight_kernel(
+        g_ptr,
+        x_ptr,
+        dw_ptr,
+        N,
+        C,
+        H,
+        W,
+        OC,
+        OH,
+        OW,
+        sgn,
+        sgc,
+        sgh,
+        sgw,
+        sxn,
+        sxc,
+        sxh,
+        sxw,
+        K_PER_SPLIT,
+        KH: tl.constexpr,
+        KW: tl.constexpr,
+        PH: tl.constexpr,
+        PW: tl.constexpr,
+        BIAS_COL: tl.constexpr,
+        F64: tl.constexpr,
+        IEEE: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+    ):
         # dw[o, (c, p, q)] = sum_r dy[n, o, i, j] * x[n, c, i+p-PH, j+q-PW],  r = (n, i, j).
         # Rows o, columns (c, p, q), reduction r split into slices of K_PER_SPLIT (program axis 2):
         # each program writes its partial sum to dw_ptr[split]; torch adds the slices in order.
@@ -123,21 +171,40 @@ if tl is not None:
             ih = oh[:, None] + p[None, :] - PH
             iw = ow[:, None] + q[None, :] - PW
             b_ok = k_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            b = tl.load(x_ptr + img.to(tl.int64)[:, None] * sxn + c[None, :] * sxc + ih * sxh + iw * sxw,
-                        mask=b_ok, other=0.0)
+            b = tl.load(
+                x_ptr + img.to(tl.int64)[:, None] * sxn + c[None, :] * sxc + ih * sxh + iw * sxw, mask=b_ok, other=0.0
+            )
             if BIAS_COL:
                 ones = tl.full((BK, BN), 1.0, b.dtype)
                 b = tl.where(k_ok[:, None] & (rn == CKK)[None, :], ones, b)
             if IEEE:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
             else:
-                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)   # float64 for gradcheck (triton 3.7 wants it named)
+                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)  # float64 for gradcheck (triton 3.7 wants it named)
         out = split.to(tl.int64) * OC * NCOL + rm[:, None] * NCOL + rn[None, :]
         tl.store(dw_ptr + out, acc, mask=m_ok[:, None] & (rn < NCOL)[None, :])
 
-    def _matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, sam, sak, sbk, sbn, K_PER_SPLIT,
-                       HAS_BIAS: tl.constexpr, BIAS_COL: tl.constexpr, F64: tl.constexpr, IEEE: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    def _matmul_kernel(
+        a_ptr,
+        b_ptr,
+        c_ptr,
+        bias_ptr,
+        M,
+        N,
+        K,
+        sam,
+        sak,
+        sbk,
+        sbn,
+        K_PER_SPLIT,
+        HAS_BIAS: tl.constexpr,
+        BIAS_COL: tl.constexpr,
+        F64: tl.constexpr,
+        IEEE: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+    ):
         # c[split, m, n] = sum over this split's k of a[m, k] b[k, n] (+ bias[n]); a and b by strides,
         # so transposed operands cost nothing. BIAS_COL appends a column of ones to b: c[:, N] is then
         # sum_k a[m, k] — the linear layer's bias gradient when a = dy^T — from the same tl.dot.
@@ -156,25 +223,51 @@ if tl is not None:
         for k0 in range(k_begin, k_begin + K_PER_SPLIT, BK):
             rk = k0 + tl.arange(0, BK)
             k_ok = (rk < K) & (rk < k_begin + K_PER_SPLIT)
-            a = tl.load(a_ptr + rm.to(tl.int64)[:, None] * sam + rk[None, :] * sak,
-                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptr + rk.to(tl.int64)[:, None] * sbk + rn[None, :] * sbn,
-                        mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            a = tl.load(
+                a_ptr + rm.to(tl.int64)[:, None] * sam + rk[None, :] * sak,
+                mask=m_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            b = tl.load(
+                b_ptr + rk.to(tl.int64)[:, None] * sbk + rn[None, :] * sbn,
+                mask=k_ok[:, None] & n_ok[None, :],
+                other=0.0,
+            )
             if BIAS_COL:
                 ones = tl.full((BK, BN), 1.0, b.dtype)
                 b = tl.where(k_ok[:, None] & (rn == N)[None, :], ones, b)
             if IEEE:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
             else:
-                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)   # float64 for gradcheck (triton 3.7 wants it named)
+                acc = tl.dot(a, b, acc, out_dtype=acc.dtype)  # float64 for gradcheck (triton 3.7 wants it named)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(acc.dtype)[None, :]
         out = split.to(tl.int64) * M * NCOL + rm.to(tl.int64)[:, None] * NCOL + rn[None, :]
         tl.store(c_ptr + out, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & (rn < NCOL)[None, :])
 
-    def _max_pool2d_fwd_kernel(x_ptr, y_ptr, idx_ptr, TOTAL, C, H, W, OH, OW, sxn, sxc, sxh, sxw,
-                               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-                               PH: tl.constexpr, PW: tl.constexpr, F64: tl.constexpr, BLOCK: tl.constexpr):
+    def _max_pool2d_fwd_kernel(
+        x_ptr,
+        y_ptr,
+        idx_ptr,
+        TOTAL,
+        C,
+        H,
+        W,
+        OH,
+        OW,
+        sxn,
+        sxc,
+        sxh,
+        sxw,
+        KH: tl.constexpr,
+        KW: tl.constexpr,
+        SH: tl.constexpr,
+        SW: tl.constexpr,
+        PH: tl.constexpr,
+        PW: tl.constexpr,
+        F64: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         # One lane per output (n, c, i, j): the window's maximum and its window-local index p*KW + q.
         # ATen's rules: scan p then q, take v when v > best or v is NaN; a window with no taker
         # (all -inf) reports its first element inside the image.
@@ -202,13 +295,34 @@ if tl is not None:
                 take = inside & ((v > best) | (v != v))
                 best = tl.where(take, v, best)
                 k_best = tl.where(take, p * KW + q, k_best)
-        tl.store(y_ptr + offs, best.to(y_ptr.dtype.element_ty), mask=ok)   # exact: best is one of the inputs
+        tl.store(y_ptr + offs, best.to(y_ptr.dtype.element_ty), mask=ok)  # exact: best is one of the inputs
         tl.store(idx_ptr + offs, k_best.to(idx_ptr.dtype.element_ty), mask=ok)
 
-    def _max_pool2d_bwd_kernel(g_ptr, idx_ptr, dx_ptr, TOTAL, C, H, W, OH, OW, sgn, sgc, sgh, sgw,
-                               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-                               PH: tl.constexpr, PW: tl.constexpr, NWH: tl.constexpr, NWW: tl.constexpr,
-                               F64: tl.constexpr, BLOCK: tl.constexpr):
+    def _max_pool2d_bwd_kernel(
+        g_ptr,
+        idx_ptr,
+        dx_ptr,
+        TOTAL,
+        C,
+        H,
+        W,
+        OH,
+        OW,
+        sgn,
+        sgc,
+        sgh,
+        sgw,
+        KH: tl.constexpr,
+        KW: tl.constexpr,
+        SH: tl.constexpr,
+        SW: tl.constexpr,
+        PH: tl.constexpr,
+        PW: tl.constexpr,
+        NWH: tl.constexpr,
+        NWW: tl.constexpr,
+        F64: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         # One lane per input element (n, c, h, w): the windows containing row h are i = i_hi - d for
         # d < NWH = ceil(KH/SH), i_hi = (h + PH) // SH (likewise for columns); add dy[n, c, i, j] for
         # each window whose saved winner is (h, w). A gather: no two lanes write the same element.
@@ -247,7 +361,7 @@ if tl is not None:
             v = x
         else:
             v = x.to(tl.float32)
-        keep = (v > 0) | (v != v)   # NaN kept
+        keep = (v > 0) | (v != v)  # NaN kept
         tl.store(y_ptr + offs, tl.where(keep, x, tl.full((BLOCK,), 0.0, x.dtype)), mask=ok)
 
     def _relu_bwd_kernel(g_ptr, y_ptr, dx_ptr, TOTAL, F64: tl.constexpr, BLOCK: tl.constexpr):
@@ -259,11 +373,18 @@ if tl is not None:
             v = y
         else:
             v = y.to(tl.float32)
-        tl.store(dx_ptr + offs, tl.where(v <= 0, tl.full((BLOCK,), 0.0, g.dtype), g), mask=ok)   # NaN passes
+        tl.store(dx_ptr + offs, tl.where(v <= 0, tl.full((BLOCK,), 0.0, g.dtype), g), mask=ok)  # NaN passes
 
 
-KERNELS = ("_conv2d_fwd_kernel", "_conv2d_bwd_weight_kernel", "_matmul_kernel",
-           "_max_pool2d_fwd_kernel", "_max_pool2d_bwd_kernel", "_relu_fwd_kernel", "_relu_bwd_kernel")
+KERNELS = (
+    "_conv2d_fwd_kernel",
+    "_conv2d_bwd_weight_kernel",
+    "_matmul_kernel",
+    "_max_pool2d_fwd_kernel",
+    "_max_pool2d_bwd_kernel",
+    "_relu_fwd_kernel",
+    "_relu_bwd_kernel",
+)
 
 
 def aot_specs(dtype: str = "fp32") -> dict:
@@ -284,33 +405,67 @@ def aot_specs(dtype: str = "fp32") -> dict:
         "_conv2d_fwd_kernel": (
             sig(["x_ptr", "w_ptr", "b_ptr", "y_ptr", *shape7, "sxn", "sxc", "sxh", "sxw"], [ptr] * 4 + ["i32"] * 11)
             | dict.fromkeys([*conv, "HAS_BIAS", "F64", "IEEE", *tiles], "constexpr"),
-            {**conv, "HAS_BIAS": True, **prec, **tiles}),
+            {**conv, "HAS_BIAS": True, **prec, **tiles},
+        ),
         "_conv2d_bwd_weight_kernel": (
-            sig(["g_ptr", "x_ptr", "dw_ptr", *shape7, "sgn", "sgc", "sgh", "sgw", "sxn", "sxc", "sxh", "sxw",
-                 "K_PER_SPLIT"], [ptr, ptr, acc] + ["i32"] * 16)
+            sig(
+                [
+                    "g_ptr",
+                    "x_ptr",
+                    "dw_ptr",
+                    *shape7,
+                    "sgn",
+                    "sgc",
+                    "sgh",
+                    "sgw",
+                    "sxn",
+                    "sxc",
+                    "sxh",
+                    "sxw",
+                    "K_PER_SPLIT",
+                ],
+                [ptr, ptr, acc] + ["i32"] * 16,
+            )
             | dict.fromkeys([*conv, "BIAS_COL", "F64", "IEEE", *tiles], "constexpr"),
-            {**conv, "BIAS_COL": True, **prec, **tiles, "BM": 16}),
+            {**conv, "BIAS_COL": True, **prec, **tiles, "BM": 16},
+        ),
         "_matmul_kernel": (
-            sig(["a_ptr", "b_ptr", "c_ptr", "bias_ptr", "M", "N", "K", "sam", "sak", "sbk", "sbn", "K_PER_SPLIT"],
-                [ptr] * 4 + ["i32"] * 8)
+            sig(
+                ["a_ptr", "b_ptr", "c_ptr", "bias_ptr", "M", "N", "K", "sam", "sak", "sbk", "sbn", "K_PER_SPLIT"],
+                [ptr] * 4 + ["i32"] * 8,
+            )
             | dict.fromkeys(["HAS_BIAS", "BIAS_COL", "F64", "IEEE", *tiles], "constexpr"),
-            {"HAS_BIAS": True, "BIAS_COL": True, **prec, **tiles}),
+            {"HAS_BIAS": True, "BIAS_COL": True, **prec, **tiles},
+        ),
         "_max_pool2d_fwd_kernel": (
-            sig(["x_ptr", "y_ptr", "idx_ptr", "TOTAL", "C", "H", "W", "OH", "OW", "sxn", "sxc", "sxh", "sxw"],
-                [ptr, ptr, "*u8"] + ["i32"] * 10) | dict.fromkeys([*pool, "F64", "BLOCK"], "constexpr"),
-            {**pool, "F64": dtype == "fp64", "BLOCK": 256}),
+            sig(
+                ["x_ptr", "y_ptr", "idx_ptr", "TOTAL", "C", "H", "W", "OH", "OW", "sxn", "sxc", "sxh", "sxw"],
+                [ptr, ptr, "*u8"] + ["i32"] * 10,
+            )
+            | dict.fromkeys([*pool, "F64", "BLOCK"], "constexpr"),
+            {**pool, "F64": dtype == "fp64", "BLOCK": 256},
+        ),
         "_max_pool2d_bwd_kernel": (
-            sig(["g_ptr", "idx_ptr", "dx_ptr", "TOTAL", "C", "H", "W", "OH", "OW", "sgn", "sgc", "sgh", "sgw"],
-                [ptr, "*u8", ptr] + ["i32"] * 10) | dict.fromkeys([*pool, "NWH", "NWW", "F64", "BLOCK"], "constexpr"),
-            {**pool, "NWH": 1, "NWW": 1, "F64": dtype == "fp64", "BLOCK": 256}),
-        "_relu_fwd_kernel": ({"x_ptr": ptr, "y_ptr": ptr, "TOTAL": "i32", "F64": "constexpr", "BLOCK": "constexpr"},
-                             {"F64": dtype == "fp64", "BLOCK": 1024}),
-        "_relu_bwd_kernel": ({"g_ptr": ptr, "y_ptr": ptr, "dx_ptr": ptr, "TOTAL": "i32", "F64": "constexpr",
-                              "BLOCK": "constexpr"}, {"F64": dtype == "fp64", "BLOCK": 1024}),
+            sig(
+                ["g_ptr", "idx_ptr", "dx_ptr", "TOTAL", "C", "H", "W", "OH", "OW", "sgn", "sgc", "sgh", "sgw"],
+                [ptr, "*u8", ptr] + ["i32"] * 10,
+            )
+            | dict.fromkeys([*pool, "NWH", "NWW", "F64", "BLOCK"], "constexpr"),
+            {**pool, "NWH": 1, "NWW": 1, "F64": dtype == "fp64", "BLOCK": 256},
+        ),
+        "_relu_fwd_kernel": (
+            {"x_ptr": ptr, "y_ptr": ptr, "TOTAL": "i32", "F64": "constexpr", "BLOCK": "constexpr"},
+            {"F64": dtype == "fp64", "BLOCK": 1024},
+        ),
+        "_relu_bwd_kernel": (
+            {"g_ptr": ptr, "y_ptr": ptr, "dx_ptr": ptr, "TOTAL": "i32", "F64": "constexpr", "BLOCK": "constexpr"},
+            {"F64": dtype == "fp64", "BLOCK": 1024},
+        ),
     }
 
 
 # ---- mode, launch geometry ----------------------------------------------------------------------------
+
 
 def _launch(name: str, interpreted: bool, grid, *args, **meta) -> None:
     launch(globals()[name], interpreted, grid, *args, **meta)
@@ -359,8 +514,9 @@ def _grid_1d(total: int, block: int):
 
 # ---- the ops: eager launchers registered as torch.library custom ops ----------------------------------
 
+
 @torch.library.custom_op("trainlab::triton_conv2d_fwd", mutates_args=())
-def conv2d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: list[int]) -> torch.Tensor:
+def conv2d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: list[int]) -> torch.Tensor:
     interpreted, dtype = run_mode(x), x.dtype
     x, weight, bias = _kernel_inputs(interpreted, x, weight, bias)
     n, c, h, w = x.shape
@@ -370,9 +526,30 @@ def conv2d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     if y.numel():
         t = _tiles(interpreted, oc)
         grid = (-(-n * oh * ow // t["BM"]), -(-oc // t["BN"]))
-        _launch("_conv2d_fwd_kernel", interpreted, grid, x, weight.contiguous(), bias if bias is not None else y, y,
-                n, c, h, w, oc, oh, ow, *x.stride(), KH=kh, KW=kw, PH=padding[0], PW=padding[1],
-                HAS_BIAS=bias is not None, **_precision(x.dtype), **t)
+        _launch(
+            "_conv2d_fwd_kernel",
+            interpreted,
+            grid,
+            x,
+            weight.contiguous(),
+            bias if bias is not None else y,
+            y,
+            n,
+            c,
+            h,
+            w,
+            oc,
+            oh,
+            ow,
+            *x.stride(),
+            KH=kh,
+            KW=kw,
+            PH=padding[0],
+            PW=padding[1],
+            HAS_BIAS=bias is not None,
+            **_precision(x.dtype),
+            **t,
+        )
     return y.to(dtype)
 
 
@@ -382,13 +559,14 @@ def conv2d_bwd_input(grad: torch.Tensor, weight: torch.Tensor, padding: list[int
     # convolution: of dy with the kernel flipped in space and transposed in channels, padded by
     # K-1-P. So the forward's implicit-GEMM kernel computes it, with no kernel of its own.
     kh, kw = weight.shape[2], weight.shape[3]
-    flipped = weight.flip(2, 3).transpose(0, 1).contiguous()   # [C, OC, KH, KW]: 2.4k numbers for LeNet's conv2
+    flipped = weight.flip(2, 3).transpose(0, 1).contiguous()  # [C, OC, KH, KW]: 2.4k numbers for LeNet's conv2
     return conv2d_fwd(grad, flipped, None, [kh - 1 - padding[0], kw - 1 - padding[1]])
 
 
 @torch.library.custom_op("trainlab::triton_conv2d_bwd_weight", mutates_args=())
-def conv2d_bwd_weight(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, padding: list[int],
-                      bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def conv2d_bwd_weight(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, padding: list[int], bias: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     interpreted = run_mode(x)
     grad, x = _kernel_inputs(interpreted, grad, x)
     n, c, h, w = x.shape
@@ -396,24 +574,47 @@ def conv2d_bwd_weight(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     oh, ow = grad.shape[2], grad.shape[3]
     ckk, r = c * kh * kw, n * oh * ow
     t = _tiles(interpreted, ckk)
-    t["BM"] = 16 if not interpreted else t["BM"]   # rows are output channels: 6 or 16 in LeNet
+    t["BM"] = 16 if not interpreted else t["BM"]  # rows are output channels: 6 or 16 in LeNet
     tiles = -(-oc // t["BM"]) * -(-(ckk + 1) // t["BN"])
     splits, per = _splits(r, t["BK"], tiles, interpreted)
     ncol = ckk + int(bias)
     parts = torch.zeros((splits, oc, ncol), dtype=_acc_dtype(x.dtype), device=x.device)
     if r:
         grid = (-(-oc // t["BM"]), -(-ncol // t["BN"]), splits)
-        _launch("_conv2d_bwd_weight_kernel", interpreted, grid, grad, x, parts, n, c, h, w, oc, oh, ow,
-                *grad.stride(), *x.stride(), per, KH=kh, KW=kw, PH=padding[0], PW=padding[1], BIAS_COL=bool(bias),
-                **_precision(x.dtype), **t)
-    total = parts.sum(0)   # the split-K slices, added in order
+        _launch(
+            "_conv2d_bwd_weight_kernel",
+            interpreted,
+            grid,
+            grad,
+            x,
+            parts,
+            n,
+            c,
+            h,
+            w,
+            oc,
+            oh,
+            ow,
+            *grad.stride(),
+            *x.stride(),
+            per,
+            KH=kh,
+            KW=kw,
+            PH=padding[0],
+            PW=padding[1],
+            BIAS_COL=bool(bias),
+            **_precision(x.dtype),
+            **t,
+        )
+    total = parts.sum(0)  # the split-K slices, added in order
     dw = total[:, :ckk].reshape(weight.shape).to(weight.dtype)
     db = total[:, ckk].to(weight.dtype).contiguous() if bias else weight.new_empty((0,))
     return dw, db
 
 
-def _matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], bias_col: bool,
-            interpreted: bool, split: bool) -> torch.Tensor:
+def _matmul(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, bias_col: bool, interpreted: bool, split: bool
+) -> torch.Tensor:
     """a [M, K] @ b [K, N] (+ bias), operands by strides; with `bias_col` the result has one more
     column, sum_k a[m, k]. With `split`, the K axis is split across programs and the partial
     products are added by torch (in the accumulation dtype)."""
@@ -427,35 +628,55 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], bias
     c = torch.zeros((splits, m, ncol), dtype=out_dtype, device=a.device)
     if m and ncol:
         grid = (-(-m // t["BM"]), -(-ncol // t["BN"]), splits)
-        _launch("_matmul_kernel", interpreted, grid, a, b, c, bias if bias is not None else c, m, n, k,
-                a.stride(0), a.stride(1), b.stride(0), b.stride(1), per, HAS_BIAS=bias is not None,
-                BIAS_COL=bias_col, **_precision(a.dtype), **t)
+        _launch(
+            "_matmul_kernel",
+            interpreted,
+            grid,
+            a,
+            b,
+            c,
+            bias if bias is not None else c,
+            m,
+            n,
+            k,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            per,
+            HAS_BIAS=bias is not None,
+            BIAS_COL=bias_col,
+            **_precision(a.dtype),
+            **t,
+        )
     return c.sum(0) if splits > 1 else c[0]
 
 
 @torch.library.custom_op("trainlab::triton_linear_fwd", mutates_args=())
-def linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     interpreted, dtype = run_mode(x), x.dtype
     x, weight, bias = _kernel_inputs(interpreted, x, weight, bias)
-    y = _matmul(x, weight.t(), bias, False, interpreted, split=False)   # W^T by strides: no copy
+    y = _matmul(x, weight.t(), bias, False, interpreted, split=False)  # W^T by strides: no copy
     return y.to(dtype).contiguous()
 
 
 @torch.library.custom_op("trainlab::triton_linear_bwd", mutates_args=())
-def linear_bwd(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-               bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def linear_bwd(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     interpreted, dtype = run_mode(x), x.dtype
     grad, x, weight = _kernel_inputs(interpreted, grad, x, weight)
     fin = x.shape[1]
-    dx = _matmul(grad, weight, None, False, interpreted, split=False)                 # dy W
-    dwb = _matmul(grad.t(), x, None, bias, interpreted, split=True)                   # [dy^T x | dy^T 1]
+    dx = _matmul(grad, weight, None, False, interpreted, split=False)  # dy W
+    dwb = _matmul(grad.t(), x, None, bias, interpreted, split=True)  # [dy^T x | dy^T 1]
     db = dwb[:, fin].to(dtype).contiguous() if bias else torch.empty((0,), dtype=dtype, device=x.device)
     return dx.to(dtype).contiguous(), dwb[:, :fin].to(dtype).contiguous(), db
 
 
 @torch.library.custom_op("trainlab::triton_max_pool2d_fwd", mutates_args=())
-def max_pool2d_fwd(x: torch.Tensor, kernel: list[int], stride: list[int],
-                   padding: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def max_pool2d_fwd(
+    x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     interpreted, dtype = run_mode(x), x.dtype
     (x,) = _kernel_inputs(interpreted, x)
     n, c, h, w = x.shape
@@ -464,15 +685,41 @@ def max_pool2d_fwd(x: torch.Tensor, kernel: list[int], stride: list[int],
     idx = torch.empty((n, c, oh, ow), dtype=pool_index_dtype(kernel), device=x.device)
     block = 4096 if interpreted else 256
     if y.numel():
-        _launch("_max_pool2d_fwd_kernel", interpreted, _grid_1d(y.numel(), block), x, y, idx, y.numel(), c, h, w, oh, ow,
-                *x.stride(), KH=kernel[0], KW=kernel[1], SH=stride[0], SW=stride[1], PH=padding[0], PW=padding[1],
-                F64=x.dtype == torch.float64, BLOCK=block)
+        _launch(
+            "_max_pool2d_fwd_kernel",
+            interpreted,
+            _grid_1d(y.numel(), block),
+            x,
+            y,
+            idx,
+            y.numel(),
+            c,
+            h,
+            w,
+            oh,
+            ow,
+            *x.stride(),
+            KH=kernel[0],
+            KW=kernel[1],
+            SH=stride[0],
+            SW=stride[1],
+            PH=padding[0],
+            PW=padding[1],
+            F64=x.dtype == torch.float64,
+            BLOCK=block,
+        )
     return y.to(dtype), idx
 
 
 @torch.library.custom_op("trainlab::triton_max_pool2d_bwd", mutates_args=())
-def max_pool2d_bwd(grad: torch.Tensor, indices: torch.Tensor, input_hw: list[int], kernel: list[int],
-                   stride: list[int], padding: list[int]) -> torch.Tensor:
+def max_pool2d_bwd(
+    grad: torch.Tensor,
+    indices: torch.Tensor,
+    input_hw: list[int],
+    kernel: list[int],
+    stride: list[int],
+    padding: list[int],
+) -> torch.Tensor:
     interpreted, dtype = run_mode(grad), grad.dtype
     (grad,) = _kernel_inputs(interpreted, grad)
     n, c, oh, ow = grad.shape
@@ -480,10 +727,31 @@ def max_pool2d_bwd(grad: torch.Tensor, indices: torch.Tensor, input_hw: list[int
     dx = torch.empty((n, c, h, w), dtype=grad.dtype, device=grad.device)
     block = 4096 if interpreted else 256
     if dx.numel():
-        _launch("_max_pool2d_bwd_kernel", interpreted, _grid_1d(dx.numel(), block), grad, indices.contiguous(), dx,
-                dx.numel(), c, h, w, oh, ow, *grad.stride(), KH=kernel[0], KW=kernel[1], SH=stride[0], SW=stride[1],
-                PH=padding[0], PW=padding[1], NWH=-(-kernel[0] // stride[0]), NWW=-(-kernel[1] // stride[1]),
-                F64=grad.dtype == torch.float64, BLOCK=block)
+        _launch(
+            "_max_pool2d_bwd_kernel",
+            interpreted,
+            _grid_1d(dx.numel(), block),
+            grad,
+            indices.contiguous(),
+            dx,
+            dx.numel(),
+            c,
+            h,
+            w,
+            oh,
+            ow,
+            *grad.stride(),
+            KH=kernel[0],
+            KW=kernel[1],
+            SH=stride[0],
+            SW=stride[1],
+            PH=padding[0],
+            PW=padding[1],
+            NWH=-(-kernel[0] // stride[0]),
+            NWW=-(-kernel[1] // stride[1]),
+            F64=grad.dtype == torch.float64,
+            BLOCK=block,
+        )
     return dx.to(dtype)
 
 
@@ -494,8 +762,16 @@ def relu_fwd(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(xc)
     block = 8192 if interpreted else 1024
     if y.numel():
-        _launch("_relu_fwd_kernel", interpreted, _grid_1d(y.numel(), block), xc, y, y.numel(),
-                F64=x.dtype == torch.float64, BLOCK=block)
+        _launch(
+            "_relu_fwd_kernel",
+            interpreted,
+            _grid_1d(y.numel(), block),
+            xc,
+            y,
+            y.numel(),
+            F64=x.dtype == torch.float64,
+            BLOCK=block,
+        )
     return y.to(dtype)
 
 
@@ -506,8 +782,17 @@ def relu_bwd(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     dx = torch.empty_like(gc)
     block = 8192 if interpreted else 1024
     if dx.numel():
-        _launch("_relu_bwd_kernel", interpreted, _grid_1d(dx.numel(), block), gc, yc, dx, dx.numel(),
-                F64=grad.dtype == torch.float64, BLOCK=block)
+        _launch(
+            "_relu_bwd_kernel",
+            interpreted,
+            _grid_1d(dx.numel(), block),
+            gc,
+            yc,
+            dx,
+            dx.numel(),
+            F64=grad.dtype == torch.float64,
+            BLOCK=block,
+        )
     return dx.to(dtype)
 
 
@@ -516,8 +801,9 @@ register("triton_")
 
 # ---- entry points used by the triton rung (arguments already validated by layer_args) ----------------
 
+
 def conv2d(x, weight, bias, padding) -> torch.Tensor:
-    run_mode(x)   # fail before autograd records anything
+    run_mode(x)  # fail before autograd records anything
     return torch.ops.trainlab.triton_conv2d_fwd(x, weight, bias, list(padding))
 
 

@@ -26,6 +26,7 @@ from trainlab.ops.ladder import Case, Layer, check_impl, randn64, widen
 from trainlab.ops.layers.layer_args import check_device, check_linear
 from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
 
+
 class LinearFunction(torch.autograd.Function):
     """The three products above, bfloat16/float16 computed in float32 and rounded once."""
 
@@ -78,13 +79,25 @@ class Linear(nn.Linear):
 
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------
 
+
 def _linear_case(name, n, fin, fout, bias=True, transposed=False):
     def make(batch, gen):
         rows = batch if n is None else n
         x = randn64(gen, fin, rows) if transposed else randn64(gen, rows, fin)
-        return {"x": x, "weight": randn64(gen, fout, fin) / math.sqrt(fin), "bias": randn64(gen, fout) if bias else None}
-    return Case("linear", name, make, lambda t, impl: linear(t["x"], t["weight"], t["bias"], impl=impl), True,
-                _transposed if transposed else None)
+        return {
+            "x": x,
+            "weight": randn64(gen, fout, fin) / math.sqrt(fin),
+            "bias": randn64(gen, fout) if bias else None,
+        }
+
+    return Case(
+        "linear",
+        name,
+        make,
+        lambda t, impl: linear(t["x"], t["weight"], t["bias"], impl=impl),
+        True,
+        _transposed if transposed else None,
+    )
 
 
 def _transposed(t):
@@ -96,23 +109,33 @@ CASES = [
     _linear_case("lenet-fc2", None, 120, 84),
     _linear_case("lenet-fc3", None, 84, 10),
     _linear_case("batch1", 1, 30, 7),
-    _linear_case("transposed-input", 9, 25, 6, bias=False, transposed=True),   # x: a [25, 9] tensor's .t()
+    _linear_case("transposed-input", 9, 25, 6, bias=False, transposed=True),  # x: a [25, 9] tensor's .t()
 ]
 
 
 def gradcheck_case(g: torch.Generator):
     """float64 inputs small enough for gradcheck's numerical Jacobian, and fn(*inputs, impl)."""
-    return ((torch.randn(3, 5, dtype=torch.float64, generator=g), torch.randn(4, 5, dtype=torch.float64, generator=g),
-             torch.randn(4, dtype=torch.float64, generator=g)), lambda x, w, b, impl: linear(x, w, b, impl=impl))
+    return (
+        (
+            torch.randn(3, 5, dtype=torch.float64, generator=g),
+            torch.randn(4, 5, dtype=torch.float64, generator=g),
+            torch.randn(4, dtype=torch.float64, generator=g),
+        ),
+        lambda x, w, b, impl: linear(x, w, b, impl=impl),
+    )
 
 
-OPCHECK_EXTRA = ()   # the non-tensor arguments of trainlab::linear_fwd for gradcheck_case's shapes
+OPCHECK_EXTRA = ()  # the non-tensor arguments of trainlab::linear_fwd for gradcheck_case's shapes
 
 
 def _bench_layer(name, fin, fout, order):
     def inputs(b, gen):
-        return {"x": torch.randn(b, fin, generator=gen), "weight": torch.randn(fout, fin, generator=gen) * 0.05,
-                "bias": torch.randn(fout, generator=gen)}
+        return {
+            "x": torch.randn(b, fin, generator=gen),
+            "weight": torch.randn(fout, fin, generator=gen) * 0.05,
+            "bias": torch.randn(fout, generator=gen),
+        }
+
     return Layer(name, "linear", inputs, lambda t, impl: linear(t["x"], t["weight"], t["bias"], impl=impl), order)
 
 

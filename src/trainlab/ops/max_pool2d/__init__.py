@@ -39,8 +39,8 @@ from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column, ran
 from trainlab.ops.layers.layer_args import check_device, check_max_pool2d, pool_index_dtype, pool_output_hw
 from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
 
-
 # ---- python: the reference autograd.Function -------------------------------------------------------
+
 
 def _window_slices(kernel, stride, out_hw):
     """(k, rows, cols) per window offset: the slice of the padded input that offset reads."""
@@ -60,12 +60,12 @@ class MaxPool2dFunction(torch.autograd.Function):
         (ph, pw) = padding
         out_hw = pool_output_hw(h, w, kernel, stride, padding)
         xpad = x.new_full((n, c, h + 2 * ph, w + 2 * pw), float("-inf"))
-        xpad[:, :, ph:ph + h, pw:pw + w] = x
+        xpad[:, :, ph : ph + h, pw : pw + w] = x
         best = x.new_full((n, c, *out_hw), float("-inf"))
         index = torch.zeros((n, c, *out_hw), dtype=torch.int64, device=x.device)
-        first = torch.full_like(index, -1)   # ATen's default winner: the first in-image element
+        first = torch.full_like(index, -1)  # ATen's default winner: the first in-image element
         inside = torch.zeros((h + 2 * ph, w + 2 * pw), dtype=torch.bool, device=x.device)
-        inside[ph:ph + h, pw:pw + w] = True
+        inside[ph : ph + h, pw : pw + w] = True
         for k, rows, cols in _window_slices(kernel, stride, out_hw):
             v = xpad[:, :, rows, cols]
             first = torch.where((first < 0) & inside[rows, cols], k, first)
@@ -87,10 +87,11 @@ class MaxPool2dFunction(torch.autograd.Function):
         dxpad = acc.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
         for k, rows, cols in _window_slices(kernel, stride, (oh, ow)):
             dxpad[:, :, rows, cols] += torch.where(index == k, acc, 0)
-        return dxpad[:, :, ph:ph + h, pw:pw + w].to(grad.dtype), None, None, None
+        return dxpad[:, :, ph : ph + h, pw : pw + w].to(grad.dtype), None, None, None
 
 
 # ---- dispatch --------------------------------------------------------------------------------------
+
 
 def max_pool2d(x: torch.Tensor, kernel_size, stride=None, padding=0, impl: str = "aten") -> torch.Tensor:
     """2-D max-pooling (no dilation, no ceil_mode) with the chosen implementation; differentiable.
@@ -123,11 +124,20 @@ class MaxPool2d(nn.MaxPool2d):
 
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------
 
+
 def _pool_case(name, x, kernel, stride, padding, view=None, make=None, edge=False):
     def default_make(batch, gen):
         return {"x": randn64(gen, batch if x[0] is None else x[0], *x[1:])}
-    return Case("max_pool2d", name, make or default_make,
-                lambda t, impl: max_pool2d(t["x"], kernel, stride, padding, impl=impl), False, view, edge)
+
+    return Case(
+        "max_pool2d",
+        name,
+        make or default_make,
+        lambda t, impl: max_pool2d(t["x"], kernel, stride, padding, impl=impl),
+        False,
+        view,
+        edge,
+    )
 
 
 def _pool_edge_values(batch, gen):
@@ -151,16 +161,27 @@ CASES = [
 
 def gradcheck_case(g: torch.Generator):
     """float64 inputs small enough for gradcheck's numerical Jacobian, and fn(*inputs, impl)."""
-    return ((torch.randn(1, 2, 5, 6, dtype=torch.float64, generator=g),),
-            lambda x, impl: max_pool2d(x, (3, 2), (2, 1), (1, 1), impl=impl))
+    return (
+        (torch.randn(1, 2, 5, 6, dtype=torch.float64, generator=g),),
+        lambda x, impl: max_pool2d(x, (3, 2), (2, 1), (1, 1), impl=impl),
+    )
 
 
-OPCHECK_EXTRA = ([3, 2], [2, 1], [1, 1])   # the non-tensor arguments of trainlab::max_pool2d_fwd for gradcheck_case's shapes
+OPCHECK_EXTRA = (
+    [3, 2],
+    [2, 1],
+    [1, 1],
+)  # the non-tensor arguments of trainlab::max_pool2d_fwd for gradcheck_case's shapes
 
 
 def _bench_layer(name, c, h, order):
-    return Layer(name, "max_pool2d", lambda b, gen: {"x": torch.randn(b, c, h, h, generator=gen)},
-                 lambda t, impl: max_pool2d(t["x"], 2, impl=impl), order)
+    return Layer(
+        name,
+        "max_pool2d",
+        lambda b, gen: {"x": torch.randn(b, c, h, h, generator=gen)},
+        lambda t, impl: max_pool2d(t["x"], 2, impl=impl),
+        order,
+    )
 
 
-BENCH = [_bench_layer("pool1", 6, 28, 2), _bench_layer("pool2", 16, 10, 6)]   # what `ops bench` times
+BENCH = [_bench_layer("pool1", 6, 28, 2), _bench_layer("pool2", 16, 10, 6)]  # what `ops bench` times

@@ -60,9 +60,11 @@ class ReLU(nn.Module):
 
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------
 
+
 def _relu_case(name, shape, view=None, make=None, edge=False):
     def default_make(batch, gen):
         return {"x": randn64(gen, batch if shape[0] is None else shape[0], *shape[1:])}
+
     return Case("relu", name, make or default_make, lambda t, impl: relu(t["x"], impl=impl), False, view, edge)
 
 
@@ -83,13 +85,22 @@ def gradcheck_case(g: torch.Generator):
     return ((torch.randn(4, 6, dtype=torch.float64, generator=g),), lambda x, impl: relu(x, impl=impl))
 
 
-OPCHECK_EXTRA = ()   # the non-tensor arguments of trainlab::relu_fwd for gradcheck_case's shapes
+OPCHECK_EXTRA = ()  # the non-tensor arguments of trainlab::relu_fwd for gradcheck_case's shapes
 
 
 def _bench_layer(name, order, *shape):
-    return Layer(name, "relu", lambda b, gen: {"x": torch.randn(b, *shape, generator=gen)},
-                 lambda t, impl: relu(t["x"], impl=impl), order)
+    return Layer(
+        name,
+        "relu",
+        lambda b, gen: {"x": torch.randn(b, *shape, generator=gen)},
+        lambda t, impl: relu(t["x"], impl=impl),
+        order,
+    )
 
 
-BENCH = [_bench_layer("relu1", 1, 6, 28, 28), _bench_layer("relu2", 5, 16, 10, 10), _bench_layer("relu3", 8, 120),
-         _bench_layer("relu4", 10, 84)]   # what `ops bench` times: LeNet-5's activations
+BENCH = [
+    _bench_layer("relu1", 1, 6, 28, 28),
+    _bench_layer("relu2", 5, 16, 10, 10),
+    _bench_layer("relu3", 8, 120),
+    _bench_layer("relu4", 10, 84),
+]  # what `ops bench` times: LeNet-5's activations
