@@ -41,9 +41,9 @@ _TIMING = re.compile(r"\b\d+(?:\.\d+)?\s?(?:s|ms|µs|min)\b")
 @dataclass
 class Excerpt:
     doc: Path
-    kind: str       # "output" (run the command) or "output-log" (lines of a committed log)
-    source: str     # the command line, or the log's path relative to the repository
-    quoted: str     # the block's text as the doc has it
+    kind: str  # "output" (run the command) or "output-log" (lines of a committed log)
+    source: str  # the command line, or the log's path relative to the repository
+    quoted: str  # the block's text as the doc has it
     span: tuple[int, int]  # where the block's text sits in the doc
 
 
@@ -209,11 +209,11 @@ def regenerate(doc: Path) -> bool:
     text = doc.read_text()
     for name, _, span in reversed(figures(text)):
         if name in FIGURES:
-            text = text[:span[0]] + FIGURES[name]() + text[span[1]:]
+            text = text[: span[0]] + FIGURES[name]() + text[span[1] :]
     for ex in reversed(excerpts(doc, text)):
         if ex.kind == "output":
             fresh = run(ex.source).strip("\n").replace(str(ROOT) + "/", "") + "\n"
-            text = text[:ex.span[0]] + fresh + text[ex.span[1]:]
+            text = text[: ex.span[0]] + fresh + text[ex.span[1] :]
     changed = text != doc.read_text()
     if changed:
         doc.write_text(text)

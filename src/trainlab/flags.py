@@ -241,6 +241,11 @@ def json_output(v: Any) -> str | None:
     return None if v == "-" else output_file(v)
 
 
+def json_opt(help: str) -> Any:
+    """The `--json PATH|-` field of a config: `help` says what is written there and what `-` does."""
+    return opt(None, help, metavar="PATH", check=json_output)
+
+
 def check_value(value: Any, check: Check, flag: str) -> None:
     """Apply one check outside a dataclass (a positional argument, a value derived from a flag)."""
     problem = check(value)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from trainlab.errors import ConfigError, UserError
+from trainlab.schema import MAX_JSON_BYTES, Spec, check, loads
 
 MANIFEST = ".trainlab-files"  # in each folder trainlab writes into: the names of the files it wrote there
 FORCE_ENV = "TRAINLAB_FORCE"
@@ -321,19 +322,32 @@ def _size(n: int) -> str:
     return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n:,} bytes"
 
 
-def read_json(path: str | os.PathLike, schema=None) -> Any:
-    """Read a JSON file through the one reader (`trainlab.schema.read_json`): size cap, no FIFO, no NaN,
-    a depth limit, and `schema`'s types; every problem is a one-line `UserError` naming the file."""
-    from trainlab.schema import read_json as read
+# The one JSON reader: a regular file under a size cap, parsed without NaN or deep nesting
+# (`schema.loads`), and checked against a schema (`schema.check`): every problem is one line naming the file.
+def read_text(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES, what: str = "a JSON file") -> str:
+    """The text of `path`: a regular file of at most `max_bytes`, UTF-8 (see `read_capped`)."""
+    data = read_capped(path, max_bytes, what)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not valid JSON (not UTF-8 text: {e.reason} at byte {e.start})") from None
 
-    return read(path, schema)
+
+def read_json(path: str | os.PathLike, schema: Spec | None = None, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Read, parse and (with `schema`) check one JSON file; every problem is one line naming it."""
+    value = loads(read_text(path, max_bytes), str(path))
+    return check(value, schema, str(path)) if schema is not None else value
 
 
-def loads(text: str) -> Any:
-    """`json.loads` that refuses NaN/Infinity and deep nesting (`trainlab.schema.loads`)."""
-    from trainlab.schema import loads as parse
-
-    return parse(text)
+def read_jsonl(path: str | os.PathLike, schema: Spec | None = None, max_bytes: int = MAX_JSON_BYTES) -> list:
+    """Read a JSON-lines file (metrics.jsonl): one value per non-blank line, each checked; errors name
+    `path:line`."""
+    out = []
+    for i, line in enumerate(read_text(path, max_bytes).splitlines(), 1):
+        if line.strip():
+            value = loads(line, f"{path}:{i}")
+            out.append(check(value, schema, f"{path}:{i}") if schema is not None else value)
+    return out
 
 
 def output_problem(path: str | os.PathLike, kind: str = "file") -> str | None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -160,31 +159,3 @@ def loads(text: str, where: str = "JSON", max_depth: int = MAX_DEPTH) -> Any:
         if not _too_deep(value, max_depth):
             return value
     raise UserError(f"{where}: nested deeper than {max_depth} levels; not a file trainlab wrote")
-
-
-def read_text(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES, what: str = "a JSON file") -> str:
-    """The text of `path`: a regular file of at most `max_bytes`, UTF-8 (see `io.read_capped`)."""
-    from trainlab.io import read_capped
-
-    data = read_capped(path, max_bytes, what)
-    try:
-        return data.decode()
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not valid JSON (not UTF-8 text: {e.reason} at byte {e.start})") from None
-
-
-def read_json(path: str | os.PathLike, schema: Spec | None = None, max_bytes: int = MAX_JSON_BYTES) -> Any:
-    """Read, parse and (with `schema`) check one JSON file; every problem is one line naming it."""
-    value = loads(read_text(path, max_bytes), str(path))
-    return check(value, schema, str(path)) if schema is not None else value
-
-
-def read_jsonl(path: str | os.PathLike, schema: Spec | None = None, max_bytes: int = MAX_JSON_BYTES) -> list:
-    """Read a JSON-lines file (metrics.jsonl): one value per non-blank line, each checked; errors name
-    `path:line`."""
-    out = []
-    for i, line in enumerate(read_text(path, max_bytes).splitlines(), 1):
-        if line.strip():
-            value = loads(line, f"{path}:{i}")
-            out.append(check(value, schema, f"{path}:{i}") if schema is not None else value)
-    return out

@@ -41,8 +41,8 @@ from trainlab.data.augment import (
 from trainlab.data.idx import read_idx, write_idx
 from trainlab.data.pack import PACK_NAME, read_pack
 from trainlab.errors import ConfigError, DataError, UserError
-from trainlab.io import atomic_write_json, user_path
-from trainlab.schema import STR, DictOf, Obj, read_json
+from trainlab.io import atomic_write_json, read_json, user_path
+from trainlab.schema import STR, DictOf, Obj
 
 MEAN, STD = 0.1307, 0.3081  # mean/std of the MNIST training pixels scaled to [0, 1]
 IMAGE_SIZE = 28

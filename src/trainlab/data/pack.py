@@ -27,8 +27,7 @@ import numpy as np
 
 from trainlab.data.idx import DEFLATE_MAX_RATIO, MAX_DATA_BYTES
 from trainlab.errors import DataError
-from trainlab.io import atomic_write_bytes, input_problem
-from trainlab.schema import loads
+from trainlab.io import atomic_write_bytes, input_problem, loads
 
 PACK_NAME = "mnist.npz"  # the file name looked for in the cache folder
 PACK_FORMAT = 1

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from trainlab.device import KNOWN_SM, TF32_MODES
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, json_output, one_of, opt, output_dir, positive, seed_value
+from trainlab.flags import Config, at_least, json_opt, one_of, opt, output_dir, positive, seed_value
 from trainlab.gpt.model import PRESETS
 from trainlab.gpt.plan import LOSSES, GPTPlan, Machine, resolve
 from trainlab.gpt.planner import Resolver, parse_bytes, predicted_peak, usable_bytes
@@ -66,12 +66,7 @@ class GPTBenchConfig(Config):
         "off", "TF32 tensor cores for fp32 matmuls on Ampere+ GPUs (recorded in the summary)", choices=TF32_MODES
     )
     track_memory: bool = opt(False, "one extra, untimed step counting live tensor bytes (CPU: the exact peak)")
-    json: str | None = opt(
-        None,
-        "write the summary JSON to PATH ('-': print it to stdout, the log goes to stderr)",
-        metavar="PATH",
-        check=json_output,
-    )
+    json: str | None = json_opt("write the summary JSON to PATH ('-': print it to stdout, the log goes to stderr)")
     out: str | None = opt(
         None, "run directory: config, env, metrics.jsonl, TensorBoard, summary (new or empty unless --overwrite)"
     )
@@ -140,9 +135,7 @@ class PlanConfig(Config):
     vocab_multiple: int = opt(1, "as gpt bench: embedding rows padded to a multiple of this", check=at_least(1))
     fused_qkv: bool = opt(False, "as gpt bench: q, k, v as one Linear")
     loss: str = opt("cross_entropy", "as gpt bench: cross_entropy | chunked", choices=tuple(LOSSES))
-    json: str | None = opt(
-        None, "write the plan as JSON to PATH ('-': print it instead of the table)", metavar="PATH", check=json_output
-    )
+    json: str | None = json_opt("write the plan as JSON to PATH ('-': print it instead of the table)")
 
     @property
     def strategy_list(self) -> list[str] | None:

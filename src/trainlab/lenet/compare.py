@@ -32,6 +32,7 @@ from trainlab.io import atomic_write_json, atomic_write_text, read_json
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launch
 from trainlab.lenet.loop import train
+from trainlab.telemetry.results import DP_COMPARE_COLUMNS
 from trainlab.telemetry.rundir import RunDir
 
 MODES_HELP = (
@@ -78,20 +79,6 @@ class CompareConfig(Config):
         for mode in parse_modes(self.modes):  # every problem is reported before the first run starts
             check_launch(mode, self.nproc if mode in MULTI_PROCESS_MODES else 1, self.device, self.batch_size)
         parse_workers(self.workers)
-
-
-ROW_KEYS = (
-    "mode",
-    "world_size",
-    "loader",
-    "workers",
-    "epoch_seconds",
-    "images_per_s",
-    "data_ms",
-    "compute_ms",
-    "comm_ms",
-    "test_accuracy",
-)
 
 
 def parse_modes(text: str) -> list[str]:
@@ -209,7 +196,7 @@ def _run_one(cfg: TrainConfig, nproc: int, workdir: Path, tag: str, threads: int
             row["note"] = f"the results were written, then a rank failed or hung at the end: {ended}"
         return row
     return {
-        **dict.fromkeys(ROW_KEYS),
+        **dict.fromkeys(DP_COMPARE_COLUMNS),
         "mode": cfg.parallel,
         "world_size": nproc,
         "loader": cfg.loader,

@@ -49,7 +49,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device, synchronize
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, check_value, json_output, one_of, opt, seed_value, thread_count
+from trainlab.flags import Config, at_least, check_value, json_opt, one_of, opt, seed_value, thread_count
 from trainlab.io import record_written, write_json_output
 from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.batches import build_train_batches, to_device
@@ -107,11 +107,8 @@ class ProfileConfig(Config):
     trace: bool = opt(True, "write the Chrome trace (trace.json.gz, every variant's steps)")
     out: str | None = opt(None, "run directory (default runs/profile-<timestamp>); new or empty unless --overwrite")
     overwrite: bool = opt(False, "replace what --out holds (its files go when this run starts writing)")
-    json: str | None = opt(
-        None,
-        "write the result as JSON to PATH ('-': print it instead of the table, the log goes to stderr)",
-        metavar="PATH",
-        check=json_output,
+    json: str | None = json_opt(
+        "write the result as JSON to PATH ('-': print it instead of the table, the log goes to stderr)"
     )
 
     @property

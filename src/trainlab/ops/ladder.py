@@ -33,6 +33,15 @@ FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # 
 REDUCED = (torch.bfloat16, torch.float16)
 
 
+def dtype_kind(dtype: torch.dtype) -> str:
+    """What a dtype that no rung accepts is, in words, for the one-line refusal."""
+    if dtype.is_complex:
+        return "complex"
+    if dtype == torch.bool:
+        return "boolean"
+    return "integer" if not dtype.is_floating_point else "unsupported floating-point"
+
+
 def widen(t: torch.Tensor | None) -> torch.Tensor | None:
     """bfloat16/float16 → float32, anything else unchanged: every rung computes reduced precision in
     float32 and rounds once at the end, as ATen does, so the rungs stay comparable to it."""

@@ -37,6 +37,7 @@ shows the GPT benchmarks it has (`bench_rows`), saying that they time different 
 from __future__ import annotations
 
 from trainlab.report import format as fmt
+from trainlab.report.blocks import Block, para
 
 COLUMNS = [
     "row",
@@ -96,7 +97,6 @@ def _peak_line(peak, source) -> str:
 
 def ablation_blocks(data: dict) -> list:
     """The ablation file's table, its token rule and the peak its MFU is over."""
-    from trainlab.report.build import Block, para
 
     rows = [r for r in data.get("rows", []) if isinstance(r, dict)]
     total = data.get("total_tokens")
@@ -117,7 +117,6 @@ def ablation_blocks(data: dict) -> list:
 def bench_rows(benches: list[tuple[str, str, dict]]) -> list:
     """Without an ablation file: the GPT benchmarks the lab ran, (label, group, bench.json) each, in one
     table of the same columns, with the tokens each one timed — which differ, and the note says so."""
-    from trainlab.report.build import Block, para
 
     rows = []
     for label, group, d in benches:

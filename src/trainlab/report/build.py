@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainlab.data.mnist import NOT_OFFICIAL
@@ -22,43 +21,11 @@ from trainlab.io import atomic_write_text
 from trainlab.report import format as fmt
 from trainlab.report import markdown as md
 from trainlab.report import plots
+from trainlab.report.ablation import ablation_blocks
+from trainlab.report.blocks import Block, code, link, para
 from trainlab.report.groups import group_runs, series_for
 from trainlab.report.inputs import ResultFile, TrainingRun, load_inputs
-
-
-@dataclass
-class Block:
-    kind: str  # h1..h4 | p | table | img | pre | note | status | details | toc | fold | row
-    text: str = ""
-    rows: list[list[str]] | None = None  # table: first row is the header
-    src: str = ""  # img: path relative to the report directory
-    body: str = ""  # details: preformatted text shown when the block is opened
-    segments: list[tuple[str, str, str]] = field(default_factory=list)  # p: (text|code|link, text, anchor)
-    anchor: str = ""  # headings: the id a link or the table of contents points at
-    links: list[tuple[str, str]] = field(default_factory=list)  # toc: (text, anchor)
-    children: list[Block] = field(default_factory=list)  # fold: shown when opened (<details>); row: side by side
-    text_table: bool = False  # table: a table of words (left-aligned), not of numbers
-
-
-def para(*parts) -> Block:
-    """A paragraph of plain text, `code(...)` and `link(...)` pieces: every piece is data, escaped by
-    the template; no piece is ever markup."""
-    return Block("p", segments=[p if isinstance(p, tuple) else ("text", str(p), "") for p in parts])
-
-
-def code(text) -> tuple[str, str, str]:
-    return ("code", str(text), "")
-
-
-def link(text, anchor: str) -> tuple[str, str, str]:
-    return ("link", str(text), anchor)
-
-
-def fold(summary: str, children: list[Block]) -> Block:
-    """Blocks folded away under a one-line summary (<details>): detail tables stay on the page
-    without making it long."""
-    return Block("fold", summary, children=children)
-
+from trainlab.telemetry.results import DP_COMPARE_COLUMNS
 
 # What the |Δloss| and gradient-MSE columns of `gelu check` measure (ops/check.py, _gelu_recipe)
 GELU_RECIPE_NOTE = (
@@ -480,23 +447,7 @@ def result_section(res: ResultFile, out: Path, index: int, reuse_figures: bool =
         blocks.append(
             Block(
                 "table",
-                rows=table_from_rows(
-                    rows,
-                    [
-                        "mode",
-                        "world_size",
-                        "loader",
-                        "workers",
-                        "epoch_seconds",
-                        "images_per_s",
-                        "data_ms",
-                        "compute_ms",
-                        "comm_ms",
-                        "comm_overlapped",
-                        "test_accuracy",
-                        "status",
-                    ],
-                ),
+                rows=table_from_rows(rows, list(DP_COMPARE_COLUMNS)),
             )
         )
         if any(r.get("busbw_gbps") is not None for r in rows):
@@ -541,8 +492,6 @@ def result_section(res: ResultFile, out: Path, index: int, reuse_figures: bool =
         blocks.append(Block("table", rows=dp_compile_table(rows)))
         blocks.append(para(DP_COMPILE_NOTE))
     elif res.kind == "gpt_ablation":
-        from trainlab.report.ablation import ablation_blocks
-
         blocks += ablation_blocks(res.data)
     elif res.kind == "gpt_bench":
         d = res.data

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainlab.errors import UserError
-from trainlab.schema import STR, ListOf, Obj, read_json
+from trainlab.io import read_json
+from trainlab.schema import STR, ListOf, Obj
 
 # Config keys that never change what a run computes: never a reason to put runs in different groups.
 BOOKKEEPING = {

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from trainlab.errors import UserError
-from trainlab.io import check_input, read_capped, read_json
-from trainlab.schema import MAX_JSON_BYTES, STR, DictOf, ListOf, Obj, Opt, Spec, _is_number, check, read_jsonl
+from trainlab.io import check_input, read_capped, read_json, read_jsonl
+from trainlab.schema import MAX_JSON_BYTES, STR, DictOf, ListOf, Obj, Opt, Spec, _is_number, check
 from trainlab.telemetry.rundir import GPU_RANK_FILE
 
 

@@ -31,13 +31,10 @@ from trainlab.io import atomic_write_text, contained
 from trainlab.report import format as fmt
 from trainlab.report import plots
 from trainlab.report.ablation import ablation_blocks, bench_rows
+from trainlab.report.blocks import Block, code, fold, link, para
 from trainlab.report.build import (
     GELU_RECIPE_NOTE,
-    Block,
     busy_snapshot,
-    code,
-    fold,
-    para,
     result_section,
     run_section,
     table_from_rows,
@@ -298,7 +295,6 @@ def _lenet(lab: Lab) -> list[Block]:
 
 
 def _link(anchor: str) -> tuple:
-    from trainlab.report.build import link
 
     return link("§" + HEADING[anchor].split(" ")[0].rstrip("."), anchor)
 

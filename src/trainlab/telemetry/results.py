@@ -13,6 +13,24 @@ from typing import Any
 from trainlab.io import atomic_write_json, atomic_write_text
 from trainlab.telemetry.env import collect_env
 
+# The columns of `trainlab dp compare`'s rows that the lab report tabulates: one list, because a mode whose
+# run wrote no row is filled in with each of them (empty) by lenet/compare.py, and the report (which imports
+# no workload) reads them here.
+DP_COMPARE_COLUMNS = (
+    "mode",
+    "world_size",
+    "loader",
+    "workers",
+    "epoch_seconds",
+    "images_per_s",
+    "data_ms",
+    "compute_ms",
+    "comm_ms",
+    "comm_overlapped",
+    "test_accuracy",
+    "status",
+)
+
 
 def machine_line(env: dict) -> str:
     gpus = f", GPU {', '.join(env['gpus'])}" if env.get("gpus") else ", no GPU"

@@ -293,7 +293,8 @@ class RunDir:
             self._appended.add("metrics.jsonl")
 
     def read_metrics(self) -> list[dict]:
-        from trainlab.schema import DictOf, read_jsonl
+        from trainlab.io import read_jsonl
+        from trainlab.schema import DictOf
 
         p = self.path / "metrics.jsonl"
         if not p.exists():

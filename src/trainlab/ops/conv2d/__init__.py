@@ -146,7 +146,10 @@ class Conv2d(nn.Conv2d):
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------
 
 
-def _conv_case(name, x, w, padding, bias=True, view=None):
+def random_conv_inputs(x, w, bias=True):
+    """A case's make(batch, gen): float64 x of shape `x` (None: the check's batch), weights of shape `w`
+    scaled to keep outputs near unit size, and a bias (conv_relu_pool2d's cases use it too)."""
+
     def make(batch, gen):
         n = batch if x[0] is None else x[0]
         return {
@@ -155,8 +158,17 @@ def _conv_case(name, x, w, padding, bias=True, view=None):
             "bias": randn64(gen, w[0]) if bias else None,
         }
 
+    return make
+
+
+def _conv_case(name, x, w, padding, bias=True, view=None):
     return Case(
-        "conv2d", name, make, lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], padding, impl=impl), True, view
+        "conv2d",
+        name,
+        random_conv_inputs(x, w, bias),
+        lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], padding, impl=impl),
+        True,
+        view,
     )
 
 
@@ -169,16 +181,15 @@ CASES = [
 ]
 
 
+def gradcheck_inputs(g: torch.Generator, x_shape: tuple[int, ...]):
+    """float64 x of `x_shape` (2 channels), a 3x2 kernel to 3 channels and its bias: small enough for
+    gradcheck's numerical Jacobian (conv_relu_pool2d's gradcheck case uses them too)."""
+    return randn64(g, *x_shape), randn64(g, 3, 2, 3, 2), randn64(g, 3)
+
+
 def gradcheck_case(g: torch.Generator):
     """float64 inputs small enough for gradcheck's numerical Jacobian, and fn(*inputs, impl)."""
-    return (
-        (
-            torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g),
-            torch.randn(3, 2, 3, 2, dtype=torch.float64, generator=g),
-            torch.randn(3, dtype=torch.float64, generator=g),
-        ),
-        lambda x, w, b, impl: conv2d(x, w, b, (1, 0), impl=impl),
-    )
+    return gradcheck_inputs(g, (1, 2, 5, 4)), lambda x, w, b, impl: conv2d(x, w, b, (1, 0), impl=impl)
 
 
 OPCHECK_EXTRA = ([1, 0],)  # the non-tensor arguments of trainlab::conv2d_fwd for gradcheck_case's shapes

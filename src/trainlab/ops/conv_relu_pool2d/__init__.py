@@ -35,9 +35,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from trainlab.ops.conv2d import Conv2d, conv2d
+from trainlab.ops.conv2d import Conv2d, conv2d, gradcheck_inputs, random_conv_inputs
 from trainlab.ops.conv2d import bench_layer as bench_conv_layer
-from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column, randn64
+from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column
 from trainlab.ops.layers.layer_args import OpInputError, check_conv2d, check_device, conv2d_output_hw
 from trainlab.ops.layers.layers_cpp import EXTENSION, compiled_rung
 from trainlab.ops.max_pool2d import max_pool2d
@@ -174,18 +174,10 @@ def _bound(padding):
 
 
 def _case(name, x, w, padding, bias=True, view=None, make=None, edge=False):
-    def default_make(batch, gen):
-        n = batch if x[0] is None else x[0]
-        return {
-            "x": randn64(gen, n, *x[1:]),
-            "weight": randn64(gen, *w) / math.sqrt(w[1] * w[2] * w[3]),
-            "bias": randn64(gen, w[0]) if bias else None,
-        }
-
     return Case(
         "conv_relu_pool2d",
         name,
-        make or default_make,
+        make or random_conv_inputs(x, w, bias),
         lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], padding, impl=impl),
         True,
         view,
@@ -222,14 +214,7 @@ CASES = [
 
 def gradcheck_case(g: torch.Generator):
     """float64 inputs small enough for gradcheck's numerical Jacobian, and fn(*inputs, impl)."""
-    return (
-        (
-            torch.randn(2, 2, 6, 5, dtype=torch.float64, generator=g),
-            torch.randn(3, 2, 3, 2, dtype=torch.float64, generator=g),
-            torch.randn(3, dtype=torch.float64, generator=g),
-        ),
-        lambda x, w, b, impl: conv_relu_pool2d(x, w, b, (1, 0), impl=impl),
-    )
+    return gradcheck_inputs(g, (2, 2, 6, 5)), lambda x, w, b, impl: conv_relu_pool2d(x, w, b, (1, 0), impl=impl)
 
 
 OPCHECK_EXTRA = ([1, 0],)  # the non-tensor argument of trainlab::conv_relu_pool2d_fwd for gradcheck_case's shapes

@@ -36,7 +36,7 @@ import torch.nn as nn
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.ops.build import Extension
 from trainlab.ops.gelu import gelu_math
-from trainlab.ops.ladder import FLOAT_DTYPES, check_impl, widen
+from trainlab.ops.ladder import FLOAT_DTYPES, check_impl, dtype_kind, widen
 from trainlab.ops.ladder import IMPLS as IMPLS  # re-exported: `from trainlab.ops.gelu import IMPLS`
 
 APPROXIMATIONS = gelu_math.APPROXIMATIONS
@@ -55,17 +55,8 @@ def validate(x: torch.Tensor, impl: str, approximate: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"gelu expects a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
-        kind = (
-            "complex"
-            if x.dtype.is_complex
-            else "boolean"
-            if x.dtype == torch.bool
-            else "integer"
-            if not x.dtype.is_floating_point
-            else "unsupported floating-point"
-        )
         raise TypeError(
-            f"gelu(impl={impl!r}) got a {kind} tensor of dtype {x.dtype}; GELU is defined for "
+            f"gelu(impl={impl!r}) got a {dtype_kind(x.dtype)} tensor of dtype {x.dtype}; GELU is defined for "
             f"floating-point tensors ({', '.join(str(d) for d in FLOAT_DTYPES)}) — cast with x.float()"
         )
 

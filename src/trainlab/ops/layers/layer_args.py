@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from trainlab.errors import HardwareError, UserError
-from trainlab.ops.ladder import FLOAT_DTYPES
+from trainlab.ops.ladder import FLOAT_DTYPES, dtype_kind
 
 
 class OpInputError(UserError, ValueError):
@@ -49,16 +49,7 @@ def pair(op: str, name: str, value, minimum: int) -> tuple[int, int]:
 
 
 def _dtype_name(t: torch.Tensor) -> str:
-    kind = (
-        "complex"
-        if t.dtype.is_complex
-        else "boolean"
-        if t.dtype == torch.bool
-        else "integer"
-        if not t.dtype.is_floating_point
-        else "unsupported floating-point"
-    )
-    return f"a {kind} tensor ({t.dtype})"
+    return f"a {dtype_kind(t.dtype)} tensor ({t.dtype})"
 
 
 def check_tensor(op: str, name: str, t, rank: int | None, layout: str = "") -> None:
