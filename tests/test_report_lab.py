@@ -474,3 +474,18 @@ def test_the_architecture_comes_from_the_run_and_the_standard_text_equals_the_mo
     assert lenet_architecture({}, {"act": "relu"})[0][-1] == ["total", "10 class scores", "61,706"]
     assert lenet_architecture({}, {"act": "gelu-cuda"}) is None  # no guessing for a run that differs
     assert lenet_architecture({}, {"batchnorm": True}) is None
+
+
+def test_every_source_path_the_report_cites_exists():
+    """The report's fixed text names our files (`code("ops/gelu/…")`): each must exist, so a move of
+    the code cannot leave the hand-in pointing at nothing."""
+    import re
+
+    import trainlab.report.lab as lab_module
+
+    src = Path(lab_module.__file__).resolve().parents[1]  # src/trainlab
+    cited = re.findall(r'code\("([\w./-]+/[\w./-]*)"\)', Path(lab_module.__file__).read_text())
+    assert len(cited) >= 8, cited
+    root = src.parent.parent  # the checkout: "src/…" and "docs/…" are cited from there, the rest from the package
+    for rel in cited:
+        assert (root / rel if rel.startswith(("src/", "docs/")) else src / rel).exists(), rel

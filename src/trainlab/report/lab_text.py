@@ -40,7 +40,9 @@ STRATEGY_WORDS = (
 GELU_FORMULAS = """GELU(x)  = x·Φ(x) = ½·x·(1 + erf(x/√2))                      Φ: the standard normal CDF
 GELU'(x) = Φ(x) + x·φ(x),   φ(x) = exp(−x²/2)/√(2π)               φ: its density
 tanh form (approximate='tanh'):  ½·x·(1 + tanh(u)),   u = √(2/π)·(x + 0.044715·x³)
-its derivative:  ½·(1 + tanh u) + ½·x·(1 − tanh² u)·√(2/π)·(1 + 3·0.044715·x²)"""
+its derivative:  ½·(1 + tanh u) + ½·x·(1 − tanh² u)·√(2/π)·(1 + 3·0.044715·x²)
+sigmoid form (approximate='sigmoid'):  x·σ(1.702·x),   σ(z) = 1/(1 + e^−z)
+its derivative:  σ(1.702·x) + 1.702·x·σ(1.702·x)·(1 − σ(1.702·x))"""
 
 # Where F.gelu is implemented in PyTorch's source (pytorch/pytorch; checked in docs/gelu-in-pytorch.md)
 GELU_SOURCE = [
