@@ -4,6 +4,7 @@ one line before `--device auto` goes on on the CPU; `make` checks the driver bef
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -193,6 +194,12 @@ def test_driver_version_is_read_from_the_kernel_module(monkeypatch, tmp_path):
     assert cuda_driver.driver_version() == "580.159.04"
 
 
+def _outside_make() -> dict:
+    """The environment without make's own variables: under `make test` a nested `make -n` would print
+    "make[1]: Entering directory" lines before the commands it shows."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+
+
 def test_makefile_selects_the_cuda12_build_and_checks_the_driver_first():
     dry = subprocess.run(
         ["make", "-n", "-B", "setup", "train", "TORCH_CUDA=cu126", "VENV=/nonexistent/venv"],
@@ -200,6 +207,7 @@ def test_makefile_selects_the_cuda12_build_and_checks_the_driver_first():
         capture_output=True,
         text=True,
         timeout=60,
+        env=_outside_make(),
     )
     assert dry.returncode == 0, dry.stderr
     lines = dry.stdout.splitlines()
@@ -211,7 +219,12 @@ def test_makefile_selects_the_cuda12_build_and_checks_the_driver_first():
         in lines[lines.index(next(x for x in lines if "trainlab train" in x)) - 1]
     )
     plain = subprocess.run(
-        ["make", "-n", "-B", "setup", "VENV=/nonexistent/venv"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        ["make", "-n", "-B", "setup", "VENV=/nonexistent/venv"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_outside_make(),
     ).stdout
     assert "download.pytorch.org" not in plain and plain.splitlines()[0] == "python3 src/trainlab/cuda_driver.py "
 
