@@ -419,30 +419,22 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
         },
     )
     base_steps = ["--steps", "4", "--warmup", "1"] if gpu else ["--steps", _pick(size, "2", "5", "5"), "--warmup", "1"]
+
     # fp32 without TF32, checkpointing: the handout's setting. Its limit is generous: fp32 on the GPU is
     # ~6x slower per step than bf16, and the old suite's 150 s cut it off (issue 18); 51 s on an H100,
     # an A100's fp32 rate is a third of it.
+    def baseline(tf32: str) -> tuple[str, ...]:
+        """The handout's baseline (HF GPT2LMHeadModel, fp32, checkpointing) with TF32 `off` or `on`."""
+        micro = str(gp.baseline.micro_batch) if gpu else "4"
+        return _tl("gpt", "bench", *common, "--impl", "hf", "--strategy", "ckpt", "--tf32", tf32,
+                   "--micro-batch", micro, *base_steps, "--json", "{out}/bench.json")  # fmt: skip
+
     add(
         "gpt_baseline",
         "gpt",
         "GPT-2: the handout's baseline (HF GPT2LMHeadModel, fp32, checkpointing)",
         _pick(size, 35, 70, 50),
-        _tl(
-            "gpt",
-            "bench",
-            *common,
-            "--impl",
-            "hf",
-            "--strategy",
-            "ckpt",
-            "--tf32",
-            "off",
-            "--micro-batch",
-            str(gp.baseline.micro_batch) if gpu else "4",
-            *base_steps,
-            "--json",
-            "{out}/bench.json",
-        ),
+        baseline("off"),
         sizes={"model": model, "impl": "hf", "strategy": "ckpt", "tf32": "off"},
         min_limit_s=300,
     )
@@ -452,22 +444,7 @@ def lab_steps(hw: Hardware, size: str) -> list[Step]:
         "gpt",
         "GPT-2: the handout's baseline with TF32 on",
         _pick(size, 0, 0, 45),
-        _tl(
-            "gpt",
-            "bench",
-            *common,
-            "--impl",
-            "hf",
-            "--strategy",
-            "ckpt",
-            "--tf32",
-            "on",
-            "--micro-batch",
-            str(gp.baseline.micro_batch) if gpu else "4",
-            *base_steps,
-            "--json",
-            "{out}/bench.json",
-        ),
+        baseline("on"),
         sizes={"model": model, "impl": "hf", "strategy": "ckpt", "tf32": "on"},
         cannot_run=no_tf32,
         min_limit_s=300,
