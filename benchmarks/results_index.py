@@ -31,7 +31,6 @@ FOLDERS = ("gpu/h100", "gpu/h200")  # deeper folders that are one run each
 
 # Why a result nothing cites is kept. Keys are entries or fnmatch patterns over entries.
 UNCITED = {
-    "gpu/h200": "the first H200 run of 5ac67f6 (issues 35, 36 and 40 quote it; the docs quote it through docs/excerpts.py)",
     "lenet_accuracy_best_relu.s*": "one seed's part of lenet_accuracy_best_relu (run two at a time, then --merge)",
     "data_diversity_*": "a variant of data_diversity (another seed / distinct-image count), same script",
     "dp_compare_default_threads": "dp_compare with torch's default thread count: the 1-thread table is the one quoted",

@@ -42,6 +42,7 @@ def test_every_generated_figure_is_what_the_committed_results_give(page):
     [
         (PAGES[0], "# trainlab"),  # the first screen, up to Quick start
         (PAGES[0], "## Headline figures"),
+        (PAGES[1], "## On one H200"),
         (PAGES[1], "## On one H100"),
         (PAGES[1], "## Headline figures (CPU)"),
     ],
@@ -53,12 +54,20 @@ def test_no_headline_number_is_written_by_hand(page, heading):
     assert _by_hand(section) == [], f"{page.name} {heading}: figures typed by hand"
 
 
-def test_the_h100_figures_are_quoted_in_the_readme_and_the_results():
-    for page in PAGES[:2]:
+def test_the_h200_run_is_the_headline_and_its_peer_and_seed_count_stand_beside_its_figures():
+    """The newest GPU run leads (the README's first screen quotes it before the older H100 lab), and the
+    figures that overclaim alone never appear alone: MFU beside the peer ratio, time to 99 % beside the
+    count of seeds that reached it."""
+    first_screen = PAGES[0].read_text()[: PAGES[0].read_text().index("## Quick start")]
+    names = [name for name, _, _ in EXCERPTS.figures(first_screen)]
+    assert names.index("h200.t99_s") < names.index("h100.steps_ok")
+    for page in PAGES:
         names = {name for name, _, _ in EXCERPTS.figures(page.read_text())}
-        assert {"h100.t99_s", "h100.gpt_mfu", "h100.gelu_cuda_copy", "h100.steps_ok", "h100.minutes"} <= names, (
+        assert {"h200.t99_s", "h200.t99_seeds", "h200.gpt_mfu", "h200.gpt_vs_peer", "h200.gelu_cuda_copy"} <= names, (
             page.name
         )
+        if "h100.gpt_vs_baseline" in names:
+            assert "h200.gpt_vs_peer" in names, page.name
 
 
 def test_the_walkthrough_quotes_one_time_to_99_the_readme_quotes():
