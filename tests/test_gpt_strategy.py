@@ -62,7 +62,10 @@ def test_parse_canonical_and_fields():
         ("bf16+fp16", "pick one precision"),
         ("ckpt+ckpt-selective", "pick one of ckpt"),
         ("ddp+offload", "combine it with zero2 or zero3"),
-        ("zero3+tp", "not supported"),
+        ("zero1+tp", "ZeroRedundancyOptimizer cannot hold tp's DTensor parameters"),
+        ("offload+tp", "offload shards over every rank; it does not combine with tp"),
+        ("nvme+pp", "nvme shards over every rank; it does not combine with pp"),
+        ("ddp+tp+fp16", "use bf16"),
         ("pp+fp16", "use bf16 with pp"),
         ("pp+accum", "drop accum"),
         ("nvme+compile", "compile is not supported"),
@@ -82,6 +85,12 @@ def test_resolve_degrees():
     assert resolve_degrees(parse_strategy("tp+pp"), 4) == Degrees(dp=1, pp=2, tp=2)
     assert resolve_degrees(parse_strategy("tp+pp"), 8, tp=4) == Degrees(dp=1, pp=2, tp=4)
     assert resolve_degrees(parse_strategy("tp+pp"), 8, pp=4) == Degrees(dp=1, pp=4, tp=2)
+    # a data-parallel strategy beside tp/pp: two replicas unless the degrees say otherwise
+    assert resolve_degrees(parse_strategy("ddp+tp"), 4) == Degrees(dp=2, pp=1, tp=2)
+    assert resolve_degrees(parse_strategy("zero3+pp"), 4) == Degrees(dp=2, pp=2, tp=1)
+    assert resolve_degrees(parse_strategy("ddp+tp+pp"), 8) == Degrees(dp=2, pp=2, tp=2)
+    assert resolve_degrees(parse_strategy("zero2+tp"), 8, tp=2) == Degrees(dp=4, pp=1, tp=2)
+    assert resolve_degrees(parse_strategy("ddp+tp+pp"), 8, tp=2) == Degrees(dp=2, pp=2, tp=2)
 
 
 def _validate(strategy, world=2, gb=8, mb=4, **kw):
@@ -106,6 +115,13 @@ def _validate(strategy, world=2, gb=8, mb=4, **kw):
         ("pp", dict(world=4, gb=8, mb=4), "--microbatches 2: 1F1B needs at least as many micro-batches as stages (4)"),
         ("pp", dict(gb=8, mb=2, pp_schedule="zb"), "--pp-schedule 'zb': expected gpipe or 1f1b"),
         ("ddp", dict(tp=2), "--tp 2: the strategy 'ddp' has no tp"),
+        (
+            "ddp+tp+pp",
+            dict(world=4, tp=2, pp=2),
+            "no second data-parallel replica for ddp; use more ranks (e.g. --nproc 8)",
+        ),
+        ("ddp+tp+pp", dict(world=4), "tp needs a degree >= 2 (got --nproc 4, tp 1)"),
+        ("zero3+tp", dict(world=4, tp=4), "tp 4 × pp 1 leave no second data-parallel replica"),
         ("tp", dict(impl="hf", gb=8, mb=8), "--impl hf"),
         ("ddp+ckpt-selective", dict(impl="hf"), "only for --impl ours"),
         ("ddp", dict(impl="jax"), "--impl 'jax': expected ours or hf"),

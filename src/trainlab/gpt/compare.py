@@ -25,7 +25,7 @@ from trainlab.gpt.config import CompareConfig, GPTBenchConfig
 from trainlab.gpt.model import get_preset
 from trainlab.gpt.plan import GPTPlan, Machine
 from trainlab.gpt.planner import memory_shortfall
-from trainlab.gpt.strategy import parse_strategy
+from trainlab.gpt.strategy import Degrees, mesh_rows, parse_strategy, resolve_degrees
 from trainlab.io import atomic_write_text, read_json, record_written, refuse_foreign
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
@@ -55,7 +55,7 @@ def default_matrix(nproc: int) -> list[str]:
     ]
     if nproc >= 4 and nproc % 2 == 0:
         multi.append("tp+pp")
-    return single + multi
+    return single + multi + mesh_rows(nproc)
 
 
 def _classify(rc: int, text: str) -> str:
@@ -85,12 +85,20 @@ def _error_line(text: str) -> str:
 
 def _strategy_run(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
     """Per-strategy settings: parallel strategies use all `nproc` ranks, single-device ones one;
-    accumulation gets a micro-batch half the per-rank batch; the tokens stay identical."""
+    accumulation gets a micro-batch half the per-rank batch; a pipeline at least as many micro-batches
+    as stages; --tp/--pp only where the strategy has them; the tokens stay identical."""
     spec = parse_strategy(strategy)
     nproc = bench.nproc if spec.distributed else 1
-    per_rank = bench.global_batch // max(1, nproc // (bench.tp * bench.pp) if spec.data_parallel else 1)
+    tp, pp = (bench.tp if spec.tp else 1), (bench.pp if spec.pp else 1)
+    try:
+        deg = resolve_degrees(spec, nproc, tp, pp)
+    except ConfigError:  # the row's own check reports it as "invalid" (run_one)
+        deg = Degrees(dp=nproc if spec.data_parallel else 1, pp=pp, tp=tp)
+    per_rank = bench.global_batch // max(1, deg.dp)
     micro = min(bench.micro_batch, max(1, per_rank))
-    if spec.accum and micro >= bench.global_batch // max(1, nproc if spec.data_parallel else 1):
+    if spec.pp and deg.pp > 1:
+        micro = min(micro, max(1, per_rank // deg.pp))  # 1F1B needs micro-batches >= stages
+    if spec.accum and micro >= per_rank:
         micro = max(1, micro // 2)
     # on CPU, RSS is mostly the runtime: count live tensor bytes too (one extra untimed step)
     on_cpu = bench.device == "cpu" or (bench.device == "auto" and not torch.cuda.is_available())
@@ -98,6 +106,8 @@ def _strategy_run(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
         bench,
         strategy=spec.text,
         nproc=nproc,
+        tp=tp,
+        pp=pp,
         micro_batch=micro,
         json=None,
         out=None,
@@ -234,11 +244,14 @@ def run_one(cfg: GPTBenchConfig, out: str, slug: str, machine: Machine, timeout_
 
 
 def _check_same_start(rows: list[dict]) -> None:
-    """Same seed and tokens ⇒ the first loss is the same for every strategy (up to precision)."""
-    ref = next((r["first_loss"] for r in rows if r.get("status") == "ok" and r["strategy"] == "none"), None)
+    """Same seed and tokens ⇒ the first loss is the same for every strategy (up to precision), and an
+    fp32 strategy that is exact (ddp, zero, tp, pp and their mesh) trains like `none` step by step:
+    `loss_max_diff_vs_none` is the largest |Δ loss| over the steps both ran."""
+    ref = next((r for r in rows if r.get("status") == "ok" and r["strategy"] == "none"), None)
     for r in rows:
         if r.get("status") == "ok" and ref is not None:
-            r["first_loss_diff_vs_none"] = r["first_loss"] - ref
+            r["first_loss_diff_vs_none"] = r["first_loss"] - ref["first_loss"]
+            r["loss_max_diff_vs_none"] = max(abs(a - b) for a, b in zip(r["losses"], ref["losses"]))
 
 
 def _gib(x) -> str:
@@ -281,6 +294,7 @@ COLUMNS = [
     "first_loss",
     "last_loss",
     "first_loss_diff_vs_none",
+    "loss_max_diff_vs_none",
     "error",
     "note",
 ]
@@ -308,6 +322,10 @@ def header_md(cc: CompareConfig) -> str:
     )
 
 
+def _g2(x) -> str:
+    return "-" if x is None else f"{x:.2g}"
+
+
 def _f3(x) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -315,14 +333,15 @@ def _f3(x) -> str:
 def to_markdown(rows: list[dict]) -> str:
     lines = [
         "| strategy | ranks | micro | step ms (p10–p90) | tokens/s | tokens/s/dev | TFLOPS/dev | TFLOPS/dev (handout) "
-        "| TFLOPS/dev (8N) | MFU | peak mem GiB | live tensors MiB | predicted MiB | loss first→last |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TFLOPS/dev (8N) | MFU | peak mem GiB | live tensors MiB | predicted MiB | loss first→last "
+        "| max Δloss vs none |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.get("status") != "ok":
             lines.append(
                 f"| {r['strategy']} | {r['nproc']} | {r['micro_batch']} | **{r['status']}** | | | | | | | | | "
-                f"{_mib(r.get('predicted_bytes'))} | {r.get('error', '')[:80]} |"
+                f"{_mib(r.get('predicted_bytes'))} | {r.get('error', '')[:80]} | |"
             )
             continue
         mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
@@ -333,7 +352,7 @@ def to_markdown(rows: list[dict]) -> str:
             f"{r['tflops_per_device_handout']:.3f} | {_f3(r.get('tflops_per_device_8n'))} | {mfu} | "
             f"{_gib(r['peak_memory_bytes'])} | "
             f"{_mib(r.get('peak_tensor_bytes'))} | {_mib(r['predicted_bytes'])} | "
-            f"{r['first_loss']:.4f}→{r['last_loss']:.4f} |"
+            f"{r['first_loss']:.4f}→{r['last_loss']:.4f} | {_g2(r.get('loss_max_diff_vs_none'))} |"
         )
     return "\n".join(lines) + "\n"
 
