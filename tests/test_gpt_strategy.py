@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
@@ -274,3 +275,23 @@ def test_fsdp_offload_and_ddp_in_one_process_match_plain():
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0, msg=name)
         for k in ref_sd:
             torch.testing.assert_close(sd[k], ref_sd[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name} {k}: {m}")
+
+
+def test_matmul_precision_is_resolved_in_the_plan_and_applied_by_bench():
+    """--matmul-precision (torch.set_float32_matmul_precision) beside --tf32: on = high; the plan holds
+    the resolved value (it round-trips through the worker spec) and the bench applies and records it."""
+    from trainlab.gpt.bench import run_bench
+    from trainlab.gpt.plan import GPTPlan
+
+    assert make_plan("tiny", "none").matmul_precision == "highest"
+    assert make_plan("tiny", "none", tf32="on").matmul_precision == "high"
+    plan = make_plan("tiny", "none", matmul_precision="medium", steps=1, warmup=0, global_batch=2, micro_batch=2)
+    assert plan.matmul_precision == "medium" and GPTPlan.from_dict(plan.to_dict()) == plan
+    with pytest.raises(ConfigError, match="--matmul-precision highest: conflicts with --tf32 on"):
+        make_plan("tiny", "none", tf32="on", matmul_precision="highest")
+    before = torch.get_float32_matmul_precision()
+    try:
+        summary = run_bench(replace(plan, seq=16), log=lambda *a: None)
+        assert summary["tf32"]["float32_matmul_precision"] == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)

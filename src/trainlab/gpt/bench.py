@@ -30,7 +30,7 @@ from trainlab.device import (
     peak_memory,
     peak_tflops,
     reset_peak_memory,
-    set_tf32,
+    set_matmul_precision,
     synchronize,
 )
 from trainlab.distributed.launch import (
@@ -90,7 +90,7 @@ def run_bench(plan: GPTPlan, log=print) -> dict | None:
     Returns the summary on rank 0 and None on other ranks; writes --json / --out on rank 0. A rank with
     peers leaves its process group as it is: the worker ends by `launch.end_worker` (barrier, os._exit).
     """
-    tf32 = set_tf32(plan.tf32)
+    tf32 = set_matmul_precision(plan.matmul_precision)  # --tf32 / --matmul-precision, resolved in the plan
     info = init_distributed(device=plan.device)
     main = info.rank == 0
     say = log if main else (lambda *a, **k: None)

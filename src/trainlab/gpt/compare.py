@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import torch
 
-from trainlab.device import OOM_MARKERS
+from trainlab.device import OOM_MARKERS, matmul_precision
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.config import CompareConfig, GPTBenchConfig
@@ -128,6 +128,7 @@ def _child_env(run: GPTPlan) -> dict:
 def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compare") -> dict:
     """Run every strategy; write compare.md/.csv/.json/.log and plots under `cc.out`; return the table."""
     get_preset(cc.bench.model)  # an unknown preset is one error, not one per strategy
+    matmul_precision(cc.bench.tf32, cc.bench.matmul_precision)  # so are --tf32 on --matmul-precision highest
     strategies = cc.strategy_list or default_matrix(cc.bench.nproc)
     runs = [_strategy_run(cc.bench, s) for s in strategies]  # ConfigError for unknown names, up front
     slugs = [r.strategy.replace("+", "_") for r in runs]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainlab.device import KNOWN_SM, TF32_MODES
+from trainlab.device import KNOWN_SM, MATMUL_PRECISIONS, TF32_MODES
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, json_opt, one_of, opt, output_dir, positive, seed_value
 from trainlab.gpt.model import PRESETS
@@ -64,6 +64,13 @@ class GPTBenchConfig(Config):
     fused_optimizer: bool = opt(False, "AdamW(fused=True) (GPU)")
     tf32: str = opt(
         "off", "TF32 tensor cores for fp32 matmuls on Ampere+ GPUs (recorded in the summary)", choices=TF32_MODES
+    )
+    matmul_precision: str | None = opt(
+        None,
+        "float32 matmul precision (torch.set_float32_matmul_precision): highest (fp32) | high (TF32, = --tf32 on) "
+        "| medium (bf16 passes allowed); default: what --tf32 says",
+        metavar="highest|high|medium",
+        check=one_of(MATMUL_PRECISIONS),
     )
     track_memory: bool = opt(False, "one extra, untimed step counting live tensor bytes (CPU: the exact peak)")
     json: str | None = json_opt("write the summary JSON to PATH ('-': print it to stdout, the log goes to stderr)")
