@@ -156,11 +156,22 @@ def test_cuda_without_gpu_is_a_hardware_error():
     assert make_plan("tiny", "none", device="auto", machine=Machine(gpus=1, sm=80)).device == "cuda"
 
 
-def test_nvme_needs_deepspeed_and_gpu():
-    if importlib.util.find_spec("deepspeed") is not None and torch.cuda.is_available():
-        pytest.skip("deepspeed and a GPU are present")
-    with pytest.raises(HardwareError, match="needs deepspeed and a GPU"):
+def test_nvme_needs_deepspeed_and_gpu(monkeypatch):
+    """Without deepspeed: one line naming the optional extra (compare's "not installed" row); with it but
+    on a CPU: one line asking for a GPU."""
+    from trainlab.gpt.parallel import nvme
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(
+        nvme.NotInstalled, match=r"deepspeed is not installed \(the optional extra: pip install '.\[offload\]'\)"
+    ):
         make_plan("tiny", "nvme", global_batch=2, micro_batch=2, seq_len=8)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "deepspeed" else real(name, *a)
+    )
+    with pytest.raises(HardwareError, match="--strategy nvme needs a CUDA GPU"):
+        make_plan("tiny", "nvme", global_batch=2, micro_batch=2, seq_len=8, device="cpu")
 
 
 def test_engine_rejects_bad_tokens_and_optimizer():

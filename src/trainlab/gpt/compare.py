@@ -4,7 +4,9 @@ Each strategy runs as its own `trainlab gpt bench` process, so an out-of-memory 
 a hang is isolated and reported in the table ("OOM", "failed", "timeout", "invalid", "diverged") next to the
 planner's predicted memory, instead of ending the comparison. Each gets `--timeout` seconds, after which
 all its processes are stopped; a summary its rank 0 wrote is kept even if a rank then failed or hung at
-the end (a "note" says so). compare.json/.md/.csv/.log are rewritten after every strategy.
+the end (a "note" says so). `--budget` bounds the whole comparison: each row's timeout is cut to what
+is left, and rows it leaves no time for are "skipped" (the lab's share for a slow row such as CPU
+offload on one GPU). compare.json/.md/.csv/.log are rewritten after every strategy.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import io
 import os
 import subprocess
 import tempfile
+import time
 from dataclasses import replace
 
 import torch
@@ -23,6 +26,7 @@ from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.config import CompareConfig, GPTBenchConfig
 from trainlab.gpt.model import get_preset
+from trainlab.gpt.parallel.nvme import NotInstalled
 from trainlab.gpt.plan import GPTPlan, Machine
 from trainlab.gpt.planner import memory_shortfall
 from trainlab.gpt.strategy import Degrees, mesh_rows, parse_strategy, resolve_degrees
@@ -31,6 +35,7 @@ from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
 GiB = 1024**3
+MIN_ROW_S = 10.0  # less --budget left than this: the remaining rows are "skipped", not started to be killed
 
 
 def default_matrix(nproc: int) -> list[str]:
@@ -164,8 +169,15 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
         return result
 
     machine = Machine.detect()
+    deadline = None if cc.budget_s is None else time.monotonic() + cc.budget_s
     for cfg in runs:
-        row = run_one(cfg, cc.out, cfg.strategy.replace("+", "_"), machine, cc.timeout_s)
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left < MIN_ROW_S:
+            row = {"strategy": cfg.strategy, "nproc": cfg.nproc, "micro_batch": cfg.micro_batch}
+            row.update(status="skipped", error=f"not run: the --budget of {cc.budget_s:g} s was spent")
+        else:  # a row gets its --timeout, or what is left of the --budget
+            timeout = cc.timeout_s if left is None else min(cc.timeout_s, left)
+            row = run_one(cfg, cc.out, cfg.strategy.replace("+", "_"), machine, timeout)
         rows.append(row)
         lines.append(_row_line(row, "strategy"))
         log(lines[-1])
@@ -187,6 +199,9 @@ def run_one(cfg: GPTBenchConfig, out: str, slug: str, machine: Machine, timeout_
     row = {"strategy": cfg.strategy, "nproc": cfg.nproc, "micro_batch": cfg.micro_batch, "predicted_bytes": None}
     try:
         run = replace(cfg, json=json_path).plan(machine)  # every check and the prediction, as `gpt bench` does
+    except NotInstalled as e:  # an optional backend (deepspeed for nvme): a row that says so
+        row.update(status="not installed", error=str(e))
+        return row
     except (ConfigError, HardwareError) as e:
         row.update(status="invalid", error=str(e))
         return row

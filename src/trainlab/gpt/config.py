@@ -95,6 +95,12 @@ class CompareConfig(Config):
     strategies: str | None = opt(None, "comma-separated list (default: the handout's list and combinations)")
     out: str = opt("runs/gpt_compare", "directory for tables, plots and logs", check=output_dir)
     timeout_s: float = opt(1800.0, "seconds per strategy", flag="--timeout", check=positive)
+    budget_s: float | None = opt(
+        None,
+        "seconds for the whole comparison: each row's --timeout is cut to what is left, later rows are skipped",
+        flag="--budget",
+        check=positive,
+    )
     gpu_mem: int | None = opt(
         None, "device memory for the prediction's 'fits' (default: the GPU's)", cli=False, check=at_least(1)
     )

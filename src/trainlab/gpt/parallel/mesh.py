@@ -79,11 +79,11 @@ def average_gradients(params: list[torch.Tensor], group, size: int) -> None:
     grads = [_local(p.grad) for p in params if p.grad is not None]
     if not grads:
         return
-    flat = torch._utils._flatten_dense_tensors(grads)
+    flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)
     flat /= size
-    for g, mean in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-        g.copy_(mean)
+    for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(mean.view_as(g))
 
 
 def average_gradients_before_step(optimizer: torch.optim.Optimizer, params, group, size: int) -> None:
