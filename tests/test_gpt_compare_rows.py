@@ -78,3 +78,24 @@ def test_loss_difference_to_single_process():
     _check_same_start(rows)
     assert rows[1]["loss_max_diff_vs_none"] == pytest.approx(1e-4, rel=1e-3)
     assert "loss_max_diff_vs_none" not in rows[2]
+
+
+def test_compare_table_states_the_uniform_token_loss_floor():
+    from trainlab.gpt.compare import header_md
+
+    assert "no loss goes below ln V = ln 50257 = 10.82" in header_md(CompareConfig(bench=GPTBenchConfig()))
+
+
+def test_deepspeed_config_sizes_agree_with_the_plan():
+    """The NVMe path's config (built without deepspeed): DeepSpeed checks train = micro × accumulation × world."""
+    from trainlab.gpt.parallel.nvme import deepspeed_config
+
+    cfg = deepspeed_config(micro_batch=2, accumulation_steps=4, world_size=2, lr=1e-3, amp="bf16", nvme_path="/x")
+    assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (
+        16,
+        2,
+        4,
+    )
+    zero = cfg["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_param"]["device"] == zero["offload_optimizer"]["device"] == "nvme"
+    assert cfg["bf16"]["enabled"] and not cfg["fp16"]["enabled"] and zero["offload_param"]["nvme_path"] == "/x"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import subprocess
 import tempfile
@@ -252,6 +253,7 @@ def run_one(cfg: GPTBenchConfig, out: str, slug: str, machine: Machine, timeout_
         peak_memory_bytes=s["peak_memory_bytes"],
         peak_memory_kind=s["peak_memory_kind"],
         peak_tensor_bytes=s.get("peak_tensor_bytes"),
+        loss_floor_uniform_tokens=s.get("loss_floor_uniform_tokens"),
         first_loss=s["losses"][0],
         last_loss=s["losses"][-1],
         losses=s["losses"],
@@ -327,6 +329,7 @@ def to_csv(rows: list[dict]) -> str:
 
 def header_md(cc: CompareConfig) -> str:
     b = cc.bench
+    vocab = get_preset(b.model).vocab_size
     return (
         f"# GPT strategy comparison: {b.model}\n\nglobal batch {b.global_batch} × seq {b.seq or 'n_positions'}, "
         f"{b.steps} timed steps after {b.warmup} warm-up, seed {b.seed}, device {b.device}, impl {b.impl}. "
@@ -334,7 +337,8 @@ def header_md(cc: CompareConfig) -> str:
         "with its get_model_size N (tied embedding counted twice), and 8·N·B·T with the distinct N, in their "
         "columns. On CPU each process runs one thread (a device = a core). Peak memory: max allocated per rank "
         "on CUDA, process RSS on CPU; live tensors: peak bytes of "
-        "live tensors in one extra untimed step (CPU), the figure the planner predicts.\n\n"
+        "live tensors in one extra untimed step (CPU), the figure the planner predicts. "
+        f"The tokens are uniform random, new every step: no loss goes below ln V = ln {vocab} = {math.log(vocab):.2f}.\n\n"
     )
 
 
