@@ -973,6 +973,16 @@ CASES = [
         r"--matmul-precision 'fp8': expected one of highest, high, medium",
     ),
     Case(
+        "gpt-compare-budget-zero",
+        "gpt compare --model tiny --device cpu --budget 0 --strategies none --out {dir}/c",
+        r"--budget 0: expected a finite number > 0",
+    ),
+    Case(
+        "gpt-compare-budget-nan",
+        "gpt compare --model tiny --device cpu --budget nan --strategies none --out {dir}/c",
+        r"--budget nan: expected a finite number > 0",
+    ),
+    Case(
         "gpt-bench-zero1-with-tp",
         "gpt bench --model tiny --device cpu --nproc 4 --strategy zero1+tp",
         r"ZeroRedundancyOptimizer cannot hold tp's DTensor parameters; use zero2\+tp or zero3\+tp",
