@@ -99,3 +99,16 @@ def test_deepspeed_config_sizes_agree_with_the_plan():
     zero = cfg["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_param"]["device"] == zero["offload_optimizer"]["device"] == "nvme"
     assert cfg["bf16"]["enabled"] and not cfg["fp16"]["enabled"] and zero["offload_param"]["nvme_path"] == "/x"
+
+
+def test_planner_predicts_the_mesh_rows():
+    """dp2×pp2×tp2 of GPT-2 1.6B: each rank computes with the same stage piece under ddp and zero3;
+    zero3 holds half of it (and of its optimizer states), ddp all of it plus the gradient buffer."""
+    from trainlab.gpt.planner import predict_memory
+
+    cfg = get_preset("gpt2-1.6b")
+    ddp, zero3 = (predict_memory(cfg, s, 8, 2, 1024, microbatches=2) for s in ("ddp+tp+pp", "zero3+tp+pp"))
+    tp_pp = predict_memory(cfg, "tp+pp", 4, 2, 1024, microbatches=2)  # the same pieces, one replica
+    assert ddp["params_bytes"] == tp_pp["params_bytes"] and ddp["optimizer_bytes"] == tp_pp["optimizer_bytes"]
+    assert zero3["optimizer_bytes"] == pytest.approx(ddp["optimizer_bytes"] / 2)
+    assert zero3["total_bytes"] < ddp["total_bytes"] < tp_pp["total_bytes"] + ddp["buffers_bytes"] + 1
