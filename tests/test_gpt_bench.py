@@ -90,6 +90,8 @@ def test_bench_json_contract_and_run_dir(tmp_path, capsys):
     assert s["strategy"] == "none" and s["world_size"] == 1 and s["params"] == 236_928
     assert len(s["losses"]) == 3 and all(math.isfinite(x) for x in s["losses"])
     assert abs(s["losses"][0] - math.log(512)) < 0.1  # random init on uniform tokens: ≈ ln V
+    assert s["loss_floor_uniform_tokens"] == pytest.approx(math.log(512))  # the floor, stated beside it
+    assert "floor for uniform random tokens: ln V = ln 512 = 6.24" in text
     assert s["step_seconds_median"] > 0
     assert s["tokens_per_s"] == pytest.approx(4 * 32 / s["step_seconds_median"])
     assert s["tflops_per_device"] == pytest.approx(flops_per_token(get_preset("tiny"), 32) * s["tokens_per_s"] / 1e12)

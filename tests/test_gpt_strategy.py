@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
@@ -62,7 +63,10 @@ def test_parse_canonical_and_fields():
         ("bf16+fp16", "pick one precision"),
         ("ckpt+ckpt-selective", "pick one of ckpt"),
         ("ddp+offload", "combine it with zero2 or zero3"),
-        ("zero3+tp", "not supported"),
+        ("zero1+tp", "ZeroRedundancyOptimizer cannot hold tp's DTensor parameters"),
+        ("offload+tp", "offload shards over every rank; it does not combine with tp"),
+        ("nvme+pp", "nvme shards over every rank; it does not combine with pp"),
+        ("ddp+tp+fp16", "use bf16"),
         ("pp+fp16", "use bf16 with pp"),
         ("pp+accum", "drop accum"),
         ("nvme+compile", "compile is not supported"),
@@ -82,6 +86,12 @@ def test_resolve_degrees():
     assert resolve_degrees(parse_strategy("tp+pp"), 4) == Degrees(dp=1, pp=2, tp=2)
     assert resolve_degrees(parse_strategy("tp+pp"), 8, tp=4) == Degrees(dp=1, pp=2, tp=4)
     assert resolve_degrees(parse_strategy("tp+pp"), 8, pp=4) == Degrees(dp=1, pp=4, tp=2)
+    # a data-parallel strategy beside tp/pp: two replicas unless the degrees say otherwise
+    assert resolve_degrees(parse_strategy("ddp+tp"), 4) == Degrees(dp=2, pp=1, tp=2)
+    assert resolve_degrees(parse_strategy("zero3+pp"), 4) == Degrees(dp=2, pp=2, tp=1)
+    assert resolve_degrees(parse_strategy("ddp+tp+pp"), 8) == Degrees(dp=2, pp=2, tp=2)
+    assert resolve_degrees(parse_strategy("zero2+tp"), 8, tp=2) == Degrees(dp=4, pp=1, tp=2)
+    assert resolve_degrees(parse_strategy("ddp+tp+pp"), 8, tp=2) == Degrees(dp=2, pp=2, tp=2)
 
 
 def _validate(strategy, world=2, gb=8, mb=4, **kw):
@@ -106,6 +116,13 @@ def _validate(strategy, world=2, gb=8, mb=4, **kw):
         ("pp", dict(world=4, gb=8, mb=4), "--microbatches 2: 1F1B needs at least as many micro-batches as stages (4)"),
         ("pp", dict(gb=8, mb=2, pp_schedule="zb"), "--pp-schedule 'zb': expected gpipe or 1f1b"),
         ("ddp", dict(tp=2), "--tp 2: the strategy 'ddp' has no tp"),
+        (
+            "ddp+tp+pp",
+            dict(world=4, tp=2, pp=2),
+            "no second data-parallel replica for ddp; use more ranks (e.g. --nproc 8)",
+        ),
+        ("ddp+tp+pp", dict(world=4), "tp needs a degree >= 2 (got --nproc 4, tp 1)"),
+        ("zero3+tp", dict(world=4, tp=4), "tp 4 × pp 1 leave no second data-parallel replica"),
         ("tp", dict(impl="hf", gb=8, mb=8), "--impl hf"),
         ("ddp+ckpt-selective", dict(impl="hf"), "only for --impl ours"),
         ("ddp", dict(impl="jax"), "--impl 'jax': expected ours or hf"),
@@ -139,11 +156,22 @@ def test_cuda_without_gpu_is_a_hardware_error():
     assert make_plan("tiny", "none", device="auto", machine=Machine(gpus=1, sm=80)).device == "cuda"
 
 
-def test_nvme_needs_deepspeed_and_gpu():
-    if importlib.util.find_spec("deepspeed") is not None and torch.cuda.is_available():
-        pytest.skip("deepspeed and a GPU are present")
-    with pytest.raises(HardwareError, match="needs deepspeed and a GPU"):
+def test_nvme_needs_deepspeed_and_gpu(monkeypatch):
+    """Without deepspeed: one line naming the optional extra (compare's "not installed" row); with it but
+    on a CPU: one line asking for a GPU."""
+    from trainlab.gpt.parallel import nvme
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(
+        nvme.NotInstalled, match=r"deepspeed is not installed \(the optional extra: pip install '.\[offload\]'\)"
+    ):
         make_plan("tiny", "nvme", global_batch=2, micro_batch=2, seq_len=8)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "deepspeed" else real(name, *a)
+    )
+    with pytest.raises(HardwareError, match="--strategy nvme needs a CUDA GPU"):
+        make_plan("tiny", "nvme", global_batch=2, micro_batch=2, seq_len=8, device="cpu")
 
 
 def test_engine_rejects_bad_tokens_and_optimizer():
@@ -258,3 +286,23 @@ def test_fsdp_offload_and_ddp_in_one_process_match_plain():
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0, msg=name)
         for k in ref_sd:
             torch.testing.assert_close(sd[k], ref_sd[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name} {k}: {m}")
+
+
+def test_matmul_precision_is_resolved_in_the_plan_and_applied_by_bench():
+    """--matmul-precision (torch.set_float32_matmul_precision) beside --tf32: on = high; the plan holds
+    the resolved value (it round-trips through the worker spec) and the bench applies and records it."""
+    from trainlab.gpt.bench import run_bench
+    from trainlab.gpt.plan import GPTPlan
+
+    assert make_plan("tiny", "none").matmul_precision == "highest"
+    assert make_plan("tiny", "none", tf32="on").matmul_precision == "high"
+    plan = make_plan("tiny", "none", matmul_precision="medium", steps=1, warmup=0, global_batch=2, micro_batch=2)
+    assert plan.matmul_precision == "medium" and GPTPlan.from_dict(plan.to_dict()) == plan
+    with pytest.raises(ConfigError, match="--matmul-precision highest: conflicts with --tf32 on"):
+        make_plan("tiny", "none", tf32="on", matmul_precision="highest")
+    before = torch.get_float32_matmul_precision()
+    try:
+        summary = run_bench(replace(plan, seq=16), log=lambda *a: None)
+        assert summary["tf32"]["float32_matmul_precision"] == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)

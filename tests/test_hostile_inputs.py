@@ -958,6 +958,41 @@ CASES = [
         r"--fused-qkv: a lever of our model, not of --impl hf",
     ),
     Case(
+        "gpt-bench-matmul-precision-unknown",
+        "gpt bench --model tiny --device cpu --matmul-precision low",
+        r"--matmul-precision 'low': expected one of highest, high, medium",
+    ),
+    Case(
+        "gpt-bench-matmul-precision-contradicts-tf32",
+        "gpt bench --model tiny --device cpu --tf32 on --matmul-precision highest",
+        r"--matmul-precision highest: conflicts with --tf32 on",
+    ),
+    Case(
+        "gpt-compare-matmul-precision-unknown",
+        "gpt compare --model tiny --device cpu --matmul-precision fp8 --strategies none --out {dir}/c",
+        r"--matmul-precision 'fp8': expected one of highest, high, medium",
+    ),
+    Case(
+        "gpt-compare-budget-zero",
+        "gpt compare --model tiny --device cpu --budget 0 --strategies none --out {dir}/c",
+        r"--budget 0: expected a finite number > 0",
+    ),
+    Case(
+        "gpt-compare-budget-nan",
+        "gpt compare --model tiny --device cpu --budget nan --strategies none --out {dir}/c",
+        r"--budget nan: expected a finite number > 0",
+    ),
+    Case(
+        "gpt-bench-zero1-with-tp",
+        "gpt bench --model tiny --device cpu --nproc 4 --strategy zero1+tp",
+        r"ZeroRedundancyOptimizer cannot hold tp's DTensor parameters; use zero2\+tp or zero3\+tp",
+    ),
+    Case(
+        "gpt-bench-mesh-without-replica",
+        "gpt bench --model tiny --device cpu --nproc 4 --strategy ddp+tp+pp --tp 2 --pp 2",
+        r"tp 2 × pp 2 leave no second data-parallel replica for ddp",
+    ),
+    Case(
         "gpt-ablation-unknown-change",
         "gpt ablation --model tiny --device cpu --changes tf32,warp",
         r"--changes 'warp': expected some of",

@@ -202,6 +202,7 @@ ABLATION_EXCLUDED_BENCH_FLAGS = (
     "strategy",
     "impl",
     "tf32",
+    "matmul_precision",  # TF32 is a row's change (--tf32 on = --matmul-precision high)
     "fused_optimizer",
     "vocab_multiple",
     "fused_qkv",

@@ -30,7 +30,7 @@ from trainlab.device import (
     peak_memory,
     peak_tflops,
     reset_peak_memory,
-    set_tf32,
+    set_matmul_precision,
     synchronize,
 )
 from trainlab.distributed.launch import (
@@ -90,7 +90,7 @@ def run_bench(plan: GPTPlan, log=print) -> dict | None:
     Returns the summary on rank 0 and None on other ranks; writes --json / --out on rank 0. A rank with
     peers leaves its process group as it is: the worker ends by `launch.end_worker` (barrier, os._exit).
     """
-    tf32 = set_tf32(plan.tf32)
+    tf32 = set_matmul_precision(plan.matmul_precision)  # --tf32 / --matmul-precision, resolved in the plan
     info = init_distributed(device=plan.device)
     main = info.rank == 0
     say = log if main else (lambda *a, **k: None)
@@ -335,6 +335,9 @@ def _summary(
         "peak_memory_per_rank": all_mem,
         "peak_tensor_bytes": max((m.get("peak_tensor_bytes") or 0) for m in all_mem) or None,
         "losses": rec.losses,
+        # the tokens are uniform over the vocabulary, new every step: no model's expected loss is below
+        # their entropy ln V (ln 50257 = 10.82 for GPT-2), so a loss near it is the floor, not a failure to learn
+        "loss_floor_uniform_tokens": math.log(model_cfg.vocab_size),
         "device": str(device),
         "device_name": device_name(device),
         "tf32": tf32,
@@ -351,6 +354,11 @@ def _say_summary(summary: dict, all_mem: list[dict], say) -> None:
         f"{s['tflops_per_device']:.3f}, +2N ckpt {s['tflops_per_device_6n_ckpt']:.3f}, handout 8·N·B·T "
         f"{s['tflops_per_device_handout']:.3f} (N = {s['params_handout']:,}, its get_model_size), 8·N·B·T "
         f"{s['tflops_per_device_8n']:.3f} (N = {params:,})  MFU {_pct(s['mfu'])}"
+    )
+    say(
+        f"  loss {s['losses'][0]:.4f} → {s['losses'][-1]:.4f}; floor for uniform random tokens: "
+        f"ln V = ln {s['config']['model']['vocab_size']} = "
+        f"{s['loss_floor_uniform_tokens']:.2f} (no model predicts fresh uniform tokens better)"
     )
     if s["predicted_peak_bytes"] is not None:
         say(

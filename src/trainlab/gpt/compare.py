@@ -4,33 +4,39 @@ Each strategy runs as its own `trainlab gpt bench` process, so an out-of-memory 
 a hang is isolated and reported in the table ("OOM", "failed", "timeout", "invalid", "diverged") next to the
 planner's predicted memory, instead of ending the comparison. Each gets `--timeout` seconds, after which
 all its processes are stopped; a summary its rank 0 wrote is kept even if a rank then failed or hung at
-the end (a "note" says so). compare.json/.md/.csv/.log are rewritten after every strategy.
+the end (a "note" says so). `--budget` bounds the whole comparison: each row's timeout is cut to what
+is left, and rows it leaves no time for are "skipped" (the lab's share for a slow row such as CPU
+offload on one GPU). compare.json/.md/.csv/.log are rewritten after every strategy.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import subprocess
 import tempfile
+import time
 from dataclasses import replace
 
 import torch
 
-from trainlab.device import OOM_MARKERS
+from trainlab.device import OOM_MARKERS, matmul_precision
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.config import CompareConfig, GPTBenchConfig
 from trainlab.gpt.model import get_preset
+from trainlab.gpt.parallel.nvme import NotInstalled
 from trainlab.gpt.plan import GPTPlan, Machine
 from trainlab.gpt.planner import memory_shortfall
-from trainlab.gpt.strategy import parse_strategy
+from trainlab.gpt.strategy import Degrees, mesh_rows, parse_strategy, resolve_degrees
 from trainlab.io import atomic_write_text, read_json, record_written, refuse_foreign
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
 GiB = 1024**3
+MIN_ROW_S = 10.0  # less --budget left than this: the remaining rows are "skipped", not started to be killed
 
 
 def default_matrix(nproc: int) -> list[str]:
@@ -55,7 +61,7 @@ def default_matrix(nproc: int) -> list[str]:
     ]
     if nproc >= 4 and nproc % 2 == 0:
         multi.append("tp+pp")
-    return single + multi
+    return single + multi + mesh_rows(nproc)
 
 
 def _classify(rc: int, text: str) -> str:
@@ -85,12 +91,20 @@ def _error_line(text: str) -> str:
 
 def _strategy_run(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
     """Per-strategy settings: parallel strategies use all `nproc` ranks, single-device ones one;
-    accumulation gets a micro-batch half the per-rank batch; the tokens stay identical."""
+    accumulation gets a micro-batch half the per-rank batch; a pipeline at least as many micro-batches
+    as stages; --tp/--pp only where the strategy has them; the tokens stay identical."""
     spec = parse_strategy(strategy)
     nproc = bench.nproc if spec.distributed else 1
-    per_rank = bench.global_batch // max(1, nproc // (bench.tp * bench.pp) if spec.data_parallel else 1)
+    tp, pp = (bench.tp if spec.tp else 1), (bench.pp if spec.pp else 1)
+    try:
+        deg = resolve_degrees(spec, nproc, tp, pp)
+    except ConfigError:  # the row's own check reports it as "invalid" (run_one)
+        deg = Degrees(dp=nproc if spec.data_parallel else 1, pp=pp, tp=tp)
+    per_rank = bench.global_batch // max(1, deg.dp)
     micro = min(bench.micro_batch, max(1, per_rank))
-    if spec.accum and micro >= bench.global_batch // max(1, nproc if spec.data_parallel else 1):
+    if spec.pp and deg.pp > 1:
+        micro = min(micro, max(1, per_rank // deg.pp))  # 1F1B needs micro-batches >= stages
+    if spec.accum and micro >= per_rank:
         micro = max(1, micro // 2)
     # on CPU, RSS is mostly the runtime: count live tensor bytes too (one extra untimed step)
     on_cpu = bench.device == "cpu" or (bench.device == "auto" and not torch.cuda.is_available())
@@ -98,6 +112,8 @@ def _strategy_run(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
         bench,
         strategy=spec.text,
         nproc=nproc,
+        tp=tp,
+        pp=pp,
         micro_batch=micro,
         json=None,
         out=None,
@@ -118,6 +134,7 @@ def _child_env(run: GPTPlan) -> dict:
 def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compare") -> dict:
     """Run every strategy; write compare.md/.csv/.json/.log and plots under `cc.out`; return the table."""
     get_preset(cc.bench.model)  # an unknown preset is one error, not one per strategy
+    matmul_precision(cc.bench.tf32, cc.bench.matmul_precision)  # so are --tf32 on --matmul-precision highest
     strategies = cc.strategy_list or default_matrix(cc.bench.nproc)
     runs = [_strategy_run(cc.bench, s) for s in strategies]  # ConfigError for unknown names, up front
     slugs = [r.strategy.replace("+", "_") for r in runs]
@@ -153,8 +170,15 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
         return result
 
     machine = Machine.detect()
+    deadline = None if cc.budget_s is None else time.monotonic() + cc.budget_s
     for cfg in runs:
-        row = run_one(cfg, cc.out, cfg.strategy.replace("+", "_"), machine, cc.timeout_s)
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left < MIN_ROW_S:
+            row = {"strategy": cfg.strategy, "nproc": cfg.nproc, "micro_batch": cfg.micro_batch}
+            row.update(status="skipped", error=f"not run: the --budget of {cc.budget_s:g} s was spent")
+        else:  # a row gets its --timeout, or what is left of the --budget
+            timeout = cc.timeout_s if left is None else min(cc.timeout_s, left)
+            row = run_one(cfg, cc.out, cfg.strategy.replace("+", "_"), machine, timeout)
         rows.append(row)
         lines.append(_row_line(row, "strategy"))
         log(lines[-1])
@@ -176,6 +200,9 @@ def run_one(cfg: GPTBenchConfig, out: str, slug: str, machine: Machine, timeout_
     row = {"strategy": cfg.strategy, "nproc": cfg.nproc, "micro_batch": cfg.micro_batch, "predicted_bytes": None}
     try:
         run = replace(cfg, json=json_path).plan(machine)  # every check and the prediction, as `gpt bench` does
+    except NotInstalled as e:  # an optional backend (deepspeed for nvme): a row that says so
+        row.update(status="not installed", error=str(e))
+        return row
     except (ConfigError, HardwareError) as e:
         row.update(status="invalid", error=str(e))
         return row
@@ -226,6 +253,7 @@ def run_one(cfg: GPTBenchConfig, out: str, slug: str, machine: Machine, timeout_
         peak_memory_bytes=s["peak_memory_bytes"],
         peak_memory_kind=s["peak_memory_kind"],
         peak_tensor_bytes=s.get("peak_tensor_bytes"),
+        loss_floor_uniform_tokens=s.get("loss_floor_uniform_tokens"),
         first_loss=s["losses"][0],
         last_loss=s["losses"][-1],
         losses=s["losses"],
@@ -234,11 +262,14 @@ def run_one(cfg: GPTBenchConfig, out: str, slug: str, machine: Machine, timeout_
 
 
 def _check_same_start(rows: list[dict]) -> None:
-    """Same seed and tokens ⇒ the first loss is the same for every strategy (up to precision)."""
-    ref = next((r["first_loss"] for r in rows if r.get("status") == "ok" and r["strategy"] == "none"), None)
+    """Same seed and tokens ⇒ the first loss is the same for every strategy (up to precision), and an
+    fp32 strategy that is exact (ddp, zero, tp, pp and their mesh) trains like `none` step by step:
+    `loss_max_diff_vs_none` is the largest |Δ loss| over the steps both ran."""
+    ref = next((r for r in rows if r.get("status") == "ok" and r["strategy"] == "none"), None)
     for r in rows:
         if r.get("status") == "ok" and ref is not None:
-            r["first_loss_diff_vs_none"] = r["first_loss"] - ref
+            r["first_loss_diff_vs_none"] = r["first_loss"] - ref["first_loss"]
+            r["loss_max_diff_vs_none"] = max(abs(a - b) for a, b in zip(r["losses"], ref["losses"]))
 
 
 def _gib(x) -> str:
@@ -281,6 +312,7 @@ COLUMNS = [
     "first_loss",
     "last_loss",
     "first_loss_diff_vs_none",
+    "loss_max_diff_vs_none",
     "error",
     "note",
 ]
@@ -297,6 +329,7 @@ def to_csv(rows: list[dict]) -> str:
 
 def header_md(cc: CompareConfig) -> str:
     b = cc.bench
+    vocab = get_preset(b.model).vocab_size
     return (
         f"# GPT strategy comparison: {b.model}\n\nglobal batch {b.global_batch} × seq {b.seq or 'n_positions'}, "
         f"{b.steps} timed steps after {b.warmup} warm-up, seed {b.seed}, device {b.device}, impl {b.impl}. "
@@ -304,8 +337,13 @@ def header_md(cc: CompareConfig) -> str:
         "with its get_model_size N (tied embedding counted twice), and 8·N·B·T with the distinct N, in their "
         "columns. On CPU each process runs one thread (a device = a core). Peak memory: max allocated per rank "
         "on CUDA, process RSS on CPU; live tensors: peak bytes of "
-        "live tensors in one extra untimed step (CPU), the figure the planner predicts.\n\n"
+        "live tensors in one extra untimed step (CPU), the figure the planner predicts. "
+        f"The tokens are uniform random, new every step: no loss goes below ln V = ln {vocab} = {math.log(vocab):.2f}.\n\n"
     )
+
+
+def _g2(x) -> str:
+    return "-" if x is None else f"{x:.2g}"
 
 
 def _f3(x) -> str:
@@ -315,14 +353,15 @@ def _f3(x) -> str:
 def to_markdown(rows: list[dict]) -> str:
     lines = [
         "| strategy | ranks | micro | step ms (p10–p90) | tokens/s | tokens/s/dev | TFLOPS/dev | TFLOPS/dev (handout) "
-        "| TFLOPS/dev (8N) | MFU | peak mem GiB | live tensors MiB | predicted MiB | loss first→last |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TFLOPS/dev (8N) | MFU | peak mem GiB | live tensors MiB | predicted MiB | loss first→last "
+        "| max Δloss vs none |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.get("status") != "ok":
             lines.append(
                 f"| {r['strategy']} | {r['nproc']} | {r['micro_batch']} | **{r['status']}** | | | | | | | | | "
-                f"{_mib(r.get('predicted_bytes'))} | {r.get('error', '')[:80]} |"
+                f"{_mib(r.get('predicted_bytes'))} | {r.get('error', '')[:80]} | |"
             )
             continue
         mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
@@ -333,7 +372,7 @@ def to_markdown(rows: list[dict]) -> str:
             f"{r['tflops_per_device_handout']:.3f} | {_f3(r.get('tflops_per_device_8n'))} | {mfu} | "
             f"{_gib(r['peak_memory_bytes'])} | "
             f"{_mib(r.get('peak_tensor_bytes'))} | {_mib(r['predicted_bytes'])} | "
-            f"{r['first_loss']:.4f}→{r['last_loss']:.4f} |"
+            f"{r['first_loss']:.4f}→{r['last_loss']:.4f} | {_g2(r.get('loss_max_diff_vs_none'))} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainlab.device import KNOWN_SM, TF32_MODES
+from trainlab.device import KNOWN_SM, MATMUL_PRECISIONS, TF32_MODES
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, json_opt, one_of, opt, output_dir, positive, seed_value
 from trainlab.gpt.model import PRESETS
@@ -65,6 +65,13 @@ class GPTBenchConfig(Config):
     tf32: str = opt(
         "off", "TF32 tensor cores for fp32 matmuls on Ampere+ GPUs (recorded in the summary)", choices=TF32_MODES
     )
+    matmul_precision: str | None = opt(
+        None,
+        "float32 matmul precision (torch.set_float32_matmul_precision): highest (fp32) | high (TF32, = --tf32 on) "
+        "| medium (bf16 passes allowed); default: what --tf32 says",
+        metavar="highest|high|medium",
+        check=one_of(MATMUL_PRECISIONS),
+    )
     track_memory: bool = opt(False, "one extra, untimed step counting live tensor bytes (CPU: the exact peak)")
     json: str | None = json_opt("write the summary JSON to PATH ('-': print it to stdout, the log goes to stderr)")
     out: str | None = opt(
@@ -88,6 +95,12 @@ class CompareConfig(Config):
     strategies: str | None = opt(None, "comma-separated list (default: the handout's list and combinations)")
     out: str = opt("runs/gpt_compare", "directory for tables, plots and logs", check=output_dir)
     timeout_s: float = opt(1800.0, "seconds per strategy", flag="--timeout", check=positive)
+    budget_s: float | None = opt(
+        None,
+        "seconds for the whole comparison: each row's --timeout is cut to what is left, later rows are skipped",
+        flag="--budget",
+        check=positive,
+    )
     gpu_mem: int | None = opt(
         None, "device memory for the prediction's 'fits' (default: the GPU's)", cli=False, check=at_least(1)
     )

@@ -4,9 +4,11 @@ Construction order (the same for all strategies, so the same seed gives the same
 1. build the full GPT on the meta device, allocate it on its device (the CPU for DeepSpeed's NVMe
    offload, else this rank's device) and draw its deterministic init there (`init_gpt_weights`);
 2. activation checkpointing flags;
-3. model parallelism: cut this rank's pipeline stage, then tensor-parallel split of its blocks;
+3. model parallelism on the [dp, pp, tp] mesh (`parallel.mesh`): cut this rank's pipeline stage, then
+   tensor-parallel split of its blocks;
 4. `torch.compile` of each block's forward (module hooks — FSDP's — stay eager outside it);
-5. data parallelism: DDP / FSDP2 / DeepSpeed;
+5. data parallelism: DDP / FSDP2 (on the mesh's dp dimension) / DeepSpeed; then the pipeline schedule
+   around the (wrapped) stage;
 6. AdamW (betas 0.9/0.95, weight decay 0 by default so equivalence tests are exact);
 7. the step (`gpt.step.make_step`): how forward/backward run for this plan.
 
@@ -21,7 +23,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from trainlab.distributed.failure import raise_if_peer_failure
@@ -38,6 +39,7 @@ from trainlab.gpt.model import (
 from trainlab.gpt.parallel import nvme
 from trainlab.gpt.parallel.amp import Precision
 from trainlab.gpt.parallel.fsdp import apply_fsdp
+from trainlab.gpt.parallel.mesh import average_gradients_before_step, build_mesh
 from trainlab.gpt.parallel.pipeline import PipelineRunner, split_stage
 from trainlab.gpt.parallel.tensor import apply_tensor_parallel
 from trainlab.gpt.parallel.zero1 import build_zero1_optimizer
@@ -66,6 +68,7 @@ class GPTEngine:
         self.precision = Precision(self.spec.amp, self.device, sharded=self.spec.uses_fsdp)
         self._pipe = None
         self._ds_engine = None
+        self.mesh = None  # the [dp, pp, tp] mesh where tp or pp take part
 
         model = self._build_full_model() if model is None else self._adopt(model)
         if self.spec.data_parallel == "nvme":
@@ -80,6 +83,8 @@ class GPTEngine:
             for block in transformer_blocks(unwrap(model)):
                 block.forward = torch.compile(block.forward)
         self.model = self._wrap_data_parallel(model)
+        if self.spec.pp:
+            self._pipe = self._pipeline(self.model)
         self.optimizer = self._build_optimizer()
         self.step = make_step(plan, self.model, self.optimizer, self.precision, self._pipe)
 
@@ -113,44 +118,41 @@ class GPTEngine:
         return model.to(self.device)
 
     def _setup_model_parallel(self, model: nn.Module) -> nn.Module:
-        deg = self.degrees
-        if deg.pp > 1 and deg.tp > 1:
-            mesh = init_device_mesh(self.device.type, (deg.pp, deg.tp), mesh_dim_names=("pp", "tp"))
-            pp_mesh, tp_mesh = mesh["pp"], mesh["tp"]
-            ranks = mesh.mesh.tolist()
-        elif deg.pp > 1:
-            pp_mesh, tp_mesh = init_device_mesh(self.device.type, (deg.pp,), mesh_dim_names=("pp",)), None
-            ranks = [[r] for r in pp_mesh.mesh.tolist()]
-        else:
-            pp_mesh, tp_mesh = None, init_device_mesh(self.device.type, (deg.tp,), mesh_dim_names=("tp",))
-            ranks = None
-        if pp_mesh is not None:
-            stage = pp_mesh.get_local_rank()
-            split_stage(model, stage, deg.pp)
+        """Cut this rank's pipeline stage and split its blocks over the tp group, on the [dp, pp, tp]
+        mesh (`parallel.mesh`); the pipeline runner is made after data parallelism wraps the stage."""
+        self.mesh = build_mesh(self.device.type, self.degrees)
+        self.dp_rank = self.mesh.dp_rank
+        if self.mesh.pp is not None:
+            split_stage(model, self.mesh.stage, self.degrees.pp)
         model = model.to(self.device)
-        if tp_mesh is not None:
-            apply_tensor_parallel(model, tp_mesh)
-        if pp_mesh is not None:
-            self._pipe = PipelineRunner(
-                model,
-                stage,
-                deg.pp,
-                self.device,
-                pp_mesh,
-                ranks,
-                self.plan.micro_steps,
-                self.plan.pp_schedule,
-                loss_fn=LOSSES[self.plan.loss],
-                autocast_factory=self.precision.autocast,
-            )
+        if self.mesh.tp is not None:
+            apply_tensor_parallel(model, self.mesh.tp)
         return model
+
+    def _pipeline(self, stage_module: nn.Module) -> PipelineRunner:
+        return PipelineRunner(
+            stage_module,
+            self.mesh.stage,
+            self.degrees.pp,
+            self.device,
+            self.mesh.pp,
+            self.mesh.tied_pairs(),
+            self.plan.micro_steps,
+            self.plan.pp_schedule,
+            loss_fn=LOSSES[self.plan.loss],
+            autocast_factory=self.precision.autocast,
+        )
 
     def _wrap_data_parallel(self, model: nn.Module) -> nn.Module:
         kind = self.spec.data_parallel
+        dp_mesh = self.mesh.dp if self.mesh is not None else None
         if kind in ("ddp", "zero1"):
-            return wrap_ddp(model, self.device)
+            # with tp/pp the optimizer averages the gradients over dp (`_build_optimizer`): DDP takes no DTensors
+            return wrap_ddp(model, self.device) if self.mesh is None else model
         if kind in ("zero2", "zero3"):
-            return apply_fsdp(model, self.device, reshard_after_forward=kind == "zero3", offload=self.spec.offload)
+            return apply_fsdp(
+                model, self.device, reshard_after_forward=kind == "zero3", offload=self.spec.offload, mesh=dp_mesh
+            )
         return model
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
@@ -166,13 +168,20 @@ class GPTEngine:
         if opt_cls is torch.optim.AdamW:
             kwargs.update(betas=BETAS, eps=EPS)
         fused = plan.optimizer_kernel == "fused"
+        group = self.mesh.dp_group if self.mesh is not None else None
         if self.spec.data_parallel == "zero1":
-            return build_zero1_optimizer(params, optimizer_class=opt_cls, fused=fused, **kwargs)
-        if plan.optimizer_kernel == "forloop" and self.spec.tp:
-            kwargs["foreach"] = False
-        elif fused:
-            kwargs["fused"] = True
-        return opt_cls(params, **kwargs)  # foreach: torch's own default on CUDA
+            optimizer = build_zero1_optimizer(
+                params, optimizer_class=opt_cls, fused=fused, process_group=group, **kwargs
+            )
+        else:
+            if plan.optimizer_kernel == "forloop" and self.spec.tp:
+                kwargs["foreach"] = False
+            elif fused:
+                kwargs["fused"] = True
+            optimizer = opt_cls(params, **kwargs)  # foreach: torch's own default on CUDA
+        if self.spec.data_parallel in ("ddp", "zero1") and self.mesh is not None:
+            average_gradients_before_step(optimizer, params, group, self.degrees.dp)
+        return optimizer
 
     def _setup_nvme(self, model: nn.Module) -> None:
         plan = self.plan
@@ -215,8 +224,8 @@ class GPTEngine:
         start = self.dp_rank * plan.per_rank_batch
         local = tokens[start : start + plan.per_rank_batch].to(self.device, non_blocking=True)
         total = train_step(self.step, local)
-        if self.degrees.dp > 1:
-            dist.all_reduce(total)  # SUM (gloo has no AVG)
+        if self.degrees.dp > 1:  # the replicas' losses (tp/pp ranks of one replica hold the same)
+            dist.all_reduce(total, group=self.mesh.dp_group if self.mesh is not None else None)  # SUM: gloo has no AVG
             total /= self.degrees.dp
         return float(total)
 

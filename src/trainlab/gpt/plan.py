@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from trainlab.device import matmul_precision
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.attention_backend import AttentionChoice, choose
 from trainlab.gpt.loss import chunked_lm_loss
@@ -97,6 +98,7 @@ class GPTPlan:
     weight_decay: float = 0.0
     seed: int = 0
     tf32: str = "off"
+    matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: --matmul-precision, else --tf32 (on = high)
     micro_batch_auto: bool = False  # micro_batch was chosen by the planner (the largest that fits)
     nvme_path: str | None = None
     predicted_peak_bytes: int | None = None  # the planner's per-device peak (None: no model of this run)
@@ -301,6 +303,7 @@ def resolve(
         lr=config.lr,
         seed=config.seed,
         tf32=config.tf32,
+        matmul_precision=matmul_precision(config.tf32, config.matmul_precision),
         steps=config.steps,
         warmup=config.warmup,
         track_memory=config.track_memory,

@@ -46,7 +46,7 @@ from trainlab.gpt.loss import CHUNK_TOKENS
 from trainlab.gpt.model import GPTConfig, count_params
 from trainlab.gpt.parallel.pipeline import stage_layer_ranges
 from trainlab.gpt.plan import GPTPlan
-from trainlab.gpt.strategy import StrategySpec, parse_strategy, resolve_degrees
+from trainlab.gpt.strategy import StrategySpec, mesh_rows, parse_strategy, resolve_degrees
 
 GiB = 1024**3
 FP32 = 4
@@ -427,7 +427,7 @@ def default_strategies(gpus: int) -> list[str]:
         multi += ["tp", "tp+amp", "tp+amp+ckpt"]
     if gpus >= 4 and gpus % 2 == 0:
         multi += ["tp+pp", "tp+pp+amp"]
-    return multi
+    return multi + mesh_rows(gpus)  # data × model parallelism on one mesh (4+ GPUs)
 
 
 def predict_plan(plan: GPTPlan) -> dict:

@@ -2,7 +2,7 @@
 
 A strategy string such as ``zero3+amp+ckpt`` is parsed into a `StrategySpec`: at most one way of
 holding the model across data-parallel ranks (ddp, zero1, zero2, zero3, nvme), optional model
-parallelism (tp, pp, or both on a 2-D mesh) and modifiers (amp/bf16/fp16, accum, ckpt,
+parallelism (tp, pp, or both, with or without a data-parallel dimension: one [dp, pp, tp] mesh) and modifiers (amp/bf16/fp16, accum, ckpt,
 ckpt-selective, offload, compile). Every impossible combination or size is a `ConfigError` here,
 so a bad run fails in the parent process before torchrun starts N workers.
 """
@@ -106,11 +106,23 @@ def parse_strategy(text: str) -> StrategySpec:
                 f"--strategy {text!r}: offload is FSDP2's CPUOffloadPolicy; combine it with zero2 or zero3, not {data_parallel}"
             )
         data_parallel = data_parallel or "zero3"  # offload alone = fully sharded + offloaded (works on 1 GPU too)
-    if (tp or pp) and data_parallel is not None:
-        raise ConfigError(
-            f"--strategy {text!r}: {data_parallel} together with tp/pp (a 3-D mesh) is not supported; "
-            "use tp, pp or tp+pp alone, or a data-parallel strategy alone"
-        )
+    if tp or pp:  # data × model parallelism on one [dp, pp, tp] mesh (gpt.parallel.mesh)
+        mp = "+".join(n for n, on in (("tp", tp), ("pp", pp)) if on)
+        if offload or data_parallel == "nvme":
+            raise ConfigError(
+                f"--strategy {text!r}: {'offload' if offload else 'nvme'} shards over every rank; "
+                f"it does not combine with {mp} (use zero2/zero3+{mp}, or {'offload' if offload else 'nvme'} alone)"
+            )
+        if data_parallel == "zero1" and tp:
+            raise ConfigError(
+                f"--strategy {text!r}: ZeroRedundancyOptimizer cannot hold tp's DTensor parameters; "
+                f"use zero2+{mp} or zero3+{mp} (FSDP2 shards DTensors), or ddp+{mp}"
+            )
+        if data_parallel in ("ddp", "zero1") and amp == "fp16":
+            raise ConfigError(
+                f"--strategy {text!r}: with {mp} the gradients are averaged over the data-parallel ranks after "
+                "fp16's overflow check, so one rank could skip a step the others take; use bf16"
+            )
     if data_parallel == "nvme" and compile_:
         raise ConfigError(f"--strategy {text!r}: nvme runs inside DeepSpeed's engine; compile is not supported with it")
     if pp and amp == "fp16":
@@ -147,25 +159,30 @@ class Degrees:
 
 def resolve_degrees(spec: StrategySpec, world_size: int, tp: int = 1, pp: int = 1) -> Degrees:
     """Fill in tp/pp degrees left at 1: `tp` alone uses the whole world, `pp` alone too, `tp+pp`
-    puts pp=2 stages and tp=world/2 unless one of them is given. Data parallel gets the rest."""
+    puts pp=2 stages and tp=world/2 unless one of them is given. Data parallel gets the rest. With a
+    data-parallel strategy beside tp/pp and neither degree given, two replicas share the world
+    (dp=2; e.g. ddp+tp+pp on 8 ranks is dp2×pp2×tp2)."""
     if tp < 1 or pp < 1:
         raise ConfigError(f"--tp {tp} / --pp {pp}: degrees must be >= 1")
     if not spec.tp and tp != 1:
         raise ConfigError(f"--tp {tp}: the strategy {spec.text!r} has no tp; add '+tp' or drop --tp")
     if not spec.pp and pp != 1:
         raise ConfigError(f"--pp {pp}: the strategy {spec.text!r} has no pp; add '+pp' or drop --pp")
+    model_world = world_size  # the ranks one model replica is split over
+    if spec.data_parallel and (spec.tp or spec.pp) and world_size % 2 == 0:
+        model_world = world_size // 2
     if spec.tp and spec.pp:
         if tp == 1 and pp == 1:
-            pp = 2 if world_size % 2 == 0 else world_size
-            tp = max(1, world_size // pp)
+            pp = 2 if model_world % 2 == 0 else model_world
+            tp = max(1, model_world // pp)
         elif tp == 1:
-            tp = world_size // pp if world_size % pp == 0 else tp
+            tp = model_world // pp if model_world % pp == 0 else tp
         elif pp == 1:
-            pp = world_size // tp if world_size % tp == 0 else pp
+            pp = model_world // tp if model_world % tp == 0 else pp
     elif spec.tp and tp == 1:
-        tp = world_size
+        tp = model_world
     elif spec.pp and pp == 1:
-        pp = world_size
+        pp = model_world
     if world_size % (tp * pp):
         raise ConfigError(f"--nproc {world_size}: not divisible by tp×pp = {tp}×{pp}")
     return Degrees(dp=world_size // (tp * pp), pp=pp, tp=tp)
@@ -209,6 +226,12 @@ def validate_strategy(
             f"--nproc {world_size}: strategy {spec.text!r} is single-process; use --nproc 1 or a parallel strategy"
         )
     deg = resolve_degrees(spec, world_size, tp, pp)
+    if spec.data_parallel and (spec.tp or spec.pp) and deg.dp < 2:
+        raise ConfigError(
+            f"--strategy {spec.text}: {world_size} rank(s) split as tp {deg.tp} × pp {deg.pp} leave no second "
+            f"data-parallel replica for {spec.data_parallel}; use more ranks (e.g. --nproc {2 * deg.tp * deg.pp}) "
+            "or smaller --tp/--pp"
+        )
     if spec.tp:
         if deg.tp < 2:
             raise ConfigError(f"--strategy {spec.text}: tp needs a degree >= 2 (got --nproc {world_size}, tp {deg.tp})")
@@ -242,3 +265,30 @@ def validate_strategy(
     elif microbatches is not None:
         raise ConfigError(f"--microbatches {microbatches}: only used with pp (use --micro-batch for accumulation)")
     return deg
+
+
+# data parallelism beside model parallelism on one [dp, pp, tp] mesh (gpt.parallel.mesh), the smallest
+# world each needs: two replicas of a model split in two (4 ranks) or in four (8 ranks: dp2×pp2×tp2)
+MESH_ROWS = {"ddp+tp": 4, "zero3+tp": 4, "ddp+pp": 4, "zero2+pp": 4, "ddp+tp+pp": 8, "zero3+tp+pp": 8}
+
+
+def mesh_rows(nproc: int, model=None) -> list[str]:
+    """The dp × tp × pp strategies `nproc` ranks can run (for `model`, where given: its heads divide
+    the tp degree, its layers the stages), with the degrees `gpt bench` picks by default. The lab's
+    multi-GPU plan offers these where it has 4+ GPUs (`gpt compare` and `gpt plan` add them to their
+    default matrices)."""
+    rows = []
+    for name, smallest in MESH_ROWS.items():
+        if nproc < smallest or nproc % 2:
+            continue
+        spec = parse_strategy(name)
+        try:
+            deg = resolve_degrees(spec, nproc)
+        except ConfigError:
+            continue
+        if deg.dp < 2 or (spec.tp and deg.tp < 2) or (spec.pp and deg.pp < 2):
+            continue
+        if model is not None and (model.n_head % deg.tp or deg.pp > model.n_layer):
+            continue
+        rows.append(name)
+    return rows

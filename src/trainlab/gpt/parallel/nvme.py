@@ -2,8 +2,9 @@
 
 PyTorch has no native NVMe offload, so `nvme` hands the model to DeepSpeed: ZeRO stage 3 with
 parameters and optimizer states swapped to files under `nvme_path` (async I/O), the AdamW step run
-by DeepSpeed's CPU Adam. It needs the `deepspeed` package (with its async-io op buildable) and a
-CUDA GPU; without them we fail before launching with a one-line HardwareError.
+by DeepSpeed's CPU Adam. It needs the `deepspeed` package (the optional extra `pip install '.[offload]'`,
+with its async-io op buildable: libaio) and a CUDA GPU; without them the run fails before launching
+with one line (`NotInstalled`, which `gpt compare` shows as a "not installed" row, or HardwareError).
 """
 
 from __future__ import annotations
@@ -18,15 +19,19 @@ from trainlab.errors import HardwareError
 DEFAULT_NVME_PATH = os.environ.get("TRAINLAB_NVME_PATH", "/tmp/trainlab_nvme")
 
 
+INSTALL_HINT = "pip install '.[offload]'"
+
+
+class NotInstalled(HardwareError):
+    """The optional backend is missing: a row that says so in one line, not a failure."""
+
+
 def check_nvme_available(device_type: str = "cuda") -> None:
-    """HardwareError unless deepspeed is importable and a CUDA GPU is the training device."""
-    missing = []
+    """NotInstalled unless deepspeed is importable; HardwareError unless a CUDA GPU is the training device."""
     if importlib.util.find_spec("deepspeed") is None:
-        missing.append("the deepspeed package is not installed")
+        raise NotInstalled(f"--strategy nvme: deepspeed is not installed (the optional extra: {INSTALL_HINT})")
     if device_type != "cuda" or not torch.cuda.is_available():
-        missing.append("no CUDA GPU is in use")
-    if missing:
-        raise HardwareError(f"--strategy nvme needs deepspeed and a GPU ({'; '.join(missing)})")
+        raise HardwareError("--strategy nvme needs a CUDA GPU (DeepSpeed's NVMe offload swaps to it from NVMe)")
 
 
 def deepspeed_config(

@@ -7,7 +7,7 @@ stage keeps the embeddings, the last the final LayerNorm and the LM head.
 Tied embedding. GPT-2 uses one matrix as input embedding (first stage) and LM head (last stage).
 After the split each of the two stages holds its own copy, initialized identically, and each
 receives only its part of the gradient. After every backward we all-reduce (sum) that gradient
-between the two stages (a 2-rank process group per tensor-parallel column), so both copies get the
+between the two stages (a 2-rank process group per data- and tensor-parallel coordinate), so both copies get the
 full-model gradient and identical AdamW updates: the result equals single-process training.
 
 The schedule's loss is `lm_loss` on each micro-batch; with `scale_grads=True` the schedule divides
@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.tensor import DTensor
 
 from trainlab.errors import ConfigError
 
@@ -65,18 +66,17 @@ def tied_weight(model: nn.Module) -> torch.Tensor | None:
     return None
 
 
-def tied_weight_group(pp_mesh_ranks: list[list[int]]):
-    """One 2-rank group {first stage, last stage} per tensor-parallel column.
+def tied_weight_group(pairs: list[tuple[int, int]]):
+    """One 2-rank group {first stage, last stage} per (data-parallel, tensor-parallel) coordinate.
 
-    `pp_mesh_ranks[s][t]` is the global rank of stage s, tp index t. Every rank must call this
-    (new_group is collective); returns the group this rank belongs to, or None.
+    `pairs` lists the global ranks of those two stages (`mesh.ParallelMesh.tied_pairs`). Every rank
+    must call this (new_group is collective); returns the group this rank belongs to, or None.
     """
     me = dist.get_rank()
     mine = None
-    for t in range(len(pp_mesh_ranks[0])):
-        ranks = [pp_mesh_ranks[0][t], pp_mesh_ranks[-1][t]]
-        group = dist.new_group(ranks)
-        if me in ranks:
+    for first, last in pairs:
+        group = dist.new_group([first, last])
+        if me in (first, last):
             mine = group
     return mine
 
@@ -91,7 +91,7 @@ class PipelineRunner:
         n_stages: int,
         device: torch.device,
         pp_mesh: DeviceMesh,
-        mesh_ranks: list[list[int]],
+        tied_pairs: list[tuple[int, int]],
         n_microbatches: int,
         schedule: str,
         loss_fn,
@@ -112,7 +112,7 @@ class PipelineRunner:
         self.schedule = SCHEDULES[schedule](
             self.stage, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True
         )
-        self.tied_group = tied_weight_group(mesh_ranks)
+        self.tied_group = tied_weight_group(tied_pairs)
         self.tied = tied_weight(stage_module) if (self.is_first or self.is_last) else None
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -129,7 +129,9 @@ class PipelineRunner:
                 self.schedule.step()
         if self.tied is not None and self.tied_group is not None:
             grad = self.tied.grad if self.tied.grad is not None else torch.zeros_like(self.tied)
-            dist.all_reduce(grad, group=self.tied_group)
+            # under FSDP (zero2/3 × pp) the gradient is this rank's dp shard: both stages of one dp
+            # coordinate hold the same shard of the same-shaped copy, so the shards sum alike
+            dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.tied_group)
             self.tied.grad = grad
         loss = (
             torch.stack([l.detach().float() for l in losses]).mean()
