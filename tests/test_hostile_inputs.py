@@ -958,6 +958,11 @@ CASES = [
         r"--fused-qkv: a lever of our model, not of --impl hf",
     ),
     Case(
+        "gpt-bench-attention-bad",
+        "gpt bench --model tiny --device cpu --attention pad50",
+        r"--attention 'pad50': expected auto, plain or padN with N a multiple of 8",
+    ),
+    Case(
         "gpt-ablation-unknown-change",
         "gpt ablation --model tiny --device cpu --changes tf32,warp",
         r"--changes 'warp': expected some of",

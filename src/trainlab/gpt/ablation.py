@@ -58,7 +58,9 @@ CHANGES: tuple[Change, ...] = (
     Change("vocab-pad", "vocabulary padded to a multiple of 64", lambda c: replace(c, vocab_multiple=64), True),
     Change("fused-qkv", "fused QKV (one GEMM)", lambda c: replace(c, fused_qkv=True), True),
     Change("chunked-ce", "chunked cross-entropy", lambda c: replace(c, loss="chunked"), True),
-    Change("max-micro-batch", "largest micro-batch that fits (planner)", lambda c: replace(c, micro_batch_auto=True)),
+    # the planner's layout (auto): heads padded to a multiple of 8 on a GPU under amp, plain elsewhere
+    Change("pad-heads", "heads padded for cuDNN attention (auto)", lambda c: replace(c, attention="auto"), True),
+    Change("max-micro-batch", "fastest micro-batch that fits (planner)", lambda c: replace(c, micro_batch_auto=True)),
 )
 GROUPS = ("baseline", "alone", "cumulative", "peer", "separate")
 FP8_NOT_MEASURED = (
@@ -77,6 +79,7 @@ def baseline(bench: GPTBenchConfig) -> GPTBenchConfig:
         fused_optimizer=False,
         vocab_multiple=1,
         fused_qkv=False,
+        attention="plain",
         loss="cross_entropy",
         micro_batch_auto=False,
         json=None,
@@ -205,6 +208,7 @@ ABLATION_EXCLUDED_BENCH_FLAGS = (
     "fused_optimizer",
     "vocab_multiple",
     "fused_qkv",
+    "attention",
     "loss",
     "micro_batch_auto",
     "json",

@@ -33,6 +33,7 @@ from trainlab.gpt.model import (
     build_hf_model,
     gpt_state_dict_from_hf,
     set_activation_checkpointing,
+    strip_heads_state_dict,
     transformer_blocks,
 )
 from trainlab.gpt.parallel import nvme
@@ -223,7 +224,7 @@ class GPTEngine:
     # ---------------------------------------------------------------- results
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Full fp32 parameters on rank 0 with our GPT's names; None on other ranks. Collective:
+        """Full fp32 parameters on rank 0 with our GPT's names, unpadded heads; None on other ranks. Collective:
         every rank must call it (shards are all-gathered, pipeline stages gathered to rank 0)."""
         if self._ds_engine is not None:
             sd = nvme.gathered_state_dict(self._ds_engine)
@@ -237,6 +238,7 @@ class GPTEngine:
                 sd[name] = value.detach().to("cpu", torch.float32).clone()
         if self.impl == "hf":
             sd = gpt_state_dict_from_hf(sd)  # drops HF's causal-mask buffers, splits c_attn into q/k/v
+        sd = strip_heads_state_dict(sd, self.model_cfg)  # the padded head layout is not a checkpoint's
         if self._pipe is not None:
             parts = [None] * self.dist.world_size if self.dist.rank == 0 else None
             dist.gather_object(sd, parts, dst=0)
