@@ -963,6 +963,11 @@ CASES = [
         r"--attention 'pad50': expected auto, plain or padN with N a multiple of 8",
     ),
     Case(
+        "gpt-profile-steps-zero",
+        "gpt profile --model tiny --device cpu --profile-steps 0",
+        r"--profile-steps 0: expected an integer >= 1",
+    ),
+    Case(
         "gpt-ablation-unknown-change",
         "gpt ablation --model tiny --device cpu --changes tf32,warp",
         r"--changes 'warp': expected some of",
