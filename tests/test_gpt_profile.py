@@ -60,3 +60,57 @@ def test_gpt_profile_command_writes_json(tmp_path, capsys):
     assert main([*argv, "--seq", "16", "--warmup", "0", "--profile-steps", "1", "--json", str(out)]) == 0
     assert "SDPA ran flash-cpu" in capsys.readouterr().out
     assert json.loads(out.read_text())["kind"] == "gpt_profile"
+
+
+# ---------------------------------------------------------------------------------------------- the FP8 row
+
+
+def test_float8_block_linears_swaps_the_block_linears_and_keeps_the_loss():
+    """torchao's Float8Linear in every block (6 Linears each), the head left alone; one bf16-autocast step on
+    the CPU (torchao emulates the scaled GEMM there) gives the plain loss within FP8's rounding."""
+    pytest.importorskip("torchao", reason="the fp8 extra (pip install 'trainlab[fp8]') is not installed")
+    import torch
+
+    from trainlab.gpt.model import build_gpt, float8_block_linears, get_preset, lm_loss
+
+    cfg = get_preset("tiny")
+    plain, fp8 = build_gpt(cfg, 0), build_gpt(cfg, 0)
+    assert float8_block_linears(fp8) == 6 * cfg.n_layer
+    assert type(fp8.h["0"].mlp.fc).__name__ == "Float8Linear" and type(fp8.lm_head).__name__ == "Linear"
+    tokens = torch.randint(512, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        l0, l1 = lm_loss(plain(tokens), tokens), lm_loss(fp8(tokens), tokens)
+    l1.backward()
+    assert float(l1) == pytest.approx(float(l0), rel=0.02)
+    assert fp8.h["0"].mlp.fc.weight.grad.abs().max() > 0
+
+
+def test_fp8_is_refused_with_one_line_where_it_cannot_run():
+    from trainlab.errors import ConfigError, HardwareError
+    from trainlab.gpt.plan import Machine, fp8_problem
+
+    with pytest.raises(HardwareError, match="--fp8: "):
+        make_plan("tiny", "amp+compile", fp8=True, global_batch=2, micro_batch=2)
+    h100 = Machine(gpus=1, sm=90, memory_bytes=80 * 2**30)
+    if fp8_problem(h100) is None:  # torchao installed: the strategy's limits
+        with pytest.raises(ConfigError, match="--fp8: for --impl ours with bf16 and compile"):
+            make_plan("tiny", "amp", device="cuda", machine=h100, fp8=True, global_batch=2, micro_batch=2)
+        plan = make_plan("tiny", "amp+compile", device="cuda", machine=h100, fp8=True, global_batch=2, micro_batch=2)
+        assert plan.fp8 and plan.describe()["fp8"]
+    assert "sm89+" in (fp8_problem(Machine(gpus=1, sm=80)) or "sm89+")
+
+
+def test_the_ablations_fp8_row_runs_gpt_best_with_fp8_or_says_why():
+    from trainlab.gpt.ablation import CHANGES, rows_for
+    from trainlab.gpt.config import GPTBenchConfig
+    from trainlab.gpt.plan import Machine, fp8_problem
+
+    bench = GPTBenchConfig(model="tiny", device="cuda")
+    names = [c.name for c in CHANGES]
+    cpu_row = rows_for(bench, names, ["separate"])[0]
+    assert cpu_row["config"] is None and cpu_row["status"].startswith("not measured: ")
+    h100 = Machine(gpus=1, sm=90, memory_bytes=80 * 2**30)
+    gpu_rows = rows_for(bench, names, ["cumulative", "separate"], h100)
+    if fp8_problem(h100) is None:
+        best, fp8 = gpu_rows[-2]["config"], gpu_rows[-1]["config"]
+        assert fp8.fp8 and "compile" in fp8.strategy and fp8.micro_batch_auto == best.micro_batch_auto

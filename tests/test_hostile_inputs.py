@@ -963,6 +963,11 @@ CASES = [
         r"--attention 'pad50': expected auto, plain or padN with N a multiple of 8",
     ),
     Case(
+        "gpt-bench-fp8-on-cpu",
+        "gpt bench --model tiny --device cpu --strategy amp+compile --fp8",
+        r"--fp8: (torchao is not importable|FP8 tensor cores need --device cuda)",
+    ),
+    Case(
         "gpt-profile-steps-zero",
         "gpt profile --model tiny --device cpu --profile-steps 0",
         r"--profile-steps 0: expected an integer >= 1",

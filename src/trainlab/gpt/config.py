@@ -56,6 +56,10 @@ class GPTBenchConfig(Config):
         "the [B, T, V] logits never exist whole)",
         choices=tuple(LOSSES),
     )
+    fp8: bool = opt(
+        False,
+        "torchao float8 training of the block Linears (CUDA sm89+, bf16 and compile; pip install 'trainlab[fp8]')",
+    )
     device: str = opt("auto", "auto | cpu | cuda")
     impl: str = opt("ours", "ours | hf (HF GPT2LMHeadModel, the handout's baseline)", choices=("ours", "hf"))
     tp: int = opt(1, "tensor-parallel degree (with tp; default: all ranks)", check=at_least(1))

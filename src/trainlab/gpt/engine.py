@@ -31,6 +31,7 @@ from trainlab.errors import ConfigError
 from trainlab.gpt.model import (
     build_gpt,
     build_hf_model,
+    float8_block_linears,
     gpt_state_dict_from_hf,
     set_activation_checkpointing,
     strip_heads_state_dict,
@@ -77,6 +78,8 @@ class GPTEngine:
             model = self._setup_model_parallel(model)
         else:
             model = model.to(self.device) if not self.spec.uses_fsdp else model
+        if plan.fp8:  # before compile, so inductor fuses the float8 casts into the blocks
+            float8_block_linears(unwrap(model))
         if self.spec.compile:
             for block in transformer_blocks(unwrap(model)):
                 block.forward = torch.compile(block.forward)

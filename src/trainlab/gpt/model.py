@@ -245,6 +245,24 @@ def set_activation_checkpointing(model: nn.Module, mode: str) -> None:
         unwrap(block).recompute_mlp = mode == "selective"
 
 
+def float8_block_linears(model: nn.Module) -> int:
+    """Swap every Linear of the transformer blocks for torchao's Float8Linear (dynamic tensor-wise scaling:
+    inputs and weights cast to e4m3, output gradients to e5m2, GEMMs by torch._scaled_mm; the master weights
+    stay fp32). The embeddings, the tied LM head and the loss stay in bf16. torchao needs both GEMM dims
+    to be multiples of 16 (every block Linear of GPT-2's presets is). Returns how many were swapped."""
+    from torchao.float8 import convert_to_float8_training
+
+    def wanted(module: nn.Module, fqn: str) -> bool:
+        return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+    swapped = 0
+    for block in transformer_blocks(model):
+        before = sum(isinstance(m, nn.Linear) for m in block.modules())
+        convert_to_float8_training(block, module_filter_fn=wanted)
+        swapped += before - sum(type(m) is nn.Linear for m in block.modules())
+    return swapped
+
+
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """The per-layer blocks of our GPT (`model.h`) or HF's GPT2LMHeadModel (`model.transformer.h`)."""
     if hasattr(model, "h") and isinstance(model.h, nn.ModuleDict):

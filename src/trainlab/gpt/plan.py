@@ -136,6 +136,7 @@ class GPTPlan:
     seed: int = 0
     tf32: str = "off"
     micro_batch_auto: bool = False  # micro_batch was chosen by the planner (the fastest predicted that fits)
+    fp8: bool = False  # torchao float8 training of the block Linears (model.float8_block_linears)
     nvme_path: str | None = None
     predicted_peak_bytes: int | None = None  # the planner's per-device peak (None: no model of this run)
     predicted_step_ms: float | None = None  # the planner's roofline estimate (planner.predicted_step_seconds)
@@ -239,7 +240,34 @@ class GPTPlan:
             "fused_qkv": self.model.fused_qkv,
             "loss": self.loss,
             "micro_batch_auto": self.micro_batch_auto,
+            "fp8": self.fp8,
         }
+
+
+FP8_MIN_SM = 89  # FP8 tensor cores: Ada (sm89) and Hopper (sm90) onwards
+
+
+def fp8_problem(machine: Machine) -> str | None:
+    """Why `--fp8` cannot run on `machine` (one line), or None: torchao importable and an sm89+ GPU."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao is not importable here (pip install 'trainlab[fp8]': torchao 0.18)"
+    if not machine.gpus or (machine.sm or 0) < FP8_MIN_SM:
+        where = f"sm{machine.sm}" if machine.gpus else "no CUDA GPU"
+        return f"FP8 tensor cores need a CUDA GPU of sm{FP8_MIN_SM}+ ({where} here)"
+    return None
+
+
+def _check_fp8(spec: StrategySpec, impl: str, device: str, machine: Machine) -> None:
+    problem = fp8_problem(machine) if device == "cuda" else "FP8 tensor cores need --device cuda"
+    if problem:
+        raise HardwareError(f"--fp8: {problem}")
+    if impl != "ours" or spec.amp != "bf16" or not spec.compile or spec.tp or spec.pp or spec.uses_fsdp:
+        raise ConfigError(
+            "--fp8: for --impl ours with bf16 and compile (e.g. --strategy amp+compile), single device or ddp "
+            "(torchao's float8 Linears under FSDP/tp/pp need their own set-up, not written)"
+        )
 
 
 def _device_type(flag: str, world_size: int, machine: Machine) -> str:
@@ -306,6 +334,8 @@ def resolve(
         )
     if spec.data_parallel == "nvme":
         check_nvme_available(device)
+    if config.fp8:
+        _check_fp8(spec, config.impl, device, machine)
     deg = validate_strategy(
         spec,
         model_cfg,
@@ -346,6 +376,7 @@ def resolve(
         attention=choose(model_cfg.head_width, spec.amp or "fp32", device, sm or 90, cudnn),
         optimizer_kernel=optimizer_kernel(spec, device, config.fused_optimizer),
         loss=config.loss,
+        fp8=config.fp8,
         lr=config.lr,
         seed=config.seed,
         tf32=config.tf32,
