@@ -3,6 +3,7 @@ into heads stored N wide with zero columns, SDPA at the real head_dim's scale, t
 the padded heads. Proved on the CPU in fp32 against the plain model (loss, gradients, several AdamW steps with
 accumulation and weight decay), under ddp and zero3 on 2 gloo ranks, and against HF's GPT2LMHeadModel."""
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -301,3 +302,68 @@ def test_auto_picks_the_fastest_predicted_plan_not_the_largest_micro_batch():
     assert chosen.micro_batch == max(p.micro_batch for p in fits)  # here the fastest is also the largest
     slow_large = resolve(cfg, machine, **kw, seconds=lambda p: p.micro_batch)
     assert slow_large.micro_batch == 1 and slow_large.predicted_step_ms == 1000.0
+
+
+# ---------------------------------------------------------------------------------------------- on a GPU
+
+
+@pytest.mark.gpu
+def test_padded_heads_on_cuda_run_cudnn_and_match_the_plain_model_in_bf16():
+    """head_dim 50 as GPT-2 1.6B's (8 heads of 50), bf16 autocast: cuDNN attention refuses the plain layout
+    and takes the padded one; loss and gradients within bf16 of the plain model, pad gradients exactly 0."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cfg = GPTConfig(vocab_size=2000, n_positions=256, n_embd=400, n_layer=2, n_head=8, fused_qkv=True)
+    tokens = torch.randint(2000, (4, 256), generator=torch.Generator().manual_seed(0)).cuda()
+
+    def run(c, backend=None):
+        model = build_gpt(c, seed=0, device="cuda")
+        only = sdpa_kernel([backend]) if backend else contextlib.nullcontext()
+        with torch.autocast("cuda", dtype=torch.bfloat16), only:
+            loss = lm_loss(model(tokens), tokens)
+        loss.backward()
+        return float(loss), model
+
+    with pytest.raises(RuntimeError):
+        run(cfg, SDPBackend.CUDNN_ATTENTION)  # head_dim 50: no cuDNN
+    loss0, plain = run(cfg)
+    padded_cfg = replace(cfg, head_dim_padded=56)
+    loss1, padded = run(padded_cfg, SDPBackend.CUDNN_ATTENTION)
+    assert loss1 == pytest.approx(loss0, rel=2e-3)
+    g0 = gpt_state_dict_to_hf({n: p.grad.float().cpu() for n, p in plain.named_parameters()})
+    g1 = gpt_state_dict_to_hf({n: p.grad.float().cpu() for n, p in padded.named_parameters()}, cfg=padded_cfg)
+    for n in g0:
+        err = (g1[n] - g0[n]).abs().max() / g0[n].abs().max().clamp_min(1e-12)
+        assert err < 0.03 or n.endswith("c_attn.bias"), (n, float(err))  # the key third: ~0 in exact math
+    for block in padded.h.values():
+        assert (block.attn.qkv_proj.weight.grad.view(-1, 56, 400)[:, 50:] == 0).all()
+        assert (block.attn.o_proj.weight.grad.view(400, 8, 56)[..., 50:] == 0).all()
+
+
+@pytest.mark.gpu
+def test_padded_plan_prediction_matches_the_cuda_allocator_peak():
+    """The planner with the padded layout against torch.cuda.max_memory_allocated of the engine's step:
+    GPT-2 1.6B's width and heads on 4 layers, bf16, seq 1024, micro-batch 4; 15 %."""
+    model = replace(get_preset("gpt2-1.6b"), n_layer=4)
+    plan = make_plan(
+        model,
+        "amp",
+        device="cuda",
+        global_batch=4,
+        micro_batch=4,
+        seq_len=1024,
+        fused_qkv=True,
+        loss="chunked",
+        vocab_multiple=64,
+        machine=Machine.detect(),
+    )
+    assert plan.model.head_dim_padded == 56
+    tokens = torch.randint(50257, (4, 1024))
+    engine = GPTEngine(plan, DistInfo(device=torch.device("cuda", 0)))
+    engine.train_step(tokens)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    engine.train_step(tokens)
+    torch.cuda.synchronize()
+    predicted, measured = predict_plan(plan)["total_bytes"], torch.cuda.max_memory_allocated()
+    assert abs(predicted / measured - 1) < 0.15, (predicted, measured)
