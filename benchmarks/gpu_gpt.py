@@ -171,11 +171,11 @@ def _load(path: Path) -> dict | None:
 
 
 def summary(out: Path, status: dict, fp8_why: str | None) -> str:
-    rows = [("gpt_best", "gpt_best (pad56 auto)"), ("gpt_plain", "gpt_best, --attention plain"), ("peer", "peer (HF)")]
+    rows = [("gpt_best", "gpt_best"), ("gpt_plain", "gpt_best, --attention plain"), ("peer", "peer (HF)")]
     rows.append(("fp8", "FP8 row (beside, not in, the headline)"))
     lines = [
-        "| run | micro × accum | ms/step | tok/s | MFU | MFU vs FP8 peak | status |",
-        "|---|---|---|---|---|---|---|",
+        "| run | heads | micro × accum | ms/step | tok/s | MFU | MFU vs FP8 peak | status |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     got = {}
     for name, label in rows:
@@ -183,12 +183,14 @@ def summary(out: Path, status: dict, fp8_why: str | None) -> str:
         got[name] = r
         if not r:
             why = fp8_why if name == "fp8" and fp8_why else status.get(name, "not run")
-            lines.append(f"| {label} | - | - | - | - | - | {why} |")
+            lines.append(f"| {label} | - | - | - | - | - | - | {why} |")
             continue
         mfu = r.get("mfu")
         f8 = r.get("mfu_fp8_peak")
+        pad = (r.get("config") or {}).get("model", {}).get("head_dim_padded")
+        heads = "HF's" if r.get("impl") == "hf" else f"pad{pad}" if pad else "plain"
         lines.append(
-            f"| {label} | {r['micro_batch']} × {r['global_batch'] // r['micro_batch']} | "
+            f"| {label} | {heads} | {r['micro_batch']} × {r['global_batch'] // r['micro_batch']} | "
             f"{1e3 * r['step_seconds_median']:.0f} | {r['tokens_per_s']:,.0f} | "
             f"{'-' if mfu is None else f'{100 * mfu:.1f} %'} | {'-' if f8 is None else f'{100 * f8:.1f} %'} | "
             f"{status.get(name, '')} |"
