@@ -260,7 +260,7 @@ def _auto(mem, **kw):
     return cfg.plan(Machine(memory_bytes=mem))
 
 
-def test_auto_micro_batch_is_the_largest_that_fits_with_no_accumulation_when_it_can():
+def test_auto_micro_batch_on_the_cpu_is_the_largest_that_fits_with_no_accumulation_when_it_can():
     roomy = _auto(2**40)
     assert (roomy.micro_batch, roomy.micro_steps, roomy.micro_batch_auto) == (16, 1, True)
     peaks = {
@@ -271,7 +271,9 @@ def test_auto_micro_batch_is_the_largest_that_fits_with_no_accumulation_when_it_
     tight = _auto(budget)
     assert (tight.micro_batch, tight.micro_steps) == (4, 4)
     assert tight.predicted_peak_bytes == peaks[4]
-    assert _auto(2**40, strategy="accum").micro_batch == 8  # accum asks for 2+ micro-steps
+    # accum asks for 2+ micro-steps, but no accumulation is a candidate too (issue 35): accum is dropped for it
+    no_accum = _auto(2**40, strategy="accum")
+    assert (no_accum.micro_batch, no_accum.micro_steps, no_accum.strategy.text) == (16, 1, "none")
     with pytest.raises(HardwareError, match="--micro-batch-auto: no micro-batch fits"):
         _auto(peaks[1] // 2)
 
@@ -351,7 +353,11 @@ def test_levers_on_cuda_bf16_match_the_plain_model_and_the_chunked_loss_saves_me
     loss1, g1, peak_chunked = _cuda_step(levers, chunked=True, b=8)
     assert loss1 == pytest.approx(loss0, rel=2e-3)
     for n in g0:
-        err = (g1[n] - g0[n]).abs().max() / g0[n].abs().max().clamp_min(1e-12)
+        # A key bias gets no gradient in exact math (softmax is shift-invariant per query): both are bf16
+        # rounding noise (issue 35: 1.06 apart relatively on an H200), so compare it absolutely, on the scale of
+        # its layer's key-weight gradient (0.003 apart by that scale on the CPU under bf16 autocast).
+        scale = g0[n.replace("bias", "weight")] if n.endswith("k_proj.bias") else g0[n]
+        err = (g1[n] - g0[n]).abs().max() / scale.abs().max().clamp_min(1e-12)
         assert err < 0.03, (n, float(err))
     # 8·256 tokens × 50257 × ≥ 10 bytes (fp32 log-softmax, fp32 and bf16 gradients) ≈ 200 MB
     assert peak_plain - peak_chunked > 100 * 2**20, (peak_plain, peak_chunked)

@@ -200,10 +200,15 @@ def test_1_6b_fp32_micro_batch_8_does_not_fit_80_gib():
 
 
 def test_plan_names_the_attention_kernel(capsys):
-    assert main(["gpt", "plan", "--model", "gpt2-1.6b", "--micro-batch", "8", "--strategies", "none,amp"]) == 0
+    plain = ["--attention", "plain"]
+    assert main(["gpt", "plan", "--model", "gpt2-1.6b", "--micro-batch", "8", "--strategies", "none,amp", *plain]) == 0
     text = capsys.readouterr().out
     assert "math (stores s×s scores)" in text and "flash (heads padded 50→56)" in text
     assert "memory-efficient needs head_dim % 4 == 0, got 50" in text
+    # the default (--attention auto) on a GPU under amp: heads stored 56 wide, cuDNN (issue 35)
+    assert main(["gpt", "plan", "--model", "gpt2-1.6b", "--micro-batch", "8", "--strategies", "none,amp"]) == 0
+    text = capsys.readouterr().out
+    assert "math (stores s×s scores)" in text and "cudnn, pad56 layout" in text
     assert main(["gpt", "plan", "--model", "gpt2", "--sm", "80", "--strategies", "none,amp"]) == 0
     text = capsys.readouterr().out  # head_dim 64 on an A100: fp32 efficient, bf16 flash
     assert " efficient" in text and " flash" in text and "math" not in text

@@ -993,6 +993,21 @@ CASES = [
         r"tp 2 × pp 2 leave no second data-parallel replica for ddp",
     ),
     Case(
+        "gpt-bench-attention-bad",
+        "gpt bench --model tiny --device cpu --attention pad50",
+        r"--attention 'pad50': expected auto, plain or padN with N a multiple of 8",
+    ),
+    Case(
+        "gpt-bench-fp8-on-cpu",
+        "gpt bench --model tiny --device cpu --strategy amp+compile --fp8",
+        r"--fp8: (torchao is not importable|FP8 tensor cores need --device cuda)",
+    ),
+    Case(
+        "gpt-profile-steps-zero",
+        "gpt profile --model tiny --device cpu --profile-steps 0",
+        r"--profile-steps 0: expected an integer >= 1",
+    ),
+    Case(
         "gpt-ablation-unknown-change",
         "gpt ablation --model tiny --device cpu --changes tf32,warp",
         r"--changes 'warp': expected some of",

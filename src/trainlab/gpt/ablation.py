@@ -6,7 +6,8 @@ they are added; TF32 comes first (the handout's fp32 baseline with TF32 on), the
 *alone* on top of baseline + TF32 (a lever of our model alone also takes our model), then
 *cumulatively*: the last cumulative row is `gpt_best`. A *peer* row is what a user would write
 instead: HF's model with SDPA, bf16 autocast, `torch.compile`, fused AdamW, the largest micro-batch
-that fits. FP8 has a *separate* row that says why it is not measured.
+that fits. FP8 has a *separate* row beside the headline, never in it: `gpt_best` with torchao's float8 block
+Linears (its MFU also against the FP8 peak), or one line saying why it cannot run here.
 
 Every row is one `gpt bench` process (`compare.run_one`: isolated OOMs, timeouts, the planner's
 pre-flight check) with the same global batch, sequence length, timed steps and seed, so every row
@@ -28,7 +29,7 @@ from trainlab.flags import Config, opt, output_dir, positive
 from trainlab.gpt.compare import _row_line, run_one
 from trainlab.gpt.config import GPTBenchConfig
 from trainlab.gpt.model import get_preset
-from trainlab.gpt.plan import Machine
+from trainlab.gpt.plan import Machine, fp8_problem
 from trainlab.gpt.strategy import parse_strategy
 from trainlab.io import read_json, refuse_foreign
 from trainlab.telemetry.env import collect_env, format_header
@@ -58,13 +59,11 @@ CHANGES: tuple[Change, ...] = (
     Change("vocab-pad", "vocabulary padded to a multiple of 64", lambda c: replace(c, vocab_multiple=64), True),
     Change("fused-qkv", "fused QKV (one GEMM)", lambda c: replace(c, fused_qkv=True), True),
     Change("chunked-ce", "chunked cross-entropy", lambda c: replace(c, loss="chunked"), True),
-    Change("max-micro-batch", "largest micro-batch that fits (planner)", lambda c: replace(c, micro_batch_auto=True)),
+    # the planner's layout (auto): heads padded to a multiple of 8 on a GPU under amp, plain elsewhere
+    Change("pad-heads", "heads padded for cuDNN attention (auto)", lambda c: replace(c, attention="auto"), True),
+    Change("max-micro-batch", "fastest micro-batch that fits (planner)", lambda c: replace(c, micro_batch_auto=True)),
 )
 GROUPS = ("baseline", "alone", "cumulative", "peer", "separate")
-FP8_NOT_MEASURED = (
-    "not implemented: no FP8 path in trainlab (Transformer Engine is not a dependency and not "
-    "in the GPU image; a torch._scaled_mm rewrite of the Linears is not written)"
-)
 
 
 def baseline(bench: GPTBenchConfig) -> GPTBenchConfig:
@@ -77,6 +76,7 @@ def baseline(bench: GPTBenchConfig) -> GPTBenchConfig:
         fused_optimizer=False,
         vocab_multiple=1,
         fused_qkv=False,
+        attention="plain",
         loss="cross_entropy",
         micro_batch_auto=False,
         json=None,
@@ -91,8 +91,11 @@ def peer(bench: GPTBenchConfig) -> GPTBenchConfig:
     return replace(baseline(bench), strategy="amp+compile", tf32="on", fused_optimizer=True, micro_batch_auto=True)
 
 
-def rows_for(bench: GPTBenchConfig, changes: list[str], groups: list[str]) -> list[dict]:
-    """The rows to show, in order: {label, group, changes, config} (config None: not measured, with status)."""
+def rows_for(
+    bench: GPTBenchConfig, changes: list[str], groups: list[str], machine: Machine | None = None
+) -> list[dict]:
+    """The rows to show, in order: {label, group, changes, config} (config None: not measured, with status).
+    The FP8 row is the last cumulative row with --fp8 on `machine` (default: a CPU), or why it cannot run."""
     by_name = {c.name: c for c in CHANGES}
     chosen = [by_name[n] for n in changes]
     base = baseline(bench)
@@ -147,15 +150,11 @@ def rows_for(bench: GPTBenchConfig, changes: list[str], groups: list[str]) -> li
             }
         )
     if "separate" in groups:
-        rows.append(
-            {
-                "label": "FP8 (Transformer Engine)",
-                "group": "separate",
-                "changes": ["fp8"],
-                "config": None,
-                "status": FP8_NOT_MEASURED,
-            }
-        )
+        why = fp8_problem(machine or Machine())
+        best = apply(chosen)
+        fp8 = _strategy(replace(best, fp8=True), drop="compile", add="compile") if not why else None
+        row = {"label": "FP8 (torchao float8 block Linears, compile)", "group": "separate", "changes": ["fp8"]}
+        rows.append({**row, "config": fp8, **({"status": f"not measured: {why}"} if why else {})})
     return rows
 
 
@@ -206,6 +205,8 @@ ABLATION_EXCLUDED_BENCH_FLAGS = (
     "fused_optimizer",
     "vocab_multiple",
     "fused_qkv",
+    "attention",
+    "fp8",
     "loss",
     "micro_batch_auto",
     "json",
@@ -228,6 +229,7 @@ ROW_KEYS = (
     "tflops_per_device_handout",
     "tflops_per_device_8n",
     "mfu",
+    "mfu_fp8_peak",
     "micro_batch",
     "predicted_bytes",
     "first_loss",
@@ -267,7 +269,7 @@ def run_ablation(ac: AblationConfig, log=print, command: str = "trainlab gpt abl
     """Run every row (each distinct setting once); write ablation.json/.md/.log under `ac.out`."""
     ac.validate()
     get_preset(ac.bench.model)
-    rows = rows_for(ac.bench, ac.change_list, ac.group_list)
+    rows = rows_for(ac.bench, ac.change_list, ac.group_list, Machine.detect())
     # a row's files are named by its settings: a resumed run with other --changes never reuses a name
     slugs = {
         _key(r["config"]): f"row-{zlib.crc32(_key(r['config']).encode()):08x}" for r in rows if r["config"] is not None

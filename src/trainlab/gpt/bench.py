@@ -329,6 +329,8 @@ def _summary(
         "peak_tflops": rec.peak,
         "peak_tflops_source": rec.peak_src,
         "mfu": mfu(tfl_model, rec.peak),
+        # FP8's dense peak is twice bf16's on Hopper (H100/H200 data sheets: 1979 vs 989 TFLOP/s)
+        "mfu_fp8_peak": mfu(tfl_model, 2 * rec.peak) if cfg.fp8 and rec.peak else None,
         "hfu": mfu(hw_fpt * tok_s / world / 1e12, rec.peak),
         "peak_memory_bytes": max((m["peak_bytes"] or 0) for m in all_mem),
         "peak_memory_kind": "allocated" if device.type == "cuda" else "process RSS",

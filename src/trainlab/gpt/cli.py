@@ -1,4 +1,4 @@
-"""`trainlab gpt bench|plan|compare|ablation`: flags into the command's config (gpt.config), then the library."""
+"""`trainlab gpt bench|plan|compare|ablation|profile`: flags into the command's config (gpt.config), then the library."""
 
 from __future__ import annotations
 
@@ -48,9 +48,16 @@ def _ablation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile(args: argparse.Namespace) -> int:
+    from trainlab.gpt.profile import PROFILE_EXCLUDED_BENCH_FLAGS, ProfileConfig, profile_command
+
+    bench = GPTBenchConfig(**explicit_values(args, GPTBenchConfig, exclude=PROFILE_EXCLUDED_BENCH_FLAGS))
+    return profile_command(ProfileConfig(bench=bench, **explicit_values(args, ProfileConfig)))
+
+
 def add_parser(subparsers) -> None:
     gpt = subparsers.add_parser("gpt", help="GPT-2 strategies: run one, predict memory, run a matrix")
-    sub = gpt.add_subparsers(dest="gpt_command", metavar="{bench,plan,compare,ablation}")
+    sub = gpt.add_subparsers(dest="gpt_command", metavar="{bench,plan,compare,ablation,profile}")
     sub.required = True
 
     add_command(sub, "bench", "time one strategy (tokens/s, TFLOPS, MFU, peak memory)", GPTBenchConfig, _bench)
@@ -69,3 +76,13 @@ def add_parser(subparsers) -> None:
         _ablation,
     )
     add_flags(a, GPTBenchConfig, exclude=ABLATION_EXCLUDED_BENCH_FLAGS)
+    from trainlab.gpt.profile import PROFILE_EXCLUDED_BENCH_FLAGS, ProfileConfig
+
+    p = add_command(
+        sub,
+        "profile",
+        "one step's kernel time by category, busy vs wall, the SDPA backend run",
+        ProfileConfig,
+        _profile,
+    )
+    add_flags(p, GPTBenchConfig, exclude=PROFILE_EXCLUDED_BENCH_FLAGS)

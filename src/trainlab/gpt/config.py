@@ -14,11 +14,15 @@ from trainlab.device import KNOWN_SM, MATMUL_PRECISIONS, TF32_MODES
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, json_opt, one_of, opt, output_dir, positive, seed_value
 from trainlab.gpt.model import PRESETS
-from trainlab.gpt.plan import LOSSES, GPTPlan, Machine, resolve
-from trainlab.gpt.planner import Resolver, parse_bytes, predicted_peak, usable_bytes
+from trainlab.gpt.plan import LOSSES, GPTPlan, Machine, attention_layout_problem, resolve
+from trainlab.gpt.planner import Resolver, parse_bytes, predicted_peak, predicted_step_seconds, usable_bytes
 from trainlab.gpt.strategy import parse_strategy, resolve_degrees
 
 MODEL_HELP = "preset: " + ", ".join(PRESETS)
+ATTENTION_HELP = (
+    "head layout for SDPA: auto | plain | padN (heads stored N wide with zero columns, e.g. pad56, pad64; "
+    "auto: padded to a multiple of 8 on a GPU under amp when head_dim is not one, else plain)"
+)
 
 
 @dataclass
@@ -34,8 +38,8 @@ class GPTBenchConfig(Config):
     micro_batch: int = opt(8, "sequences per forward/backward on one rank", check=at_least(1))
     micro_batch_auto: bool = opt(
         False,
-        "instead of --micro-batch: the largest the planner predicts fits this "
-        "device (no accumulation where one micro-batch is the whole per-rank batch)",
+        "instead of --micro-batch: of those the planner predicts fit this device, the fastest it predicts "
+        "(no accumulation considered, accum dropped for it; with --attention auto, the plain layout too)",
     )
     seq: int | None = opt(None, "sequence length (default: the model's n_positions)", check=at_least(2))
     vocab_multiple: int = opt(
@@ -45,11 +49,16 @@ class GPTBenchConfig(Config):
         check=at_least(1),
     )
     fused_qkv: bool = opt(False, "q, k and v projections as one GEMM (not with tp)")
+    attention: str = opt("auto", ATTENTION_HELP, check=attention_layout_problem)
     loss: str = opt(
         "cross_entropy",
         "cross_entropy | chunked (the LM head and the loss in 4096-token chunks: "
         "the [B, T, V] logits never exist whole)",
         choices=tuple(LOSSES),
+    )
+    fp8: bool = opt(
+        False,
+        "torchao float8 training of the block Linears (CUDA sm89+, bf16 and compile; pip install 'trainlab[fp8]')",
     )
     device: str = opt("auto", "auto | cpu | cuda")
     impl: str = opt("ours", "ours | hf (HF GPT2LMHeadModel, the handout's baseline)", choices=("ours", "hf"))
@@ -84,7 +93,14 @@ class GPTBenchConfig(Config):
     def plan(self, machine: Machine | None = None, model=None) -> GPTPlan:
         """This run resolved on `machine` (default: this one) with the planner's predicted peak attached;
         every check of a run happens here (`gpt.plan.resolve`), before anything launches."""
-        return resolve(self, machine or Machine.detect(), model=model, predict=predicted_peak, usable=usable_bytes)
+        return resolve(
+            self,
+            machine or Machine.detect(),
+            model=model,
+            predict=predicted_peak,
+            usable=usable_bytes,
+            seconds=predicted_step_seconds,
+        )
 
 
 @dataclass
@@ -147,6 +163,7 @@ class PlanConfig(Config):
     )
     vocab_multiple: int = opt(1, "as gpt bench: embedding rows padded to a multiple of this", check=at_least(1))
     fused_qkv: bool = opt(False, "as gpt bench: q, k, v as one Linear")
+    attention: str = opt("auto", "as gpt bench: " + ATTENTION_HELP, check=attention_layout_problem)
     loss: str = opt("cross_entropy", "as gpt bench: cross_entropy | chunked", choices=tuple(LOSSES))
     json: str | None = json_opt("write the plan as JSON to PATH ('-': print it instead of the table)")
 
@@ -176,6 +193,7 @@ class PlanConfig(Config):
                 fused_optimizer=self.optimizer == "fused",
                 vocab_multiple=self.vocab_multiple,
                 fused_qkv=self.fused_qkv and not spec.tp,
+                attention=self.attention if not spec.tp else "plain",
                 loss=self.loss if not spec.pp else "cross_entropy",
             )
             p = run.plan(machine)

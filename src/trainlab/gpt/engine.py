@@ -32,8 +32,10 @@ from trainlab.errors import ConfigError
 from trainlab.gpt.model import (
     build_gpt,
     build_hf_model,
+    float8_block_linears,
     gpt_state_dict_from_hf,
     set_activation_checkpointing,
+    strip_heads_state_dict,
     transformer_blocks,
 )
 from trainlab.gpt.parallel import nvme
@@ -79,6 +81,8 @@ class GPTEngine:
             model = self._setup_model_parallel(model)
         else:
             model = model.to(self.device) if not self.spec.uses_fsdp else model
+        if plan.fp8:  # before compile, so inductor fuses the float8 casts into the blocks
+            float8_block_linears(unwrap(model))
         if self.spec.compile:
             for block in transformer_blocks(unwrap(model)):
                 block.forward = torch.compile(block.forward)
@@ -232,7 +236,7 @@ class GPTEngine:
     # ---------------------------------------------------------------- results
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Full fp32 parameters on rank 0 with our GPT's names; None on other ranks. Collective:
+        """Full fp32 parameters on rank 0 with our GPT's names, unpadded heads; None on other ranks. Collective:
         every rank must call it (shards are all-gathered, pipeline stages gathered to rank 0)."""
         if self._ds_engine is not None:
             sd = nvme.gathered_state_dict(self._ds_engine)
@@ -246,6 +250,7 @@ class GPTEngine:
                 sd[name] = value.detach().to("cpu", torch.float32).clone()
         if self.impl == "hf":
             sd = gpt_state_dict_from_hf(sd)  # drops HF's causal-mask buffers, splits c_attn into q/k/v
+        sd = strip_heads_state_dict(sd, self.model_cfg)  # the padded head layout is not a checkpoint's
         if self._pipe is not None:
             parts = [None] * self.dist.world_size if self.dist.rank == 0 else None
             dist.gather_object(sd, parts, dst=0)

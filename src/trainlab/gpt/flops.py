@@ -39,9 +39,15 @@ def hardware_flops_per_token(cfg: GPTConfig, seq_len: int, ckpt: str = "none") -
     """FLOPs the device actually executes per token, recomputation included.
 
     "full" recomputes each block's forward (2N of the blocks + the attention's forward 4·L·C·T);
-    "selective" (our MLP recompute) redoes fc and proj: 2 · 8·C² per layer per token.
+    "selective" (our MLP recompute) redoes fc and proj: 2 · 8·C² per layer per token. The padded head
+    layout (`head_dim_padded`) multiplies zero columns too: q/k/v/o are C×(heads·width) GEMMs and the
+    attention's matmuls run at the padded width (MFU keeps the model FLOPs, `flops_per_token`).
     """
     base = flops_per_token(cfg, seq_len, checkpointing=False)
+    wide = cfg.n_head * cfg.head_width
+    if wide != cfg.n_embd:
+        base += 6.0 * cfg.n_layer * 4 * cfg.n_embd * (wide - cfg.n_embd)
+        base += attention_flops_per_token(cfg, seq_len) * (wide / cfg.n_embd - 1)
     if ckpt == "full":
         return base + 2.0 * count_params(cfg) + attention_flops_per_token(cfg, seq_len) / 3.0
     if ckpt == "selective":

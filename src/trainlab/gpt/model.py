@@ -38,10 +38,23 @@ class GPTConfig:
     # and gradients with any of them (tests/test_gpt_levers.py).
     vocab_multiple: int = 1  # embedding/LM-head rows padded to a multiple (64: 50257 → 50304)
     fused_qkv: bool = False  # q, k, v as one [3C, C] Linear: one GEMM instead of three
+    # 0: heads stored head_dim wide ("plain"); else each head stored this wide (≥ head_dim), the extra
+    # columns zero (issue 35's padded layout: SDPA gets heads it can hand to cuDNN, see CausalSelfAttention)
+    head_dim_padded: int = 0
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def head_width(self) -> int:
+        """The width each head is stored and computed at: head_dim, or the padded layout's."""
+        return self.head_dim_padded or self.head_dim
+
+    @property
+    def attention_layout(self) -> str:
+        """plain | padN: the plan's name of the head layout (`gpt plan`, logs)."""
+        return f"pad{self.head_dim_padded}" if self.head_dim_padded else "plain"
 
     @property
     def padded_vocab(self) -> int:
@@ -80,17 +93,28 @@ def count_params(cfg: GPTConfig) -> int:
 
 
 class CausalSelfAttention(nn.Module):
+    """Causal self-attention. With `cfg.head_dim_padded` (the padded layout), q/k/v are projected
+    straight into heads `head_width` wide whose extra columns are zero (zero rows of the projection
+    weight and bias), and the output projection reads them (zero columns of its weight). Exact: zero
+    q/k columns add nothing to QKᵀ, zero v columns give zero output columns, the scale is the real
+    head_dim's, and every pad gradient is exactly zero (dq_pad = dS·k_pad = 0, dk_pad = dSᵀ·q_pad = 0,
+    dv_pad = Pᵀ·dy_pad with dy_pad = d(out)·W_o[:, pad] = 0; W_o[:, pad] gets d(out)ᵀ·y_pad = 0), so
+    AdamW (decay included) keeps the pads zero. Checkpoints and the HF mapping hold the unpadded
+    weights (`pad_heads_state_dict` / `strip_heads_state_dict`)."""
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        C = cfg.n_embd
-        self.head_dim = cfg.head_dim
+        C, A = cfg.n_embd, cfg.n_head * cfg.head_width
+        self.head_dim, self.head_width = cfg.head_dim, cfg.head_width
+        # None: SDPA's default 1/sqrt(width) is the real one; padded: the real head_dim's, not the width's
+        self.scale = None if cfg.head_width == cfg.head_dim else 1.0 / math.sqrt(cfg.head_dim)
         if cfg.fused_qkv:  # rows q | k | v, as HF's c_attn columns
-            self.qkv_proj = nn.Linear(C, 3 * C, bias=True)
+            self.qkv_proj = nn.Linear(C, 3 * A, bias=True)
         else:  # three Linears: what tensor parallel splits column-wise, each on its own
-            self.q_proj = nn.Linear(C, C, bias=True)
-            self.k_proj = nn.Linear(C, C, bias=True)
-            self.v_proj = nn.Linear(C, C, bias=True)
-        self.o_proj = nn.Linear(C, C, bias=True)
+            self.q_proj = nn.Linear(C, A, bias=True)
+            self.k_proj = nn.Linear(C, A, bias=True)
+            self.v_proj = nn.Linear(C, A, bias=True)
+        self.o_proj = nn.Linear(A, C, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_autocast_enabled(x.device.type):
@@ -103,10 +127,10 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         B, T = q.shape[0], q.shape[1]
         # heads from the *local* width: under tensor parallel q holds only this rank's heads
-        n_head = q.shape[-1] // self.head_dim
-        q, k, v = (t.view(B, T, n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = y.transpose(1, 2).reshape(B, T, n_head * self.head_dim)
+        n_head = q.shape[-1] // self.head_width
+        q, k, v = (t.view(B, T, n_head, self.head_width).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        y = y.transpose(1, 2).reshape(B, T, n_head * self.head_width)
         return self.o_proj(y)
 
 
@@ -221,6 +245,24 @@ def set_activation_checkpointing(model: nn.Module, mode: str) -> None:
         unwrap(block).recompute_mlp = mode == "selective"
 
 
+def float8_block_linears(model: nn.Module) -> int:
+    """Swap every Linear of the transformer blocks for torchao's Float8Linear (dynamic tensor-wise scaling:
+    inputs and weights cast to e4m3, output gradients to e5m2, GEMMs by torch._scaled_mm; the master weights
+    stay fp32). The embeddings, the tied LM head and the loss stay in bf16. torchao needs both GEMM dims
+    to be multiples of 16 (every block Linear of GPT-2's presets is). Returns how many were swapped."""
+    from torchao.float8 import convert_to_float8_training
+
+    def wanted(module: nn.Module, fqn: str) -> bool:
+        return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+    swapped = 0
+    for block in transformer_blocks(model):
+        before = sum(isinstance(m, nn.Linear) for m in block.modules())
+        convert_to_float8_training(block, module_filter_fn=wanted)
+        swapped += before - sum(type(m) is nn.Linear for m in block.modules())
+    return swapped
+
+
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """The per-layer blocks of our GPT (`model.h`) or HF's GPT2LMHeadModel (`model.transformer.h`)."""
     if hasattr(model, "h") and isinstance(model.h, nn.ModuleDict):
@@ -273,6 +315,9 @@ def initial_value(cfg: GPTConfig, name: str, seed: int, device: torch.device | s
     shapes = dict(_canonical_param_names(cfg))
     if name == "lm_head.weight":  # tied to the input embedding
         name = "wte.weight"
+    if cfg.head_dim_padded and _head_axis(name) is not None:  # the padded layout: the plain value, zero-padded
+        plain = initial_value(replace(cfg, head_dim_padded=0), name, seed, device)
+        return pad_heads(plain, cfg, _head_axis(name))
     if ".attn.qkv_proj." in name:
         return torch.cat(
             [
@@ -336,6 +381,56 @@ def build_gpt(cfg: GPTConfig, seed: int = 0, device: torch.device | str = "cpu")
 
 
 # ----------------------------------------------------------------------------------------------
+# the padded head layout: pad on load, strip on save (checkpoints and HF hold the unpadded weights)
+
+_HEAD_ROWS = re.compile(r"attn\.(q|k|v|qkv)_proj\.(weight|bias)$")
+
+
+def _head_axis(name: str) -> int | None:
+    """The axis of a parameter that runs over head columns (0: q/k/v output rows, 1: o_proj's input
+    columns), or None for a parameter the head layout does not touch."""
+    if _HEAD_ROWS.search(name):
+        return 0
+    if name.endswith("attn.o_proj.weight"):
+        return 1
+    return None
+
+
+def _reshape_heads(t: torch.Tensor, axis: int, width: int, new_width: int) -> torch.Tensor:
+    """`t` with each `width`-wide head along `axis` cut or zero-padded to `new_width`."""
+    t = t.movedim(axis, 0)
+    heads = t.reshape(t.shape[0] // width, width, *t.shape[1:])
+    if new_width >= width:
+        heads = torch.cat([heads, heads.new_zeros(heads.shape[0], new_width - width, *heads.shape[2:])], 1)
+    else:
+        heads = heads[:, :new_width]
+    return heads.reshape(-1, *t.shape[1:]).movedim(0, axis).contiguous()
+
+
+def pad_heads(t: torch.Tensor, cfg: GPTConfig, axis: int) -> torch.Tensor:
+    """A plain layout's q/k/v (axis 0) or o_proj (axis 1) tensor in `cfg`'s padded layout."""
+    return _reshape_heads(t, axis, cfg.head_dim, cfg.head_width)
+
+
+def pad_heads_state_dict(sd: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """Unpadded weights (a checkpoint, HF's) → `cfg`'s head layout (unchanged when plain)."""
+    if not cfg.head_dim_padded:
+        return sd
+    return {k: v if _head_axis(k) is None else pad_heads(v, cfg, _head_axis(k)) for k, v in sd.items()}
+
+
+def strip_heads_state_dict(sd: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """`cfg`'s head layout → the unpadded weights every checkpoint and the HF mapping hold."""
+    if not cfg.head_dim_padded:
+        return sd
+    out = {}
+    for k, v in sd.items():
+        axis = _head_axis(k)
+        out[k] = v if axis is None else _reshape_heads(v, axis, cfg.head_width, cfg.head_dim)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # loss
 
 
@@ -379,9 +474,15 @@ _LAYER_TRANSPOSED_TO_HF = {
 }
 
 
-def gpt_state_dict_to_hf(sd: dict[str, torch.Tensor], vocab_size: int | None = None) -> dict[str, torch.Tensor]:
+def gpt_state_dict_to_hf(
+    sd: dict[str, torch.Tensor], vocab_size: int | None = None, cfg: GPTConfig | None = None
+) -> dict[str, torch.Tensor]:
     """Our GPT state dict → HF GPT2LMHeadModel's (q/k/v merged into c_attn, Linear → Conv1D); a padded
-    embedding loses its pad rows when `vocab_size` (the real vocabulary) is given."""
+    embedding loses its pad rows when `vocab_size` (the real vocabulary) is given, padded heads their
+    pad columns when `cfg` (the model's config, whose vocabulary is then the default) is."""
+    if cfg is not None:
+        sd = strip_heads_state_dict(sd, cfg)
+        vocab_size = vocab_size or cfg.vocab_size
     out: dict[str, torch.Tensor] = {}
     qkv: dict[int, dict[str, torch.Tensor]] = {}
     for key, t in sd.items():
@@ -422,7 +523,8 @@ def gpt_state_dict_to_hf(sd: dict[str, torch.Tensor], vocab_size: int | None = N
 
 def gpt_state_dict_from_hf(hf_sd: dict[str, torch.Tensor], cfg: GPTConfig | None = None) -> dict[str, torch.Tensor]:
     """HF GPT2LMHeadModel state dict → ours (c_attn split into q/k/v, Conv1D → Linear); for a `cfg`
-    with the levers, c_attn stays one qkv_proj and the embedding gets zero pad rows."""
+    with the levers, c_attn stays one qkv_proj, the embedding gets zero pad rows and padded heads
+    their zero pad columns."""
     fused = cfg is not None and cfg.fused_qkv
     to_ours = {v: k for k, v in _SIMPLE_TO_HF.items()}
     layer_simple = {v: k for k, v in _LAYER_SIMPLE_TO_HF.items()}
@@ -459,7 +561,7 @@ def gpt_state_dict_from_hf(hf_sd: dict[str, torch.Tensor], cfg: GPTConfig | None
         out.pop("lm_head.weight", None)
     if "wte.weight" in out and "lm_head.weight" not in out:
         out["lm_head.weight"] = out["wte.weight"]
-    return out
+    return out if cfg is None else pad_heads_state_dict(out, cfg)
 
 
 def hf_config(cfg: GPTConfig, dropout: float = 0.0):
@@ -505,7 +607,7 @@ def build_hf_model(
     except ImportError:  # pragma: no cover - transformers is a dependency of the GPT commands
         raise ConfigError("--impl hf needs the 'transformers' package (pip install transformers)") from None
     device = torch.device(device)
-    cfg = replace(cfg, vocab_multiple=1, fused_qkv=False)  # our levers are not HF's model
+    cfg = replace(cfg, vocab_multiple=1, fused_qkv=False, head_dim_padded=0)  # our levers are not HF's model
     model = None
     if seed is not None:
         # Meta first, then uninitialised storage on the device, filled once with our init below: HF's

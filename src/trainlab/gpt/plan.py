@@ -42,6 +42,44 @@ OPTIMIZER_KERNELS = ("fused", "foreach", "forloop")
 LOSSES: dict[str, Callable] = {"cross_entropy": lm_loss, "chunked": chunked_lm_loss}
 HIDDEN_STATE_LOSSES = frozenset({"chunked"})
 IMPLS = ("ours", "hf")
+# --attention: how heads are laid out for SDPA (GPTConfig.head_dim_padded); "padN" for any multiple of 8
+ATTENTION_LAYOUTS = ("auto", "plain", "pad56", "pad64")
+MAX_HEAD_WIDTH = 256  # flash's and cuDNN's limit (attention_backend)
+
+
+def attention_layout_problem(text) -> str | None:
+    """What is wrong with an --attention value (its syntax only; the model decides the rest), or None."""
+    if text in ("auto", "plain"):
+        return None
+    if isinstance(text, str) and text.startswith("pad") and text[3:].isdigit():
+        width = int(text[3:])
+        if width % 8 == 0 and 8 <= width <= MAX_HEAD_WIDTH:
+            return None
+    return f"expected auto, plain or padN with N a multiple of 8 up to {MAX_HEAD_WIDTH} (e.g. pad56, pad64)"
+
+
+def head_dim_padded(text: str, head_dim: int, spec: StrategySpec, device: str, sm: int | None, impl: str) -> int:
+    """--attention → `GPTConfig.head_dim_padded` (0: the plain layout).
+
+    auto: padded to the next multiple of 8 on a CUDA GPU of sm80+ under bf16/fp16 autocast when head_dim
+    is not one (GPT-2 1.6B's 50 → 56), plain everywhere else (the CPU's flash kernel takes any width).
+    Why 56: issue 35's micro-measurement on one H200 (torch 2.11, causal [16, 32, 1024, d] bf16, forward +
+    backward, per step × 48 layers): head_dim-50 views of the fused projection 131.6 ms (flash; cuDNN
+    refuses 50), F.pad to 56 per call 88.1 ms (cuDNN), contiguous heads already 56 wide 55.5 ms (cuDNN)
+    and 85.0 ms (flash); 64 wide per call 89.0 ms. Not yet measured for fp16, sm80 or the whole step: the
+    GPU script (benchmarks/gpu_gpt.py) measures the table and the step both ways."""
+    problem = attention_layout_problem(text)
+    if problem:
+        raise ConfigError(f"--attention {text!r}: {problem}")
+    if text == "auto":
+        fast = device == "cuda" and spec.amp is not None and (sm or 0) >= 80 and impl == "ours" and not spec.tp
+        return -(-head_dim // 8) * 8 if fast and head_dim % 8 else 0
+    if text == "plain":
+        return 0
+    width = int(text[3:])
+    if width < head_dim:
+        raise ConfigError(f"--attention {text}: narrower than the model's head_dim {head_dim}")
+    return 0 if width == head_dim else width
 
 
 @dataclass(frozen=True)
@@ -99,9 +137,11 @@ class GPTPlan:
     seed: int = 0
     tf32: str = "off"
     matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: --matmul-precision, else --tf32 (on = high)
-    micro_batch_auto: bool = False  # micro_batch was chosen by the planner (the largest that fits)
+    micro_batch_auto: bool = False  # micro_batch was chosen by the planner (the fastest predicted that fits)
+    fp8: bool = False  # torchao float8 training of the block Linears (model.float8_block_linears)
     nvme_path: str | None = None
     predicted_peak_bytes: int | None = None  # the planner's per-device peak (None: no model of this run)
+    predicted_step_ms: float | None = None  # the planner's roofline estimate (planner.predicted_step_seconds)
     # the benchmark around the step (`gpt bench`): what the worker runs and writes
     steps: int = 10
     warmup: int = 2
@@ -131,6 +171,7 @@ class GPTPlan:
                 ("--vocab-multiple", self.model.vocab_multiple > 1),
                 ("--fused-qkv", self.model.fused_qkv),
                 ("--loss chunked", self.loss in HIDDEN_STATE_LOSSES),
+                (f"--attention {self.model.attention_layout}", self.model.head_dim_padded > 0),
             )
             if on
         ]
@@ -138,6 +179,8 @@ class GPTPlan:
             raise ConfigError(f"{levers[0]}: a lever of our model, not of --impl {self.impl}")
         if self.model.fused_qkv and self.degrees.tp > 1:
             raise ConfigError("--fused-qkv: tensor parallel splits q, k and v separately; drop one of them")
+        if self.model.head_dim_padded and self.degrees.tp > 1:
+            raise ConfigError(f"--attention {self.model.attention_layout}: not with tp (use --attention plain)")
         if self.loss in HIDDEN_STATE_LOSSES and (self.degrees.pp > 1 or self.strategy.data_parallel == "nvme"):
             raise ConfigError(f"--loss {self.loss}: not with pp or nvme (they compute the loss on the logits)")
 
@@ -194,11 +237,39 @@ class GPTPlan:
             "optimizer": self.optimizer,
             "device": self.device,
             "attention": self.attention.label,
+            "attention_layout": self.model.attention_layout,
             "vocab_rows": self.model.padded_vocab,
             "fused_qkv": self.model.fused_qkv,
             "loss": self.loss,
             "micro_batch_auto": self.micro_batch_auto,
+            "fp8": self.fp8,
         }
+
+
+FP8_MIN_SM = 89  # FP8 tensor cores: Ada (sm89) and Hopper (sm90) onwards
+
+
+def fp8_problem(machine: Machine) -> str | None:
+    """Why `--fp8` cannot run on `machine` (one line), or None: torchao importable and an sm89+ GPU."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao is not importable here (pip install 'trainlab[fp8]': torchao 0.18)"
+    if not machine.gpus or (machine.sm or 0) < FP8_MIN_SM:
+        where = f"sm{machine.sm}" if machine.gpus else "no CUDA GPU"
+        return f"FP8 tensor cores need a CUDA GPU of sm{FP8_MIN_SM}+ ({where} here)"
+    return None
+
+
+def _check_fp8(spec: StrategySpec, impl: str, device: str, machine: Machine) -> None:
+    problem = fp8_problem(machine) if device == "cuda" else "FP8 tensor cores need --device cuda"
+    if problem:
+        raise HardwareError(f"--fp8: {problem}")
+    if impl != "ours" or spec.amp != "bf16" or not spec.compile or spec.tp or spec.pp or spec.uses_fsdp:
+        raise ConfigError(
+            "--fp8: for --impl ours with bf16 and compile (e.g. --strategy amp+compile), single device or ddp "
+            "(torchao's float8 Linears under FSDP/tp/pp need their own set-up, not written)"
+        )
 
 
 def _device_type(flag: str, world_size: int, machine: Machine) -> str:
@@ -236,22 +307,27 @@ def resolve(
     model: GPTConfig | None = None,
     predict: Callable[[GPTPlan], int | None] | None = None,
     usable: Callable[[int], int] | None = None,
+    seconds: Callable[[GPTPlan], float] | None = None,
 ) -> GPTPlan:
     """`config` (a `gpt.config.GPTBenchConfig`) on `machine` → the checked, frozen plan.
 
     `model` replaces the preset (tests, benchmarks of a model that is not one); `predict` is the
     planner's `plan → peak bytes` (`planner.predicted_peak`), attached as `predicted_peak_bytes`;
-    `usable` (`planner.usable_bytes`) turns the machine's memory into --micro-batch-auto's budget."""
+    `usable` (`planner.usable_bytes`) turns the machine's memory into --micro-batch-auto's budget;
+    `seconds` (`planner.predicted_step_seconds`) estimates the step, attached as `predicted_step_ms`."""
     config.validate()  # every field's declared range
     if config.micro_batch_auto:
-        return largest_fitting(config, machine, model, predict, usable)
+        return fastest_fitting(config, machine, model, predict, usable, seconds)
     if config.vocab_multiple > MAX_VOCAB_MULTIPLE:
         raise ConfigError(f"--vocab-multiple {config.vocab_multiple}: expected 1 to {MAX_VOCAB_MULTIPLE}")
     model_cfg = model if model is not None else get_preset(config.model)
-    model_cfg = dataclasses.replace(model_cfg, vocab_multiple=config.vocab_multiple, fused_qkv=config.fused_qkv)
     spec = parse_strategy(config.strategy)
-    seq = config.seq if config.seq is not None else model_cfg.n_positions
     device = _device_type(config.device, config.nproc, machine)
+    padded = head_dim_padded(config.attention, model_cfg.head_dim, spec, device, machine.sm, config.impl)
+    model_cfg = dataclasses.replace(
+        model_cfg, vocab_multiple=config.vocab_multiple, fused_qkv=config.fused_qkv, head_dim_padded=padded
+    )
+    seq = config.seq if config.seq is not None else model_cfg.n_positions
     if device == "cuda" and spec.amp == "bf16" and machine.sm is not None and machine.sm < 80:
         # below Ampere (the course's RTX 2080 Ti, sm75) there is no bf16: not a slow emulation or a crash
         raise HardwareError(
@@ -260,6 +336,8 @@ def resolve(
         )
     if spec.data_parallel == "nvme":
         check_nvme_available(device)
+    if config.fp8:
+        _check_fp8(spec, config.impl, device, machine)
     deg = validate_strategy(
         spec,
         model_cfg,
@@ -297,9 +375,10 @@ def resolve(
         device=device,
         sm=sm,
         cudnn_version=cudnn,
-        attention=choose(model_cfg.head_dim, spec.amp or "fp32", device, sm or 90, cudnn),
+        attention=choose(model_cfg.head_width, spec.amp or "fp32", device, sm or 90, cudnn),
         optimizer_kernel=optimizer_kernel(spec, device, config.fused_optimizer),
         loss=config.loss,
+        fp8=config.fp8,
         lr=config.lr,
         seed=config.seed,
         tf32=config.tf32,
@@ -311,36 +390,66 @@ def resolve(
         out=config.out,
         overwrite=config.overwrite,
     )
-    return dataclasses.replace(plan, predicted_peak_bytes=predict(plan)) if predict is not None else plan
+    if predict is not None:
+        plan = dataclasses.replace(plan, predicted_peak_bytes=predict(plan))
+    if seconds is not None:
+        plan = dataclasses.replace(plan, predicted_step_ms=round(1e3 * seconds(plan), 3))
+    return plan
 
 
-def largest_fitting(config, machine: Machine, model: GPTConfig | None, predict, usable) -> GPTPlan:
-    """--micro-batch-auto: the plan with the largest micro-batch whose predicted peak fits the machine.
-    Candidates divide the global batch, largest first, so a micro-batch that reaches the per-rank batch
-    (no accumulation) wins when it fits; each is resolved and checked as a given --micro-batch would be.
-    HF's model, which the planner does not model, is sized by ours with the same strategy (a proxy)."""
+def _candidates(config, machine: Machine):
+    """--micro-batch-auto's candidate runs: every micro-batch dividing the global batch, largest first; with
+    `accum`, the one that is the whole per-rank batch without it (no accumulation is a candidate too: issue
+    35's 1.6B run took 8 × 2 at 412 → 445 ms because accum refused 16 × 1); with --attention auto where it
+    pads, the plain layout too (it needs less memory, so a larger micro-batch may fit)."""
+    spec = parse_strategy(config.strategy)
+    layouts = [config.attention]
+    if config.attention == "auto":
+        layouts.append("plain")
+    for mb in _divisors_descending(config.global_batch):
+        for layout in layouts:
+            run = dataclasses.replace(config, micro_batch_auto=False, micro_batch=mb, attention=layout)
+            if spec.accum:
+                without = "+".join(p for p in spec.text.split("+") if p != "accum") or "none"
+                yield dataclasses.replace(run, strategy=without)
+            yield run
+
+
+def fastest_fitting(config, machine: Machine, model: GPTConfig | None, predict, usable, seconds=None) -> GPTPlan:
+    """--micro-batch-auto: of the candidate plans (`_candidates`) whose predicted peak fits the machine, the
+    fastest by the planner's estimate (`seconds`; without one, the first: the largest micro-batch). Each is
+    resolved and checked as the same flags given by hand would be. HF's model, which the planner does not
+    model, is sized by ours with the same strategy (a proxy)."""
     if predict is None or usable is None:
         raise ConfigError("--micro-batch-auto: needs the planner (resolve it through GPTBenchConfig.plan)")
     device = _device_type(config.device, config.nproc, machine)
     if machine.memory_bytes is None:
         raise HardwareError(f"--micro-batch-auto: the memory of {device} is unknown; give --micro-batch")
     budget = usable(machine.memory_bytes) if device == "cuda" else machine.memory_bytes // max(1, config.nproc)
-    fixed = dataclasses.replace(config, micro_batch_auto=False)
-    tried, refused = [], None
-    for mb in _divisors_descending(config.global_batch):
+    tried, refused, fitting, seen = [], None, [], set()
+    for run in _candidates(config, machine):
         try:
-            plan = resolve(dataclasses.replace(fixed, micro_batch=mb), machine, model=model, predict=predict)
+            plan = resolve(run, machine, model=model, predict=predict, seconds=seconds)
         except ConfigError as e:
             refused = e
             continue  # not a micro-batch this strategy can run (accum needs 2+ micro-steps, dp's slice, …)
+        key = (plan.micro_batch, plan.strategy.text, plan.model.head_dim_padded)
+        if key in seen:  # auto that resolves plain is the plain candidate again
+            continue
+        seen.add(key)
         peak = plan.predicted_peak_bytes
         if peak is None:
             peak = predict(dataclasses.replace(plan, impl="ours"))
         if peak is None:
             raise ConfigError(f"--micro-batch-auto: the planner does not model --strategy {plan.strategy.text}")
         if peak <= budget:
-            return dataclasses.replace(plan, micro_batch_auto=True)
-        tried.append(f"{mb}: {peak / 2**30:.1f} GiB")
+            fitting.append(plan)
+        else:
+            tried.append(f"{plan.micro_batch}: {peak / 2**30:.1f} GiB")
+    if fitting:
+        # min keeps the first of equals: the largest micro-batch, the asked layout and strategy
+        best = min(fitting, key=lambda p: p.predicted_step_ms if p.predicted_step_ms is not None else 0.0)
+        return dataclasses.replace(best, micro_batch_auto=True)
     if not tried and refused is not None:
         raise refused  # no micro-batch was valid: the reason is a flag's, say it
     raise HardwareError(

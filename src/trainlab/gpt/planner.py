@@ -103,9 +103,10 @@ def _spec(strategy):
 
 def layer_param_count(cfg: GPTConfig, tp: int = 1) -> int:
     """Parameters of one block held by one TP rank (column-split q/k/v/fc with their biases,
-    row-split o_proj/proj weights; LayerNorms and row-wise biases replicated)."""
-    h = cfg.n_embd
-    split = (3 * h * h + 3 * h) + (h * h) + (4 * h * h + 4 * h) + (4 * h * h)
+    row-split o_proj/proj weights; LayerNorms and row-wise biases replicated). The padded head layout
+    stores q/k/v rows and o_proj columns head_width wide (`GPTConfig.head_dim_padded`)."""
+    h, a = cfg.n_embd, cfg.n_head * cfg.head_width
+    split = (3 * a * h + 3 * a) + (h * a) + (4 * h * h + 4 * h) + (4 * h * h)
     replicated = 4 * h + h + h  # 2 LayerNorms, o_proj bias, proj bias
     return split // tp + replicated
 
@@ -119,11 +120,12 @@ def attention_extra_bytes_per_token(
     cfg: GPTConfig, act_bytes: int, seq_len: int, attention: AttentionChoice | None, tp: int = 1
 ) -> float:
     """What the attention kernel keeps for backward beyond q, k, v and the output once (per token
-    and layer, this TP rank): the math path's s×s probabilities, flash's padded copies."""
-    if attention is None:
-        return 0.0
+    and layer, this TP rank): the math path's s×s probabilities, flash's padded copies, the padded
+    layout's wider q, k, v and attention output."""
     heads, p = cfg.n_head / tp, act_bytes
-    extra = 0.0
+    extra = 4 * p * heads * (cfg.head_width - cfg.head_dim)  # padded layout: q, k, v, output head_width wide
+    if attention is None:
+        return extra
     if attention.stores_scores:
         extra += heads * seq_len * p
     if attention.padded_head_dim != attention.head_dim:
@@ -201,7 +203,7 @@ def attention_for(
     """The SDPA kernel a strategy's attention runs (autocast's dtype, or fp32)."""
     spec = _spec(strategy)
     dtype = {"bf16": "bf16", "fp16": "fp16"}.get(spec.amp, "fp32")
-    return choose(cfg.head_dim, dtype, device_type, sm, cudnn_version)
+    return choose(cfg.head_width, dtype, device_type, sm, cudnn_version)
 
 
 def predict_memory(
@@ -358,7 +360,8 @@ def predict_memory(
             "params_on_device": int(P),
             "attention": {
                 "backend": attn.backend,
-                "label": attn.label,
+                "label": attn.label if not cfg.head_dim_padded else f"{attn.label}, {cfg.attention_layout} layout",
+                "layout": cfg.attention_layout,
                 "head_dim": attn.head_dim,
                 "padded_head_dim": attn.padded_head_dim,
                 "stores_scores": attn.stores_scores,
@@ -459,6 +462,52 @@ def predicted_peak(plan: GPTPlan) -> int | None:
     return predict_plan(plan)["total_bytes"]
 
 
+# ----------------------------------------------------------------------------------------------
+# time: a roofline estimate that ranks plans on one machine (--micro-batch-auto picks the fastest)
+
+# Fitted to issue 35's H200 rows (GPT-2 1.6B, bf16, compile, global batch 16; `../shared/gpu/h200-2026-11-27`):
+# the 16 × 1 step took 412 ms, of which attention 131.6 ms (the micro-table's head_dim-50 row) and fused
+# AdamW 13 ms; the 8 × 2 step 445 ms. The rest, the 6N GEMMs with their glue, then runs at
+# GEMM_EFFICIENCY · T / (T + GEMM_HALF_TOKENS) of the peak for T tokens per micro-step (0.58 at 16K tokens).
+GEMM_EFFICIENCY = 0.65
+GEMM_HALF_TOKENS = 2000
+# Attention fwd + bwd, fraction of the peak by kernel (same micro-table, [16, 32, 1024, d] × 48 layers):
+# head widths that are not a multiple of 8 (flash pads each call) 131.6 ms → 0.12; contiguous heads a
+# multiple of 8 (cuDNN) 55.5 ms → 0.28. Not measured for other shapes or GPUs: an estimate there.
+ATTENTION_EFFICIENCY = {"aligned": 0.28, "unaligned": 0.12}
+# H100 SXM's dense bf16 peak and HBM bandwidth: the unit of the estimate (only ratios rank plans).
+PEAK_FLOPS = 989e12
+BANDWIDTH = 3.35e12
+# fp32 matmuls against that peak (H100 SXM data sheet): TF32 tensor cores 494.7, plain fp32 66.9 TFLOP/s
+FP32_FRACTION = {"tf32": 0.5, "fp32": 0.068}
+
+
+def predicted_step_seconds(plan: GPTPlan, peak_flops: float = PEAK_FLOPS, bandwidth: float = BANDWIDTH) -> float:
+    """Estimated seconds of one optimizer step of `plan` on one device (a roofline model, not a promise).
+
+    GEMMs (hardware FLOPs: recomputation and padded heads included) at an efficiency that grows with the
+    micro-step's tokens; attention at the efficiency of its layout; per micro-step beyond the first, the
+    weights' 16-bit recast (6 bytes a parameter, amp) and the gradient accumulation (8 bytes); AdamW's pass
+    over weights, gradients and m, v (28 bytes a parameter). Data-parallel ranks each run their slice."""
+    from trainlab.gpt.flops import attention_flops_per_token, hardware_flops_per_token
+
+    cfg, seq = plan.model, plan.seq
+    tokens = plan.per_rank_batch * seq / max(1, plan.degrees.tp * plan.degrees.pp)
+    micro_tokens = plan.micro_batch * seq
+    attn = attention_flops_per_token(cfg, seq) * cfg.n_head * cfg.head_width / cfg.n_embd
+    gemm = hardware_flops_per_token(cfg, seq, plan.checkpointing) - attn
+    gemm_eff = GEMM_EFFICIENCY * micro_tokens / (micro_tokens + GEMM_HALF_TOKENS)
+    aligned = plan.attention.head_dim % 8 == 0 and plan.attention.backend in ("cudnn", "flash", "efficient")
+    attn_eff = ATTENTION_EFFICIENCY["aligned" if aligned else "unaligned"]
+    n = count_params(cfg)
+    extra_steps = max(0, plan.micro_steps - 1) if not plan.pipeline else 0
+    per_micro = (6 if plan.amp else 0) + 8
+    if not plan.amp:
+        peak_flops *= FP32_FRACTION["fp32" if plan.tf32 == "off" else "tf32"]
+    seconds = tokens * (gemm / gemm_eff + attn / attn_eff) / peak_flops
+    return seconds + (extra_steps * per_micro * n + 28 * n) / bandwidth
+
+
 # strategy, micro-batch → the plan of that run on the planned machine (`PlanConfig.resolver`)
 Resolver = Callable[[str, int], GPTPlan]
 
@@ -516,6 +565,7 @@ def plan(
         first = first or p
         pred = predict_plan(p)
         pred["fits"] = pred["total_bytes"] <= budget
+        pred["predicted_step_ms"] = p.predicted_step_ms
         pred["max_micro_batch"] = largest_micro_batch(resolver, name, budget)
         rows.append(pred)
     return {
@@ -550,7 +600,7 @@ def format_plan(result: dict) -> str:
         f"memory {result['gpu_mem_bytes'] / GiB:.1f} GiB (usable {result['usable_bytes'] / GiB:.1f} GiB)  "
         f"micro-batch {result['micro_batch']}  seq {result['seq_len']}  sm{result.get('sm', 90)}",
         f"{'strategy':<22}{'params':>8}{'grads':>8}{'optim':>8}{'activ':>8}{'other':>8}{'PEAK GiB':>9}"
-        f"{'host':>8}  fits  max-micro-batch  attention (SDPA kernel)",
+        f"{'host':>8}  fits  max-micro-batch  step ms*  attention (SDPA kernel)",
     ]
     for r in result["strategies"]:
         if r.get("error"):
@@ -560,10 +610,14 @@ def format_plan(result: dict) -> str:
         lines.append(
             f"{r['strategy']:<22}{g(r['params_bytes'])} {g(r['grads_bytes'])}{g(r['optimizer_bytes'])} "
             f"{g(r['activations_bytes'])}{g(other)} {g(r['total_bytes'])}{g(r['host_bytes'])}  "
-            f"{'yes ' if r['fits'] else 'NO  '}  {r['max_micro_batch']:<15d}  {r['attention']['label']}"
+            f"{'yes ' if r['fits'] else 'NO  '}  {r['max_micro_batch']:<15d}  "
+            f"{r.get('predicted_step_ms') or 0:8.0f}  {r['attention']['label']}"
         )
     why = {r["attention"]["label"]: r["attention"]["why"] for r in result["strategies"] if not r.get("error")}
     lines += [f"  {label}: {reason}" for label, reason in why.items()]
+    lines.append(
+        "  * step ms: the planner's roofline estimate for this micro-batch on an H100 (planner.predicted_step_seconds)"
+    )
     return "\n".join(lines)
 
 
