@@ -502,7 +502,7 @@ def _procedure(lab: Lab) -> list[Block]:
         blocks.append(
             para(
                 f"{c.get('started_utc')}, budget {fmt.seconds(c.get('budget_s'))}, used {fmt.seconds(c.get('used_s'))}: ",
-                code(c.get("command", "")),
+                code(lab.command(c.get("command", ""))),
             )
         )
     table = [["step", "part", "status", "estimate", "measured", "measured / estimate", "limit", "sizes"]]

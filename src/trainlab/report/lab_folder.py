@@ -90,6 +90,9 @@ def relative_command(command: str, root_seen: str | None) -> str:
     (`root_seen`, the --out the lab was called with) and a step's staging folder (steps/.NAME.partial)
     made relative."""
     command = re.sub(r"\S*/steps/\.([\w-]+)\.partial", r"steps/\1", command)
+    command = re.sub(r"^\S*/python[\d.]*(?=\s)", "python", command)  # the machine's interpreter path
+    command = re.sub(r"^python -m trainlab(?=\s)", "trainlab", command)
+    command = command.replace("<checkout>/", "")
     if root_seen:
         command = re.sub(re.escape(root_seen.rstrip("/")) + r"/", "", command)
         command = re.sub(r"(?<=\s)" + re.escape(root_seen.rstrip("/")) + r"(?=\s|$)", ".", command)
