@@ -312,7 +312,8 @@ def _summarize(
             model={"name": cfg.model, "act": cfg.act, "params": s.params},
             resolved=plan.to_dict(),
         )
-        run.write_json("summary.json", stamp("lenet_train", summary, record))
+        # the file's plan is the record (its resolved LeNetPlan under "resolved"); the returned summary keeps its own
+        run.write_json("summary.json", stamp("lenet_train", {k: v for k, v in summary.items() if k != "plan"}, record))
     par.close()
     if tta:
         log(

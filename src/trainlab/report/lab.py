@@ -665,6 +665,9 @@ def _gpt_shape(bench: dict) -> str:
 def _gpt(lab: Lab) -> list[Block]:
     blocks = [Block("h4", HEADING["gpt"], anchor="gpt")]
     base, best = lab.bench("gpt_baseline"), lab.bench("gpt_best")
+    ablation = _ablation(lab)
+    if not (base or best or ablation):  # nothing measured: no prose about a model that did not run
+        return blocks + [Block("status", "No GPT-2 benchmark finished in this lab folder.")] + _details(lab, "gpt")
     blocks.append(
         para(
             f"GPT-2 ({_gpt_shape(best or base or {})}) "
@@ -680,7 +683,6 @@ def _gpt(lab: Lab) -> list[Block]:
             + ".",
         )
     )
-    ablation = _ablation(lab)
     if ablation is not None:
         blocks += ablation_blocks(ablation.data)
     else:

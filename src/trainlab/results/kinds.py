@@ -73,6 +73,11 @@ def stamp(kind: str, data: Any, plan: dict) -> dict:
     if kind not in KINDS:
         raise ValueError(f"unknown result kind {kind!r}: add it to trainlab.results.kinds.KINDS")
     body = data if isinstance(data, dict) else {"rows": data}
+    clash = {"kind", "schema", "plan"} & set(body)
+    if clash:  # the record's own keys: a writer's field of the same name would be silently replaced
+        raise ValueError(
+            f"result data holds the record's key(s) {sorted(clash)}: rename them, or pass them as the plan"
+        )
     return {"kind": kind, "schema": SCHEMA, "plan": plan, **body}
 
 
