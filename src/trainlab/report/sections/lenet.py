@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from trainlab.data.mnist import NOT_OFFICIAL
 from trainlab.errors import UserError
@@ -158,8 +159,11 @@ def run_section(run: TrainingRun, ctx: Ctx, curves: bool = True) -> list[Block]:
     blocks += _figures(run, ctx, curves)
     if run.epochs:
         blocks.append(Block("table", rows=epoch_table(run)))
-    raw = {k: v for k, v in s.items() if k not in ("confusion_matrix", "run_dir")}
-    blocks.append(Block("details", "raw values (summary.json)", body=json.dumps(raw, indent=1)))
+    raw = json.dumps({k: v for k, v in s.items() if k not in ("confusion_matrix", "run_dir")}, indent=1)
+    if ctx.root is not None:  # paths inside the lab folder (its data cache) as the folder's own, not the machine's
+        for root in {str(Path(ctx.root).resolve()), str(ctx.root)}:
+            raw = raw.replace(root + "/", "")
+    blocks.append(Block("details", "raw values (summary.json)", body=raw))
     return blocks
 
 
