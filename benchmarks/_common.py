@@ -11,7 +11,10 @@ import shlex
 import sys
 from pathlib import Path
 
+import torch
+
 from trainlab.io import set_force
+from trainlab.results.kinds import plan_record
 from trainlab.telemetry.results import write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -39,7 +42,16 @@ def check_output(out: str | Path, *stems: str, force: bool = False) -> Path:
     return out
 
 
-def save(name: str, rows, markdown: str, log_lines: list[str], device=None, out: str | Path = RESULTS) -> None:
+def save(
+    name: str,
+    rows,
+    markdown: str,
+    log_lines: list[str],
+    device=None,
+    out: str | Path = RESULTS,
+    kind: str = "benchmark",
+) -> None:
     """Write <out>/<name>.json (rows + env + command), .md (the table) and .log (raw log)."""
-    write_results(out, name, rows, markdown, log_lines, command_line(), device=device)
+    plan = plan_record(str(device) if device is not None else "cpu", threads=torch.get_num_threads())
+    write_results(out, name, rows, markdown, log_lines, command_line(), kind=kind, plan=plan, device=device)
     print(f"wrote {out}/{name}.{{json,md,log}}")

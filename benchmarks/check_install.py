@@ -36,6 +36,7 @@ except ImportError:  # Python 3.10
 
 from _common import command_line
 
+from trainlab.results.kinds import plan_record
 from trainlab.telemetry.results import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,6 +170,8 @@ def main() -> int:
         "# Install resolution (pip --dry-run)\n\n" + table + "\n\nRaw pip output: `<path>.log` beside this file.\n",
         [table],
         command_line(),
+        kind="benchmark",
+        plan=plan_record("cpu"),
     )
     print(f"wrote {out}/install_check.{{json,md,log}} and one pip log per path")
     return 0 if all(r["ok"] for r in runs) else 1

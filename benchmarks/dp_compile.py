@@ -172,7 +172,7 @@ def main() -> None:
         f"\nLoad average at the end: {load[0]:.1f} on {os.cpu_count()} cores (a shared machine: timings are noisy; "
         "compare rows of one run, not runs)."
     )
-    save("dp_compile", rows, "\n".join(md), lines, device=device, out=args.out)
+    save("dp_compile", rows, "\n".join(md), lines, device=device, out=args.out, kind="dp_compile")
 
 
 if __name__ == "__main__":

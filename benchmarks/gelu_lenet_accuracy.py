@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from _common import add_output_args, check_output
 
+from trainlab.results.kinds import plan_record
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
@@ -107,6 +108,8 @@ def main(argv=None) -> int:
         f"# LeNet-5 accuracy per GELU implementation\n\n```\n{header}\n\n{table}\n```",
         [header, "", table],
         command,
+        kind="benchmark",
+        plan=plan_record(str(args.device), model={"name": "lenet5"}, dataset={"name": "mnist"}),
         env=env_info,
     )
     return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1

@@ -1170,8 +1170,25 @@ CASES = [
     Case(
         "report-pdf-without-chromium",
         "report {run} -o {ws}/rep --pdf",
-        r"--pdf: no headless Chromium on PATH \(Debian/Ubuntu: apt-get install chromium\)",
+        r"--pdf: no headless Chromium on PATH \(Debian/Ubuntu: apt-get install chromium\); the HTML report and "
+        r"report.md are written",
         env={"PATH": "/nonexistent"},
+        creates=("rep", "rep/*"),  # the page and report.md stand; only the PDF is missing
+    ),
+    Case(
+        "report-student-id-too-long",
+        "report {run} -o {ws}/rep --student-id " + "9" * 201,
+        r"--student-id: expected printable text of 1 to 200 characters",
+    ),
+    Case(
+        "report-lab-results-is-a-link",
+        "report {ws}/lab -o {ws}/rep",
+        r"lab/results.json: a link; trainlab report reads only the lab folder's own files",
+        setup=lambda ws: (
+            (ws / "lab").mkdir(),
+            (ws / "elsewhere.json").write_text('{"version": 1, "steps": {}, "calls": []}'),
+            (ws / "lab" / "results.json").symlink_to(ws / "elsewhere.json"),
+        ),
     ),
     Case(
         "report-lab-results-not-a-lab",

@@ -36,7 +36,9 @@ def test_compare_writes_the_contract_rows_and_modes_agree(tmp_path, capsys):
         str(tmp_path / "cmp.md"),
     ]
     assert main(argv) == 0
-    rows = json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "dp_compare" and doc["plan"]["dataset"]["train"] == 512
+    rows = doc["rows"]
     assert [r["mode"] for r in rows] == ["none", "ddp", "ring"]
     assert [r["world_size"] for r in rows] == [1, 2, 2]
     for r in rows:
@@ -66,7 +68,7 @@ def test_compare_writes_the_contract_rows_and_modes_agree(tmp_path, capsys):
     assert ring["bound_comm_ms"] == pytest.approx(ring["grad_bytes"] / (ring["link_gbps"] * 1e9) * 1e3)
     assert ring["busbw_pct_of_link"] == pytest.approx(100 * ring["busbw_gbps"] / ring["link_gbps"])
     assert rows[1]["busbw_gbps"] > 0 and rows[0]["busbw_gbps"] is None
-    sweep = json.loads((tmp_path / "cmp.loaders.json").read_text())
+    sweep = json.loads((tmp_path / "cmp.loaders.json").read_text())["rows"]
     assert [(r["loader"], r["workers"]) for r in sweep] == [("device", None), ("dataloader", 0)]
     assert sweep[1]["test_loss"] == pytest.approx(sweep[0]["test_loss"], rel=1e-5)  # same batches via the DataLoader
     md = (tmp_path / "cmp.md").read_text()

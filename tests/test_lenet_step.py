@@ -113,8 +113,14 @@ def test_summary_records_the_resolved_plan(tmp_path):
     cfg.ops = "aten"  # the fused C++ stage would build its extension: not what this test is about
     summary = train(cfg, log=lambda *a: None)
     recorded = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert recorded["plan"] == resolve(cfg, CPU).to_dict() == summary["plan"]
-    assert "auto" not in recorded["plan"].values() and recorded["ops"] == recorded["plan"]["ops"]
+    resolved = recorded["plan"]["resolved"]  # the result record's plan holds the LeNetPlan as it ran
+    assert resolved == resolve(cfg, CPU).to_dict() == summary["plan"]
+    assert "auto" not in resolved.values() and recorded["ops"] == resolved["ops"]
+    assert recorded["kind"] == "lenet_train" and recorded["plan"]["dataset"] == {
+        "name": "mnist",
+        "train": 96 * 2,
+        "test": 100,
+    }
     assert recorded["step_mode"] == "eager" and recorded["steps"] == 2 and recorded["batch_size"] == 96
     # data loading, preparation and evaluation are reported apart from the timed training
     assert all(recorded[k] >= 0 for k in ("data_seconds", "warmup_seconds", "eval_seconds", "train_seconds"))

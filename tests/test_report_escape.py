@@ -148,11 +148,11 @@ def _result_files(folder: Path) -> dict[str, Path]:
 
 
 def test_every_field_of_every_input_kind_is_escaped(hostile_run, tmp_path):
-    from trainlab.report.inputs import classify
+    from trainlab.report.inputs import identify
 
     files = _result_files(tmp_path)
     for kind, p in files.items():
-        assert classify(json.loads(p.read_text())) == kind, kind  # each file is read as the kind it stands for
+        assert identify(p, json.loads(p.read_text())).kind == kind, kind  # each file is read as the kind it stands for
     out = tmp_path / "report"
     assert main(["report", str(hostile_run), *map(str, files.values()), "-o", str(out), "--title", HOSTILE]) == 0
     page = (out / "index.html").read_text()

@@ -30,6 +30,7 @@ from trainlab.gpt.compare import _row_line, run_one
 from trainlab.gpt.config import GPTBenchConfig
 from trainlab.gpt.model import get_preset
 from trainlab.gpt.plan import Machine, fp8_problem
+from trainlab.gpt.record import gpt_plan_record
 from trainlab.gpt.strategy import parse_strategy
 from trainlab.io import read_json, refuse_foreign
 from trainlab.telemetry.env import collect_env, format_header
@@ -285,6 +286,19 @@ def run_ablation(ac: AblationConfig, log=print, command: str = "trainlab gpt abl
     log(header)
     lines = header.splitlines()
     seq = ac.bench.seq or get_preset(ac.bench.model).n_positions
+    plan = gpt_plan_record(
+        ac.bench.model,
+        "cuda" if env["cuda_available"] and ac.bench.device != "cpu" else "cpu",
+        precision="per row",
+        seq=seq,
+        device_name=", ".join(env["gpus"]) or env["cpu"],
+        tokens={
+            "global_batch": ac.bench.global_batch,
+            "steps": ac.bench.steps,
+            "total": ac.bench.global_batch * seq * ac.bench.steps,
+        },
+        resolved=ac.bench.to_dict(),
+    )
     machine, done = Machine.detect(), _finished(ac.out)
     result = {
         "model": ac.bench.model,
@@ -311,7 +325,9 @@ def run_ablation(ac: AblationConfig, log=print, command: str = "trainlab gpt abl
         result["rows"].append(out)
         lines.append(_row_line({**out, "label": f"[{out['group']}] {out['label']}"}, "label"))
         log(lines[-1])
-        write_results(ac.out, "ablation", result, to_markdown(result), lines, command, env=env)
+        write_results(
+            ac.out, "ablation", result, to_markdown(result), lines, command, kind="gpt_ablation", plan=plan, env=env
+        )
     log("\n" + to_markdown(result))
     log(f"wrote {ac.out}/ablation.json, ablation.md, ablation.log")
     return result

@@ -49,6 +49,7 @@ from trainlab.gpt.flops import flops_per_token, handout_param_count, handout_tfl
 from trainlab.gpt.model import count_params
 from trainlab.gpt.plan import GPTPlan
 from trainlab.gpt.planner import measure_step_peak_bytes, memory_shortfall, out_of_memory_line
+from trainlab.gpt.record import stamp_bench
 from trainlab.io import write_json_output
 from trainlab.stats import format_spread, summarize
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
@@ -114,7 +115,7 @@ def run_bench(plan: GPTPlan, log=print) -> dict | None:
         if not main:
             finished = True
             return None
-        summary = _summary(plan, engine, info, rec, all_mem, build_s, tf32, config, env)
+        summary = stamp_bench(_summary(plan, engine, info, rec, all_mem, build_s, tf32, config, env), plan)
         _say_summary(summary, all_mem, say)
         if plan.json:
             write_json_output(plan.json, summary)

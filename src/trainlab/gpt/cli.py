@@ -25,7 +25,17 @@ def _plan(args: argparse.Namespace) -> int:
         pc.resolver(), pc.gpus, parse_bytes(pc.gpu_mem), pc.micro_batch, pc.strategy_list, model_name=pc.model
     )
     if pc.json:
-        write_json_output(pc.json, result)
+        from trainlab.gpt.record import gpt_plan_record
+        from trainlab.results.kinds import stamp
+
+        plan_rec = gpt_plan_record(
+            pc.model,
+            "cuda",
+            precision="per strategy",
+            device_name=f"{pc.gpus} GPU(s) of {pc.gpu_mem} (a prediction: nothing ran)",
+            resolved=pc.to_dict(),
+        )
+        write_json_output(pc.json, stamp("gpt_plan", result, plan_rec))
     if pc.json != "-":
         print(format_plan(result))
     return 0

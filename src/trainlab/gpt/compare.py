@@ -30,6 +30,7 @@ from trainlab.gpt.model import get_preset
 from trainlab.gpt.parallel.nvme import NotInstalled
 from trainlab.gpt.plan import GPTPlan, Machine
 from trainlab.gpt.planner import memory_shortfall
+from trainlab.gpt.record import gpt_plan_record
 from trainlab.gpt.strategy import Degrees, mesh_rows, parse_strategy, resolve_degrees
 from trainlab.io import atomic_write_text, read_json, record_written, refuse_foreign
 from trainlab.telemetry.env import collect_env, format_header
@@ -164,6 +165,16 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
             header_md(cc) + to_markdown(rows),
             lines + ["", to_markdown(rows)],
             command,
+            kind="gpt_compare",
+            plan=gpt_plan_record(
+                cc.bench.model,
+                "cuda" if env["cuda_available"] and cc.bench.device != "cpu" else "cpu",
+                precision="per strategy",
+                seq=cc.bench.seq,
+                device_name=", ".join(env["gpus"]) or env["cpu"],
+                tokens={"global_batch": cc.bench.global_batch, "steps": cc.bench.steps},
+                resolved=cc.bench.to_dict(),
+            ),
             env=env,
         )
         atomic_write_text(os.path.join(cc.out, "compare.csv"), to_csv(rows))

@@ -32,6 +32,7 @@ from trainlab.io import atomic_write_json, atomic_write_text, read_json
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launch
 from trainlab.lenet.loop import train
+from trainlab.results.kinds import plan_record, stamp
 from trainlab.telemetry.results import DP_COMPARE_COLUMNS
 from trainlab.telemetry.rundir import RunDir
 
@@ -405,13 +406,27 @@ def run_compare(cc: CompareConfig, log=print) -> str:
     return report
 
 
+def _plan_record(cc: CompareConfig) -> dict:
+    """What every mode ran (the rows add their own world size and loader); a subset left None is the
+    whole set, whose size the rows' runs recorded, not this file."""
+    device = "cuda" if cc.device != "cpu" and torch.cuda.is_available() else "cpu"
+    return plan_record(
+        device,
+        threads=cc.threads,
+        dataset={"name": "mnist", "train": cc.train_subset, "test": cc.test_subset},
+        model={"name": "lenet5"},
+        resolved=cc.to_dict(),
+    )
+
+
 def _write(cc: CompareConfig, rows: list[dict], loader_rows: list[dict]) -> str:
     report = format_report(rows, loader_rows)
     if cc.json:
-        atomic_write_json(cc.json, rows)  # the contract: a list of rows, one per mode
+        plan = _plan_record(cc)
+        atomic_write_json(cc.json, stamp("dp_compare", rows, plan))  # {kind, schema, plan, rows: one per mode}
         if loader_rows:
             sweep = cc.json[:-5] if cc.json.endswith(".json") else cc.json
-            atomic_write_json(sweep + ".loaders.json", loader_rows)
+            atomic_write_json(sweep + ".loaders.json", stamp("dp_loaders", loader_rows, plan))
     if cc.md:
         atomic_write_text(cc.md, report)
     return report

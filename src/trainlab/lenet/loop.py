@@ -39,6 +39,7 @@ from trainlab.lenet.setup import build_model, build_optimizer, build_scheduler
 from trainlab.lenet.shard_weights import setup_shards
 from trainlab.lenet.step import Step, make_step
 from trainlab.lenet.tta import evaluate_tta
+from trainlab.results.kinds import plan_record, stamp
 from trainlab.signals import StopOnSignal
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header
 from trainlab.telemetry.figures import misclassified_figure
@@ -301,7 +302,18 @@ def _summarize(
         "run_dir": str(run.path),
     }
     if par.is_main:
-        run.write_json("summary.json", summary)
+        n_test = len(_test_arrays(s.data, cfg)[1])
+        record = plan_record(
+            str(s.device),
+            device_name=summary["device_name"],
+            precision=summary["amp"] if summary["amp"] != "off" else ("tf32" if plan.tf32 else "fp32"),
+            threads=torch.get_num_threads() if s.device.type == "cpu" else None,
+            dataset={"name": cfg.dataset, "train": s.n_train, "test": n_test},
+            model={"name": cfg.model, "act": cfg.act, "params": s.params},
+            resolved=plan.to_dict(),
+        )
+        # the file's plan is the record (its resolved LeNetPlan under "resolved"); the returned summary keeps its own
+        run.write_json("summary.json", stamp("lenet_train", {k: v for k, v in summary.items() if k != "plan"}, record))
     par.close()
     if tta:
         log(

@@ -59,6 +59,7 @@ from trainlab.lenet.plan import resolve
 from trainlab.lenet.setup import build_model, build_optimizer
 from trainlab.lenet.step import make_step
 from trainlab.ops.conv_relu_pool2d import ConvReluPool2d
+from trainlab.results.kinds import plan_record
 from trainlab.stats import summarize, time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
@@ -520,6 +521,14 @@ def run_profile(cfg: ProfileConfig, command: str = "trainlab profile", log=print
             f"# LeNet-5 per-layer profile\n\n```\n{table}\n```",
             [header, "", table],
             command,
+            kind="lenet_profile",
+            plan=plan_record(
+                str(device),
+                device_name=env["gpus"][0] if device.type == "cuda" and env["gpus"] else env["cpu"],
+                threads=torch.get_num_threads(),
+                model={"name": "lenet5"},
+                resolved=cfg.to_dict(),
+            ),
             env=env,
         )
     return {**payload, "table": table, "run_dir": str(run.path)}

@@ -36,6 +36,7 @@ from trainlab.errors import ConfigError, UserError
 from trainlab.ops import registry
 from trainlab.ops.gelu import APPROXIMATIONS, gelu
 from trainlab.ops.ladder import DTYPES, Layer, canonical_impls
+from trainlab.results.kinds import plan_record
 from trainlab.stats import time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
@@ -439,4 +440,13 @@ def write_bench_results(out_dir, result: dict, table: str, command: str, stem: s
         config["batches"] = ",".join(map(str, result["batches"]))
         title = "LeNet-5 layer benchmark"
     text = f"{format_header(config, env)}\n\n{table}"
-    return write_results(out_dir, stem, result, f"# {title}\n\n```\n{text}\n```", [text], command, env=env)
+    plan = plan_record(
+        str(result["device"]),
+        device_name=env["gpus"][0] if str(result["device"]).startswith("cuda") and env["gpus"] else env["cpu"],
+        precision=result.get("dtype"),
+        threads=result["torch_threads"],
+        resolved=config,
+    )
+    return write_results(
+        out_dir, stem, result, f"# {title}\n\n```\n{text}\n```", [text], command, kind=stem, plan=plan, env=env
+    )

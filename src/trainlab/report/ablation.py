@@ -95,10 +95,38 @@ def _peak_line(peak, source) -> str:
     return f"MFU = TFLOP/s (6N + attention) ÷ {fmt.number(float(peak))} TFLOP/s per device ({source or 'source not recorded'})."
 
 
+# TF32 is a mode of NVIDIA tensor cores: on a CPU the "+ TF32" row times the baseline again
+NO_TF32 = "does not apply on a CPU (TF32 is a mode of NVIDIA GPUs' tensor cores); not reported"
+
+
+def _on_cpu(data: dict) -> bool:
+    plan, config = data.get("plan") or {}, data.get("config") or {}
+    return plan.get("device") == "cpu" or config.get("device") == "cpu"
+
+
+def _applicable(data: dict) -> list[dict]:
+    """The rows, with a TF32-only row on a CPU marked as not applying instead of timed."""
+    rows = [r for r in data.get("rows", []) if isinstance(r, dict)]
+    if not _on_cpu(data):
+        return rows
+    return [{**r, "status": NO_TF32} if r.get("changes") == ["tf32"] else r for r in rows]
+
+
+def overall_speedup(data: dict) -> tuple[str, float] | None:
+    """(label, speed-up) of the last cumulative row over the baseline row: the number the ablation's own
+    table shows for it, so a page quoting it states one figure for one quantity."""
+    rows = [r for r in _applicable(data) if r.get("status", "ok") == "ok" and fmt.is_number(r.get("tokens_per_s"))]
+    base = next((r for r in rows if r.get("group") == "baseline"), None)
+    last = [r for r in rows if r.get("group") == "cumulative"]
+    if base is None or not last or base["tokens_per_s"] <= 0:
+        return None
+    return str(last[-1].get("label")), last[-1]["tokens_per_s"] / base["tokens_per_s"]
+
+
 def ablation_blocks(data: dict) -> list:
     """The ablation file's table, its token rule and the peak its MFU is over."""
 
-    rows = [r for r in data.get("rows", []) if isinstance(r, dict)]
+    rows = _applicable(data)
     total = data.get("total_tokens")
     where = ", ".join(str(data[k]) for k in ("model", "device_name") if data.get(k))
     blocks = [
@@ -110,7 +138,11 @@ def ablation_blocks(data: dict) -> list:
     ]
     off = [str(r.get("label")) for r in rows if r.get("status", "ok") == "ok" and r.get("tokens") != total]
     if off:
-        blocks.append(Block("note", f"Not on the same total tokens ({fmt.count(total)}): {', '.join(off)}."))
+        blocks.append(
+            Block("note", f"Not on the same total tokens ({fmt.count(total)}), the handout's rule: {', '.join(off)}.")
+        )
+    elif total is not None:
+        blocks.append(para(f"Checked: every timed row trained {fmt.count(total)} tokens."))
     return blocks
 
 

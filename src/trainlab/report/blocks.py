@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Block:
-    kind: str  # h1..h4 | p | table | img | pre | note | status | details | toc | fold | row
+    kind: str  # h1..h4 | p | table | img | pre | note | status | details | toc | fold | row | student
     text: str = ""
     rows: list[list[str]] | None = None  # table: first row is the header
     src: str = ""  # img: path relative to the report directory
@@ -39,3 +39,9 @@ def fold(summary: str, children: list[Block]) -> Block:
     """Blocks folded away under a one-line summary (<details>): detail tables stay on the page
     without making it long."""
     return Block("fold", summary, children=children)
+
+
+def student(title: str, ask: str = "") -> Block:
+    """A marked place for the student's own text (a procedure account, a discussion, an answer to one of
+    the handout's 思考 questions): shown empty, never filled by trainlab."""
+    return Block("student", title, body=ask)

@@ -19,14 +19,13 @@ OUTPUTS = ("index.html", "report.md", "report.pdf")
 def run_report(args) -> int:
     check_value(args.out, output_dir, "-o/--out")
     refuse_foreign([Path(args.out) / name for name in OUTPUTS], "-o/--out")
-    if args.pdf:
-        from trainlab.report.pdf import chromium, no_chromium
-
-        if chromium() is None:  # before any work: one line, nothing written
-            raise no_chromium("run without --pdf for the HTML report alone")
+    student = {k: v for k, v in (("name", args.name), ("student_id", args.student_id)) if v}
+    for flag, value in (("--name", args.name), ("--student-id", args.student_id)):
+        if value is not None and (not value.strip() or len(value) > 200 or not value.isprintable()):
+            raise UserError(f"{flag}: expected printable text of 1 to 200 characters")
     lab = load_lab(Path(args.inputs[0])) if len(args.inputs) == 1 and Path(args.inputs[0]).is_dir() else None
     if lab is not None:
-        index = build_lab_report(Path(args.inputs[0]), lab, Path(args.out))
+        index = build_lab_report(Path(args.inputs[0]), lab, Path(args.out), student)
         print(f"report: {index} (the lab in {args.inputs[0]}: {len(lab['steps'])} step records)")
     else:
         if any((Path(p) / "results.json").is_file() for p in args.inputs if Path(p).is_dir()) and len(args.inputs) > 1:
@@ -42,8 +41,10 @@ def run_report(args) -> int:
             f"{len(result['images'])} figures)"
         )
     if args.pdf:
-        from trainlab.report.pdf import write_pdf
+        from trainlab.report.pdf import chromium, no_chromium, write_pdf
 
+        if chromium() is None:  # the HTML and Markdown stand; one line says what would print them
+            raise no_chromium(f"the HTML report and report.md are written: {index}")
         print(f"report: {write_pdf(index)} (printed by headless Chromium)")
     return 0
 
@@ -59,6 +60,14 @@ def add_parser(subparsers) -> None:
         "`trainlab lab` folder (with results.json), whose report is rebuilt from its files",
     )
     p.add_argument("-o", "--out", required=True, help="output directory (index.html, report.md, PNGs, report.pdf)")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="the student's name, on the lab report's first screen (or student.json in the lab folder)",
+    )
+    p.add_argument(
+        "--student-id", default=None, help="the student's ID, on the lab report's first screen (or student.json)"
+    )
     p.add_argument("--title", default="trainlab report", help="the page's title (run directories and result files)")
     p.add_argument(
         "--pdf",

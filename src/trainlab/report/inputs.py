@@ -1,7 +1,8 @@
-"""Recognize what each report input is: a training run directory or one of trainlab's result JSONs.
+"""Read the report's inputs: training run directories and trainlab's result JSONs.
 
-Each kind is recognized by the keys its producer guarantees (the issues' contracts), so the report
-does not break when a producer adds fields. The values the report reads are type-checked on the way
+A result names its kind (`results.kinds`: every file trainlab writes carries `kind`, `schema` and the
+`plan` it ran); a file written before that is recognised by the one fallback, `report.legacy`, and
+its section says what it lacks. The values the report reads are type-checked on the way
 in: a hand-edited or damaged file is one line naming the file and the key (or line), never a
 traceback from a plot. An input named on the command line that cannot be used is an error; a run
 found by scanning a folder (`trainlab report runs/`) that cannot be used is skipped with a note, so
@@ -19,6 +20,8 @@ from typing import Any
 
 from trainlab.errors import UserError
 from trainlab.io import check_input, read_capped, read_json, read_jsonl
+from trainlab.report.legacy import lacks, legacy_kind, rows_of
+from trainlab.results.kinds import SCHEMA, kind_of
 from trainlab.schema import MAX_JSON_BYTES, STR, DictOf, ListOf, Obj, Opt, Spec, _is_number, check
 from trainlab.telemetry.rundir import GPU_RANK_FILE
 
@@ -36,22 +39,45 @@ class TrainingRun:
     def name(self) -> str:
         return self.path.name
 
+    @property
+    def plan(self) -> dict | None:
+        """The plan record (`results.kinds.plan_record`) the run's summary carries; None before it did."""
+        plan = self.summary.get("plan") if self.summary.get("kind") == "lenet_train" else None
+        return plan if isinstance(plan, dict) else None
+
+    @property
+    def lacks(self) -> str | None:
+        return None if self.plan is not None else lacks(f"{self.name}/summary.json")
+
 
 @dataclass
 class ResultFile:
     path: Path
-    kind: str  # gelu_check | gelu_bench | dp_compare | dp_compile | gpt_bench | gpt_plan | gpt_compare | gpt_ablation | lenet_profile | ops_check | ops_bench
+    kind: str  # a key of results.kinds.KINDS
     data: Any
+    lacks: str | None = None  # a file from before the record: what it lacks (report.legacy)
 
     @property
     def rows(self) -> list[dict]:
-        d = self.data
-        if isinstance(d, list):
-            return d
-        for key in ("rows", "strategies"):
-            if isinstance(d, dict) and isinstance(d.get(key), list):
-                return d[key]
-        return [d] if isinstance(d, dict) else []
+        return rows_of(self.data)
+
+    @property
+    def plan(self) -> dict | None:
+        plan = self.data.get("plan") if isinstance(self.data, dict) else None
+        return plan if isinstance(plan, dict) else None
+
+
+def identify(path: Path, data: Any) -> ResultFile | None:
+    """The result a JSON is: by the kind it names, else by the legacy fallback; None: not a result."""
+    kind = kind_of(data)
+    if kind is not None:
+        if isinstance(data.get("schema"), int) and data["schema"] > SCHEMA:
+            raise UserError(f"{path}: schema {data['schema']} is newer than this trainlab reads ({SCHEMA}): upgrade it")
+        return ResultFile(path, kind, data)
+    kind = legacy_kind(data)
+    if kind == "dp_compare" and path.name.endswith(".loaders.json"):
+        kind = "dp_loaders"  # the sweep's file was told apart by its name only
+    return None if kind in (None, "lenet_train") else ResultFile(path, kind, data, lacks(path.name))
 
 
 # The values of a training run that the report reads (`trainlab.schema`): types, and bounds a real run
@@ -136,22 +162,23 @@ def _read_gpu_csv(path: Path) -> list[dict]:
     return rows
 
 
-def load_run(path: Path, summary: dict | None = None) -> TrainingRun:
+def load_run(path: Path, summary: dict | None = None, inside=lambda p: True) -> TrainingRun:
+    """A run directory's files; `inside(path)`: whether the report may follow a path (the lab's rule)."""
     summary = read_json(path / "summary.json") if summary is None else summary
     if not isinstance(summary, dict) or "test_accuracy" not in summary:
         raise UserError(f"{path / 'summary.json'}: not a trainlab training summary (no test_accuracy)")
     run = TrainingRun(path=path, summary=check(summary, SUMMARY, str(path / "summary.json")))
-    if (path / "config.json").exists():
+    if (path / "config.json").exists() and inside(path / "config.json"):
         run.config = read_json(path / "config.json", DictOf())
-    if (path / "env.json").exists():
+    if (path / "env.json").exists() and inside(path / "env.json"):
         run.env = read_json(path / "env.json", ENV)
-    if (path / "metrics.jsonl").exists():
+    if (path / "metrics.jsonl").exists() and inside(path / "metrics.jsonl"):
         run.epochs = _read_jsonl(path / "metrics.jsonl")
     # gpu.csv: runs before per-rank records; gpu.rank<N>.csv: one per rank, tagged with the rank
-    if (path / "gpu.csv").exists():
+    if (path / "gpu.csv").exists() and inside(path / "gpu.csv"):
         run.gpu = _read_gpu_csv(path / "gpu.csv")
     for f in sorted(path.glob("gpu.rank*.csv"), key=lambda f: (len(f.name), f.name)):
-        if GPU_RANK_FILE.fullmatch(f.name):
+        if GPU_RANK_FILE.fullmatch(f.name) and inside(f):
             rank = int(f.name[len("gpu.rank") : -len(".csv")])
             run.gpu += [{**row, "rank": rank} for row in _read_gpu_csv(f)]
     return run
@@ -160,42 +187,13 @@ def load_run(path: Path, summary: dict | None = None) -> TrainingRun:
 def _load_run_dir(path: Path, runs: list, results: list) -> None:
     """A training run, or another command's run directory whose summary is a result we render."""
     summary = read_json(path / "summary.json")
-    if isinstance(summary, dict) and "test_accuracy" in summary:
+    if isinstance(summary, dict) and (kind_of(summary) == "lenet_train" or legacy_kind(summary) == "lenet_train"):
         runs.append(load_run(path, summary))
         return
-    kind = classify(summary)
-    if kind is None:
+    res = identify(path / "summary.json", summary)
+    if res is None:
         raise UserError(f"{path / 'summary.json'}: neither a training summary (no test_accuracy) nor a trainlab result")
-    results.append(ResultFile(path / "summary.json", kind, summary))
-
-
-def classify(data: Any) -> str | None:
-    """The kind of a result JSON, from the keys its producer guarantees."""
-    if isinstance(data, dict) and {"strategy", "tokens_per_s", "world_size"} <= set(data):
-        return "gpt_bench"
-    if isinstance(data, dict) and "params" in data and isinstance(data.get("strategies"), list):
-        return "gpt_plan"
-    if isinstance(data, dict) and "total_tokens" in data and isinstance(data.get("rows"), list):
-        return "gpt_ablation"  # schema: trainlab.report.ablation
-    rows = ResultFile(Path(), "", data).rows
-    first = rows[0] if rows and isinstance(rows[0], dict) else {}
-    if {"variant", "layer", "fwd_ms_median"} <= set(first):
-        return "lenet_profile"
-    if {"op", "case", "impl", "worst_ratio_to_tol"} <= set(first):  # every operator's rows (GELU's too)
-        return "gelu_check" if all(isinstance(r, dict) and r.get("op") == "gelu" for r in rows) else "ops_check"
-    if {"layer", "impl", "fwd_median_s"} <= set(first):
-        return "ops_bench"
-    if {"impl", "fwd_max_abs_err"} <= set(first):
-        return "gelu_check"
-    if {"impl", "size", "median_s"} <= set(first):
-        return "gelu_bench"
-    if {"variant", "unsynced_ms_per_step", "synced_ms_per_step"} <= set(first):
-        return "dp_compile"
-    if {"mode", "world_size", "epoch_seconds"} <= set(first):
-        return "dp_compare"
-    if {"strategy", "status"} <= set(first):
-        return "gpt_compare"
-    return None
+    results.append(res)
 
 
 def load_inputs(paths: list[str]) -> tuple[list[TrainingRun], list[ResultFile], list[str]]:
@@ -215,12 +213,11 @@ def load_inputs(paths: list[str]) -> tuple[list[TrainingRun], list[ResultFile], 
             if not children:
                 notes.append(f"{p}: no summary.json (unfinished run?) — skipped")
         elif p.is_file():
-            data = read_json(p)
-            kind = classify(data)
-            if kind is None:
+            res = identify(p, read_json(p))
+            if res is None:
                 notes.append(f"{p}: not a trainlab result file — skipped")
             else:
-                results.append(ResultFile(p, kind, data))
+                results.append(res)
         else:
             check_input(p)  # a FIFO or device: refused by name, never opened
             raise UserError(f"{p}: no such file or directory")

@@ -11,8 +11,9 @@ One section per deliverable of §6, in its order, each with a few lines of proce
    the speed-up broken down (`report.ablation`: the ablation file's schema is documented there; the
    lab's own GPT benchmarks when the lab folder has none);
 4. no pretrained networks;
-5. code we drew on and where F.gelu lives in PyTorch's source;
-then what the lab does beyond the handout (our own operators, data parallel) and the references.
+5. code trainlab draws on and where F.gelu lives in PyTorch's source;
+then what the lab does beyond the handout (trainlab's own operators, data parallel), the student's
+marked places (procedure, discussion, the handout's 思考 questions: never generated) and the references.
 
 Every step's whole output — the tables and figures `trainlab report` makes of it — folds away under
 its title (<details>), so the page stays short (≤ 8 screens of 1200×800 px for the H100 lab); a
@@ -27,22 +28,15 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from trainlab.io import atomic_write_text, contained
+from trainlab import __version__
+from trainlab.io import atomic_write_text
 from trainlab.report import format as fmt
 from trainlab.report import plots
-from trainlab.report.ablation import ablation_blocks, bench_rows
-from trainlab.report.blocks import Block, code, fold, link, para
-from trainlab.report.build import (
-    GELU_RECIPE_NOTE,
-    busy_snapshot,
-    result_section,
-    run_section,
-    table_from_rows,
-    to_html,
-    to_markdown,
-)
+from trainlab.report.ablation import ablation_blocks, bench_rows, overall_speedup
+from trainlab.report.blocks import Block, code, fold, link, para, student
+from trainlab.report.build import to_html, to_markdown
 from trainlab.report.inputs import ResultFile
-from trainlab.report.lab_folder import Lab, log_tail, status_line
+from trainlab.report.lab_folder import Lab, inside, load_student, log_tail, status_line
 from trainlab.report.lab_text import (
     GELU_FORMULAS,
     GELU_SOURCE,
@@ -51,20 +45,16 @@ from trainlab.report.lab_text import (
     STANDARD_LENET5,
     STRATEGY_WORDS,
 )
+from trainlab.report.sections import result_section
+from trainlab.report.sections.common import Ctx, dataset_words, model_words
+from trainlab.report.sections.lenet import busy_snapshot, run_section
+from trainlab.report.sections.ops import GELU_RECIPE_NOTE
+from trainlab.report.sections.ops import bench_rows as gelu_bench_rows
+from trainlab.report.sections.table import scalar_table
 
 HANDOUT_PASS_BAR = (
     98.0  # the handout's pass bar for LeNet-5 test accuracy (§4.1.5; not the 99 % time-to-accuracy target, lenet.loop)
 )
-
-
-def _scalar_table(rows: list[dict], preferred: list[str] | None = None) -> list[list[str]]:
-    """A table of the rows' scalar columns (nested dicts and lists stay in the raw file)."""
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k, v in r.items() if k not in keys and (v is None or isinstance(v, (str, int, float, bool)))]
-    if preferred:
-        keys = [k for k in preferred if k in keys] or keys
-    return table_from_rows(rows, keys)
 
 
 def _demote(blocks: list[Block], by: int = 1) -> list[Block]:
@@ -85,27 +75,30 @@ def _step_detail(lab: Lab, step: dict) -> list[Block]:
     line = status_line(name, rec, lab.root)
     if line:
         return [para(f"{title}: "), Block("status", line)]
-    if not contained(lab.root, lab.root / "steps" / name):
-        return [para(f"{title}: "), Block("status", f"{name}: steps/{name} is a link out of the lab folder; not read")]
+    if not inside(lab.root, lab.root / "steps" / name):
+        return [
+            para(f"{title}: "),
+            Block("status", f"{name}: not inside the lab folder's steps/ (a link or '..'); not read"),
+        ]
     index = lab.index(name)
     body = [
         para(
-            f"Measured in {fmt.seconds(rec.get('seconds'))} (estimate {fmt.seconds(rec.get('estimate_s'))}); command: ",
-            code(rec.get("command", "")),
+            f"Measured in {fmt.seconds(rec.get('seconds'))} (estimate {fmt.seconds(rec.get('estimate_s'))}); "
+            "command, run in the lab folder: ",
+            code(lab.command(rec.get("command", ""))),
         )
     ]
     runs, known, other = lab.outputs(name)
     for i, run in enumerate(runs):
-        body += _demote(
-            run_section(run, lab.out, index * 10 + i, reuse_figures=True, curves=name != "lenet_train"), by=3
-        )
+        ctx = Ctx(lab.out, index * 10 + i, reuse=True, root=lab.root)
+        body += _demote(run_section(run, ctx, curves=name != "lenet_train"), by=3)
     for i, res in enumerate(known):
-        body += _demote(result_section(res, lab.out, index * 10 + i, reuse_figures=True), by=3)
+        body += _demote(result_section(res, Ctx(lab.out, index * 10 + i, reuse=True, root=lab.root)), by=3)
     for path, data in other:
         rows = [r for r in (data["rows"] if isinstance(data, dict) else data) if isinstance(r, dict)]
         if rows:
             body.append(para("From ", code(path.relative_to(lab.root)), ":"))
-            body.append(Block("table", rows=_scalar_table(rows)))
+            body.append(Block("table", rows=scalar_table(rows)))
     if not (runs or known or other):
         body.append(Block("pre", "\n".join(log_tail(lab.root / "steps" / name / "log.txt", lab.root)[-15:])))
     return [fold(f"{title} — {name}, {fmt.seconds(rec.get('seconds'))}: everything it measured", body)]
@@ -157,9 +150,18 @@ def _front(lab: Lab) -> list[Block]:
     hw, state = lab.state.get("hardware") or {}, lab.state
     data = state.get("data") or {}  # the lab's --mnist, where it is not the official MNIST (run.py)
     ran = [r for r in lab.recs.values() if r.get("status") == "ok"]
+    who = lab.student
     blocks = [
         Block(
             "h1", f"Lab 5: LeNet-5, a GELU operator and GPT-2 — trainlab lab on {hw.get('name', 'an unknown device')}"
+        ),
+        para(
+            f"Student: {who.get('name') or '(name: --name, or student.json in the lab folder)'}; student ID: "
+            f"{who.get('student_id') or '(--student-id, or student.json)'}."
+        ),
+        para(
+            f"Generated by trainlab {__version__} from this lab folder's records: the measurements, tables and "
+            "figures are trainlab's; the places marked ✎ are the student's own, and trainlab never fills them."
         ),
         para(
             f"Hardware: {hw.get('name')} ({hw.get('kind')}, {hw.get('gpus')} GPU(s), {hw.get('cpus')} CPU cores); size "
@@ -181,6 +183,7 @@ def _front(lab: Lab) -> list[Block]:
                     "pretrained",
                     "sources",
                     "extra",
+                    "yours",
                     "references",
                 )
             ],
@@ -222,19 +225,45 @@ def _at_a_glance(lab: Lab) -> list[list[str]]:
             "",
         ]
     )
-    base, best = lab.bench("gpt_baseline"), lab.bench("gpt_best")
-    gpt = (
-        f"ours {best['tokens_per_s'] / base['tokens_per_s']:.2f}× the handout's baseline in tokens/s ({best.get('strategy')})"
-        if base
-        and best
-        and fmt.is_number(base.get("tokens_per_s"))
-        and fmt.is_number(best.get("tokens_per_s"))
-        and base["tokens_per_s"] > 0
-        else "not measured"
-    )
-    rows.append([HEADING["gpt"], gpt, steps_ok("gpt")])
+    rows.append([HEADING["gpt"], gpt_speedup_line(lab), steps_ok("gpt")])
     rows.append([HEADING["extra"], "", f"ops {steps_ok('ops')}; dp {steps_ok('dp')}"])
     return rows
+
+
+def _ablation(lab: Lab) -> ResultFile | None:
+    return next((r for s in lab.steps("gpt") for r in lab.outputs(s["name"])[1] if r.kind == "gpt_ablation"), None)
+
+
+def gpt_speedup_line(lab: Lab) -> str:
+    """The one speed-up the page states: the ablation's (the same number as its table's speed-up column)
+    when the folder has one, else the fastest benchmark's over the baseline's — never both."""
+    ablation = _ablation(lab)
+    if ablation is not None:
+        found = overall_speedup(ablation.data)
+        return (
+            f"{found[1]:.2f}× the handout's baseline in tokens/s ({found[0]}; the ablation)"
+            if found
+            else "not measured"
+        )
+    base, best = lab.bench("gpt_baseline"), lab.bench("gpt_best")
+    if base and best and fmt.is_number(base.get("tokens_per_s")) and fmt.is_number(best.get("tokens_per_s")):
+        if base["tokens_per_s"] > 0:
+            return (
+                f"{best['tokens_per_s'] / base['tokens_per_s']:.2f}× the handout's baseline in tokens/s "
+                f"({best.get('strategy')})"
+            )
+    return "not measured"
+
+
+def _trained_on(run) -> str:
+    """What the run trained and tested on, from its plan; an old run states only what its files hold."""
+    plan = run.plan or {}
+    words = dataset_words(plan.get("dataset"))
+    if words:
+        return f"on {words}"
+    c = run.config
+    sizes = [f"{fmt.count(c[k])} {w}" for k, w in (("train_subset", "training"), ("test_subset", "test")) if c.get(k)]
+    return f"on {c.get('dataset', 'mnist')}" + (f" ({' and '.join(sizes)} images)" if sizes else "")
 
 
 def _lenet(lab: Lab) -> list[Block]:
@@ -256,12 +285,12 @@ def _lenet(lab: Lab) -> list[Block]:
             code("src/trainlab/lenet/model.py"),
             ") trained by ",
             code("trainlab train"),
-            f" on the 60,000 MNIST training images and tested on the 10,000 test images after every epoch (under torch.no_grad()): "
+            f" {_trained_on(run)}, tested after every epoch (under torch.no_grad()): "
             f"{c.get('optimizer', '?')} at learning rate {fmt.number(c.get('lr'))} with a {c.get('schedule', '?')} schedule, batch "
             f"{fmt.count(c.get('batch_size'))}, {fmt.count(c.get('epochs'))} epochs, cross-entropy loss, on "
             f"{s.get('device_name') or s.get('device')}"
             + (f" in {s.get('amp')} autocast" if s.get("amp") not in (None, "off", "no") else "")
-            + ". MNIST is read by our own code (",
+            + ". The dataset is read by trainlab's own code (",
             code("src/trainlab/data/mnist.py"),
             ": IDX parsing and a "
             "torch.utils.data.Dataset subclass), not torchvision; "
@@ -339,14 +368,18 @@ def _gelu_summary(check: ResultFile) -> list[list[str]]:
 
 
 def _gelu_speed_line(bench: ResultFile) -> str | None:
-    rows = [r for r in bench.rows if fmt.is_number(r.get("size")) and r.get("pass") == "fwd+bwd"]
+    """The largest size's forward + backward ratios; a ratio flagged as implausible is named, not quoted."""
+    flagged, _ = gelu_bench_rows(bench)
+    rows = [r for r in flagged if fmt.is_number(r.get("size")) and r.get("pass") == "fwd+bwd"]
     if not rows:
         return None
     n = max(r["size"] for r in rows)
     at = [r for r in rows if r["size"] == n]
     parts = [
-        f"{r.get('impl')} {fmt.number(r.get('ratio_to_torch'))}× F.gelu's time ({fmt.value('pct_of_copy_bw', r.get('pct_of_copy_bw'))} "
-        "of copy bandwidth)"
+        f"{r.get('impl')}: flagged (an implausible timing; see the step's fold)"
+        if r.get("ratio_to_torch") == "flagged"
+        else f"{r.get('impl')} {fmt.number(r.get('ratio_to_torch'))}× F.gelu's time "
+        f"({fmt.value('pct_of_copy_bw', r.get('pct_of_copy_bw'))} of copy bandwidth)"
         for r in at
         if r.get("impl") != "aten"
     ]
@@ -361,7 +394,7 @@ def _gelu(lab: Lab) -> list[Block]:
         ),
         Block("pre", GELU_FORMULAS),
         para(
-            "Our operator (",
+            "trainlab's operator (",
             code("src/trainlab/ops/gelu/"),
             ") has one forward and one backward per implementation: ",
             code("python"),
@@ -371,7 +404,7 @@ def _gelu(lab: Lab) -> list[Block]:
             code("ops/gelu/gelu_cpu.cpp"),
             ") built with torch.utils.cpp_extension and registered as a torch.library op with its autograd formula; ",
             code("cuda"),
-            ", our CUDA kernel (",
+            ", trainlab's CUDA kernel (",
             code("ops/gelu/gelu_cuda_kernels.cu"),
             "); ",
             code("triton"),
@@ -418,9 +451,9 @@ def _handin(lab: Lab) -> list[Block]:
         Block("h2", HEADING["handin"], anchor="handin"),
         Block("h3", "3.1 The code"),
         para(
-            "All code is the trainlab package (",
+            "The code that ran is trainlab's (",
             code("src/trainlab/"),
-            "): LeNet-5 in ",
+            ", credited in the references), not the student's: LeNet-5 in ",
             code("lenet/model.py"),
             ", its training step in ",
             code("lenet/step.py"),
@@ -436,6 +469,15 @@ def _handin(lab: Lab) -> list[Block]:
             code("lab/"),
             ". Each step below is one command a student can type; its exact line is in the step's fold.",
         ),
+        para(
+            "What the handout (§4, §6) asks the student to write: LeNet-5 as a torch.nn.Module with its forward "
+            "(§4.1.2), the training and test loops (§4.1.3–4.1.4), GELU as a torch.autograd.Function with forward "
+            "and backward and its check against F.gelu (§4.2.1), the same operator in C++ through "
+            "torch.utils.cpp_extension used in LeNet-5 (§4.2.2), and, for the bonus, GPT-2 training with "
+            "acceleration strategies (§5). The handout's similarity check (§6.5) applies to the student's code: "
+            "code taken from trainlab or elsewhere is listed, with what the student understood of it.",
+        ),
+        student("The student's code", "Where it is, what it implements, and what was taken from where."),
         Block("h3", "3.2 The report"),
     ]
     return blocks + _procedure(lab) + _gpu(lab) + _tensorboard(lab) + _accuracy(lab) + _gpt(lab)
@@ -451,8 +493,8 @@ def _procedure(lab: Lab) -> list[Block]:
             ", run here in "
             f"{len(calls)} call(s) that resume one another in one folder. It runs each step as its own process under a "
             "time limit, records its status and time in results.json, and rebuilds this page after every step: "
-            "LeNet-5 trained with telemetry; GELU checked, timed and trained; GPT-2's memory planned, our fastest "
-            "configuration and the handout's baseline timed, strategies compared; then our own layer operators and "
+            "LeNet-5 trained with telemetry; GELU checked, timed and trained; GPT-2's memory planned, trainlab's fastest "
+            "configuration and the handout's baseline timed, strategies compared; then trainlab's own layer operators and "
             "data parallel, beyond the handout.",
         ),
     ]
@@ -460,7 +502,7 @@ def _procedure(lab: Lab) -> list[Block]:
         blocks.append(
             para(
                 f"{c.get('started_utc')}, budget {fmt.seconds(c.get('budget_s'))}, used {fmt.seconds(c.get('used_s'))}: ",
-                code(c.get("command", "")),
+                code(lab.command(c.get("command", ""))),
             )
         )
     table = [["step", "part", "status", "estimate", "measured", "measured / estimate", "limit", "sizes"]]
@@ -533,8 +575,9 @@ def _gpu(lab: Lab) -> list[Block]:
 
 def _tensorboard(lab: Lab) -> list[Block]:
     blocks = [Block("h4", HEADING["tensorboard"], anchor="tensorboard")]
-    steps = (lab.root / "steps").resolve()
-    events = sorted(p for p in steps.rglob("events.out.tfevents.*") if contained(steps, p)) if steps.is_dir() else []
+    steps = lab.root / "steps"
+    ok = steps.is_dir() and inside(lab.root, steps)
+    events = sorted(p for p in steps.rglob("events.out.tfevents.*") if inside(lab.root, p)) if ok else []
     if events:
         runs = sorted({str(p.parent.relative_to(steps)) for p in events})
         blocks.append(
@@ -542,13 +585,20 @@ def _tensorboard(lab: Lab) -> list[Block]:
                 f"Every training run wrote TensorBoard event files ({len(events)} in {', '.join(runs)}): loss per "
                 "step and per epoch, accuracy, learning rate, GPU utilization, the model graph, and misclassified "
                 "digits. Open them all with ",
-                code(f"tensorboard --logdir {steps}"),
-                " and a browser at http://localhost:6006. The figures below are drawn from the same values "
-                "(metrics.jsonl).",
+                code("tensorboard --logdir steps"),
+                " in the lab folder and a browser at http://localhost:6006. The figures below are drawn from "
+                "the same values (metrics.jsonl).",
+            )
+        )
+    elif lab.runs("lenet_train"):
+        blocks.append(
+            para(
+                "This folder's steps/ holds no TensorBoard event files (they were not kept with it); the figures "
+                "below are drawn from the runs' metrics.jsonl."
             )
         )
     else:
-        blocks.append(para(f"No TensorBoard event files under {steps} (runs without --tensorboard, or none finished)."))
+        blocks.append(para("No TensorBoard event files: no training run finished in this folder."))
     runs = lab.runs("lenet_train")
     if runs:
         figs = []
@@ -603,17 +653,26 @@ def _accuracy(lab: Lab) -> list[Block]:
     return blocks + [Block("table", rows=table)]
 
 
+def _gpt_shape(bench: dict) -> str:
+    """The model a benchmark ran, as its plan records it; an old file: its name and sequence only."""
+    words = model_words((bench.get("plan") or {}).get("model"))
+    if words:
+        return words
+    seq = f"sequence {fmt.count(bench['seq_len'])}" if fmt.is_number(bench.get("seq_len")) else ""
+    return ", ".join(w for w in (str(bench.get("model") or ""), seq) if w) or "shape not recorded"
+
+
 def _gpt(lab: Lab) -> list[Block]:
     blocks = [Block("h4", HEADING["gpt"], anchor="gpt")]
     base, best = lab.bench("gpt_baseline"), lab.bench("gpt_best")
-    model = (best or base or {}).get("model")
+    ablation = _ablation(lab)
+    if not (base or best or ablation):  # nothing measured: no prose about a model that did not run
+        return blocks + [Block("status", "No GPT-2 benchmark finished in this lab folder.")] + _details(lab, "gpt")
     blocks.append(
         para(
-            "GPT-2 with the handout's shape ("
-            + (f"{model}: " if model else "")
-            + "hidden 1600, 32 heads, 48 layers, sequence 1024) "
+            f"GPT-2 ({_gpt_shape(best or base or {})}) "
             f"{lab.cite('gpt2')} trained on random tokens, as the handout's baseline does. The baseline is the handout's own code path: HF "
-            "GPT2LMHeadModel in fp32 with gradient checkpointing. Ours is trainlab's GPT-2 (",
+            "GPT2LMHeadModel in fp32 with gradient checkpointing. trainlab's is its own GPT-2 (",
             code("src/trainlab/gpt/model.py"),
             ") with the strategies named in each row: "
             + "; ".join(
@@ -624,7 +683,6 @@ def _gpt(lab: Lab) -> list[Block]:
             + ".",
         )
     )
-    ablation = next((r for s in lab.steps("gpt") for r in lab.outputs(s["name"])[1] if r.kind == "gpt_ablation"), None)
     if ablation is not None:
         blocks += ablation_blocks(ablation.data)
     else:
@@ -632,9 +690,37 @@ def _gpt(lab: Lab) -> list[Block]:
         compare = [r for r in lab.outputs("gpt_strategies")[1] if r.kind == "gpt_bench"]
         benches += [(f"{r.data.get('strategy')}", "strategy", r.data) for r in compare]
         if best:
-            benches.append(("ours, fastest", "ours", best))
+            benches.append(("trainlab's fastest", "ours", best))
         blocks += bench_rows(benches)
     return blocks + _details(lab, "gpt")
+
+
+# The handout's 思考 ("think about it") questions, quoted where it asks them
+THINK = (
+    ("§4.1.2.1", "为什么不用定义反向传播函数呢？ Why does a torch.nn.Module subclass define forward but no backward?"),
+    (
+        "§4.1.4",
+        "测试过程中不需要也不可以计算梯度（思考为什么）: why is no gradient computed, or allowed, while testing?",
+    ),
+    (
+        "§6.5",
+        "F.gelu 的实现在 PyTorch 源码的哪个位置: in the student's words, where F.gelu is implemented and how it is reached.",
+    ),
+)
+
+
+def _yours(lab: Lab) -> list[Block]:
+    """The student's marked places: shown empty, never filled (the handout's §6.3.2 and 思考 questions)."""
+    blocks = [
+        Block("h2", HEADING["yours"], anchor="yours"),
+        para(
+            "Everything above is trainlab's record of the run. The handout's report asks for the student's own "
+            "account; these places are left for it and are never generated."
+        ),
+        student("Procedure (§6.3.2.1): what the student did, in their own words"),
+        student("Discussion: what the measurements show, and why"),
+    ]
+    return blocks + [student(f"思考 {where}", q) for where, q in THINK]
 
 
 def _pretrained(lab: Lab) -> list[Block]:
@@ -642,11 +728,11 @@ def _pretrained(lab: Lab) -> list[Block]:
         Block("h2", HEADING["pretrained"], anchor="pretrained"),
         para(
             "Every network here starts from random weights drawn from the run's seed: LeNet-5 with PyTorch's default "
-            "initialisation; GPT-2, ours and the HF baseline (GPT2LMHeadModel(config), never from_pretrained), with "
+            "initialisation; GPT-2, trainlab's and the HF baseline (GPT2LMHeadModel(config), never from_pretrained), with "
             "GPT-2's normal(0, 0.02) initialisation (",
             code("src/trainlab/gpt/model.py"),
             "). No trained weights are "
-            "downloaded; the architectures are written here (LeNet-5, our GPT-2) or are the handout's own baseline.",
+            "downloaded; the architectures are written in trainlab (LeNet-5, its GPT-2) or are the handout's own baseline.",
         ),
     ]
 
@@ -655,12 +741,14 @@ def _sources(lab: Lab) -> list[Block]:
     return [
         Block("h2", HEADING["sources"], anchor="sources"),
         para(
-            "Code we followed: the handout's GPT-2 baseline (GPTLMModel, GPTLMLoss, get_tflops) is the baseline step; "
-            "the C++ operator follows PyTorch's C++-extension tutorial; our GELU kernels follow the formulas of PyTorch's "
+            "Code trainlab follows: the handout's GPT-2 baseline (GPTLMModel, GPTLMLoss, get_tflops) is the baseline step; "
+            "the C++ operator follows PyTorch's C++-extension tutorial; trainlab's GELU kernels follow the formulas of PyTorch's "
             "own, located below. F.gelu has no Python body: it is the C++ operator aten::gelu."
         ),
         Block("table", rows=GELU_SOURCE, text_table=True),
-        para("The call path, the kernels' math and how ours map onto them: ", code("docs/gelu-in-pytorch.md"), "."),
+        para(
+            "The call path, the kernels' math and how trainlab's map onto them: ", code("docs/gelu-in-pytorch.md"), "."
+        ),
     ]
 
 
@@ -668,7 +756,7 @@ def _extra(lab: Lab) -> list[Block]:
     blocks = [
         Block("h2", HEADING["extra"], anchor="extra"),
         para(
-            "Not asked by the handout: LeNet-5's conv2d, max-pool, linear and ReLU written by us (Python, C++, Triton, "
+            "Not asked by the handout: LeNet-5's conv2d, max-pool, linear and ReLU written in trainlab (Python, C++, Triton, "
             "CUDA) and checked against ATen; data parallel (DataParallel, DDP, hand-written and ring all-reduce); "
             "torch.compile and CUDA graphs on the LeNet-5 step."
         ),
@@ -676,7 +764,7 @@ def _extra(lab: Lab) -> list[Block]:
     ops = lab.runs("ops_train")
     if ops:
         blocks.append(
-            para(f"LeNet-5 on our operators ({ops[0].summary.get('ops')}): {_accuracy_line(ops[0].summary)}.")
+            para(f"LeNet-5 on trainlab's operators ({ops[0].summary.get('ops')}): {_accuracy_line(ops[0].summary)}.")
         )
     return blocks + _details(lab, "ops") + _details(lab, "dp")
 
@@ -687,16 +775,24 @@ def _references(lab: Lab) -> list[Block]:
         Block("h2", HEADING["references"], anchor="references"),
         Block(
             "table",
-            rows=[["", "reference"]] + [[f"[{i}]", REFERENCES[k]] for i, k in enumerate(keys, 1)],
+            rows=[["", "reference"]]
+            + [[f"[{i}]", REFERENCES[k]] for i, k in enumerate(keys, 1)]
+            + [
+                [
+                    f"[{len(keys) + 1}]",
+                    f"trainlab {__version__}: the toolkit that ran every step of this lab and generated this report",
+                ]
+            ],
             text_table=True,
         ),
     ]
 
 
-def lab_blocks(root: Path, state: dict, out: Path) -> list[Block]:
+def lab_blocks(root: Path, state: dict, out: Path, student: dict | None = None) -> list[Block]:
     """The page's blocks from results.json: its `plan` (every step of the lab for this hardware, in order,
-    as the runner recorded it) and its per-step records."""
+    as the runner recorded it) and its per-step records; `student`: {"name", "student_id"}."""
     lab = Lab(root, state, out)
+    lab.student = {**load_student(root), **(student or {})}
     return (
         _front(lab)
         + _lenet(lab)
@@ -705,15 +801,16 @@ def lab_blocks(root: Path, state: dict, out: Path) -> list[Block]:
         + _pretrained(lab)
         + _sources(lab)
         + _extra(lab)
+        + _yours(lab)
         + _references(lab)
     )
 
 
-def build_lab_report(root: Path, state: dict, out: Path | None = None) -> Path:
+def build_lab_report(root: Path, state: dict, out: Path | None = None, student: dict | None = None) -> Path:
     """OUT/index.html and report.md (OUT: DIR/report by default) from DIR/results.json and the steps' outputs."""
     out = Path(root) / "report" if out is None else Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    blocks = lab_blocks(Path(root), state, out)
+    blocks = lab_blocks(Path(root), state, out, student)
     atomic_write_text(out / "index.html", to_html(blocks, blocks[0].text))
     atomic_write_text(out / "report.md", to_markdown(blocks))
     return out / "index.html"

@@ -10,9 +10,9 @@ from pathlib import Path
 from trainlab.errors import UserError
 from trainlab.io import contained, read_json
 from trainlab.report import format as fmt
-from trainlab.report.build import _figure
-from trainlab.report.inputs import ResultFile, TrainingRun, classify, load_run
+from trainlab.report.inputs import ResultFile, TrainingRun, identify, load_run
 from trainlab.report.lab_text import STRATEGY_WORDS
+from trainlab.report.sections.common import figure
 from trainlab.schema import INT, NUMBER, STR, DictOf, ListOf, Obj, Opt, check
 
 # The lab folder's results.json, which the lab writes and resumes from and the report reads: what it
@@ -62,6 +62,41 @@ LAB_STATE = Obj(
 
 
 RESULTS = "results.json"
+STUDENT = "student.json"  # {"name": ..., "student_id": ...}: the student's own file in the lab folder
+
+
+def inside(root: Path, path: Path) -> bool:
+    """The one rule for every path the lab report follows: `path` lies under the lab folder `root`,
+    named without '..', with no link anywhere on the way from `root` (a link is not followed, even one
+    that points back inside: the folder is read as it is, never through another). A step named
+    `../../outside/steps/x`, a `steps/` that is a link, a results.json that is a link: all refused."""
+    root, path = Path(root), Path(path)
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        return False
+    if any(part in ("..", "") for part in rel.parts):
+        return False
+    here = root
+    for part in rel.parts:
+        here = here / part
+        if here.is_symlink():
+            return False
+    return contained(root, path)
+
+
+def relative_command(command: str, root_seen: str | None) -> str:
+    """A recorded command as the student would type it in the lab folder: the folder's absolute path
+    (`root_seen`, the --out the lab was called with) and a step's staging folder (steps/.NAME.partial)
+    made relative."""
+    command = re.sub(r"\S*/steps/\.([\w-]+)\.partial", r"steps/\1", command)
+    command = re.sub(r"^\S*/python[\d.]*(?=\s)", "python", command)  # the machine's interpreter path
+    command = re.sub(r"^python -m trainlab(?=\s)", "trainlab", command)
+    command = command.replace("<checkout>/", "")
+    if root_seen:
+        command = re.sub(re.escape(root_seen.rstrip("/")) + r"/", "", command)
+        command = re.sub(r"(?<=\s)" + re.escape(root_seen.rstrip("/")) + r"(?=\s|$)", ".", command)
+    return command
 
 
 def status_line(name: str, rec: dict | None, root: Path) -> str | None:
@@ -88,7 +123,7 @@ ERROR_WORDS = re.compile(r"error|fail|exception|traceback|killed|abort|refus|can
 def log_tail(log: Path, root: Path | None = None, max_bytes: int = 64 * 1024) -> list[str]:
     """The lines of a step's log in its last `max_bytes` (a log can be large), and only of a regular file
     inside `root`, the lab folder (default: the log's own folder): a link out of it, or a FIFO, is not read."""
-    if not log.is_file() or not contained(log.parent if root is None else root, log):
+    if not log.is_file() or not (inside(root, log) if root is not None else contained(log.parent, log)):
         return []
     try:
         with log.open("rb") as f:
@@ -108,21 +143,21 @@ def last_error_line(log: Path, limit: int = 240, root: Path | None = None) -> st
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def results_in(folder: Path) -> tuple[list[TrainingRun], list[ResultFile], list[tuple[Path, dict]]]:
+def results_in(root: Path, folder: Path) -> tuple[list[TrainingRun], list[ResultFile], list[tuple[Path, dict]]]:
     """The training runs, the known result files and the other result tables (benchmark scripts'
-    {rows: [...]}) a step wrote."""
+    {rows: [...]}) a step wrote, following only what `inside(root, ...)` allows."""
     runs, known, other = [], [], []
-    if not folder.is_dir() or not contained(folder.parent.parent, folder):
+    if not folder.is_dir() or not inside(root, folder):
         return runs, known, other
-    inside = lambda p: contained(folder, p)  # noqa: E731 — a link out of the lab folder is not read
-    for p in sorted(filter(inside, folder.rglob("summary.json"))):
+    ok = lambda p: inside(root, p)  # noqa: E731
+    for p in sorted(filter(ok, folder.rglob("summary.json"))):
         try:
             s = read_json(p)
             if isinstance(s, dict) and "test_accuracy" in s:
-                runs.append(load_run(p.parent, s))
+                runs.append(load_run(p.parent, s, inside=ok))
         except UserError:
             continue  # a damaged run costs its own section only
-    for p in sorted(filter(inside, folder.rglob("*.json"))):
+    for p in sorted(filter(ok, folder.rglob("*.json"))):
         if (
             p.name in ("summary.json", "config.json", "env.json")
             or p.name.endswith(".spec.json")
@@ -131,11 +166,11 @@ def results_in(folder: Path) -> tuple[list[TrainingRun], list[ResultFile], list[
             continue
         try:
             data = read_json(p)
+            res = identify(p, data)
         except UserError:
             continue
-        kind = classify(data)
-        if kind is not None:
-            known.append(ResultFile(p, kind, data))
+        if res is not None:
+            known.append(res)
         elif isinstance(data, dict) and isinstance(data.get("rows"), list) or isinstance(data, list):
             other.append((p, data))
     return runs, known, other
@@ -161,6 +196,7 @@ class Lab:
         self._outputs: dict = {}
         self._refs: list[str] | None = None
         self._words: set[str] | None = None
+        self.student: dict = {}  # {"name", "student_id"}: from --name/--student-id or student.json
 
     def refs(self) -> list[str]:
         if self._refs is None:
@@ -181,7 +217,8 @@ class Lab:
 
     def outputs(self, name: str):
         if name not in self._outputs:
-            self._outputs[name] = results_in(self.root / "steps" / name) if self.ok(name) else ([], [], [])
+            folder = self.root / "steps" / name
+            self._outputs[name] = results_in(self.root, folder) if self.ok(name) else ([], [], [])
         return self._outputs[name]
 
     def runs(self, name: str) -> list[TrainingRun]:
@@ -202,7 +239,20 @@ class Lab:
 
     def figure(self, name: str, run: TrainingRun, draw) -> Path | None:
         """A figure of `run` in the report folder, drawn again only when the run is newer."""
-        return _figure(self.out / f"{name}.png", run.path / "summary.json", lambda path: draw(run, path))
+        return figure(self.out / f"{name}.png", run.path / "summary.json", lambda path: draw(run, path))
+
+    def command(self, command: str) -> str:
+        """A recorded command relative to the lab folder (`relative_command`)."""
+        seen = next(
+            (
+                m.group(1)
+                for c in self.state.get("calls", [])
+                for m in [re.search(r"--out[= ](\S+)", c.get("command", ""))]
+                if m
+            ),
+            None,
+        )
+        return relative_command(command, seen)
 
 
 def strategy_words(lab: Lab) -> set[str]:
@@ -231,12 +281,23 @@ def used_references(lab: Lab) -> list[str]:
 
 
 def load_lab(root: Path) -> dict | None:
-    """results.json of a lab folder, or None when `root` is not one."""
+    """results.json of a lab folder, or None when `root` is not one. A results.json that is a link is
+    refused (`inside`): the report reads the folder it is given, nothing else."""
     f = Path(root) / RESULTS
-    if not f.is_file():
+    if not f.is_file() and not f.is_symlink():
         return None
-
+    if not inside(Path(root), f):
+        raise UserError(f"{f}: a link; trainlab report reads only the lab folder's own files")
     state = read_json(f)
     if not (isinstance(state, dict) and isinstance(state.get("steps"), dict)):
         raise UserError(f'{f}: not a trainlab lab\'s results.json (no "steps" object)')
     return check(state, LAB_STATE, str(f))
+
+
+def load_student(root: Path) -> dict:
+    """The student's name and ID from ROOT/student.json ({"name", "student_id"}), if it is there."""
+    f = Path(root) / STUDENT
+    if not f.is_file() or not inside(Path(root), f):
+        return {}
+    data = read_json(f, Obj({"name": STR, "student_id": STR}))
+    return {k: data[k] for k in ("name", "student_id") if isinstance(data, dict) and data.get(k)}

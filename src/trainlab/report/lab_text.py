@@ -9,7 +9,7 @@ from __future__ import annotations
 
 # (anchor, heading) of the table of contents, in the handout's §6 order
 TOC = (
-    ("lenet", "1. LeNet-5 on MNIST, trained on the GPU"),
+    ("lenet", "1. LeNet-5 on MNIST"),
     ("gelu", "2. GELU in Python, C++ and on the GPU, used in LeNet-5"),
     ("handin", "3. What is handed in"),
     ("procedure", "3.2.1 Procedure"),
@@ -18,8 +18,9 @@ TOC = (
     ("accuracy", "3.2.4 LeNet-5 test accuracy"),
     ("gpt", "3.2.5 Bonus: GPT-2 training time, strategies and speed-up"),
     ("pretrained", "4. No pretrained networks"),
-    ("sources", "5. Code we drew on; where GELU lives in PyTorch"),
-    ("extra", "Beyond the handout: our own operators, data parallel"),
+    ("sources", "5. Code trainlab draws on; where GELU lives in PyTorch"),
+    ("extra", "Beyond the handout: trainlab's own operators, data parallel"),
+    ("yours", "The student's part: procedure, discussion, 思考 questions"),
     ("references", "References"),
 )
 HEADING = dict(TOC)

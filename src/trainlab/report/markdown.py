@@ -23,9 +23,13 @@ _LINE_START = re.compile(r"^(\s*)([#+\-=>]|\d+[.)])")
 def text(value, line_start: bool = False) -> str:
     """`value` as literal Markdown text on one line; `line_start`: it begins a line of its own (a
     paragraph, a quote, a list item), where `# `, `- ` or `1. ` would make it a heading or a list."""
-    one_line = _INLINE.sub(lambda m: "\\" + m.group(0), " ".join(str(value).split()))
+    raw = str(value)
+    one_line = _INLINE.sub(lambda m: "\\" + m.group(0), " ".join(raw.split()))
+    # a piece beside an inline code span keeps the space at its edge: "by `trainlab train` on", not "by`…`on"
+    trail = " " if raw[-1:].isspace() and one_line else ""
     if not line_start:
-        return one_line
+        return (" " if raw[:1].isspace() and one_line else "") + one_line + trail
+    one_line += trail
     return _LINE_START.sub(
         lambda m: (
             m.group(1) + "\\" + m.group(2)

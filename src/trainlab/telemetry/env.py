@@ -69,6 +69,32 @@ class BusySnapshot:
         return {"text": out, "taken_utc": self._started_utc} if proc.returncode == 0 and out else None
 
 
+def machine_load(timeout: float = 10.0) -> dict:
+    """How busy the machine is as a timing starts: the 1-minute load average against the cores, and the
+    compute processes on the GPUs other than this one (nvidia-smi). A timing taken under load says so in
+    its record (`results.kinds.busy_reason`), instead of passing for a quiet machine's."""
+    try:
+        avg = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        avg = None
+    others = None
+    exe = shutil.which("nvidia-smi")
+    if exe is not None and torch.cuda.is_available():
+        try:
+            out = subprocess.run(
+                [exe, "--query-compute-apps=pid,process_name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            ).stdout
+            others = [
+                ln.strip() for ln in out.splitlines() if ln.strip() and ln.split(",")[0].strip() != str(os.getpid())
+            ]
+        except (OSError, subprocess.SubprocessError):
+            others = None
+    return {"loadavg_1m": avg, "cpus": os.cpu_count(), "gpu_other_processes": others}
+
+
 def collect_env(device: torch.device | str | None = None) -> dict:
     info = {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -90,6 +116,7 @@ def collect_env(device: torch.device | str | None = None) -> dict:
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "device": str(device) if device is not None else None,
         "nvidia_smi": nvidia_smi_snapshot() if torch.cuda.is_available() else None,
+        "load": machine_load(),
     }
     return info
 

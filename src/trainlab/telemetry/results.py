@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainlab.io import atomic_write_json, atomic_write_text
+from trainlab.results.kinds import stamp
 from trainlab.telemetry.env import collect_env
 
 # The columns of `trainlab dp compare`'s rows that the lab report tabulates: one list, because a mode whose
@@ -44,13 +45,19 @@ def write_results(
     markdown: str,
     log_lines: list[str],
     command: str,
+    *,
+    kind: str,
+    plan: dict,
     device=None,
     env: dict | None = None,
 ) -> dict[str, str]:
-    """Write out_dir/<stem>.json ({command, env, **data} or {command, env, rows: data}), .md and .log."""
+    """Write out_dir/<stem>.json ({kind, schema, plan, command, env, **data}, a list of rows as
+    `rows`: `results.kinds.stamp`), .md and .log."""
     out = Path(out_dir)
     env = env if env is not None else collect_env(device)
-    payload = {"command": command, "env": env, **(data if isinstance(data, dict) else {"rows": data})}
+    payload = stamp(
+        kind, {"command": command, "env": env, **(data if isinstance(data, dict) else {"rows": data})}, plan
+    )
     header = f"Command: `{command}`  \nMachine: {machine_line(env)}\n\n"
     paths = {
         "json": atomic_write_json(out / f"{stem}.json", payload),
