@@ -1005,6 +1005,7 @@ CASES = [
     Case("dp-json-is-dir", "dp compare --json {dir}", r"--json \S+dir': is a directory, expected a file"),
     Case("dp-modes-unknown", "dp compare --modes none,magic", r"--modes: unknown mode 'magic'"),
     Case("dp-timeout-zero", "dp compare --timeout 0", r"--timeout 0: expected a finite number > 0"),
+    Case("dp-optimizer-unknown", "dp compare --optimizer manual-lion", r"--optimizer 'manual-lion': expected one of"),
     # -- our operators: train --ops, trainlab ops, trainlab profile -----------------------------------------------
     Case(
         "train-ops-unknown",

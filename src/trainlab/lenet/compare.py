@@ -27,9 +27,9 @@ import torch
 from trainlab.device import check_process_count
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError, UserError
-from trainlab.flags import Config, at_least, opt, output_file, positive, seed_value, thread_count
+from trainlab.flags import Config, at_least, one_of, opt, output_file, positive, seed_value, thread_count
 from trainlab.io import atomic_write_json, atomic_write_text, read_json
-from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.config import OPTIMIZERS, TrainConfig
 from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launch
 from trainlab.lenet.loop import train
 from trainlab.telemetry.results import DP_COMPARE_COLUMNS
@@ -56,6 +56,12 @@ class CompareConfig(Config):
     test_subset: int | None = opt(None, "evaluate on the first N test images", check=at_least(1))
     workers: str = opt("0,1,2,4", "DataLoader num_workers sweep ('' to skip)")
     seed: int = opt(0, "seed of every mode", check=seed_value)
+    optimizer: str = opt(
+        "adamw",
+        "every mode's optimizer: adamw | adam | sgd | manual-sgd | manual-adamw (the update written out, "
+        "lenet/manual_optim.py; with allreduce/ring nothing in the step is torch.optim's)",
+        check=one_of(OPTIMIZERS),
+    )
     repeats: int = opt(1, "run everything R times round-robin; report medians", check=at_least(1))
     threads: int | None = opt(
         None,
@@ -117,6 +123,7 @@ def row_from_run(cfg: TrainConfig, summary: dict, history: list[dict]) -> dict:
         "global_batch": cfg.batch_size,
         "epochs": len(history),
         "seed": cfg.seed,
+        "optimizer": cfg.optimizer,
         "device": summary["device"],
         "epoch_seconds": epoch_seconds,
         "images_per_s": n_train / epoch_seconds,
@@ -227,6 +234,7 @@ def compare(cc: CompareConfig, log=print, on_rows=None) -> tuple[list[dict], lis
         train_subset=cc.train_subset,
         test_subset=cc.test_subset,
         seed=cc.seed,
+        optimizer=cc.optimizer,
         progress=False,
         tensorboard=False,
         gpu_telemetry=False,

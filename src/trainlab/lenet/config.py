@@ -18,12 +18,13 @@ from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, between, non_negative, one_of, opt, positive, process_count, seed_value
 from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.data_parallel import MODES
+from trainlab.lenet.manual_optim import MANUAL_OPTIMIZERS
 from trainlab.lenet.model import POOLS, check_model_options
 from trainlab.lenet.models import MODELS, check_model_choice
 from trainlab.lenet.plan import STEP_MODES
 from trainlab.lenet.shard_weights import parse_shard_weights
 
-OPTIMIZERS = ("adamw", "adam", "sgd")
+OPTIMIZERS = ("adamw", "adam", "sgd", *MANUAL_OPTIMIZERS)
 SCHEDULES = ("onecycle", "cosine", "constant", "linear")
 LOADERS = ("device", "dataloader")
 
@@ -132,7 +133,12 @@ class TrainConfig(Config):
         "with --warmup-batch-size: how much of the first epoch goes in the small batches (0–1]",
         check=between(0, 1, lo_open=True),
     )
-    optimizer: str = opt("adamw", "adamw | adam | sgd", check=one_of(OPTIMIZERS))
+    optimizer: str = opt(
+        "adamw",
+        "adamw | adam | sgd (torch.optim) | manual-sgd | manual-adamw (the same updates written out over the "
+        "parameter list, lenet/manual_optim.py)",
+        check=one_of(OPTIMIZERS),
+    )
     lr: float = opt(5e-3, "peak learning rate (OneCycle max / constant value)", check=positive)
     weight_decay: float = opt(1e-4, "weight decay (decoupled for AdamW, L2 for SGD/Adam)", check=non_negative)
     momentum: float = opt(0.9, "SGD momentum (Nesterov)", cli=False, check=between(0, 1, hi_open=True))

@@ -52,7 +52,7 @@ class LeNetPlan:
     # the optimization
     batch_size: int  # global
     epochs: int
-    optimizer: str  # adamw | adam | sgd
+    optimizer: str  # adamw | adam | sgd | manual-sgd | manual-adamw
     lr: float  # the peak lr after --scale-lr
     weight_decay: float
     momentum: float
@@ -126,7 +126,7 @@ def resolve(cfg, device: torch.device) -> LeNetPlan:
         lr=lr,
         weight_decay=cfg.weight_decay,
         momentum=cfg.momentum,
-        fused_optimizer=device.type in ("cuda", "cpu"),
+        fused_optimizer=device.type in ("cuda", "cpu") and not cfg.optimizer.startswith("manual-"),
         capturable=step_mode == "cudagraph" and cfg.schedule != "onecycle",
         schedule=cfg.schedule,
         warmup_epochs=cfg.warmup_epochs,
@@ -175,8 +175,8 @@ def _graph_blockers(cfg, ops: str, precision: str) -> list[str]:
         why.append("fp16 autocast (its GradScaler decides on the host whether to step; a GPU below sm80)")
     if cfg.parallel != "none":
         why.append(f"--parallel {cfg.parallel} (collectives and hooks outside the graph)")
-    if cfg.optimizer == "sgd":
-        why.append("--optimizer sgd (only Adam/AdamW are capturable here)")
+    if cfg.optimizer in ("sgd", "manual-sgd", "manual-adamw"):
+        why.append(f"--optimizer {cfg.optimizer} (only torch's Adam/AdamW are capturable here)")
     if cfg.warmup_batch_size is not None:
         why.append("--warmup-batch-size (one graph has one batch shape)")
     if cfg.compile:
