@@ -558,6 +558,16 @@ CASES = [
     Case("dist-timeout-zero", f"{NEW} --dist-timeout 0", r"--dist-timeout 0: expected a finite number > 0"),
     Case("optimizer-unknown", f"{NEW} --optimizer lion", r"--optimizer 'lion': expected one of adamw, adam, sgd"),
     Case(
+        "matmul-precision-unknown",
+        f"{NEW} --matmul-precision low",
+        r"--matmul-precision 'low': expected one of highest, high, medium",
+    ),
+    Case(
+        "matmul-precision-contradicts-tf32",
+        f"{NEW} --tf32 on --matmul-precision highest",
+        r"--matmul-precision highest: conflicts with --tf32 on",
+    ),
+    Case(
         "train-step-mode-unknown",
         f"{NEW} --step-mode turbo",
         r"--step-mode 'turbo': expected one of auto, eager, compile, cudagraph",

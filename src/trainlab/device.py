@@ -301,6 +301,31 @@ def set_tf32(mode: str) -> dict:
     return tf32_state()
 
 
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
+def matmul_precision(tf32: str, precision: str | None) -> str:
+    """`--matmul-precision highest|high|medium` beside `--tf32 on|off`, as torch names it
+    (`torch.set_float32_matmul_precision`): highest = fp32 throughout, high = TF32 tensor cores (what
+    `--tf32 on` means), medium = bf16 passes allowed too (report 000's setting). Unset: what --tf32
+    says. The one combination that contradicts itself, `--tf32 on --matmul-precision highest`, is refused."""
+    if precision is None:
+        return "high" if tf32 == "on" else "highest"
+    if precision not in MATMUL_PRECISIONS:
+        raise ConfigError(f"--matmul-precision {precision!r}: expected one of {', '.join(MATMUL_PRECISIONS)}")
+    if tf32 == "on" and precision == "highest":
+        raise ConfigError("--matmul-precision highest: conflicts with --tf32 on (which is --matmul-precision high)")
+    return precision
+
+
+def set_matmul_precision(precision: str) -> dict:
+    """Apply a `matmul_precision(...)` result to cuBLAS and cuDNN (anything below highest lets cuDNN's
+    convolutions use TF32 too, as `--tf32 on` does); returns `tf32_state()` for the run's record."""
+    torch.set_float32_matmul_precision(precision)
+    torch.backends.cudnn.allow_tf32 = precision != "highest"
+    return tf32_state()
+
+
 def tf32_state() -> dict:
     return {
         "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),

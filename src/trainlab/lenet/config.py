@@ -14,6 +14,7 @@ from typing import Any
 
 from trainlab.data.augment import Distortion
 from trainlab.data.datasets import DATASETS
+from trainlab.device import matmul_precision
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, between, non_negative, one_of, opt, positive, process_count, seed_value
 from trainlab.lenet.activations import ACTIVATIONS
@@ -186,6 +187,12 @@ class TrainConfig(Config):
         "TF32 tensor cores for fp32 matmuls/convolutions on Ampere+ GPUs (recorded in the summary)",
         choices=("on", "off"),
     )
+    matmul_precision: str | None = opt(
+        None,
+        "float32 matmul precision (torch.set_float32_matmul_precision): highest (fp32) | high (TF32, = --tf32 on) "
+        "| medium (bf16 passes allowed); default: what --tf32 says",
+        metavar="highest|high|medium",
+    )
     parallel: str = opt("none", "none | dp | ddp | allreduce | ring (see `trainlab dp`)", check=one_of(MODES))
     shard_weights: str | None = opt(
         None,
@@ -254,6 +261,7 @@ class TrainConfig(Config):
             )
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ConfigError(f"--name {self.name!r}: expected a plain name (it becomes runs/<name>)")
+        matmul_precision(self.tf32, self.matmul_precision)  # the two flags, together
         self.distortion()  # the augmentation flags, together (raises ConfigError naming the flag)
         parse_shard_weights(self.shard_weights)  # its syntax; the rank count is checked at launch
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from trainlab.data.datasets import describe_dataset, load_dataset
-from trainlab.device import set_tf32, synchronize
+from trainlab.device import set_matmul_precision, synchronize
 from trainlab.distributed.launch import describe_timeout
 from trainlab.distributed.wrappers import unwrap
 from trainlab.errors import TrainingDiverged
@@ -83,7 +83,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
 
 
 def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunDir, signals: StopOnSignal) -> dict:
-    tf32 = set_tf32(cfg.tf32)
+    tf32 = set_matmul_precision(plan.matmul_precision)  # --tf32 / --matmul-precision, resolved in the plan
     s = _assemble(cfg, plan, model, resume, par, run, log)
 
     # ---- record what this run is, before it runs -------------------------------------------------
