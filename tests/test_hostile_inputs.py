@@ -557,6 +557,15 @@ CASES = [
     Case("seed-negative", f"{NEW} --seed -1", r"--seed -1: expected an integer >= 0"),
     Case("dist-timeout-zero", f"{NEW} --dist-timeout 0", r"--dist-timeout 0: expected a finite number > 0"),
     Case("optimizer-unknown", f"{NEW} --optimizer lion", r"--optimizer 'lion': expected one of adamw, adam, sgd"),
+    Case("sync-bn-no-batchnorm", f"{NEW} --sync-bn --parallel ddp", r"--sync-bn: --model lenet5 has no BatchNorm"),
+    Case(
+        "sync-bn-ring",
+        f"{NEW} --sync-bn --batchnorm --parallel ring",
+        r"--sync-bn with --parallel ring: synchronized BatchNorm needs --parallel ddp or allreduce",
+    ),
+    Case("sync-bn-single-process", f"{NEW} --sync-bn --batchnorm", r"--sync-bn with --parallel none"),
+    Case("histograms-without-tensorboard", f"{NEW} --histograms", r"--histograms: the histograms go to TensorBoard"),
+    Case("histograms-with-value", f"{NEW} --histograms=yes", r"--histograms"),
     Case(
         "matmul-precision-unknown",
         f"{NEW} --matmul-precision low",

@@ -36,6 +36,7 @@ RESUME_OVERRIDES = (
     "device",
     "progress",
     "tensorboard",
+    "histograms",
     "gpu_telemetry",
     "dist_timeout",
     "step_timing",
@@ -194,6 +195,11 @@ class TrainConfig(Config):
         metavar="highest|high|medium",
     )
     parallel: str = opt("none", "none | dp | ddp | allreduce | ring (see `trainlab dp`)", check=one_of(MODES))
+    sync_bn: bool = opt(
+        False,
+        "with --parallel ddp|allreduce: BatchNorm statistics over the global batch (one all-reduce per "
+        "BatchNorm layer and step, lenet/sync_bn.py), so W ranks equal one process; off: each rank's shard",
+    )
     shard_weights: str | None = opt(
         None,
         "split each global batch across ranks in proportion to these weights (one per "
@@ -224,6 +230,11 @@ class TrainConfig(Config):
     )
     progress: bool = opt(True, "progress bar within each epoch")
     tensorboard: bool = opt(True, "write TensorBoard events")
+    histograms: bool = opt(
+        False,
+        "TensorBoard histograms of every weight and its last gradient after each epoch (rank 0; its seconds "
+        "are recorded per epoch as histogram_seconds in metrics.jsonl)",
+    )
     gpu_telemetry: bool = opt(True, "sample GPU utilization/memory/power with NVML")
     stop_after: int | None = opt(None, "stop after N epochs as if interrupted (to try --resume)", check=at_least(1))
     preset: str = opt(
@@ -262,6 +273,15 @@ class TrainConfig(Config):
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ConfigError(f"--name {self.name!r}: expected a plain name (it becomes runs/<name>)")
         matmul_precision(self.tf32, self.matmul_precision)  # the two flags, together
+        if self.histograms and not self.tensorboard:
+            raise ConfigError("--histograms: the histograms go to TensorBoard; drop --no-tensorboard")
+        if self.sync_bn and not (self.batchnorm or self.model in ("lenet5-bn", "resnet18")):
+            raise ConfigError(f"--sync-bn: --model {self.model} has no BatchNorm to synchronize (add --batchnorm)")
+        if self.sync_bn and self.parallel not in ("ddp", "allreduce"):
+            raise ConfigError(
+                f"--sync-bn with --parallel {self.parallel}: synchronized BatchNorm needs --parallel ddp or allreduce "
+                "(ring's communication thread would interleave its collectives with BatchNorm's)"
+            )
         self.distortion()  # the augmentation flags, together (raises ConfigError naming the flag)
         parse_shard_weights(self.shard_weights)  # its syntax; the rank count is checked at launch
 
