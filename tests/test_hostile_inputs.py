@@ -1024,6 +1024,19 @@ CASES = [
     Case("dp-json-is-dir", "dp compare --json {dir}", r"--json \S+dir': is a directory, expected a file"),
     Case("dp-modes-unknown", "dp compare --modes none,magic", r"--modes: unknown mode 'magic'"),
     Case("dp-timeout-zero", "dp compare --timeout 0", r"--timeout 0: expected a finite number > 0"),
+    # -- async -------------------------------------------------------------------------------------------------
+    Case("async-device-bogus", "async --device bogus", r"--device 'bogus': expected auto, cpu, cuda or cuda:N"),
+    Case("async-ops-zero", "async --ops 0", r"--ops 0: expected an integer >= 1"),
+    Case("async-ops-huge", "async --ops 1000000", r"--ops 1000000: expected at most 100000"),
+    Case("async-size-huge", "async --size 99999", r"--size 99999: expected at most 8192"),
+    Case("async-chain-zero", "async --chain 0", r"--chain 0: expected an integer >= 1"),
+    Case("async-steps-zero", "async --steps 0", r"--steps 0: expected an integer >= 1"),
+    Case("async-batch-zero", "async --batch-size 0", r"--batch-size 0: expected an integer >= 1"),
+    Case("async-copy-mb-huge", "async --copy-mb 100000", r"--copy-mb 100000: expected at most 8192"),
+    Case("async-repeats-zero", "async --repeats 0", r"--repeats 0: expected an integer >= 1"),
+    Case("async-threads-zero", "async --threads 0", r"--threads 0: expected an integer >= 1"),
+    Case("async-json-is-dir", "async --json {dir}", r"--json \S+dir': is a directory, expected a file"),
+    Case("async-md-is-dir", "async --md {dir}", r"--md \S+dir': is a directory, expected a file"),
     Case("dp-optimizer-unknown", "dp compare --optimizer manual-lion", r"--optimizer 'manual-lion': expected one of"),
     # -- our operators: train --ops, trainlab ops, trainlab profile -----------------------------------------------
     Case(

@@ -144,6 +144,13 @@ def run_dp_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_async(args: argparse.Namespace) -> int:
+    from trainlab.lenet.asynchrony import AsyncConfig, run_async_cmd
+
+    run_async_cmd(AsyncConfig(**explicit_values(args, AsyncConfig)))
+    return 0
+
+
 def run_profile(args: argparse.Namespace) -> int:
     return run_profile_cmd(ProfileConfig(**explicit_values(args, ProfileConfig)), args.command_line)
 
@@ -202,6 +209,17 @@ def add_parser(subparsers) -> None:
         "run several modes on the same global batches and say where the time goes",
         CompareConfig,
         run_dp_compare,
+    )
+
+    from trainlab.lenet.asynchrony import AsyncConfig  # its flags; torch is imported here already
+
+    add_command(
+        subparsers,
+        "async",
+        "the asynchronous-execution and automatic-parallelism experiments: queued vs finished, "
+        "t1 + N·t2 + t3, one stream vs two, a copy behind compute, the CPU and the GPU at once",
+        AsyncConfig,
+        run_async,
     )
 
     add_command(
