@@ -557,6 +557,25 @@ CASES = [
     Case("seed-negative", f"{NEW} --seed -1", r"--seed -1: expected an integer >= 0"),
     Case("dist-timeout-zero", f"{NEW} --dist-timeout 0", r"--dist-timeout 0: expected a finite number > 0"),
     Case("optimizer-unknown", f"{NEW} --optimizer lion", r"--optimizer 'lion': expected one of adamw, adam, sgd"),
+    Case("rank-devices-one", f"{NEW} --rank-devices cpu", r"--rank-devices 'cpu': expected one device per rank"),
+    Case(
+        "rank-devices-tpu", f"{NEW} --rank-devices cpu,tpu", r"--rank-devices 'cpu,tpu': expected one device per rank"
+    ),
+    Case(
+        "rank-devices-ddp",
+        f"{NEW} --rank-devices cpu,cpu --parallel ddp --nproc 2",
+        r"--rank-devices cpu,cpu: a mixed CPU \+ GPU world runs the hand-written all-reduce over gloo",
+    ),
+    Case(
+        "rank-devices-count",
+        f"{NEW} --rank-devices cpu,cpu --parallel allreduce --nproc 1",
+        r"--rank-devices cpu,cpu: 2 devices for --nproc 1",
+    ),
+    Case(
+        "rank-devices-with-device",
+        f"{NEW} --rank-devices cpu,cpu --parallel allreduce --nproc 2",
+        r"--rank-devices cpu,cpu with --device cpu: each rank's device comes from --rank-devices",
+    ),
     Case("sync-bn-no-batchnorm", f"{NEW} --sync-bn --parallel ddp", r"--sync-bn: --model lenet5 has no BatchNorm"),
     Case(
         "sync-bn-ring",

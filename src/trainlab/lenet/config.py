@@ -18,7 +18,7 @@ from trainlab.device import matmul_precision
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, between, non_negative, one_of, opt, positive, process_count, seed_value
 from trainlab.lenet.activations import ACTIVATIONS
-from trainlab.lenet.data_parallel import MODES
+from trainlab.lenet.data_parallel import MODES, parse_rank_devices
 from trainlab.lenet.manual_optim import MANUAL_OPTIMIZERS
 from trainlab.lenet.model import POOLS, check_model_options
 from trainlab.lenet.models import MODELS, check_model_choice
@@ -195,6 +195,12 @@ class TrainConfig(Config):
         metavar="highest|high|medium",
     )
     parallel: str = opt("none", "none | dp | ddp | allreduce | ring (see `trainlab dp`)", check=one_of(MODES))
+    rank_devices: str | None = opt(
+        None,
+        "a mixed world: one device per rank, e.g. cpu,cuda (one CPU rank and one GPU rank over gloo, "
+        "--parallel allreduce; pair with --shard-weights auto so the slower device gets its share)",
+        metavar="DEV1,DEV2,…",
+    )
     sync_bn: bool = opt(
         False,
         "with --parallel ddp|allreduce: BatchNorm statistics over the global batch (one all-reduce per "
@@ -284,6 +290,7 @@ class TrainConfig(Config):
             )
         self.distortion()  # the augmentation flags, together (raises ConfigError naming the flag)
         parse_shard_weights(self.shard_weights)  # its syntax; the rank count is checked at launch
+        parse_rank_devices(self.rank_devices)  # likewise
 
     def distortion(self) -> Distortion:
         """The training augmentation these flags ask for."""

@@ -68,7 +68,12 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     # ---- resolve everything up front, so a bad flag fails before any work -------------------------
     cfg.validate()
     par = setup_data_parallel(
-        cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing, timeout_s=cfg.dist_timeout
+        cfg.parallel,
+        cfg.device,
+        cfg.batch_size,
+        step_timing=cfg.step_timing,
+        timeout_s=cfg.dist_timeout,
+        rank_devices=cfg.rank_devices,
     )
     plan = resolve(cfg, par.device)  # every `auto` decided, every machine check made, once
     model = build_model(plan)  # an implementation this device lacks fails before the run directory exists

@@ -145,8 +145,8 @@ def measure_shares(step, batches) -> tuple[list[float], float]:
     mine = statistics.median(rates)
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [mine], mine
-    # NCCL gathers CUDA tensors only; gloo takes either
-    where = batches.device if batches.device.type == "cuda" else torch.device("cpu")
+    # NCCL gathers CUDA tensors only; gloo host tensors (a mixed CPU + GPU world is gloo)
+    where = batches.device if dist.get_backend() == "nccl" else torch.device("cpu")
     parts = [torch.zeros(1, dtype=torch.float64, device=where) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, torch.tensor([mine], dtype=torch.float64, device=where))
     return [float(p) for p in parts], mine
