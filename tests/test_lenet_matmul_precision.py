@@ -17,7 +17,7 @@ from trainlab.lenet.plan import resolve
 def _restore_precision():
     before, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     yield
-    torch.set_float32_matmul_precision(before)
+    set_matmul_precision(before)
     torch.backends.cudnn.allow_tf32 = cudnn
 
 

@@ -321,7 +321,11 @@ def matmul_precision(tf32: str, precision: str | None) -> str:
 def set_matmul_precision(precision: str) -> dict:
     """Apply a `matmul_precision(...)` result to cuBLAS and cuDNN (anything below highest lets cuDNN's
     convolutions use TF32 too, as `--tf32 on` does); returns `tf32_state()` for the run's record."""
-    torch.set_float32_matmul_precision(precision)
+    setter = getattr(torch, "set_float32_matmul_precision", None)  # torch >= 1.12; not yet in api_compat's verdict
+    if setter is not None:
+        setter(precision)
+    else:  # the older switch: TF32 or not (medium's bf16 passes need the setter)
+        torch.backends.cuda.matmul.allow_tf32 = precision != "highest"
     torch.backends.cudnn.allow_tf32 = precision != "highest"
     return tf32_state()
 

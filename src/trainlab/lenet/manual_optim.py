@@ -33,9 +33,13 @@ class ManualSGD(torch.optim.Optimizer):
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
 
-    @torch.no_grad()
     def step(self, closure=None):
-        loss = None if closure is None else torch.enable_grad()(closure)()
+        loss = None if closure is None else closure()  # in the caller's grad mode, as torch.optim does
+        with torch.no_grad():
+            self._update()
+        return loss
+
+    def _update(self) -> None:
         for group in self.param_groups:
             lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
             for p in group["params"]:
@@ -49,7 +53,6 @@ class ManualSGD(torch.optim.Optimizer):
                 else:
                     buf.mul_(mu).add_(g)
                 p.sub_(g.add(buf, alpha=mu), alpha=lr)  # Nesterov: look one momentum step ahead
-        return loss
 
 
 class ManualAdamW(torch.optim.Optimizer):
@@ -58,9 +61,13 @@ class ManualAdamW(torch.optim.Optimizer):
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
-    @torch.no_grad()
     def step(self, closure=None):
-        loss = None if closure is None else torch.enable_grad()(closure)()
+        loss = None if closure is None else closure()
+        with torch.no_grad():
+            self._update()
+        return loss
+
+    def _update(self) -> None:
         for group in self.param_groups:
             lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             for p in group["params"]:
@@ -70,8 +77,8 @@ class ManualAdamW(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:  # the same keys as torch.optim.AdamW's state
                     state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 state["step"] += 1
                 t = int(state["step"].item())  # a host tensor (torch's non-capturable layout): no device sync
@@ -80,7 +87,6 @@ class ManualAdamW(torch.optim.Optimizer):
                 v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
                 denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
                 p.addcdiv_(m, denom, value=-lr / (1 - beta1**t))
-        return loss
 
 
 def build_manual(name: str, params, lr: float, weight_decay: float, momentum: float) -> torch.optim.Optimizer:

@@ -49,7 +49,7 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
             return super().forward(x)
         c = x.shape[1]
         dims = [0, *range(2, x.dim())]
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # fp16/bf16 statistics in float32
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # 16-bit statistics in float32
         local = torch.cat([xf.sum(dims), (xf * xf).sum(dims), xf.new_tensor([xf.numel() / c])])
         total = _AllReduceSum.apply(local)
         n = total[2 * c]
@@ -63,18 +63,10 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
                 unbiased = var.detach() * (n.detach() / (n.detach() - 1).clamp_min(1))
                 self.running_var.lerp_(unbiased.to(self.running_var.dtype), m)
         shape = [1, c] + [1] * (x.dim() - 2)
-        y = (xf - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        y = (xf - mean.view(shape)) * (var.view(shape) + self.eps).rsqrt()
         if self.affine:
             y = y * self.weight.view(shape) + self.bias.view(shape)
-        return y.to(x.dtype).contiguous(memory_format=_format(x))
-
-
-def _format(x: torch.Tensor) -> torch.memory_format:
-    return (
-        torch.channels_last
-        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
-        else torch.contiguous_format
-    )
+        return y.to(x.dtype)  # elementwise from x: channels-last in, channels-last out
 
 
 def convert_sync_batchnorm(model: nn.Module) -> nn.Module:
