@@ -145,22 +145,26 @@ def _lenet_step(device: torch.device, mode: str, batch: int):
     return step, x, y
 
 
+def queued_finished(step, batches, device: torch.device) -> tuple[float, float]:
+    """Seconds per step as the host sees it without a sync (queued) and with one at the end (finished)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    for x, y in batches:
+        step(x, y)
+    queued = time.perf_counter() - t0
+    synchronize(device)
+    finished = time.perf_counter() - t0
+    return queued / len(batches), finished / len(batches)
+
+
 def queued_vs_finished(cfg: AsyncConfig, device: torch.device, mode: str) -> dict:
     exp = "queued vs finished"
     setting = f"LeNet-5 {mode} step × {cfg.steps}, batch {cfg.batch_size}"
     if mode == "cudagraph" and device.type != "cuda":
         return _not_applicable(exp, setting, "CUDA graphs need a CUDA device")
     step, x, y = _lenet_step(device, mode, cfg.batch_size)
-    queued, finished = [], []
-    for _ in range(cfg.repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(cfg.steps):
-            step(x, y)
-        queued.append(time.perf_counter() - t0)
-        synchronize(device)
-        finished.append(time.perf_counter() - t0)
-    q, f = statistics.median(queued) / cfg.steps, statistics.median(finished) / cfg.steps
+    runs = [queued_finished(step, [(x, y)] * cfg.steps, device) for _ in range(cfg.repeats)]
+    q, f = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
     if device.type == "cuda":
         bought = (
             f"the host was free after {q * 1e3:.3f} of every {f * 1e3:.3f} ms per step: {100 * (1 - q / f):.0f} % of "
