@@ -29,6 +29,7 @@ from _common import add_output_args, check_output, save
 from trainlab.data.loader import DeviceLoader
 from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device, synchronize
+from trainlab.lenet.asynchrony import queued_finished
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.plan import STEP_MODES, resolve
 from trainlab.lenet.setup import build_model, build_optimizer
@@ -69,18 +70,6 @@ def time_steps(step, batches, device):
         synchronize(device)
         times.append(time.perf_counter() - t0)
     return times
-
-
-def async_demo(step, batches, device):
-    """Seconds per step as the host sees it without a sync (queued) and with one at the end (finished)."""
-    synchronize(device)
-    t0 = time.perf_counter()
-    for x, y in batches:
-        step(x, y)
-    queued = time.perf_counter() - t0
-    synchronize(device)
-    finished = time.perf_counter() - t0
-    return queued / len(batches), finished / len(batches)
 
 
 def main() -> None:
@@ -127,7 +116,7 @@ def main() -> None:
             continue
         step, setup_s = build(variant, device, x0, y0)
         times = time_steps(step, batches, device)
-        queued, finished = async_demo(step, batches, device)
+        queued, finished = queued_finished(step, batches, device)  # the demo `trainlab async` runs too
         s = summarize([t * 1e3 for t in times])
         row = {
             "variant": variant,

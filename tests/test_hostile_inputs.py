@@ -557,6 +557,44 @@ CASES = [
     Case("seed-negative", f"{NEW} --seed -1", r"--seed -1: expected an integer >= 0"),
     Case("dist-timeout-zero", f"{NEW} --dist-timeout 0", r"--dist-timeout 0: expected a finite number > 0"),
     Case("optimizer-unknown", f"{NEW} --optimizer lion", r"--optimizer 'lion': expected one of adamw, adam, sgd"),
+    Case("rank-devices-one", f"{NEW} --rank-devices cpu", r"--rank-devices 'cpu': expected one device per rank"),
+    Case(
+        "rank-devices-tpu", f"{NEW} --rank-devices cpu,tpu", r"--rank-devices 'cpu,tpu': expected one device per rank"
+    ),
+    Case(
+        "rank-devices-ddp",
+        f"{NEW} --rank-devices cpu,cpu --parallel ddp --nproc 2",
+        r"--rank-devices cpu,cpu: a mixed CPU \+ GPU world runs the hand-written all-reduce over gloo",
+    ),
+    Case(
+        "rank-devices-count",
+        f"{NEW} --rank-devices cpu,cpu --parallel allreduce --nproc 1",
+        r"--rank-devices cpu,cpu: 2 devices for --nproc 1",
+    ),
+    Case(
+        "rank-devices-with-device",
+        f"{NEW} --rank-devices cpu,cpu --parallel allreduce --nproc 2",
+        r"--rank-devices cpu,cpu with --device cpu: each rank's device comes from --rank-devices",
+    ),
+    Case("sync-bn-no-batchnorm", f"{NEW} --sync-bn --parallel ddp", r"--sync-bn: --model lenet5 has no BatchNorm"),
+    Case(
+        "sync-bn-ring",
+        f"{NEW} --sync-bn --batchnorm --parallel ring",
+        r"--sync-bn with --parallel ring: synchronized BatchNorm needs --parallel ddp or allreduce",
+    ),
+    Case("sync-bn-single-process", f"{NEW} --sync-bn --batchnorm", r"--sync-bn with --parallel none"),
+    Case("histograms-without-tensorboard", f"{NEW} --histograms", r"--histograms: the histograms go to TensorBoard"),
+    Case("histograms-with-value", f"{NEW} --histograms=yes", r"--histograms"),
+    Case(
+        "matmul-precision-unknown",
+        f"{NEW} --matmul-precision low",
+        r"--matmul-precision 'low': expected one of highest, high, medium",
+    ),
+    Case(
+        "matmul-precision-contradicts-tf32",
+        f"{NEW} --tf32 on --matmul-precision highest",
+        r"--matmul-precision highest: conflicts with --tf32 on",
+    ),
     Case(
         "train-step-mode-unknown",
         f"{NEW} --step-mode turbo",
@@ -1055,6 +1093,20 @@ CASES = [
     Case("dp-json-is-dir", "dp compare --json {dir}", r"--json \S+dir': is a directory, expected a file"),
     Case("dp-modes-unknown", "dp compare --modes none,magic", r"--modes: unknown mode 'magic'"),
     Case("dp-timeout-zero", "dp compare --timeout 0", r"--timeout 0: expected a finite number > 0"),
+    # -- async -------------------------------------------------------------------------------------------------
+    Case("async-device-bogus", "async --device bogus", r"--device 'bogus': expected auto, cpu, cuda or cuda:N"),
+    Case("async-ops-zero", "async --ops 0", r"--ops 0: expected an integer >= 1"),
+    Case("async-ops-huge", "async --ops 1000000", r"--ops 1000000: expected at most 100000"),
+    Case("async-size-huge", "async --size 99999", r"--size 99999: expected at most 8192"),
+    Case("async-chain-zero", "async --chain 0", r"--chain 0: expected an integer >= 1"),
+    Case("async-steps-zero", "async --steps 0", r"--steps 0: expected an integer >= 1"),
+    Case("async-batch-zero", "async --batch-size 0", r"--batch-size 0: expected an integer >= 1"),
+    Case("async-copy-mb-huge", "async --copy-mb 100000", r"--copy-mb 100000: expected at most 8192"),
+    Case("async-repeats-zero", "async --repeats 0", r"--repeats 0: expected an integer >= 1"),
+    Case("async-threads-zero", "async --threads 0", r"--threads 0: expected an integer >= 1"),
+    Case("async-json-is-dir", "async --json {dir}", r"--json \S+dir': is a directory, expected a file"),
+    Case("async-md-is-dir", "async --md {dir}", r"--md \S+dir': is a directory, expected a file"),
+    Case("dp-optimizer-unknown", "dp compare --optimizer manual-lion", r"--optimizer 'manual-lion': expected one of"),
     # -- our operators: train --ops, trainlab ops, trainlab profile -----------------------------------------------
     Case(
         "train-ops-unknown",

@@ -40,8 +40,11 @@ def make_buckets(params: list[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_
     return buckets
 
 
-def allreduce_gradients(buckets: list[list[torch.Tensor]], world_size: int, group=None) -> None:
-    """Average `p.grad` over all ranks, one SUM all-reduce per bucket, in place.
+def allreduce_gradients(
+    buckets: list[list[torch.Tensor]], world_size: int, group=None, host_staged: bool = False
+) -> None:
+    """Average `p.grad` over all ranks, one SUM all-reduce per bucket, in place. `host_staged` (a mixed
+    CPU + GPU world on gloo, `--rank-devices`): each bucket goes through host memory.
 
     A parameter without a gradient on this rank contributes zeros (other ranks may have one), so
     every rank issues the same collectives in the same order — a mismatch would deadlock.
@@ -51,6 +54,8 @@ def allreduce_gradients(buckets: list[list[torch.Tensor]], world_size: int, grou
     flats, works = [], []
     for bucket in buckets:
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+        if host_staged:
+            flat = flat.cpu()  # a GPU rank's bucket crosses to the host once, and comes back once below
         works.append(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True))
         flats.append(flat)
     for bucket, flat, work in zip(buckets, flats, works):
@@ -59,7 +64,7 @@ def allreduce_gradients(buckets: list[list[torch.Tensor]], world_size: int, grou
         offset = 0
         for p in bucket:
             n = p.numel()
-            view = flat[offset : offset + n].view_as(p)
+            view = flat[offset : offset + n].view_as(p).to(p.device)
             if p.grad is None:
                 p.grad = view.clone()
             else:
@@ -67,19 +72,31 @@ def allreduce_gradients(buckets: list[list[torch.Tensor]], world_size: int, grou
             offset += n
 
 
-def broadcast_parameters(model: nn.Module, src: int = 0, group=None) -> None:
+def broadcast_parameters(model: nn.Module, src: int = 0, group=None, host_staged: bool = False) -> None:
     """Make every replica equal to rank `src`'s (parameters and buffers), as DDP does at construction."""
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(t.data, src=src, group=group)
+            if host_staged and t.device.type != "cpu":
+                h = t.data.cpu()
+                dist.broadcast(h, src=src, group=group)
+                t.data.copy_(h)
+            else:
+                dist.broadcast(t.data, src=src, group=group)
 
 
 class HandAllReduce:
     """The per-model state of the hand-written method: its buckets, built once."""
 
-    def __init__(self, model: nn.Module, world_size: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES, group=None):
-        self.world_size, self.group = world_size, group
+    def __init__(
+        self,
+        model: nn.Module,
+        world_size: int,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        group=None,
+        host_staged: bool = False,
+    ):
+        self.world_size, self.group, self.host_staged = world_size, group, host_staged
         self.buckets = make_buckets([p for p in model.parameters() if p.requires_grad], bucket_bytes)
 
     def sync(self) -> None:
-        allreduce_gradients(self.buckets, self.world_size, self.group)
+        allreduce_gradients(self.buckets, self.world_size, self.group, self.host_staged)

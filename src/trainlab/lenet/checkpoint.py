@@ -52,8 +52,11 @@ def save_checkpoint(
     train_seconds: float,
     config: dict,
     ema: dict | None = None,
+    grad_scaler: dict | None = None,
 ) -> None:
-    """`ema` (an `EMA.state_dict()`, with --ema) is stored beside the live weights so a resume is exact."""
+    """`ema` (an `EMA.state_dict()`, with --ema) is stored beside the live weights so a resume is exact;
+    so is `grad_scaler` (fp16's `GradScaler.state_dict()`: the loss scale it has found and its growth
+    counter), or a resumed fp16 run would start over at 65536 and skip steps finding the scale again."""
     atomic_torch_save(
         path,
         {  # into a claimed run directory (RunDir vetted it)
@@ -67,6 +70,7 @@ def save_checkpoint(
             "train_seconds": train_seconds,
             "config": config,
             "ema": ema,
+            "grad_scaler": grad_scaler,
         },
     )
 
@@ -224,6 +228,19 @@ def restore_checkpoint(
             f"({cfg.epochs * steps_per_epoch} steps) and continues at step {step}"
         )
     return done, step, ckpt["history"], float(ckpt["train_seconds"])
+
+
+def restore_grad_scaler(scaler, state: dict | None, path, log=print) -> None:
+    """Put fp16's loss scale back (`save_checkpoint(grad_scaler=...)`); a checkpoint from before it was
+    saved, or from a run without fp16, says so and the scaler starts over."""
+    if scaler is None:
+        return
+    if not isinstance(state, dict) or not isinstance(state.get("scale"), (int, float)):
+        log(
+            f"resume: {path} holds no GradScaler state (written before trainlab saved it): the fp16 loss scale starts over"
+        )
+        return
+    scaler.load_state_dict(state)
 
 
 def _fast_forward(scheduler, steps: int) -> None:

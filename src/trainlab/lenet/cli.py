@@ -29,7 +29,7 @@ from trainlab.flags import (
 from trainlab.io import read_json, write_json_output
 from trainlab.lenet.compare import CompareConfig, run_compare
 from trainlab.lenet.config import RESUME_OVERRIDES, TrainConfig, apply_preset
-from trainlab.lenet.data_parallel import check_launch
+from trainlab.lenet.data_parallel import check_launch, check_rank_devices
 from trainlab.lenet.evaluate import evaluate_checkpoint
 from trainlab.lenet.loop import default_run_dir, train
 from trainlab.lenet.profile import ProfileConfig, run_profile_cmd
@@ -79,8 +79,10 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = resumed_config(args) if args.resume else config_from_args(args)
     cfg.validate()
     # All launch problems (mode, --nproc vs GPUs, batch vs world size) fail here, before any process starts.
-    check_launch(cfg.parallel, args.nproc, cfg.device, cfg.batch_size)
+    # a mixed world (--rank-devices) has one GPU rank at most per GPU, not one per process: checked below
+    check_launch(cfg.parallel, args.nproc, "cpu" if cfg.rank_devices else cfg.device, cfg.batch_size)
     check_shard_weights(cfg.shard_weights, cfg.parallel, args.nproc, cfg.batch_size)
+    check_rank_devices(cfg.rank_devices, cfg.parallel, cfg.device, args.nproc)
     slowdown_factor(0)  # $TRAINLAB_SLOW_RANKS, parsed whole before any process starts
     for flag, images in (("--train-subset", cfg.train_subset), ("--test-subset", cfg.test_subset)):
         if images is not None and images < args.nproc:  # a rank with no image has nothing to average
@@ -144,6 +146,13 @@ def run_dp_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_async(args: argparse.Namespace) -> int:
+    from trainlab.lenet.asynchrony import AsyncConfig, run_async_cmd
+
+    run_async_cmd(AsyncConfig(**explicit_values(args, AsyncConfig)))
+    return 0
+
+
 def run_profile(args: argparse.Namespace) -> int:
     return run_profile_cmd(ProfileConfig(**explicit_values(args, ProfileConfig)), args.command_line)
 
@@ -202,6 +211,17 @@ def add_parser(subparsers) -> None:
         "run several modes on the same global batches and say where the time goes",
         CompareConfig,
         run_dp_compare,
+    )
+
+    from trainlab.lenet.asynchrony import AsyncConfig  # its flags; torch is imported here already
+
+    add_command(
+        subparsers,
+        "async",
+        "the asynchronous-execution and automatic-parallelism experiments: queued vs finished, "
+        "t1 + N·t2 + t3, one stream vs two, a copy behind compute, the CPU and the GPU at once",
+        AsyncConfig,
+        run_async,
     )
 
     add_command(

@@ -27,10 +27,11 @@ import torch
 from trainlab.device import check_process_count
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError, UserError
-from trainlab.flags import Config, at_least, opt, output_file, positive, seed_value, thread_count
+from trainlab.flags import Config, at_least, one_of, opt, output_file, positive, seed_value, thread_count
 from trainlab.io import atomic_write_json, atomic_write_text, read_json
-from trainlab.lenet.config import TrainConfig
+from trainlab.lenet.config import OPTIMIZERS, TrainConfig
 from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launch
+from trainlab.lenet.lightning_row import lightning_missing, run_lightning_worker, skipped_row
 from trainlab.lenet.loop import train
 from trainlab.results.kinds import plan_record, stamp
 from trainlab.telemetry.results import DP_COMPARE_COLUMNS
@@ -38,8 +39,10 @@ from trainlab.telemetry.rundir import RunDir
 
 MODES_HELP = (
     "comma-separated: none (single process), dp (nn.DataParallel, ≥2 GPUs), ddp, allreduce (hand-written), "
-    "ring (ring all-reduce from send/recv)"
+    "ring (ring all-reduce from send/recv), lightning (PyTorch Lightning's Trainer, its DDP strategy, on "
+    "trainlab's model, optimizer and batches; optional extra: pip install '.[lightning]')"
 )
+COMPARE_MODES = (*MODES, "lightning")
 
 
 @dataclass
@@ -57,6 +60,12 @@ class CompareConfig(Config):
     test_subset: int | None = opt(None, "evaluate on the first N test images", check=at_least(1))
     workers: str = opt("0,1,2,4", "DataLoader num_workers sweep ('' to skip)")
     seed: int = opt(0, "seed of every mode", check=seed_value)
+    optimizer: str = opt(
+        "adamw",
+        "every mode's optimizer: adamw | adam | sgd | manual-sgd | manual-adamw (the update written out, "
+        "lenet/manual_optim.py; with allreduce/ring nothing in the step is torch.optim's)",
+        check=one_of(OPTIMIZERS),
+    )
     repeats: int = opt(1, "run everything R times round-robin; report medians", check=at_least(1))
     threads: int | None = opt(
         None,
@@ -78,8 +87,13 @@ class CompareConfig(Config):
     def validate(self) -> None:
         super().validate()
         for mode in parse_modes(self.modes):  # every problem is reported before the first run starts
-            check_launch(mode, self.nproc if mode in MULTI_PROCESS_MODES else 1, self.device, self.batch_size)
+            launched = "ddp" if mode == "lightning" else mode  # Lightning's DDP: the same launch as ours
+            check_launch(launched, self.nproc if _multi(mode) else 1, self.device, self.batch_size)
         parse_workers(self.workers)
+
+
+def _multi(mode: str) -> bool:
+    return mode in MULTI_PROCESS_MODES or mode == "lightning"
 
 
 def parse_modes(text: str) -> list[str]:
@@ -87,8 +101,8 @@ def parse_modes(text: str) -> list[str]:
     if not modes:
         raise ConfigError("--modes: expected a comma-separated list such as none,ddp,allreduce")
     for m in modes:
-        if m not in MODES:
-            raise ConfigError(f"--modes: unknown mode {m!r}; expected some of {', '.join(MODES)}")
+        if m not in COMPARE_MODES:
+            raise ConfigError(f"--modes: unknown mode {m!r}; expected some of {', '.join(COMPARE_MODES)}")
     return modes
 
 
@@ -118,6 +132,7 @@ def row_from_run(cfg: TrainConfig, summary: dict, history: list[dict]) -> dict:
         "global_batch": cfg.batch_size,
         "epochs": len(history),
         "seed": cfg.seed,
+        "optimizer": cfg.optimizer,
         "device": summary["device"],
         "epoch_seconds": epoch_seconds,
         "images_per_s": n_train / epoch_seconds,
@@ -164,6 +179,8 @@ def bandwidth(
 
 def run_worker(spec: dict) -> int:
     """One process (or one torchrun rank) of a comparison: train with step timing, rank 0 writes its row."""
+    if spec.get("lightning"):  # the same batches and model, driven by Lightning's Trainer
+        return run_lightning_worker(spec)
     cfg = TrainConfig.from_dict(spec["config"], source="dp compare spec")
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -179,13 +196,20 @@ def run_worker(spec: dict) -> int:
     return 0  # the dispatcher ends the process (launch.end_worker)
 
 
-def _run_one(cfg: TrainConfig, nproc: int, workdir: Path, tag: str, threads: int | None, limit_s: float) -> dict:
+def _run_one(
+    cfg: TrainConfig, nproc: int, workdir: Path, tag: str, threads: int | None, limit_s: float, lightning=False
+) -> dict:
     """One run of one mode in processes of its own (`trainlab worker`, under torchrun for several), stopped
     after `limit_s`: its row, or a row marking why there is none. A row that rank 0 wrote is kept even if
     a rank then failed or hung at the end: the run's results were complete."""
     result = workdir / f"{tag}.row.json"
     spec = write_spec(
-        workdir / f"{tag}.spec.json", "dp-compare", config=cfg.to_dict(), threads=threads, result=str(result)
+        workdir / f"{tag}.spec.json",
+        "dp-compare",
+        config=cfg.to_dict(),
+        threads=threads,
+        result=str(result),
+        lightning=lightning,
     )
     cmd = worker_command(nproc, spec)
     print("launching: " + " ".join(cmd), flush=True)
@@ -198,7 +222,7 @@ def _run_one(cfg: TrainConfig, nproc: int, workdir: Path, tag: str, threads: int
         return row
     return {
         **dict.fromkeys(DP_COMPARE_COLUMNS),
-        "mode": cfg.parallel,
+        "mode": "lightning" if lightning else cfg.parallel,
         "world_size": nproc,
         "loader": cfg.loader,
         "workers": cfg.workers if cfg.loader == "dataloader" else None,
@@ -228,12 +252,13 @@ def compare(cc: CompareConfig, log=print, on_rows=None) -> tuple[list[dict], lis
         train_subset=cc.train_subset,
         test_subset=cc.test_subset,
         seed=cc.seed,
+        optimizer=cc.optimizer,
         progress=False,
         tensorboard=False,
         gpu_telemetry=False,
         step_timing=True,
     )
-    plan = [(mode, TrainConfig(**base, parallel=mode), nproc) for mode in modes]
+    plan = [(mode, TrainConfig(**base, parallel="none" if mode == "lightning" else mode), nproc) for mode in modes]
     if workers:
         if "none" not in modes:
             plan.append(("device", TrainConfig(**base), 1))
@@ -245,13 +270,20 @@ def compare(cc: CompareConfig, log=print, on_rows=None) -> tuple[list[dict], lis
         work = Path(tmp)
         for r in range(repeats):
             for tag, cfg, n in plan:
-                multi = cfg.parallel in MULTI_PROCESS_MODES
+                multi = _multi(tag)
                 log(
                     f"== {_describe(tag, cfg, n if multi else 1)}"
                     + (f"  (repeat {r + 1}/{repeats})" if repeats > 1 else "")
                 )
                 run_cfg = TrainConfig(**{**cfg.to_dict(), "out": str(work / f"{tag}-{r}")})
-                row = _run_one(run_cfg, n if multi else 1, work, f"{tag}-{r}", threads, cc.timeout_s)
+                missing = lightning_missing() if tag == "lightning" else None
+                row = (
+                    skipped_row(n, missing)
+                    if missing
+                    else _run_one(
+                        run_cfg, n if multi else 1, work, f"{tag}-{r}", threads, cc.timeout_s, tag == "lightning"
+                    )
+                )
                 if row["status"] != "ok" or row.get("note"):
                     log(f"   {row['status']}: {row.get('error') or row.get('note')}")
                 runs[tag].append(row)
@@ -298,7 +330,7 @@ def _combine(runs: list[dict]) -> dict:
         "bound_comm_ms",
         "busbw_pct_of_link",
     ):
-        values = [r[key] for r in runs if r[key] is not None]
+        values = [r[key] for r in runs if r.get(key) is not None]  # the lightning row has no step split
         row[key] = statistics.median(values) if values else None
     row["repeats"] = len(runs)
     row["epoch_seconds_runs"] = [r["epoch_seconds"] for r in runs]
@@ -399,7 +431,8 @@ def run_compare(cc: CompareConfig, log=print) -> str:
     rows, loader_rows = compare(cc, log=log, on_rows=lambda *tables: _write(cc, *tables))
     report = _write(cc, rows, loader_rows)
     log(report)
-    failed = [f"{r['mode']} ({r['status']})" for r in rows + loader_rows if r["status"] != "ok"]
+    # a skipped row (Lightning not installed) says why in the table; it is not a failure
+    failed = [f"{r['mode']} ({r['status']})" for r in rows + loader_rows if r["status"] not in ("ok", "skipped")]
     if failed:
         kept = f"; the rows that finished are in {cc.json}" if cc.json else ""
         raise UserError(f"dp compare: {', '.join(failed)} did not finish (see the table above){kept}")

@@ -14,16 +14,18 @@ from typing import Any
 
 from trainlab.data.augment import Distortion
 from trainlab.data.datasets import DATASETS
+from trainlab.device import matmul_precision
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, between, non_negative, one_of, opt, positive, process_count, seed_value
 from trainlab.lenet.activations import ACTIVATIONS
-from trainlab.lenet.data_parallel import MODES
+from trainlab.lenet.data_parallel import MODES, parse_rank_devices
+from trainlab.lenet.manual_optim import MANUAL_OPTIMIZERS
 from trainlab.lenet.model import POOLS, check_model_options
 from trainlab.lenet.models import MODELS, check_model_choice
 from trainlab.lenet.plan import STEP_MODES
 from trainlab.lenet.shard_weights import parse_shard_weights
 
-OPTIMIZERS = ("adamw", "adam", "sgd")
+OPTIMIZERS = ("adamw", "adam", "sgd", *MANUAL_OPTIMIZERS)
 SCHEDULES = ("onecycle", "cosine", "constant", "linear")
 LOADERS = ("device", "dataloader")
 
@@ -34,6 +36,7 @@ RESUME_OVERRIDES = (
     "device",
     "progress",
     "tensorboard",
+    "histograms",
     "gpu_telemetry",
     "dist_timeout",
     "step_timing",
@@ -132,7 +135,12 @@ class TrainConfig(Config):
         "with --warmup-batch-size: how much of the first epoch goes in the small batches (0–1]",
         check=between(0, 1, lo_open=True),
     )
-    optimizer: str = opt("adamw", "adamw | adam | sgd", check=one_of(OPTIMIZERS))
+    optimizer: str = opt(
+        "adamw",
+        "adamw | adam | sgd (torch.optim) | manual-sgd | manual-adamw (the same updates written out over the "
+        "parameter list, lenet/manual_optim.py)",
+        check=one_of(OPTIMIZERS),
+    )
     lr: float = opt(5e-3, "peak learning rate (OneCycle max / constant value)", check=positive)
     weight_decay: float = opt(1e-4, "weight decay (decoupled for AdamW, L2 for SGD/Adam)", check=non_negative)
     momentum: float = opt(0.9, "SGD momentum (Nesterov)", cli=False, check=between(0, 1, hi_open=True))
@@ -180,7 +188,24 @@ class TrainConfig(Config):
         "TF32 tensor cores for fp32 matmuls/convolutions on Ampere+ GPUs (recorded in the summary)",
         choices=("on", "off"),
     )
+    matmul_precision: str | None = opt(
+        None,
+        "float32 matmul precision (torch.set_float32_matmul_precision): highest (fp32) | high (TF32, = --tf32 on) "
+        "| medium (bf16 passes allowed); default: what --tf32 says",
+        metavar="highest|high|medium",
+    )
     parallel: str = opt("none", "none | dp | ddp | allreduce | ring (see `trainlab dp`)", check=one_of(MODES))
+    rank_devices: str | None = opt(
+        None,
+        "a mixed world: one device per rank, e.g. cpu,cuda (one CPU rank and one GPU rank over gloo, "
+        "--parallel allreduce; pair with --shard-weights auto so the slower device gets its share)",
+        metavar="DEV1,DEV2,…",
+    )
+    sync_bn: bool = opt(
+        False,
+        "with --parallel ddp|allreduce: BatchNorm statistics over the global batch (one all-reduce per "
+        "BatchNorm layer and step, lenet/sync_bn.py), so W ranks equal one process; off: each rank's shard",
+    )
     shard_weights: str | None = opt(
         None,
         "split each global batch across ranks in proportion to these weights (one per "
@@ -211,6 +236,11 @@ class TrainConfig(Config):
     )
     progress: bool = opt(True, "progress bar within each epoch")
     tensorboard: bool = opt(True, "write TensorBoard events")
+    histograms: bool = opt(
+        False,
+        "TensorBoard histograms of every weight and its last gradient after each epoch (rank 0; its seconds "
+        "are recorded per epoch as histogram_seconds in metrics.jsonl)",
+    )
     gpu_telemetry: bool = opt(True, "sample GPU utilization/memory/power with NVML")
     stop_after: int | None = opt(None, "stop after N epochs as if interrupted (to try --resume)", check=at_least(1))
     preset: str = opt(
@@ -248,8 +278,19 @@ class TrainConfig(Config):
             )
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ConfigError(f"--name {self.name!r}: expected a plain name (it becomes runs/<name>)")
+        matmul_precision(self.tf32, self.matmul_precision)  # the two flags, together
+        if self.histograms and not self.tensorboard:
+            raise ConfigError("--histograms: the histograms go to TensorBoard; drop --no-tensorboard")
+        if self.sync_bn and not (self.batchnorm or self.model in ("lenet5-bn", "resnet18")):
+            raise ConfigError(f"--sync-bn: --model {self.model} has no BatchNorm to synchronize (add --batchnorm)")
+        if self.sync_bn and self.parallel not in ("ddp", "allreduce"):
+            raise ConfigError(
+                f"--sync-bn with --parallel {self.parallel}: synchronized BatchNorm needs --parallel ddp or allreduce "
+                "(ring's communication thread would interleave its collectives with BatchNorm's)"
+            )
         self.distortion()  # the augmentation flags, together (raises ConfigError naming the flag)
         parse_shard_weights(self.shard_weights)  # its syntax; the rank count is checked at launch
+        parse_rank_devices(self.rank_devices)  # likewise
 
     def distortion(self) -> Distortion:
         """The training augmentation these flags ask for."""

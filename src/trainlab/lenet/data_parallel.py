@@ -171,6 +171,7 @@ class DataParallelContext:
     device: torch.device = torch.device("cpu")
     timeout_s: float = DEFAULT_TIMEOUT_S
     owns_group: bool = False  # this context created the process group, so it destroys it
+    host_staged: bool = False  # a mixed CPU + GPU world on gloo: every collective goes through host memory
     timer: StepTimer | None = None
     _reducer: object = field(default=None, repr=False)
 
@@ -199,9 +200,9 @@ class DataParallelContext:
                 ddp.register_comm_hook(self.timer, _timed_allreduce_hook)
             return ddp
         if self.mode in ("allreduce", "ring") and self.world_size > 1:
-            broadcast_parameters(model)  # replicas start identical, as under DDP
+            broadcast_parameters(model, host_staged=self.host_staged)  # replicas start identical, as under DDP
             if self.mode == "allreduce":
-                self._reducer = HandAllReduce(model, self.world_size)
+                self._reducer = HandAllReduce(model, self.world_size, host_staged=self.host_staged)
             else:
                 self.timer.comm_overlapped = True
                 self._reducer = RingAllReduce(
@@ -241,7 +242,8 @@ class DataParallelContext:
     def sum_(self, t: torch.Tensor) -> torch.Tensor:
         """Sum a tensor over ranks, in place (a no-op in a single process)."""
         if self.multi_process:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            with on_host(t, self.host_staged) as h:
+                dist.all_reduce(h, op=dist.ReduceOp.SUM)
         return t
 
     def step_means(
@@ -263,6 +265,11 @@ class DataParallelContext:
         """Concatenate every rank's 1-D tensor in rank order; the lengths may differ."""
         if not self.multi_process:
             return t
+        if self.host_staged:  # gloo gathers host tensors only
+            return self._gather(t.cpu()).to(t.device)
+        return self._gather(t)
+
+    def _gather(self, t: torch.Tensor) -> torch.Tensor:
         sizes = [torch.zeros(1, dtype=torch.long, device=t.device) for _ in range(self.world_size)]
         dist.all_gather(sizes, torch.tensor([t.numel()], device=t.device))
         longest = int(max(s.item() for s in sizes))
@@ -278,7 +285,8 @@ class DataParallelContext:
         if self.multi_process:
             with torch.no_grad():
                 for b in model.buffers():
-                    dist.broadcast(b, src=0)
+                    with on_host(b, self.host_staged) as h:
+                        dist.broadcast(h, src=0)
 
     def raise_if_peer_failure(self, exc: BaseException) -> None:
         """Re-raise a failed collective as one clear line (the caller re-raises anything else)."""
@@ -290,6 +298,82 @@ class DataParallelContext:
         if self.owns_group:
             release_group()  # a group of one only: a rank with peers ends by launch.end_worker
             self.owns_group = False
+
+
+class on_host:
+    """`with on_host(t, staged) as h:` a collective on `h`: `t` itself, or (a mixed world) a host copy
+    of it whose result is copied back. gloo moves host memory; staging here keeps every rank's call the
+    same whatever its device, instead of relying on gloo's partial CUDA support."""
+
+    def __init__(self, t: torch.Tensor, staged: bool):
+        self.t, self.h = t, (t.cpu() if staged and t.device.type != "cpu" else t)
+
+    def __enter__(self) -> torch.Tensor:
+        return self.h
+
+    def __exit__(self, *exc):
+        if exc[0] is None and self.h is not self.t:
+            self.t.copy_(self.h)
+        return False
+
+
+def parse_rank_devices(spec: str | None) -> list[str] | None:
+    """`--rank-devices cpu,cuda`: one device per rank, in rank order (None: every rank on --device)."""
+    if spec is None:
+        return None
+    devices = [d.strip() for d in spec.split(",")]
+    ok = all(d == "cpu" or d == "cuda" or (d.startswith("cuda:") and d[5:].isdigit()) for d in devices)
+    if len(devices) < 2 or not ok:
+        raise ConfigError(
+            f"--rank-devices {spec!r}: expected one device per rank, at least 2, each cpu, cuda or cuda:N (e.g. cpu,cuda)"
+        )
+    return devices
+
+
+def check_rank_devices(spec: str | None, parallel: str, device: str, nproc: int) -> None:
+    """Before any process starts: a mixed world is the hand-written all-reduce, one device per rank."""
+    devices = parse_rank_devices(spec)
+    if devices is None:
+        return
+    if parallel != "allreduce":
+        raise ConfigError(
+            f"--rank-devices {spec}: a mixed CPU + GPU world runs the hand-written all-reduce over gloo; "
+            f"use --parallel allreduce (got --parallel {parallel})"
+        )
+    if len(devices) != nproc:
+        raise ConfigError(f"--rank-devices {spec}: {len(devices)} devices for --nproc {nproc} (one per rank)")
+    if device != "auto":
+        raise ConfigError(f"--rank-devices {spec} with --device {device}: each rank's device comes from --rank-devices")
+    for d in devices:
+        if d != "cpu":
+            resolve_device(d)  # a GPU that is not there fails here, naming it
+
+
+def _setup_mixed(mode: str, spec: str, global_batch: int, step_timing: bool, timeout_s: float | None):
+    """A world whose ranks compute on different device kinds (one CPU rank + one GPU rank): the group
+    is gloo (NCCL has no CPU ranks), created as a CPU group; each rank then takes its own device, and
+    every collective is staged through host memory (`on_host`)."""
+    devices = parse_rank_devices(spec)
+    timeout_s = timeout_s if timeout_s is not None else dist_timeout_s()
+    already = dist.is_initialized()
+    info = init_distributed(backend="gloo", device="cpu", timeout_s=timeout_s)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (info.rank, info.world_size)
+    if len(devices) != world:
+        raise ConfigError(f"--rank-devices {spec}: {len(devices)} devices for a world of {world} ranks")
+    _check_batch_covers_ranks(global_batch, world, "the world size")
+    dev = resolve_device(devices[rank])
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return DataParallelContext(
+        mode=mode,
+        rank=rank,
+        world_size=world,
+        device=dev,
+        timeout_s=timeout_s,
+        owns_group=not already and dist.is_initialized(),
+        host_staged=True,
+        timer=StepTimer(dev, step_timing),
+    )
 
 
 def _timed_allreduce_hook(timer: StepTimer, bucket):
@@ -368,13 +452,21 @@ def _check_batch_covers_ranks(global_batch: int, world_size: int, what: str) -> 
 
 
 def setup_data_parallel(
-    mode: str, device: str, global_batch: int, step_timing: bool = False, timeout_s: float | None = None
+    mode: str,
+    device: str,
+    global_batch: int,
+    step_timing: bool = False,
+    timeout_s: float | None = None,
+    rank_devices: str | None = None,
 ) -> DataParallelContext:
     """Resolve `--parallel MODE` into a context; errors before anything starts.
 
     ddp/allreduce join the process group described by torchrun's RANK/WORLD_SIZE/LOCAL_RANK (or an
     existing one, as under `spawn_for_test`); without those variables they run as a world of one.
+    `rank_devices` ("cpu,cuda"): a mixed world (`--rank-devices`), each rank on its own device kind.
     """
+    if rank_devices is not None:
+        return _setup_mixed(mode, rank_devices, global_batch, step_timing, timeout_s)
     if mode not in MODES:
         raise ConfigError(f"--parallel {mode!r}: expected one of {', '.join(MODES)}")
     if mode == "none":

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from trainlab.data.datasets import describe_dataset, load_dataset
-from trainlab.device import set_tf32, synchronize
+from trainlab.device import set_matmul_precision, synchronize
 from trainlab.distributed.launch import describe_timeout
 from trainlab.distributed.wrappers import unwrap
 from trainlab.errors import TrainingDiverged
@@ -27,7 +27,7 @@ from trainlab.io import progress_bar
 from trainlab.lenet import misclassified
 from trainlab.lenet.architecture import architecture_rows
 from trainlab.lenet.batches import build_test_batches, build_train_batches, to_device
-from trainlab.lenet.checkpoint import load_checkpoint, restore_checkpoint, save_checkpoint
+from trainlab.lenet.checkpoint import load_checkpoint, restore_checkpoint, restore_grad_scaler, save_checkpoint
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.data_parallel import setup_data_parallel
 from trainlab.lenet.ema import EMA
@@ -38,6 +38,7 @@ from trainlab.lenet.plan import LeNetPlan, resolve
 from trainlab.lenet.setup import build_model, build_optimizer, build_scheduler
 from trainlab.lenet.shard_weights import setup_shards
 from trainlab.lenet.step import Step, make_step
+from trainlab.lenet.sync_bn import convert_sync_batchnorm
 from trainlab.lenet.tta import evaluate_tta
 from trainlab.results.kinds import plan_record, stamp
 from trainlab.signals import StopOnSignal
@@ -68,7 +69,12 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
     # ---- resolve everything up front, so a bad flag fails before any work -------------------------
     cfg.validate()
     par = setup_data_parallel(
-        cfg.parallel, cfg.device, cfg.batch_size, step_timing=cfg.step_timing, timeout_s=cfg.dist_timeout
+        cfg.parallel,
+        cfg.device,
+        cfg.batch_size,
+        step_timing=cfg.step_timing,
+        timeout_s=cfg.dist_timeout,
+        rank_devices=cfg.rank_devices,
     )
     plan = resolve(cfg, par.device)  # every `auto` decided, every machine check made, once
     model = build_model(plan)  # an implementation this device lacks fails before the run directory exists
@@ -84,7 +90,7 @@ def train(cfg: TrainConfig, resume: str | Path | None = None, log=print) -> dict
 
 
 def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunDir, signals: StopOnSignal) -> dict:
-    tf32 = set_tf32(cfg.tf32)
+    tf32 = set_matmul_precision(plan.matmul_precision)  # --tf32 / --matmul-precision, resolved in the plan
     s = _assemble(cfg, plan, model, resume, par, run, log)
 
     # ---- record what this run is, before it runs -------------------------------------------------
@@ -111,6 +117,8 @@ def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunD
     tel = Telemetry(cfg, s, par, run, env, log)
 
     step = make_step(plan, par.wrap(s.model), s.optimizer, after_backward=par.after_backward)
+    if s.resumed:
+        restore_grad_scaler(step.scaler, s.grad_scaler, run.checkpoint, log)
     model = step.model  # what the step runs: wrapped for data parallelism, compiled in the compile mode
     # Each rank scores its shard of the test set with the plain module: DDP's forward would broadcast
     # buffers, a collective that ranks with different numbers of test batches cannot all join.
@@ -135,6 +143,8 @@ def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunD
                 record, result = _epoch_record(
                     cfg, s, par, eval_model, live_model, epoch, epoch_seconds, losses, accuracies, train_accuracy, run
                 )
+                if step.scaler is not None:  # fp16: the loss scale the GradScaler has settled on (checkpointed)
+                    record["grad_scale"] = step.scaler.get_scale()
                 s.history.append(record)
                 if time_to_target is None and result["test_accuracy"] >= TIME_TO_ACCURACY_TARGET:
                     time_to_target = s.train_seconds
@@ -144,7 +154,7 @@ def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunD
                     f"{record['images_per_s']:>9,.0f} img/s  {epoch_seconds:6.2f} s"
                     + (f"  (live weights {record['live_test_accuracy']:.2f}%)" if s.ema else "")
                 )
-                tel.epoch_done(record, result, s.global_step, s.scheduler)
+                tel.epoch_done(record, result, s.global_step, s.scheduler, model)
                 if par.is_main:
                     run.write_metrics(s.history)
                     save_checkpoint(
@@ -158,6 +168,7 @@ def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunD
                         train_seconds=s.train_seconds,
                         config=cfg.to_dict(),
                         ema=s.ema.state_dict() if s.ema is not None else None,
+                        grad_scaler=step.scaler.state_dict() if step.scaler is not None else None,
                     )
                 epochs_run += 1
                 signals.stop(par, run.path, epoch + 1, cfg.epochs)
@@ -344,6 +355,7 @@ class _Parts:
     params: int
     resumed: bool
     sharding: dict | None = None  # the --shard-weights split as resolved (lenet/shard_weights.py)
+    grad_scaler: dict | None = None  # a resumed fp16 run: the checkpoint's GradScaler state (restored into the step)
     flops: int = 0  # forward FLOPs per image (lenet/models.py)
     data_line: str = ""  # source, fingerprint, official or not: hashed once, logged and summarized
     start_epoch: int = 0
@@ -374,6 +386,10 @@ def _assemble(cfg: TrainConfig, plan: LeNetPlan, model, resume, par, run: RunDir
     sharding = setup_shards(
         cfg.shard_weights, make_step(replace(plan, step_mode="eager"), model, optimizer), train_batches, par, log
     )
+    if (
+        cfg.sync_bn
+    ):  # after the --shard-weights timing (no collectives there); same parameters, so the optimizer keeps them
+        model = convert_sync_batchnorm(model)
     steps_per_epoch = len(train_batches)  # after the split: a weighted split may drop a short last batch
     total_steps = train_batches.total_steps(cfg.epochs) if cfg.warmup_batch_size else None  # device loader (validate)
     scheduler = build_scheduler(plan, optimizer, plan.lr, steps_per_epoch, total_steps)
@@ -399,6 +415,7 @@ def _assemble(cfg: TrainConfig, plan: LeNetPlan, model, resume, par, run: RunDir
         s.start_epoch, s.global_step, s.history, s.train_seconds = restore_checkpoint(
             ckpt, cfg, model, optimizer, scheduler, run, steps_per_epoch, log, ema=ema
         )
+        s.grad_scaler = ckpt.get("grad_scaler")
     s.params, s.flops = count_parameters(model), flops_per_image(model)
     s.data_line = describe_dataset(cfg.dataset, data)
     return s
@@ -448,6 +465,7 @@ class Telemetry:
         self.writer = make_writer(
             run.path, cfg.tensorboard and par.is_main, purge_step=s.global_step if s.resumed else None
         )
+        self.histograms = cfg.histograms and self.writer is not None
         if self.writer is not None and not s.resumed:
             _log_graph(self.writer, s.model, next(iter(s.test_batches))[0][:8])
             _log_layout(self.writer)
@@ -488,17 +506,30 @@ class Telemetry:
             self.run.write_json("env.json", self.env)
             self.run.write_text("nvidia-smi-busy.txt", snapshot["text"])
 
-    def epoch_done(self, record: dict, result: dict, global_step: int, scheduler) -> None:
+    def epoch_done(self, record: dict, result: dict, global_step: int, scheduler, model) -> None:
         if self.writer is not None:
             _log_epoch(
                 self.writer, record, record["step_losses"], record["step_accuracies"], global_step, result, scheduler
             )
+        if self.histograms:
+            t0 = time.perf_counter()
+            _log_histograms(self.writer, unwrap(model), global_step)
+            record["histogram_seconds"] = time.perf_counter() - t0  # what --histograms costs, per epoch
 
     def close(self, model, test_batches, global_step: int, wrong) -> None:
         if self.writer is not None:
             _log_images(self.writer, model, test_batches, global_step)
             self.writer.add_figure("test/misclassified", misclassified_figure(wrong, self.run.path.name), global_step)
             self.writer.close()
+
+
+def _log_histograms(writer, model, step: int) -> None:
+    """--histograms: each weight and its gradient of the epoch's last step (averaged over ranks: the one
+    the optimizer applied), so a dying layer (weights collapsing, gradients vanishing) shows epoch by epoch."""
+    for name, p in model.named_parameters():
+        writer.add_histogram(f"weights/{name}", p.detach().float().cpu(), step)
+        if p.grad is not None:
+            writer.add_histogram(f"gradients/{name}", p.grad.detach().float().cpu(), step)
 
 
 def _silent(*_args, **_kwargs) -> None:

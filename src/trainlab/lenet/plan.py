@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainlab.device import AMP_DTYPES, amp_for_sm, cuda_sm
+from trainlab.device import AMP_DTYPES, amp_for_sm, cuda_sm, matmul_precision
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.lenet.model import parse_ops, resolve_ops
 from trainlab.ops.build import check_toolchain
@@ -46,13 +46,14 @@ class LeNetPlan:
     # execution
     precision: str  # bf16 | fp16 (autocast; fp16 with a GradScaler in the step) | fp32
     channels_last: bool
-    tf32: bool
+    tf32: bool  # TF32 allowed: matmul_precision below highest
+    matmul_precision: str  # highest | high | medium (torch.set_float32_matmul_precision; --tf32 on = high)
     step_mode: str  # eager | compile | cudagraph (lenet.step)
     compile_mode: str  # torch.compile's mode in the compile step: "default" (benchmarks may ask for others)
     # the optimization
     batch_size: int  # global
     epochs: int
-    optimizer: str  # adamw | adam | sgd
+    optimizer: str  # adamw | adam | sgd | manual-sgd | manual-adamw
     lr: float  # the peak lr after --scale-lr
     weight_decay: float
     momentum: float
@@ -106,6 +107,7 @@ def resolve(cfg, device: torch.device) -> LeNetPlan:
     )
     step_mode = _step_mode(cfg, device, ops, precision)
     lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.scale_lr)
+    precision_ = matmul_precision(cfg.tf32, cfg.matmul_precision)
     return LeNetPlan(
         device=str(device),
         model=cfg.model,
@@ -117,7 +119,8 @@ def resolve(cfg, device: torch.device) -> LeNetPlan:
         ops_impl=impl,
         precision=precision,
         channels_last=channels_last,
-        tf32=cfg.tf32 == "on",
+        tf32=precision_ != "highest",
+        matmul_precision=precision_,
         step_mode=step_mode,
         compile_mode="default",
         batch_size=cfg.batch_size,
@@ -126,7 +129,7 @@ def resolve(cfg, device: torch.device) -> LeNetPlan:
         lr=lr,
         weight_decay=cfg.weight_decay,
         momentum=cfg.momentum,
-        fused_optimizer=device.type in ("cuda", "cpu"),
+        fused_optimizer=device.type in ("cuda", "cpu") and not cfg.optimizer.startswith("manual-"),
         capturable=step_mode == "cudagraph" and cfg.schedule != "onecycle",
         schedule=cfg.schedule,
         warmup_epochs=cfg.warmup_epochs,
@@ -175,8 +178,8 @@ def _graph_blockers(cfg, ops: str, precision: str) -> list[str]:
         why.append("fp16 autocast (its GradScaler decides on the host whether to step; a GPU below sm80)")
     if cfg.parallel != "none":
         why.append(f"--parallel {cfg.parallel} (collectives and hooks outside the graph)")
-    if cfg.optimizer == "sgd":
-        why.append("--optimizer sgd (only Adam/AdamW are capturable here)")
+    if cfg.optimizer in ("sgd", "manual-sgd", "manual-adamw"):
+        why.append(f"--optimizer {cfg.optimizer} (only torch's Adam/AdamW are capturable here)")
     if cfg.warmup_batch_size is not None:
         why.append("--warmup-batch-size (one graph has one batch shape)")
     if cfg.compile:

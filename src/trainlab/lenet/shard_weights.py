@@ -145,10 +145,9 @@ def measure_shares(step, batches) -> tuple[list[float], float]:
     mine = statistics.median(rates)
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [mine], mine
-    # NCCL gathers CUDA tensors only; gloo takes either
-    where = batches.device if batches.device.type == "cuda" else torch.device("cpu")
-    parts = [torch.zeros(1, dtype=torch.float64, device=where) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, torch.tensor([mine], dtype=torch.float64, device=where))
+    # one float per rank, as a Python object: the same call on NCCL, gloo and a mixed CPU + GPU world
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
     return [float(p) for p in parts], mine
 
 
