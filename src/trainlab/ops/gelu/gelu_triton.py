@@ -197,10 +197,6 @@ def tuned_object(fn, interpreted: bool, configs, key: list[str], interpreted_met
     return _kernels[cache_key]
 
 
-def launch(fn, interpreted: bool, grid, *args, **meta) -> None:
-    run_launch(kernel_object(fn, interpreted), interpreted, grid, *args, **meta)
-
-
 def run_launch(kernel, interpreted: bool, grid, *args, **meta) -> None:
     """kernel[grid](*args, **meta), with NumPy's warnings silenced when interpreted."""
     if interpreted:
