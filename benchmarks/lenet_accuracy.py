@@ -107,6 +107,14 @@ def main() -> None:
         default=None,
         help="validation: train on all but the last N training images and score those N, not the test set",
     )
+    ap.add_argument(
+        "--stop-below",
+        type=float,
+        default=None,
+        metavar="PCT",
+        help="screen: stop after the first seed that scores below PCT (the candidate cannot reach PCT on every "
+        "seed; the seeds not run are not in the table)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--note", default=None, help="a line put above the table (e.g. how busy the machine was)")
     ap.add_argument("--name", default=None, help="result file stem (default lenet_accuracy_<preset>_<act>)")
@@ -114,6 +122,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.holdout is not None and args.holdout < 1:
         ap.error(f"--holdout {args.holdout}: expected an integer >= 1")
+    if args.stop_below is not None and not 0 < args.stop_below <= 100:
+        ap.error(f"--stop-below {args.stop_below:g}: expected a percentage in (0, 100]")
     if args.threads is not None and args.threads < 1:
         ap.error(f"--threads {args.threads}: expected an integer >= 1")
     if args.threads:
@@ -173,6 +183,9 @@ def main() -> None:
                 "config": cfg.to_dict(),
             }
         )
+        if args.stop_below is not None and s["test_accuracy"] < args.stop_below:
+            lines.append(f"# stopped: seed {seed} scored {s['test_accuracy']:.2f} % < --stop-below {args.stop_below:g}")
+            break
     if args.part:
         name += f".{args.part}"
     if any(r.get("holdout") for r in rows):

@@ -18,7 +18,11 @@ from trainlab.ops.kernel_check import ARCHS, triton_ptx  # noqa: E402
 CASES = [
     c
     for c in (
-        check.CASES["conv2d"][1:4] + check.CASES["max_pool2d"][2:] + check.CASES["linear"][2:] + check.CASES["relu"][1:]
+        check.CASES["conv2d"][1:4]
+        + check.CASES["max_pool2d"][2:]
+        + check.CASES["linear"][2:]
+        + check.CASES["relu"][1:]
+        + check.CASES["conv_relu_pool2d"][5:]  # ties, NaN, ±inf through the ReLU epilogue and the pool
     )
 ]
 
