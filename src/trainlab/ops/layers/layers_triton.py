@@ -8,9 +8,12 @@ What the Triton rung teaches that the C++ one does not:
     zero padding) and feeds them to `tl.dot`. The two backward convolutions are implicit GEMMs too:
     dx gathers dy with the kernel flipped; dW contracts over the N*OH*OW axis, split into SPLIT
     slices across programs (split-K) so that a 16 x 150 result still fills a GPU.
-  * epilogue fusion: the bias is added in the GEMM's epilogue, and the bias gradient is one more
-    column of the weight-gradient GEMM (a column of ones appended to its right operand, in
+  * epilogue fusion: the bias is added in the GEMM's epilogue, and so is the ReLU where one follows
+    (`conv2d_relu`, `linear_relu`: y is written once, already rectified); the bias gradient is one
+    more column of the weight-gradient GEMM (a column of ones appended to its right operand, in
     registers) — no extra pass over dy, no separate reduction.
+  * autotuning: every kernel runs under `triton.autotune` over a small config set (TUNING), the
+    fastest cached per shape — a handful of configs measured once, not block sizes reasoned out.
   * the pool backward as a gather: one program lane per *input* element visits the (at most
     ceil(K/S)^2) windows that contain it and adds the gradient of those that chose it; no atomics,
     deterministic even when windows overlap.
