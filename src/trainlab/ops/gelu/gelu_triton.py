@@ -182,19 +182,25 @@ def kernel_object(fn, interpreted: bool):
 
 
 def tuned_object(fn, interpreted: bool, configs, key: list[str], interpreted_meta: dict):
-    """`fn` under `triton.autotune`: compiled, over `configs` (triton.Config), the fastest cached per
-    `key` (argument names; Triton adds the tensors' dtypes) in memory and, where this Triton has
-    `cache_results`, on disk; interpreted, over the one config `interpreted_meta` — a single config
-    is never benchmarked, so tests under TRITON_INTERPRET=1 pay nothing for tuning."""
+    """`fn` under `triton.autotune`: compiled, over `configs` ((meta, num_warps, num_stages) tuples),
+    the fastest cached per `key` (argument names; Triton adds the tensors' dtypes) in memory and,
+    where this Triton has `cache_results`, on disk; interpreted, over the one config
+    `interpreted_meta` — a single config is never benchmarked, so tests under TRITON_INTERPRET=1 pay
+    nothing for tuning. Built once per (kernel, mode): a launch costs one dict lookup here."""
     cache_key = (fn, interpreted, "tuned")
-    if cache_key not in _kernels:
+    tuner = _kernels.get(cache_key)
+    if tuner is None:
         base = kernel_object(fn, interpreted)
         extra = {}
         if not interpreted and "cache_results" in inspect.signature(triton.autotune).parameters:
             extra["cache_results"] = True
-        cfgs = [triton.Config(dict(interpreted_meta))] if interpreted else list(configs)
-        _kernels[cache_key] = triton.autotune(configs=cfgs, key=list(key), **extra)(base)
-    return _kernels[cache_key]
+        cfgs = (
+            [triton.Config(dict(interpreted_meta))]
+            if interpreted
+            else [triton.Config(dict(meta), num_warps=w, num_stages=st) for meta, w, st in configs]
+        )
+        tuner = _kernels[cache_key] = triton.autotune(configs=cfgs, key=list(key), **extra)(base)
+    return tuner
 
 
 def run_launch(kernel, interpreted: bool, grid, *args, **meta) -> None:
@@ -210,7 +216,7 @@ def run_launch(kernel, interpreted: bool, grid, *args, **meta) -> None:
 
 
 def _get_kernel(interpreted: bool):
-    configs = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in GELU_CONFIGS]
+    configs = [({"BLOCK": b}, w, 1) for b, w in GELU_CONFIGS]
     return tuned_object(_gelu_kernel, interpreted, configs, ["n", "ORDER", "FORM"], {"BLOCK": _BLOCK_INTERPRETED})
 
 

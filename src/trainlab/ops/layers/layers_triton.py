@@ -533,7 +533,6 @@ TUNING = {
 
 def tuned_kernel(name: str, interpreted: bool):
     configs, key, interpreted_meta = TUNING[name]
-    configs = [triton.Config(dict(meta), num_warps=w, num_stages=st) for meta, w, st in configs]
     return tuned_object(globals()[name], interpreted, configs, key, interpreted_meta)
 
 
