@@ -34,8 +34,10 @@ seed where both ran, and the ratio of the medians. The lab's step:
         --baseline-seeds 0,1,2 --max-epochs 8
 
 A larger batch for the GPU (fewer, longer steps) is chosen on the validation split first, never on the
-test set (`benchmarks/lenet_accuracy.py --preset fast --holdout 10000 --variant fast-b384 …`), then timed
-here with `--fast-variant fast-b384`.
+test set (`benchmarks/lenet_accuracy.py --preset fast --holdout 10000 --variant fast-b384 …`; issue 40's
+screen: benchmarks/results/lenet_fast_validation.md), then timed here beside the preset in the same run,
+`--loops fast,fast=fast-b384,seed-style` (or alone with `--fast-variant fast-b384`). `--train-subset N`
+runs every loop on N images: a check that the command runs (benchmarks/gpu_small_models.sh --dry-run).
 """
 
 from __future__ import annotations
