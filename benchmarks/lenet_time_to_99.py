@@ -34,8 +34,10 @@ seed where both ran, and the ratio of the medians. The lab's step:
         --baseline-seeds 0,1,2 --max-epochs 8
 
 A larger batch for the GPU (fewer, longer steps) is chosen on the validation split first, never on the
-test set (`benchmarks/lenet_accuracy.py --preset fast --holdout 10000 --variant fast-b384 …`), then timed
-here with `--fast-variant fast-b384`.
+test set (`benchmarks/lenet_accuracy.py --preset fast --holdout 10000 --variant fast-b384 …`; issue 40's
+screen: benchmarks/results/lenet_fast_validation.md), then timed here beside the preset in the same run,
+`--loops fast,fast=fast-b384,seed-style` (or alone with `--fast-variant fast-b384`). `--train-subset N`
+runs every loop on N images: a check that the command runs (benchmarks/gpu_small_models.sh --dry-run).
 """
 
 from __future__ import annotations
@@ -68,13 +70,16 @@ LOOPS = {
 }
 
 
-def seed_style(device: torch.device, max_epochs: int, seed: int, log) -> dict:
+def seed_style(device: torch.device, max_epochs: int, seed: int, log, train_subset: int | None = None) -> dict:
     # Deliberately NOT trainlab's training step (lenet.step): this is the baseline, the handout's loop as
     # students write it (per-sample Dataset + DataLoader, Adam, no AMP), and a baseline that shared code
     # with what it is compared against would move whenever that code got faster.
     torch.manual_seed(seed)
     data = load_mnist()
-    loader = torch.utils.data.DataLoader(MNIST(train=True, arrays=data), batch_size=64, shuffle=True, num_workers=0)
+    dataset = MNIST(train=True, arrays=data)
+    if train_subset:
+        dataset = torch.utils.data.Subset(dataset, range(min(train_subset, len(dataset))))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=0)
     test = build_test_batches(TrainConfig(), data, device)
     model = LeNet5().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -95,7 +100,7 @@ def seed_style(device: torch.device, max_epochs: int, seed: int, log) -> dict:
         acc = evaluate(model, test, device)["test_accuracy"]
         accs.append(acc)
         log(
-            f"  seed-style  epoch {epoch + 1:>2}  test_acc {acc:.2f}%  {len(data.train_labels) / epoch_s[-1]:>8,.0f} img/s  "
+            f"  seed-style  epoch {epoch + 1:>2}  test_acc {acc:.2f}%  {len(dataset) / epoch_s[-1]:>8,.0f} img/s  "
             f"train {train_s:7.1f} s"
         )
         if acc >= TARGET:
@@ -107,13 +112,15 @@ def seed_style(device: torch.device, max_epochs: int, seed: int, log) -> dict:
         "final_accuracy": accs[-1],
         "accuracies": accs,
         "warmup_s": 0.0,
-        "images_per_s": len(data.train_labels) / statistics.median(epoch_s),
+        "images_per_s": len(dataset) / statistics.median(epoch_s),
     }
 
 
-def trainlab_run(device: torch.device, seed: int, preset: str, log, variant: dict | None = None) -> dict:
+def trainlab_run(
+    device: torch.device, seed: int, preset: str, log, variant: dict | None = None, train_subset: int | None = None
+) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        variant = variant or {}
+        variant = {**(variant or {}), **({"train_subset": train_subset} if train_subset else {})}
         cfg = apply_preset(
             TrainConfig(
                 device=str(device), seed=seed, progress=False, tensorboard=False, gpu_telemetry=False, out=d, **variant
@@ -145,23 +152,48 @@ def trainlab_run(device: torch.device, seed: int, preset: str, log, variant: dic
 
 
 def parse_loop(spec: str) -> tuple[str, int | None]:
-    name, _, threads = spec.partition("@")
+    """'fast', 'fast@1' (1 thread), 'fast=fast-b384' (the fast preset with a candidate of
+    benchmarks/lenet_accuracy.py's VARIANTS, so candidates are timed beside the preset in one run)."""
+    base, _, threads = spec.partition("@")
+    name, _, variant = base.partition("=")
     if name not in LOOPS:
-        raise SystemExit(f"--loops: unknown loop {name!r}; expected {', '.join(LOOPS)} (optionally @THREADS)")
+        raise SystemExit(f"--loops: unknown loop {name!r}; expected {', '.join(LOOPS)} (optionally =VARIANT, @THREADS)")
+    if variant and (name != "fast" or variant not in _variants()):
+        raise SystemExit(f"--loops {spec}: =VARIANT is for the fast loop, one of {', '.join(_variants())}")
     return name, int(threads) if threads else None
 
 
-def run_loop(spec: str, device, seed: int, max_epochs: int, log, fast_variant: dict | None = None) -> dict:
+def loop_variant(spec: str) -> dict | None:
+    variant = spec.partition("@")[0].partition("=")[2]
+    return _variants()[variant][1] if variant else None
+
+
+def _variants() -> dict:
+    from lenet_accuracy import VARIANTS
+
+    return VARIANTS
+
+
+def run_loop(
+    spec: str,
+    device,
+    seed: int,
+    max_epochs: int,
+    log,
+    fast_variant: dict | None = None,
+    train_subset: int | None = None,
+) -> dict:
     name, threads = parse_loop(spec)
+    fast_variant = loop_variant(spec) or fast_variant
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
         log(f"[seed {seed}] {spec} ({torch.get_num_threads()} threads)")
         if name == "seed-style":
-            r = seed_style(device, max_epochs, seed, log)
+            r = seed_style(device, max_epochs, seed, log, train_subset)
         else:
-            r = trainlab_run(device, seed, name, log, fast_variant if name == "fast" else None)
+            r = trainlab_run(device, seed, name, log, fast_variant if name == "fast" else None, train_subset)
     finally:
         torch.set_num_threads(before)
     return {"loop": spec, "seed": seed, "threads": threads or before, **r}
@@ -283,7 +315,8 @@ def main() -> None:
     ap.add_argument(
         "--loops",
         default="fast,default,seed-style",
-        help="comma-separated: fast, default, seed-style; NAME@N runs it with N threads",
+        help="comma-separated: fast, default, seed-style; NAME@N runs it with N threads; fast=VARIANT the fast "
+        "preset with a candidate of benchmarks/lenet_accuracy.py's VARIANTS (timed beside the preset)",
     )
     ap.add_argument("--max-epochs", type=int, default=15, help="the seed-style loop gives up after this many epochs")
     ap.add_argument(
@@ -296,6 +329,13 @@ def main() -> None:
         default=None,
         help="run the fast loop with a candidate of benchmarks/lenet_accuracy.py's VARIANTS (e.g. fast-b384), "
         "chosen there on the validation split",
+    )
+    ap.add_argument(
+        "--train-subset",
+        type=int,
+        default=None,
+        help="train every loop on the first N images: a quick check that the command runs (99 %% is then "
+        "out of reach; not a measurement)",
     )
     ap.add_argument("--name", default=None, help="result file stem (default lenet_time_to_99_<device>)")
     ap.add_argument(
@@ -315,12 +355,12 @@ def main() -> None:
     if not baseline_seeds <= set(seeds):
         raise SystemExit(f"--baseline-seeds {args.baseline_seeds}: expected a subset of --seeds {args.seeds}")
     fast_variant = None
+    if args.train_subset is not None and args.train_subset < 1:
+        raise SystemExit(f"--train-subset {args.train_subset}: expected an integer >= 1")
     if args.fast_variant:
-        from lenet_accuracy import VARIANTS
-
-        if args.fast_variant not in VARIANTS:
-            raise SystemExit(f"--fast-variant {args.fast_variant!r}: expected one of {', '.join(VARIANTS)}")
-        fast_variant = VARIANTS[args.fast_variant][1]
+        if args.fast_variant not in _variants():
+            raise SystemExit(f"--fast-variant {args.fast_variant!r}: expected one of {', '.join(_variants())}")
+        fast_variant = _variants()[args.fast_variant][1]
     name = args.name or f"lenet_time_to_99_{device.type}"
     check_output(args.out, name, force=args.force)
     lines: list[str] = []
@@ -338,14 +378,15 @@ def main() -> None:
         seeds = [seed for seed in seeds if any(r["seed"] == seed for r in rows)]
     else:
         rows = [
-            run_loop(spec, device, seed, args.max_epochs, log, fast_variant)
+            run_loop(spec, device, seed, args.max_epochs, log, fast_variant, args.train_subset)
             for seed in seeds
             for spec in loops
             if parse_loop(spec)[0] != "seed-style" or seed in baseline_seeds
         ]
     text, summary = tables(rows, loops, seeds)
     print(text)
-    save(name, {"rows": rows, "summary": summary, "fast_variant": args.fast_variant}, text, lines, device, out=args.out)
+    result = {"rows": rows, "summary": summary, "fast_variant": args.fast_variant, "train_subset": args.train_subset}
+    save(name, result, text, lines, device, out=args.out)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ UNCITED = {
     "lenet_time_to_99_cpu_1thread_loaded": "time to 99 % with one thread on a loaded box: why ratios, not seconds",
     "lenet_recipe_ablation_parts": "per-variant parts merged into lenet_recipe_ablation",
     "lenet_time_to_99_parts": "per-seed parts merged into the lenet_time_to_99_cpu* tables",
+    "lenet_fast_validation_parts": "per-candidate and per-seed parts merged into lenet_fast_validation",
+    "lenet_fast_validation": "issue 40's validation screen of fewer-step `fast` candidates (for docs/results.md)",
     "lenet_models": "architectures compared (--model), the walkthrough's overfitting table source",
     "worker_end_stress_*": "the DataLoader worker-shutdown stress test before and after its fix",
     "dp_shard_weights": "`--shard-weights` on devices of unequal speed (docs/beyond-lenet.md runs its script)",

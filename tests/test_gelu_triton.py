@@ -110,8 +110,22 @@ def test_compiled_path_never_becomes_the_interpreter(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(gelu_triton, "_kernels", {})
-    assert isinstance(gelu_triton._get_kernel(False), JITFunction)
-    assert isinstance(gelu_triton._get_kernel(True), InterpretedFunction)
+    assert isinstance(gelu_triton._get_kernel(False).fn, JITFunction)
+    assert isinstance(gelu_triton._get_kernel(True).fn, InterpretedFunction)
+
+
+def test_autotune_configs_compiled_many_interpreted_one(monkeypatch):
+    """On a GPU the launch is tuned over the small config set, per size, pass and form; under the
+    interpreter over one config, which Triton never benchmarks (tests pay nothing for tuning)."""
+    from trainlab.ops.gelu import gelu_triton
+
+    monkeypatch.setattr(gelu_triton, "_kernels", {})
+    compiled, interpreted = gelu_triton._get_kernel(False), gelu_triton._get_kernel(True)
+    assert [(c.kwargs["BLOCK"], c.num_warps) for c in compiled.configs] == list(gelu_triton.GELU_CONFIGS)
+    assert compiled.keys == ["n", "ORDER", "FORM"]
+    assert len(interpreted.configs) == 1 and interpreted.configs[0].kwargs == {"BLOCK": gelu_triton._BLOCK_INTERPRETED}
+    for block, warps in gelu_triton.GELU_CONFIGS:  # every config a power of two with >= 8 elements per thread
+        assert block & (block - 1) == 0 and block // (32 * warps) >= 8
 
 
 @pytest.mark.gpu

@@ -62,3 +62,21 @@ def test_gpu_summary_with_the_baseline_on_fewer_seeds():
     assert ratio["ratio_of_medians"] == pytest.approx(25.0 / statistics.median(fast_times))
     assert summary["seed-style"]["reached"] == 2 and summary["seed-style"]["of"] == 3
     assert "| fast | cudagraph | 96 | 625 |" in text and "Ratio of the medians" in text
+
+
+def test_fast_candidates_run_as_loops_beside_the_preset():
+    """`fast=VARIANT` times a candidate of lenet_accuracy.py's VARIANTS in the same run as the preset;
+    its row is labelled with the spec and its ratio to the seed-style loop is its own."""
+    from lenet_accuracy import VARIANTS
+    from lenet_time_to_99 import loop_variant, parse_loop
+
+    assert parse_loop("fast=fast-b384@1") == ("fast", 1)
+    assert loop_variant("fast=fast-b384@1") == VARIANTS["fast-b384"][1] and loop_variant("fast") is None
+    for bad in ("default=fast-b384", "fast=nope", "fastest"):
+        with pytest.raises(SystemExit):
+            parse_loop(bad)
+    rows = [_fast(0, 0.25), {**_fast(0, 0.10), "loop": "fast=fast-b384", "batch_size": 384}, _seed_style(0, 20.0)]
+    text, summary = tables(rows, ["fast", "fast=fast-b384", "seed-style"], [0])
+    assert "[fast=fast-b384]" in text
+    assert summary["fast=fast-b384"]["speedup_vs_seed_style"]["median"] == pytest.approx(200.0)
+    assert summary["fast=fast-b384"]["batch_size_median"] == 384

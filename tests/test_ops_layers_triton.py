@@ -18,7 +18,11 @@ from trainlab.ops.kernel_check import ARCHS, triton_ptx  # noqa: E402
 CASES = [
     c
     for c in (
-        check.CASES["conv2d"][1:4] + check.CASES["max_pool2d"][2:] + check.CASES["linear"][2:] + check.CASES["relu"][1:]
+        check.CASES["conv2d"][1:4]
+        + check.CASES["max_pool2d"][2:]
+        + check.CASES["linear"][2:]
+        + check.CASES["relu"][1:]
+        + check.CASES["conv_relu_pool2d"][5:]  # ties, NaN, ±inf through the ReLU epilogue and the pool
     )
 ]
 
@@ -66,12 +70,78 @@ def test_interpreter_env_is_read_per_call(monkeypatch):
 
 
 def test_split_k_geometry():
-    from trainlab.ops.layers.layers_triton import _splits
+    from trainlab.ops.layers.layers_triton import _SPLIT_MULTIPLE, TUNING, _splits
 
     assert _splits(1000, 32, 4, interpreted=True) == (1, 1000)
-    splits, per = _splits(256 * 784, 32, 5, interpreted=False)  # conv1's dW at batch 256
-    assert per % 32 == 0 and splits * per >= 256 * 784 and (splits - 1) * per < 256 * 784
+    splits, per = _splits(256 * 784, _SPLIT_MULTIPLE, 5, interpreted=False)  # conv1's dW at batch 256
+    assert per % _SPLIT_MULTIPLE == 0 and splits * per >= 256 * 784 and (splits - 1) * per < 256 * 784
     assert 50 <= splits * 5 <= 600  # fills an H100's 132 SMs a few times over, no more
+    for name in ("_conv2d_bwd_weight_kernel", "_matmul_kernel"):  # every tuned slice holds whole BK tiles
+        assert all(_SPLIT_MULTIPLE % meta["BK"] == 0 for meta, _, _ in TUNING[name][0]), name
+
+
+def test_autotune_sets_compiled_several_interpreted_one(monkeypatch):
+    """Compiled, each kernel is tuned over a small set that starts with the untuned config; its key is
+    shape arguments of the kernel. Interpreted, one config (never benchmarked): tests pay nothing."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    from trainlab.ops.gelu import gelu_triton
+    from trainlab.ops.layers import layers_triton as lt
+
+    monkeypatch.setattr(gelu_triton, "_kernels", {})
+    assert set(lt.TUNING) == set(lt.KERNELS)
+    for name, (configs, key, interpreted_meta) in lt.TUNING.items():
+        compiled, interpreted = lt.tuned_kernel(name, False), lt.tuned_kernel(name, True)
+        assert isinstance(compiled.fn, JITFunction) and isinstance(interpreted.fn, InterpretedFunction)
+        assert 3 <= len(compiled.configs) <= 8 and len(interpreted.configs) == 1, name
+        assert interpreted.configs[0].kwargs == interpreted_meta and set(interpreted_meta) == set(configs[0][0])
+        assert set(key) <= set(compiled.arg_names), (name, key)
+        for meta, warps, stages in configs:
+            assert all(v & (v - 1) == 0 and v >= 16 for v in meta.values()), (name, meta)  # tl.dot / arange sizes
+            assert warps in (1, 2, 4, 8) and 1 <= stages <= 4
+        assert len({(tuple(sorted(m.items())), w, st) for m, w, st in configs}) == len(configs), name
+
+
+@pytest.mark.parametrize("layer", ["conv", "linear"])
+def test_fused_relu_epilogue_matches_aten_forward_and_backward(interpret, layer):
+    """relu(conv2d) and relu(linear) with the ReLU in the GEMM's epilogue, against ATen's unfused ops in
+    float64: outputs, NaN kept, and the gradients of x, W and b (the backward: relu's kernel, then the
+    layer's)."""
+    import torch.nn.functional as F
+
+    from trainlab.ops.layers import layers_triton as lt
+
+    g = torch.Generator().manual_seed(0)
+    if layer == "conv":
+        shapes, ref = ((2, 2, 5, 4), (3, 2, 3, 3)), lambda x, w, b: F.conv2d(x, w, b, padding=1)
+        ours = lambda x, w, b: lt.conv2d_relu(x, w, b, [1, 1])  # noqa: E731
+    else:
+        shapes, ref = ((5, 9), (7, 9)), F.linear
+        ours = lt.linear_relu
+    x, w = (torch.randn(s, generator=g, dtype=torch.float64) for s in shapes)
+    b = torch.randn(w.shape[0], generator=g, dtype=torch.float64)
+    x.view(-1)[3] = float("nan")  # one NaN: relu keeps it, as torch.relu does
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    ref_leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    y, y_ref = ours(*leaves), torch.relu(ref(*ref_leaves))
+    torch.testing.assert_close(y, y_ref, equal_nan=True)
+    assert (y == 0).any() and (y > 0).any() and torch.isnan(y).any()  # both sides of the ReLU, and a NaN
+    dy = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    grads = torch.autograd.grad(y, leaves, dy)
+    ref_grads = torch.autograd.grad(y_ref, ref_leaves, dy)
+    for ours_g, ref_g in zip(grads, ref_grads):
+        torch.testing.assert_close(ours_g, ref_g, equal_nan=True)
+
+
+def test_fused_relu_ops_pass_opcheck(interpret):
+    from trainlab.ops.layers import layers_triton  # noqa: F401 - registers the ops
+
+    g = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(1, 2, 4, 4, generator=g), torch.randn(3, 2, 3, 3, generator=g), torch.randn(3, generator=g)
+    torch.library.opcheck(torch.ops.trainlab.triton_conv2d_relu_fwd, (x.requires_grad_(), w, b, [1, 1]))
+    x, w, b = torch.randn(4, 6, generator=g), torch.randn(5, 6, generator=g), torch.randn(5, generator=g)
+    torch.library.opcheck(torch.ops.trainlab.triton_linear_relu_fwd, (x, w.requires_grad_(), b))
 
 
 # ---- ahead-of-time compilation: every kernel, sm_80 and sm_90 ---------------------------------------

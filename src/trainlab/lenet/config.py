@@ -323,6 +323,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # of 3e-2 and a linear decay to 0 at the epoch's last step. Batch 96 over 128: higher validation
     # accuracy on 10 of 10 seeds, +0.05 points on average (benchmarks/results/lenet_recipe_screen_fused.md,
     # lenet_recipe_screen_b96.md), for ~10 % more time per image; 128 left one seed in five at 98.98 %.
+    # Fewer, larger steps (batch 192, 384, 768; issue 40) each missed 99 % on the validation split's first
+    # seed (benchmarks/results/lenet_fast_validation.md), where this recipe averages 99.01 % (13 seeds).
     # bf16 autocast runs the convolutions on the CPU's bf16 units (AMX/AVX512-BF16; oneDNN) and
     # channels-last speeds them up further. conv1's BatchNorm is left out: on 6×28×28 channels-last
     # activations it costs more than all the convolutions it would help (`trainlab profile --variant ...`,

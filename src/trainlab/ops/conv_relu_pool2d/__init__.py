@@ -23,9 +23,10 @@ that wins output (i, j) — the first maximum, NaN winning, as ATen's max_pool2d
 ReLU before the max or after it is the same function with the same gradient (max is monotone), so
 the kernel pools first and rectifies a quarter of the values.
 
-The ladder: `aten` is F.conv2d → F.relu → F.max_pool2d. `python`, `triton` and `cuda` run that
-rung's own conv2d, relu and max_pool2d in sequence — the fusion is what the C++ rung adds, and the
-GPU rungs are not fused (on a GPU the fast path is cuDNN: see `trainlab train --ops`).
+The ladder: `aten` is F.conv2d → F.relu → F.max_pool2d. `python` and `cuda` run that rung's own
+conv2d, relu and max_pool2d in sequence; `triton` runs its conv2d with the ReLU in the GEMM's
+epilogue, then its max_pool2d — the full fusion is what the C++ rung adds (on a GPU the fast path is
+cuDNN: see `trainlab train --ops`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def conv_relu_pool2d(
                 f"{x.device}; use impl='cuda' (our unfused GPU kernels) or 'aten'"
             )
         return compiled_rung(impl).conv_relu_pool2d(x, weight, bias, pad)
+    if impl == "triton":  # the ReLU in the convolution's epilogue (layers_triton.conv2d_relu), then the pool
+        return max_pool2d(compiled_rung(impl).conv2d_relu(x, weight, bias, pad), 2, impl=impl)
     return max_pool2d(relu(conv2d(x, weight, bias, pad, impl=impl), impl=impl), 2, impl=impl)
 
 

@@ -33,6 +33,7 @@ cancel in float32 for large |u| (see gelu_math). Non-contiguous inputs are made 
 
 # No `from __future__ import annotations` here: Triton reads the kernels' `tl.constexpr`
 # annotations as objects, and string annotations would turn the constexpr arguments into tensors.
+import inspect
 import os
 import warnings
 
@@ -48,14 +49,21 @@ except ImportError as _e:  # pragma: no cover - exercised only where triton is a
     triton = tl = None
     _TRITON_IMPORT_ERROR = str(_e)
 
-# Launch geometry on a GPU, PyTorch's element-wise loop (see csrc/gelu_cuda_kernels.cu): 4 warps =
-# 128 threads per program and a one-shot grid of ceil(n / BLOCK) programs. BLOCK = 1024 gives each
-# thread 8 float32 (2 x 128-bit per input) or 8 float64 (4 x 128-bit); 16-bit dtypes take BLOCK =
-# 2048, 16 elements = 2 x 128-bit per thread, so every dtype keeps at least two 16-byte requests per
-# input in flight per thread (with 1024, a bf16 thread would have one).
-_NUM_WARPS = 4
-_BLOCK_GPU = {2: 2048, 4: 1024, 8: 1024}  # by element size in bytes
-_BLOCK_INTERPRETED = 8192  # fewer, larger NumPy calls: the interpreter's cost is per program instance
+# Launch geometry on a GPU: `triton.autotune` over a small config set (GELU_CONFIGS), the winner
+# cached per key (the element count, the pass, the form and the dtype) — in memory, and on disk where
+# Triton offers it (cache_results), so a size is tuned once per machine. The set brackets PyTorch's
+# element-wise loop (4 warps, 8 float32 per thread = 2 x 128-bit loads per input): 8 to 32 elements
+# per thread (2 to 8 16-byte requests in flight per input and thread, 4 to 16 for 16-bit dtypes), 4
+# or 8 warps. More bytes in flight per thread is what closes the gap to a copy at 256M elements.
+GELU_CONFIGS = (
+    (1024, 4),
+    (2048, 4),
+    (2048, 8),
+    (4096, 4),
+    (4096, 8),
+    (8192, 8),
+)  # (BLOCK, num_warps)
+_BLOCK_INTERPRETED = 8192  # one config, no tuning: the interpreter's cost is per program instance
 FORMS = {"none": 0, "tanh": 1, "sigmoid": 2}  # the FORM constexpr of each approximation
 
 _kernels: dict = {}
@@ -173,8 +181,30 @@ def kernel_object(fn, interpreted: bool):
     return _kernels[key]
 
 
-def launch(fn, interpreted: bool, grid, *args, **meta) -> None:
-    kernel = kernel_object(fn, interpreted)
+def tuned_object(fn, interpreted: bool, configs, key: list[str], interpreted_meta: dict):
+    """`fn` under `triton.autotune`: compiled, over `configs` ((meta, num_warps, num_stages) tuples),
+    the fastest cached per `key` (argument names; Triton adds the tensors' dtypes) in memory and,
+    where this Triton has `cache_results`, on disk; interpreted, over the one config
+    `interpreted_meta` — a single config is never benchmarked, so tests under TRITON_INTERPRET=1 pay
+    nothing for tuning. Built once per (kernel, mode): a launch costs one dict lookup here."""
+    cache_key = (fn, interpreted, "tuned")
+    tuner = _kernels.get(cache_key)
+    if tuner is None:
+        base = kernel_object(fn, interpreted)
+        extra = {}
+        if not interpreted and "cache_results" in inspect.signature(triton.autotune).parameters:
+            extra["cache_results"] = True
+        cfgs = (
+            [triton.Config(dict(interpreted_meta))]
+            if interpreted
+            else [triton.Config(dict(meta), num_warps=w, num_stages=st) for meta, w, st in configs]
+        )
+        tuner = _kernels[cache_key] = triton.autotune(configs=cfgs, key=list(key), **extra)(base)
+    return tuner
+
+
+def run_launch(kernel, interpreted: bool, grid, *args, **meta) -> None:
+    """kernel[grid](*args, **meta), with NumPy's warnings silenced when interpreted."""
     if interpreted:
         import numpy as np
 
@@ -186,7 +216,8 @@ def launch(fn, interpreted: bool, grid, *args, **meta) -> None:
 
 
 def _get_kernel(interpreted: bool):
-    return kernel_object(_gelu_kernel, interpreted)
+    configs = [({"BLOCK": b}, w, 1) for b, w in GELU_CONFIGS]
+    return tuned_object(_gelu_kernel, interpreted, configs, ["n", "ORDER", "FORM"], {"BLOCK": _BLOCK_INTERPRETED})
 
 
 def interpreter_enabled() -> bool:
@@ -236,18 +267,14 @@ def run_kernel(
     n = xc.numel()
     if n == 0:
         return out
-    block = _BLOCK_INTERPRETED if interpreted else _BLOCK_GPU[xc.element_size()]
     consts = dict(
         ORDER=order,
         FORM=FORMS[approximate],
         F64=x.dtype == torch.float64,
-        BLOCK=block,
         RNE_BF16=interpreted and x.dtype == torch.bfloat16,
     )
-    if not interpreted:
-        consts["num_warps"] = _NUM_WARPS
-    grid = (-(-n // block),)
-    launch(_gelu_kernel, interpreted, grid, xc, gc, ggc, out, n, **consts)
+    grid = lambda meta: (-(-n // meta["BLOCK"]),)  # noqa: E731 - BLOCK comes from the tuned config
+    run_launch(_get_kernel(interpreted), interpreted, grid, xc, gc, ggc, out, n, **consts)
     return out
 
 

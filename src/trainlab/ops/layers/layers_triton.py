@@ -8,9 +8,12 @@ What the Triton rung teaches that the C++ one does not:
     zero padding) and feeds them to `tl.dot`. The two backward convolutions are implicit GEMMs too:
     dx gathers dy with the kernel flipped; dW contracts over the N*OH*OW axis, split into SPLIT
     slices across programs (split-K) so that a 16 x 150 result still fills a GPU.
-  * epilogue fusion: the bias is added in the GEMM's epilogue, and the bias gradient is one more
-    column of the weight-gradient GEMM (a column of ones appended to its right operand, in
+  * epilogue fusion: the bias is added in the GEMM's epilogue, and so is the ReLU where one follows
+    (`conv2d_relu`, `linear_relu`: y is written once, already rectified); the bias gradient is one
+    more column of the weight-gradient GEMM (a column of ones appended to its right operand, in
     registers) — no extra pass over dy, no separate reduction.
+  * autotuning: every kernel runs under `triton.autotune` over a small config set (TUNING), the
+    fastest cached per shape — a handful of configs measured once, not block sizes reasoned out.
   * the pool backward as a gather: one program lane per *input* element visits the (at most
     ceil(K/S)^2) windows that contain it and adds the gradient of those that chose it; no atomics,
     deterministic even when windows overlap.
@@ -32,7 +35,7 @@ Offsets into the batch dimension are computed in int64 (batch 4096 x 6 x 28 x 28
 
 import torch
 
-from trainlab.ops.gelu.gelu_triton import launch, run_mode
+from trainlab.ops.gelu.gelu_triton import run_launch, run_mode, tuned_object
 from trainlab.ops.ladder import widen
 from trainlab.ops.layers.layer_args import conv2d_output_hw, pool_index_dtype, pool_output_hw, register
 
@@ -43,7 +46,8 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent 
     triton = tl = None
 
 if tl is not None:
-    # Plain functions, wrapped per mode (JITFunction or InterpretedFunction) by gelu_triton.kernel_object.
+    # Plain functions, wrapped per mode (JITFunction or InterpretedFunction) and autotuned by
+    # gelu_triton.tuned_object (TUNING below).
 
     def _conv2d_fwd_kernel(
         x_ptr,
@@ -66,6 +70,7 @@ if tl is not None:
         PH: tl.constexpr,
         PW: tl.constexpr,
         HAS_BIAS: tl.constexpr,
+        RELU: tl.constexpr,
         F64: tl.constexpr,
         IEEE: tl.constexpr,
         BM: tl.constexpr,
@@ -104,6 +109,8 @@ if tl is not None:
                 acc = tl.dot(a, b, acc, out_dtype=acc.dtype)  # float64 for gradcheck (triton 3.7 wants it named)
         if HAS_BIAS:  # epilogue: the bias is added while the tile is still in registers
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(acc.dtype)[None, :]
+        if RELU:  # and the ReLU: no second pass over y (NaN kept, as torch.relu keeps it)
+            acc = tl.where((acc > 0) | (acc != acc), acc, 0.0)
         y_off = img.to(tl.int64)[:, None] * (OC * OH * OW) + rn[None, :] * (OH * OW) + (oh * OW + ow)[:, None]
         tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -199,6 +206,7 @@ if tl is not None:
         K_PER_SPLIT,
         HAS_BIAS: tl.constexpr,
         BIAS_COL: tl.constexpr,
+        RELU: tl.constexpr,
         F64: tl.constexpr,
         IEEE: tl.constexpr,
         BM: tl.constexpr,
@@ -242,6 +250,8 @@ if tl is not None:
                 acc = tl.dot(a, b, acc, out_dtype=acc.dtype)  # float64 for gradcheck (triton 3.7 wants it named)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(acc.dtype)[None, :]
+        if RELU:  # epilogue ReLU (one split only: a partial sum's sign means nothing)
+            acc = tl.where((acc > 0) | (acc != acc), acc, 0.0)
         out = split.to(tl.int64) * M * NCOL + rm.to(tl.int64)[:, None] * NCOL + rn[None, :]
         tl.store(c_ptr + out, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & (rn < NCOL)[None, :])
 
@@ -404,8 +414,8 @@ def aot_specs(dtype: str = "fp32") -> dict:
     return {
         "_conv2d_fwd_kernel": (
             sig(["x_ptr", "w_ptr", "b_ptr", "y_ptr", *shape7, "sxn", "sxc", "sxh", "sxw"], [ptr] * 4 + ["i32"] * 11)
-            | dict.fromkeys([*conv, "HAS_BIAS", "F64", "IEEE", *tiles], "constexpr"),
-            {**conv, "HAS_BIAS": True, **prec, **tiles},
+            | dict.fromkeys([*conv, "HAS_BIAS", "RELU", "F64", "IEEE", *tiles], "constexpr"),
+            {**conv, "HAS_BIAS": True, "RELU": True, **prec, **tiles},
         ),
         "_conv2d_bwd_weight_kernel": (
             sig(
@@ -434,8 +444,8 @@ def aot_specs(dtype: str = "fp32") -> dict:
                 ["a_ptr", "b_ptr", "c_ptr", "bias_ptr", "M", "N", "K", "sam", "sak", "sbk", "sbn", "K_PER_SPLIT"],
                 [ptr] * 4 + ["i32"] * 8,
             )
-            | dict.fromkeys(["HAS_BIAS", "BIAS_COL", "F64", "IEEE", *tiles], "constexpr"),
-            {"HAS_BIAS": True, "BIAS_COL": True, **prec, **tiles},
+            | dict.fromkeys(["HAS_BIAS", "BIAS_COL", "RELU", "F64", "IEEE", *tiles], "constexpr"),
+            {"HAS_BIAS": True, "BIAS_COL": True, "RELU": False, **prec, **tiles},
         ),
         "_max_pool2d_fwd_kernel": (
             sig(
@@ -464,11 +474,71 @@ def aot_specs(dtype: str = "fp32") -> dict:
     }
 
 
-# ---- mode, launch geometry ----------------------------------------------------------------------------
+# ---- launch geometry: triton.autotune over a small config set per kernel ---------------------------------
+#
+# Compiled, every kernel is tuned over the few configs below — tile sizes, warps, pipeline depth — and
+# the fastest is cached per key (the shape arguments; Triton adds the tensors' dtypes), in memory and on
+# disk where Triton offers it: LeNet's layers at one batch size are tuned once, at their first call
+# (`ops bench` runs every rung once before timing it, so tuning is never timed). Each set holds the
+# config the kernel used before it was tuned, so tuning can only pick something at least as fast.
+# Interpreted: one config, never benchmarked (gelu_triton.tuned_object), so tests pay nothing for it.
+# The GEMMs' column tile BN follows the layer (6 … 120 channels or features, rounded up to tl.dot's 16),
+# so it is an argument; the weight-gradient GEMM's rows are output channels (6, 16): BM = 16.
+
+# (meta, num_warps, num_stages) per kernel.
+_CONV_FWD = [
+    ({"BM": 64, "BK": 32}, 4, 2),  # the untuned choice
+    ({"BM": 128, "BK": 32}, 4, 3),
+    ({"BM": 128, "BK": 32}, 8, 3),
+    ({"BM": 256, "BK": 32}, 8, 3),
+    ({"BM": 128, "BK": 16}, 4, 4),
+    ({"BM": 64, "BK": 16}, 2, 4),
+]
+_CONV_BWD_WEIGHT = [
+    ({"BN": 32, "BK": 32}, 4, 2),  # ~ the untuned choice for conv1 (26 columns)
+    ({"BN": 64, "BK": 32}, 4, 2),  # … and for conv2 (151)
+    ({"BN": 32, "BK": 64}, 4, 3),
+    ({"BN": 64, "BK": 64}, 4, 3),
+    ({"BN": 32, "BK": 128}, 4, 3),
+    ({"BN": 64, "BK": 128}, 8, 3),
+]
+_MATMUL = [
+    ({"BM": 64, "BK": 32}, 4, 2),  # the untuned choice
+    ({"BM": 32, "BK": 32}, 2, 3),
+    ({"BM": 128, "BK": 32}, 4, 3),
+    ({"BM": 64, "BK": 64}, 4, 3),
+    ({"BM": 128, "BK": 64}, 8, 3),
+    ({"BM": 32, "BK": 128}, 4, 3),
+]
+_POOL = [({"BLOCK": 256}, 4, 1), ({"BLOCK": 512}, 4, 1), ({"BLOCK": 1024}, 4, 1), ({"BLOCK": 1024}, 8, 1)]
+_ELEMENTWISE = [({"BLOCK": 1024}, 4, 1), ({"BLOCK": 2048}, 4, 1), ({"BLOCK": 4096}, 8, 1), ({"BLOCK": 8192}, 8, 1)]
+_SPLIT_MULTIPLE = 128  # split-K slices are a multiple of every BK above (whole tiles in every slice)
+
+# kernel: (compiled configs, autotune key, the one interpreted config: big tiles, since the interpreter's
+# cost is per program and per loop iteration, not per element)
+TUNING = {
+    "_conv2d_fwd_kernel": (_CONV_FWD, ["N", "C", "H", "W", "OC", "OH", "OW"], {"BM": 128, "BK": 64}),
+    "_conv2d_bwd_weight_kernel": (
+        _CONV_BWD_WEIGHT,
+        ["N", "C", "H", "W", "OC", "OH", "OW", "K_PER_SPLIT"],
+        {"BN": 64, "BK": 64},
+    ),
+    "_matmul_kernel": (_MATMUL, ["M", "N", "K", "sam", "sak", "sbk", "sbn", "K_PER_SPLIT"], {"BM": 128, "BK": 64}),
+    "_max_pool2d_fwd_kernel": (_POOL, ["TOTAL", "C", "H", "W", "OH", "OW"], {"BLOCK": 4096}),
+    "_max_pool2d_bwd_kernel": (_POOL, ["TOTAL", "C", "H", "W", "OH", "OW"], {"BLOCK": 4096}),
+    "_relu_fwd_kernel": (_ELEMENTWISE, ["TOTAL"], {"BLOCK": 8192}),
+    "_relu_bwd_kernel": (_ELEMENTWISE, ["TOTAL"], {"BLOCK": 8192}),
+}
+
+
+def tuned_kernel(name: str, interpreted: bool):
+    configs, key, interpreted_meta = TUNING[name]
+    return tuned_object(globals()[name], interpreted, configs, key, interpreted_meta)
 
 
 def _launch(name: str, interpreted: bool, grid, *args, **meta) -> None:
-    launch(globals()[name], interpreted, grid, *args, **meta)
+    """kernel[grid](*args, **meta) through its autotuner; `grid` is a function of the chosen config."""
+    run_launch(tuned_kernel(name, interpreted), interpreted, grid, *args, **meta)
 
 
 def _precision(dtype: torch.dtype) -> dict:
@@ -489,34 +559,30 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _tiles(interpreted: bool, n_cols: int) -> dict:
-    """Tile sizes. Compiled: 64-row tiles, as many columns as the layer has (LeNet: 6..16 channels)
-    rounded up to tl.dot's minimum of 16. Interpreted: big tiles, since the interpreter's cost is
-    per program and per loop iteration, not per element."""
-    bn = max(16, min(64, triton.next_power_of_2(max(1, n_cols))))
-    return {"BM": 128, "BN": bn, "BK": 64} if interpreted else {"BM": 64, "BN": bn, "BK": 32}
+def _cols(n_cols: int) -> int:
+    """A GEMM's column tile: the layer's channels/features rounded up to tl.dot's minimum of 16, at most 64."""
+    return max(16, min(64, triton.next_power_of_2(max(1, n_cols))))
 
 
-def _splits(reduction: int, bk: int, other_programs: int, interpreted: bool) -> tuple[int, int]:
+def _splits(reduction: int, multiple: int, other_programs: int, interpreted: bool) -> tuple[int, int]:
     """(split count, reduction length per split) for split-K: enough programs to fill a GPU (~4 per
     SM of an H100) without slices shorter than 8 tiles; one split when interpreted."""
     if interpreted:
         return 1, max(1, reduction)
-    want = max(1, min(-(-reduction // (8 * bk)), -(-528 // max(1, other_programs))))
+    want = max(1, min(-(-reduction // (8 * multiple)), -(-528 // max(1, other_programs))))
     per = -(-reduction // want)
-    per = -(-per // bk) * bk
+    per = -(-per // multiple) * multiple
     return -(-reduction // per), per
 
 
-def _grid_1d(total: int, block: int):
-    return (max(1, -(-total // block)),)
+def _grid_1d(total: int):
+    return lambda meta: (max(1, -(-total // meta["BLOCK"])),)
 
 
 # ---- the ops: eager launchers registered as torch.library custom ops ----------------------------------
 
 
-@torch.library.custom_op("trainlab::triton_conv2d_fwd", mutates_args=())
-def conv2d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: list[int]) -> torch.Tensor:
+def _conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, relu: bool) -> torch.Tensor:
     interpreted, dtype = run_mode(x), x.dtype
     x, weight, bias = _kernel_inputs(interpreted, x, weight, bias)
     n, c, h, w = x.shape
@@ -524,12 +590,11 @@ def conv2d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     oh, ow = conv2d_output_hw(h, w, kh, kw, padding)
     y = torch.empty((n, oc, oh, ow), dtype=x.dtype, device=x.device)
     if y.numel():
-        t = _tiles(interpreted, oc)
-        grid = (-(-n * oh * ow // t["BM"]), -(-oc // t["BN"]))
+        bn = _cols(oc)
         _launch(
             "_conv2d_fwd_kernel",
             interpreted,
-            grid,
+            lambda meta: (-(-n * oh * ow // meta["BM"]), -(-oc // bn)),
             x,
             weight.contiguous(),
             bias if bias is not None else y,
@@ -547,10 +612,24 @@ def conv2d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             PH=padding[0],
             PW=padding[1],
             HAS_BIAS=bias is not None,
+            RELU=relu,
             **_precision(x.dtype),
-            **t,
+            BN=bn,
         )
     return y.to(dtype)
+
+
+@torch.library.custom_op("trainlab::triton_conv2d_fwd", mutates_args=())
+def conv2d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: list[int]) -> torch.Tensor:
+    return _conv2d(x, weight, bias, padding, relu=False)
+
+
+@torch.library.custom_op("trainlab::triton_conv2d_relu_fwd", mutates_args=())
+def conv2d_relu_fwd(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: list[int]
+) -> torch.Tensor:
+    """relu(conv2d(x, weight, bias)): the ReLU in the GEMM's epilogue, y written once."""
+    return _conv2d(x, weight, bias, padding, relu=True)
 
 
 @torch.library.custom_op("trainlab::triton_conv2d_bwd_input", mutates_args=())
@@ -573,18 +652,15 @@ def conv2d_bwd_weight(
     oc, _, kh, kw = weight.shape
     oh, ow = grad.shape[2], grad.shape[3]
     ckk, r = c * kh * kw, n * oh * ow
-    t = _tiles(interpreted, ckk)
-    t["BM"] = 16 if not interpreted else t["BM"]  # rows are output channels: 6 or 16 in LeNet
-    tiles = -(-oc // t["BM"]) * -(-(ckk + 1) // t["BN"])
-    splits, per = _splits(r, t["BK"], tiles, interpreted)
     ncol = ckk + int(bias)
+    bm = 128 if interpreted else 16  # rows are output channels: 6 or 16 in LeNet
+    splits, per = _splits(r, _SPLIT_MULTIPLE, -(-oc // bm) * -(-ncol // 32), interpreted)
     parts = torch.zeros((splits, oc, ncol), dtype=_acc_dtype(x.dtype), device=x.device)
     if r:
-        grid = (-(-oc // t["BM"]), -(-ncol // t["BN"]), splits)
         _launch(
             "_conv2d_bwd_weight_kernel",
             interpreted,
-            grid,
+            lambda meta: (-(-oc // bm), -(-ncol // meta["BN"]), splits),
             grad,
             x,
             parts,
@@ -604,7 +680,7 @@ def conv2d_bwd_weight(
             PW=padding[1],
             BIAS_COL=bool(bias),
             **_precision(x.dtype),
-            **t,
+            BM=bm,
         )
     total = parts.sum(0)  # the split-K slices, added in order
     dw = total[:, :ckk].reshape(weight.shape).to(weight.dtype)
@@ -613,25 +689,30 @@ def conv2d_bwd_weight(
 
 
 def _matmul(
-    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, bias_col: bool, interpreted: bool, split: bool
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None,
+    bias_col: bool,
+    interpreted: bool,
+    split: bool,
+    relu: bool = False,
 ) -> torch.Tensor:
-    """a [M, K] @ b [K, N] (+ bias), operands by strides; with `bias_col` the result has one more
-    column, sum_k a[m, k]. With `split`, the K axis is split across programs and the partial
+    """a [M, K] @ b [K, N] (+ bias) (then ReLU), operands by strides; with `bias_col` the result has
+    one more column, sum_k a[m, k]. With `split`, the K axis is split across programs and the partial
     products are added by torch (in the accumulation dtype)."""
     m, k = a.shape
     n = b.shape[1]
     ncol = n + int(bias_col)
-    t = _tiles(interpreted, ncol)
-    tiles = -(-m // t["BM"]) * -(-ncol // t["BN"])
-    splits, per = _splits(k, t["BK"], tiles, interpreted) if split else (1, max(1, k))
+    bn = _cols(ncol)
+    splits, per = _splits(k, _SPLIT_MULTIPLE, -(-m // 64) * -(-ncol // bn), interpreted) if split else (1, max(1, k))
+    assert not (relu and splits > 1), "a ReLU epilogue needs the whole sum in one program"
     out_dtype = _acc_dtype(a.dtype) if splits > 1 else a.dtype
     c = torch.zeros((splits, m, ncol), dtype=out_dtype, device=a.device)
     if m and ncol:
-        grid = (-(-m // t["BM"]), -(-ncol // t["BN"]), splits)
         _launch(
             "_matmul_kernel",
             interpreted,
-            grid,
+            lambda meta: (-(-m // meta["BM"]), -(-ncol // bn), splits),
             a,
             b,
             c,
@@ -646,18 +727,29 @@ def _matmul(
             per,
             HAS_BIAS=bias is not None,
             BIAS_COL=bias_col,
+            RELU=relu,
             **_precision(a.dtype),
-            **t,
+            BN=bn,
         )
     return c.sum(0) if splits > 1 else c[0]
 
 
-@torch.library.custom_op("trainlab::triton_linear_fwd", mutates_args=())
-def linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
     interpreted, dtype = run_mode(x), x.dtype
     x, weight, bias = _kernel_inputs(interpreted, x, weight, bias)
-    y = _matmul(x, weight.t(), bias, False, interpreted, split=False)  # W^T by strides: no copy
+    y = _matmul(x, weight.t(), bias, False, interpreted, split=False, relu=relu)  # W^T by strides: no copy
     return y.to(dtype).contiguous()
+
+
+@torch.library.custom_op("trainlab::triton_linear_fwd", mutates_args=())
+def linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return _linear(x, weight, bias, relu=False)
+
+
+@torch.library.custom_op("trainlab::triton_linear_relu_fwd", mutates_args=())
+def linear_relu_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """relu(x W^T + b): the ReLU in the GEMM's epilogue."""
+    return _linear(x, weight, bias, relu=True)
 
 
 @torch.library.custom_op("trainlab::triton_linear_bwd", mutates_args=())
@@ -683,12 +775,11 @@ def max_pool2d_fwd(
     oh, ow = pool_output_hw(h, w, kernel, stride, padding)
     y = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device)
     idx = torch.empty((n, c, oh, ow), dtype=pool_index_dtype(kernel), device=x.device)
-    block = 4096 if interpreted else 256
     if y.numel():
         _launch(
             "_max_pool2d_fwd_kernel",
             interpreted,
-            _grid_1d(y.numel(), block),
+            _grid_1d(y.numel()),
             x,
             y,
             idx,
@@ -706,7 +797,6 @@ def max_pool2d_fwd(
             PH=padding[0],
             PW=padding[1],
             F64=x.dtype == torch.float64,
-            BLOCK=block,
         )
     return y.to(dtype), idx
 
@@ -725,12 +815,11 @@ def max_pool2d_bwd(
     n, c, oh, ow = grad.shape
     h, w = input_hw
     dx = torch.empty((n, c, h, w), dtype=grad.dtype, device=grad.device)
-    block = 4096 if interpreted else 256
     if dx.numel():
         _launch(
             "_max_pool2d_bwd_kernel",
             interpreted,
-            _grid_1d(dx.numel(), block),
+            _grid_1d(dx.numel()),
             grad,
             indices.contiguous(),
             dx,
@@ -750,7 +839,6 @@ def max_pool2d_bwd(
             NWH=-(-kernel[0] // stride[0]),
             NWW=-(-kernel[1] // stride[1]),
             F64=grad.dtype == torch.float64,
-            BLOCK=block,
         )
     return dx.to(dtype)
 
@@ -760,18 +848,8 @@ def relu_fwd(x: torch.Tensor) -> torch.Tensor:
     interpreted, dtype = run_mode(x), x.dtype
     (xc,) = _kernel_inputs(interpreted, x.contiguous())
     y = torch.empty_like(xc)
-    block = 8192 if interpreted else 1024
     if y.numel():
-        _launch(
-            "_relu_fwd_kernel",
-            interpreted,
-            _grid_1d(y.numel(), block),
-            xc,
-            y,
-            y.numel(),
-            F64=x.dtype == torch.float64,
-            BLOCK=block,
-        )
+        _launch("_relu_fwd_kernel", interpreted, _grid_1d(y.numel()), xc, y, y.numel(), F64=x.dtype == torch.float64)
     return y.to(dtype)
 
 
@@ -780,23 +858,64 @@ def relu_bwd(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     interpreted, dtype = run_mode(grad), grad.dtype
     gc, yc = _kernel_inputs(interpreted, grad.contiguous(), out.contiguous())
     dx = torch.empty_like(gc)
-    block = 8192 if interpreted else 1024
     if dx.numel():
         _launch(
             "_relu_bwd_kernel",
             interpreted,
-            _grid_1d(dx.numel(), block),
+            _grid_1d(dx.numel()),
             gc,
             yc,
             dx,
             dx.numel(),
             F64=grad.dtype == torch.float64,
-            BLOCK=block,
         )
     return dx.to(dtype)
 
 
 register("triton_")
+
+
+def _register_fused_relu() -> None:
+    """Fakes and autograd of the two ops with a ReLU epilogue. Their backward is Triton kernels only:
+    relu's (dy where y > 0) and then the layer's own backward ops."""
+    ns = torch.ops.trainlab
+
+    def conv_fake(x, weight, bias, padding):
+        oh, ow = conv2d_output_hw(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], padding)
+        return x.new_empty((x.shape[0], weight.shape[0], oh, ow))
+
+    def linear_fake(x, weight, bias):
+        return x.new_empty((x.shape[0], weight.shape[0]))
+
+    def setup(ctx, inputs, output):
+        x, weight, bias = inputs[:3]
+        ctx.save_for_backward(x, weight, output)
+        ctx.padding, ctx.has_bias = (inputs[3] if len(inputs) > 3 else None), bias is not None
+
+    def conv_backward(ctx, grad):
+        x, weight, y = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        g = ns.triton_relu_bwd(grad, y)
+        dx = ns.triton_conv2d_bwd_input(g, weight, ctx.padding) if need_x else None
+        dw = db = None
+        if need_w or need_b:
+            dw, db = ns.triton_conv2d_bwd_weight(g, x, weight, ctx.padding, ctx.has_bias)
+        return dx, dw if need_w else None, db if (need_b and ctx.has_bias) else None, None
+
+    def linear_backward(ctx, grad):
+        x, weight, y = ctx.saved_tensors
+        dx, dw, db = ns.triton_linear_bwd(ns.triton_relu_bwd(grad, y), x, weight, ctx.has_bias)
+        return dx, dw, db if ctx.has_bias else None
+
+    for op_name, fake, backward in (
+        ("triton_conv2d_relu_fwd", conv_fake, conv_backward),
+        ("triton_linear_relu_fwd", linear_fake, linear_backward),
+    ):
+        torch.library.register_fake(f"trainlab::{op_name}", fake)
+        torch.library.register_autograd(f"trainlab::{op_name}", backward, setup_context=setup)
+
+
+_register_fused_relu()
 
 
 # ---- entry points used by the triton rung (arguments already validated by layer_args) ----------------
@@ -820,3 +939,15 @@ def linear(x, weight, bias) -> torch.Tensor:
 def relu(x) -> torch.Tensor:
     run_mode(x)
     return torch.ops.trainlab.triton_relu_fwd(x)
+
+
+def conv2d_relu(x, weight, bias, padding) -> torch.Tensor:
+    """relu(conv2d(...)) in one kernel (the ReLU in the epilogue); the rung's conv_relu_pool2d uses it."""
+    run_mode(x)
+    return torch.ops.trainlab.triton_conv2d_relu_fwd(x, weight, bias, list(padding))
+
+
+def linear_relu(x, weight, bias) -> torch.Tensor:
+    """relu(linear(...)) in one kernel (the ReLU in the epilogue)."""
+    run_mode(x)
+    return torch.ops.trainlab.triton_linear_relu_fwd(x, weight, bias)
