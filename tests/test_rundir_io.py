@@ -430,3 +430,27 @@ def test_a_stale_torch_build_lock_is_cleared_and_a_held_build_lock_is_waited_on_
         assert (tmp_path / TORCH_BATON).exists(), "a live builder's lock was removed"
     finally:
         os.close(fd)
+
+
+def test_a_full_disk_under_tensorboard_is_one_error_naming_its_file_and_no_thread_traceback(tmp_path, capfd):
+    import errno
+    import time
+
+    from trainlab.telemetry.tensorboard import make_writer
+
+    writer = make_writer(tmp_path)
+    events = writer.file_writer.event_writer._file_name
+
+    def full(*_a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    writer.file_writer.event_writer._async_writer._worker._record_writer.write = full
+    writer.add_scalar("loss", 1.0, 1)
+    deadline = time.monotonic() + 30
+    while writer.file_writer.event_writer._async_writer._worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(OSError) as e:
+        writer.add_scalar("loss", 1.0, 2)
+        writer.flush()
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(events)
+    assert "Traceback" not in capfd.readouterr().err
