@@ -32,6 +32,7 @@ import threading
 from trainlab.errors import UserError
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+LAUNCHER_ENV = "TRAINLAB_LAUNCHER"  # set for the workers of `distributed.launch.launch_workers` (its launch folder)
 
 
 class RunStopped(UserError):
@@ -50,8 +51,6 @@ class StopOnSignal:
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopOnSignal:
-        from trainlab.distributed.launch import LAUNCHER_ENV
-
         if os.environ.get(LAUNCHER_ENV):  # a worker of our launcher: the agent's SIGTERM ends it (docstring)
             return self
         if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers

@@ -54,10 +54,10 @@ from trainlab.device import check_process_count, resolve_device
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.io import atomic_write_json, atomic_write_text, contained
 from trainlab.schema import MAX_SECONDS
+from trainlab.signals import LAUNCHER_ENV, stop_children_on_signal  # LAUNCHER_ENV: the workers' errors go to the agent
 
 DEFAULT_TIMEOUT_S = 120.0  # long enough for a slow first NCCL init, short enough that a hang is noticed
 TIMEOUT_ENV = "TRAINLAB_DIST_TIMEOUT_S"  # process-group timeout; set by `trainlab train --dist-timeout`
-LAUNCHER_ENV = "TRAINLAB_LAUNCHER"  # set for the workers of `launch_workers`: their errors go to the agent
 LAUNCHER_PID_ENV = "TRAINLAB_LAUNCHER_PID"  # the in-process agent's pid: its workers' parent
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # the agent's per-rank error file (torch.distributed.elastic)
 SHUTDOWN_GRACE_S = 3  # after one rank fails, the others get SIGTERM and this long before SIGKILL
@@ -345,8 +345,6 @@ def run_limited(cmd: list[str], limit_s: float, env: dict | None = None, **popen
     stopped at the limit; seconds taken). SIGTERM to this process (like Ctrl-C) stops them too and ends
     this command with `RunStopped` (exit 143): a command that writes its rows as they finish keeps them,
     and no orphaned copy runs on beside a resumed call."""
-    from trainlab.signals import stop_children_on_signal
-
     t0 = time.monotonic()
     with launch_folder() as tmp, stop_children_on_signal():
         proc = start_process(cmd, env=child_env(tmp, env), **popen_kwargs)
