@@ -136,7 +136,7 @@ def owned_files(folder: str | os.PathLike) -> set[str]:
     except (FileNotFoundError, NotADirectoryError, PermissionError):
         return set()  # nothing provably trainlab's: nothing is replaced without --force
     try:
-        text = read_fd(fd, path, MAX_MANIFEST_BYTES, "a file list").decode(errors="replace")
+        text = read_fd(fd, path, MAX_MANIFEST_BYTES, "a file list").decode(errors="surrogateescape")
     finally:
         os.close(fd)
     return {line for line in text.splitlines() if line}

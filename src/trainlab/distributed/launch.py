@@ -3,6 +3,10 @@
 Starting: the parent resolves and validates its config, writes it as JSON (`write_spec`) and runs
 `trainlab worker SPEC.json` once, or under torchrun in N processes (`worker_command`). No config ever
 travels as a command line, so there is nothing to re-parse and no flag can be lost on the way.
+Every child that runs work (a worker, torchrun, a lab step, a sweep run) starts in `start_process`: it
+dies with its launcher (a parent-death signal; every `trainlab worker` arms its own too, since torch's
+agent starts workers without one), and each launch gets a temp folder of its own (`launch_folder`: the
+workers' $TMPDIR and the agent's logs), removed when the launch ends.
 
 `launch_workers` (`train --nproc N`, `gpt bench --nproc N`) runs torchrun's elastic agent in this
 process rather than the `torchrun` command, so a failed job ends with one line saying which rank
