@@ -499,6 +499,18 @@ def _summary_says_not_official(ws: Path, out: str) -> None:
     assert "NOT the official MNIST" in json.loads((ws / "new" / "summary.json").read_text())["data"]
 
 
+# issue 39: trainlab's control files, the text gate, bounds, the GPT matrices
+def _control(rel: str, make: str) -> Callable[[Path], None]:
+    """`rel` (a `.trainlab.lock` or `.trainlab-files`) as a link to the user's {file}, a FIFO or a folder."""
+
+    def setup(ws: Path) -> None:
+        p = ws / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        {"link": lambda: p.symlink_to(ws / "file"), "fifo": lambda: os.mkfifo(p), "dir": p.mkdir}[make]()
+
+    return setup
+
+
 NO_GPU = not torch.cuda.is_available()
 
 RUN_ARGS = "--epochs 1 --train-subset 256 --test-subset 100 --batch-size 64 --device cpu --no-progress --no-tensorboard"
@@ -1838,6 +1850,104 @@ CASES = [
         r"--gpu-mem 2.0 GiB: not even GPT-2 \(124M\) with fp16\+ckpt at micro-batch 1 fits",
     ),
     Case("train-amp-unknown", "train --amp fp8", r"--amp 'fp8': expected one of auto, bf16, fp16, off"),
+    # -- issue 39, 1: trainlab's control files are its own regular files or the folder is refused ------------------
+    Case(
+        "train-lock-is-a-link",
+        NEW,
+        r"new/\.trainlab\.lock: is a symbolic link, not trainlab's own control file",
+        setup=_control("new/.trainlab.lock", "link"),
+    ),
+    Case(
+        "train-lock-is-a-fifo",
+        NEW,
+        r"new/\.trainlab\.lock: is a FIFO \(named pipe\), not trainlab's own control file",
+        setup=_control("new/.trainlab.lock", "fifo"),
+    ),
+    Case(
+        "lab-lock-is-a-link",
+        LAB,
+        r"lab/\.trainlab\.lock: is a symbolic link, not trainlab's own control file",
+        setup=_control("lab/.trainlab.lock", "link"),
+    ),
+    Case(
+        "gpt-bench-lock-is-a-link",
+        "gpt bench --model tiny --device cpu --out {ws}/b",
+        r"b/\.trainlab\.lock: is a symbolic link, not trainlab's own control file",
+        setup=_control("b/.trainlab.lock", "link"),
+    ),
+    Case(
+        "gpt-plan-manifest-is-a-link",
+        "gpt plan --json {ws}/o/plan.json",
+        r"o/\.trainlab-files: is a symbolic link, not trainlab's own control file",
+        setup=_control("o/.trainlab-files", "link"),
+    ),
+    Case(
+        "report-manifest-is-a-fifo",
+        "report {run} -o {ws}/rep",
+        r"rep/\.trainlab-files: is a FIFO \(named pipe\), not trainlab's own control file",
+        setup=_control("rep/.trainlab-files", "fifo"),
+    ),
+    Case(
+        "train-manifest-is-a-folder",
+        "train --resume {run} --epochs 2",
+        r"run/\.trainlab-files: is a directory, not trainlab's own control file",
+        setup=lambda ws: ((ws / "run" / ".trainlab-files").unlink(), (ws / "run" / ".trainlab-files").mkdir()),
+    ),
+    # -- issue 39, 3: one text gate; the JSON reader refuses lone surrogates --------------------------------------
+    Case(
+        "error-line-shows-escapes",
+        "train --resume {ws}/x\x1b]0;pwn\x07\x1b[2J",
+        r"x\\x1b\]0;pwn\\x07\\x1b\[2J: no such run directory",
+    ),
+    Case(
+        "resume-config-lone-surrogate",
+        "train --resume {run} --epochs 2",
+        r"config\.json: 'name' holds a lone surrogate \(run\\udc80\)",
+        setup=_edit_json("run/config.json", _set("name", "run\udc80")),
+    ),
+    # -- issue 39, 5: bounds where parsed ---------------------------------------------------------------------------
+    Case(
+        "train-dist-timeout-huge",
+        "train --dist-timeout 1e300",
+        r"--dist-timeout 1e\+300: expected a finite number > 0 and <= 1e\+09",
+    ),
+    Case(
+        "train-dist-timeout-env-huge",
+        "train --parallel ddp --nproc 2 --out {ws}/new",
+        r"\$TRAINLAB_DIST_TIMEOUT_S='1e300': expected a positive number of seconds up to 1e\+09",
+        env={"TRAINLAB_DIST_TIMEOUT_S": "1e300"},
+    ),
+    Case(
+        "resume-checkpoint-train-seconds-nan",
+        "train --resume {run} --epochs 2",
+        r"checkpoint\.pt: damaged checkpoint: 'train_seconds' must be a number of seconds from 0 to 1e\+09, found NaN",
+        setup=_ckpt_in_run(lambda c: {**c, "train_seconds": float("nan")}),
+    ),
+    Case(
+        "resume-checkpoint-train-seconds-huge",
+        "train --resume {run} --epochs 2",
+        r"'train_seconds' must be a number of seconds from 0 to 1e\+09, found 1e\+308",
+        setup=_ckpt_in_run(lambda c: {**c, "train_seconds": 1e308}),
+    ),
+    Case(
+        "launcher-env-does-not-aim-the-error-file",
+        "train --epochs 0",
+        r"--epochs 0: expected an integer >= 1",
+        env={"TRAINLAB_LAUNCHER": "1", "TORCHELASTIC_ERROR_FILE": "{ws}/file"},
+    ),
+    # -- issue 39, 6: a GPT matrix that measured nothing exits 2 ----------------------------------------------------
+    Case(
+        "gpt-ablation-measures-nothing",
+        "gpt ablation --model tiny --device cpu --groups separate --out {ws}/abl",
+        r"gpt ablation: nothing was measured: no row finished ok",
+        creates=("abl", "abl/*"),
+    ),
+    Case(
+        "gpt-compare-every-row-timed-out",
+        "gpt compare --model tiny --device cpu --strategies none --timeout 0.01 --out {ws}/cmp",
+        r"gpt compare: nothing was measured: no strategy finished ok",
+        creates=("cmp", "cmp/*"),
+    ),
 ]
 
 
@@ -1910,10 +2020,10 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 def test_hostile_input(case: Case, finished_run: Path, tmp_path: Path, capsys, monkeypatch):
     if case.needs_non_root and not permissions_bind(tmp_path):
         pytest.skip("runs as root (or with CAP_DAC_OVERRIDE), which reads and writes through any permission bits")
-    for key, value in case.env.items():
-        monkeypatch.setenv(key, value)
     ws = tmp_path / "ws"
     ws.mkdir()
+    for key, value in case.env.items():
+        monkeypatch.setenv(key, value.format(ws=ws))
     shutil.copytree(finished_run, ws / "run")
     (ws / "file").write_text("a file where a folder or a checkpoint is expected\n")
     (ws / "dir").mkdir()
@@ -2130,3 +2240,33 @@ def test_sigterm_ends_a_run_at_a_checkpoint_that_resume_finishes(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["epochs"] == 2
+
+
+# ----------------------------------------------------------------------------- kept rows (issue 39)
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda r: {**r, "tokens_per_s": "fast"}, r"'rows'\[0\]\['tokens_per_s'\] must be a number, found \"fast\""),
+        (lambda r: {k: v for k, v in r.items() if k != "total_seconds"}, r"'rows'\[0\]\['total_seconds'\] is missing"),
+    ],
+)
+def test_a_damaged_kept_ablation_row_is_measured_again(tmp_path, capsys, damage, says):
+    """A resumed `gpt ablation` keeps only rows that pass the schema; any other is one line and runs again
+    (a row with `tokens_per_s: "fast"` was a ValueError, a missing field a KeyError, mid-call)."""
+    from trainlab.gpt.ablation import _finished
+
+    good = {
+        "status": "ok",
+        "bench": "k",
+        "tokens": 128,
+        "tokens_per_s": 10.0,
+        "step_seconds_median": 0.1,
+        "step_ms_median": 100.0,
+        "total_seconds": 1.0,
+    }
+    (tmp_path / "ablation.json").write_text(json.dumps({"rows": [damage(good), {**good, "bench": "k2"}]}))
+    kept = _finished(str(tmp_path))
+    assert list(kept) == ["k2"]
+    assert re.search(says, capsys.readouterr().out)

@@ -7,7 +7,9 @@ import json
 import math
 import multiprocessing as mp
 import os
+import re
 import stat
+import threading
 
 import pytest
 
@@ -25,7 +27,8 @@ from trainlab.io import (
     set_force,
     to_json,
 )
-from trainlab.telemetry.rundir import LOCK_NAME, RunDir, check_run_dir
+from trainlab.telemetry.rundir import LOCK_NAME, RunDir, check_run_dir, lock_folder
+from trainlab.text import shown
 
 # ----------------------------------------------------------------------------- ownership
 
@@ -217,3 +220,237 @@ def test_declared_checks_name_the_flag():
         with pytest.raises(ConfigError) as e:
             C(**kw).validate()
         assert str(e.value) == msg
+
+
+# ----------------------------------------------------------------------------- control files (issue 39)
+
+
+def _control_cases(folder, name: str, target):
+    """`name` in `folder` as each thing it must never be: a link to the user's file, a FIFO, a folder,
+    a hard link to the user's file."""
+    yield "link", lambda: (folder / name).symlink_to(target), "is a symbolic link"
+    yield "fifo", lambda: os.mkfifo(folder / name), r"is a FIFO \(named pipe\)"
+    yield "dir", lambda: (folder / name).mkdir(), "is a directory"
+    yield "hardlink", lambda: os.link(target, folder / name), r"has 2 names \(a hard link to another file\)"
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "dir", "hardlink"])
+def test_a_lock_that_is_not_trainlabs_file_is_refused_naming_it(tmp_path, kind):
+    user = tmp_path / "notes.txt"
+    user.write_text("the user's notes\n")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    make, reason = {k: (m, r) for k, m, r in _control_cases(folder, LOCK_NAME, user)}[kind]
+    make()
+    with pytest.raises(UserError, match=rf"{LOCK_NAME}: {reason}, not trainlab's own control file"):
+        RunDir.claim(folder)  # a folder holding only a lock link is not empty, and never taken
+    assert user.read_text() == "the user's notes\n"
+    if kind == "link":
+        with pytest.raises(UserError, match="is a symbolic link"):
+            lock_folder(folder)  # the lab's and gpt bench's lock: the same open
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo", "dir", "hardlink"])
+def test_a_manifest_that_is_not_trainlabs_file_is_refused_naming_it(tmp_path, kind):
+    user = tmp_path / "notes.txt"
+    user.write_text("results.json\n")  # its lines must never be taken as files trainlab owns
+    folder = tmp_path / "out"
+    folder.mkdir()
+    make, reason = {k: (m, r) for k, m, r in _control_cases(folder, MANIFEST, user)}[kind]
+    make()
+    result: list = []
+
+    def write():
+        try:
+            atomic_write_json(folder / "results.json", {"a": 1})
+        except BaseException as e:
+            result.append(e)
+
+    t = threading.Thread(target=write, daemon=True)  # a FIFO must not hang it
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "writing beside a FIFO manifest hung"
+    assert result and isinstance(result[0], UserError), result
+    assert re.search(rf"{MANIFEST}: {reason}, not trainlab's own control file", str(result[0])), result[0]
+    assert user.read_text() == "results.json\n"
+    assert not (folder / "results.json").exists()
+
+
+def test_the_holders_command_is_shown_through_the_text_gate(tmp_path):
+    folder = tmp_path / "run"
+    with RunDir.claim(folder):
+        lock = folder / LOCK_NAME
+        info = json.loads(lock.read_text())
+        info["command"] = "trainlab train\n\x1b]0;owned\x07\x1b[2J"
+        fd = os.open(lock, os.O_WRONLY | os.O_TRUNC)
+        os.write(fd, json.dumps(info).encode())
+        os.close(fd)
+        with pytest.raises(UserError) as e:
+            RunDir.claim(folder, resume=True)
+    assert "\x1b" not in str(e.value) and "\n" not in str(e.value)
+    assert r"trainlab train\n\x1b]0;owned\x07\x1b[2J" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- the text gate, the JSON reader
+
+
+def test_the_text_gate_escapes_controls_and_lone_surrogates():
+    assert shown("run\x1b]0;x\x07\x1b[2J\n\udc80\u202eok") == r"run\x1b]0;x\x07\x1b[2J\n\udc80\u202eok"
+    assert shown("été ünïcode 😀 tabs\tkept", lines=True) == "été ünïcode 😀 tabs\tkept"
+    assert UserError("a\x1b[2Jb").args[0] == r"a\x1b[2Jb"  # every error line passes it
+
+
+def test_the_json_reader_refuses_lone_surrogates(tmp_path):
+    p = tmp_path / "summary.json"
+    p.write_text('{"device_name": "cpu", "runs": [{"name": "ok\\udc80"}]}')
+    with pytest.raises(UserError, match=r"summary.json: 'runs'\[0\]\['name'\] holds a lone surrogate \(ok\\udc80\)"):
+        read_json(p)
+    p.write_text('{"name": "\\ud83d\\ude00"}')  # a pair is a character (😀), not a lone surrogate
+    assert read_json(p) == {"name": "😀"}
+
+
+# ----------------------------------------------------------------------------- one write-error line
+
+_FULL_DISK = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # every write past 4 KiB fails with EFBIG
+from trainlab import io
+what, path = sys.argv[1], sys.argv[2]
+try:
+    if what == "torch":
+        import torch
+        io.atomic_torch_save(path, {"w": torch.zeros(100_000)})
+    else:
+        io.atomic_write_text(path, "x" * 100_000)
+except OSError as e:
+    print(repr((e.errno, e.filename)))
+"""
+
+
+@pytest.mark.parametrize("what", ["text", "torch"])
+def test_a_failed_write_names_the_file_and_leaves_nothing(tmp_path, what):
+    import errno
+    import subprocess
+    import sys
+
+    target = tmp_path / "checkpoint.pt"
+    proc = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, what, str(target)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.stdout.strip() == repr((errno.EFBIG, str(target))), proc.stdout + proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "a temporary file or a partial target was left"
+
+
+def test_a_lock_whose_write_fails_is_released(tmp_path, monkeypatch):
+    import errno
+
+    import trainlab.telemetry.rundir as rundir
+
+    def full(*_a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rundir.os, "write", full)
+    with pytest.raises(OSError) as e:
+        rundir.lock_folder(tmp_path)
+    assert e.value.filename == str(tmp_path / LOCK_NAME)
+    monkeypatch.undo()
+    assert not (tmp_path / LOCK_NAME).exists()
+    rundir.unlock_folder(tmp_path, rundir.lock_folder(tmp_path))  # free again
+
+
+# ----------------------------------------------------------------------------- bounds, caches, launchers
+
+
+@pytest.mark.parametrize("raw", ["1e300", "inf", "nan", "0", "-5"])
+def test_the_process_group_timeout_is_bounded_where_parsed(monkeypatch, raw):
+    from trainlab.distributed.launch import TIMEOUT_ENV, dist_timeout_s
+
+    monkeypatch.setenv(TIMEOUT_ENV, raw)
+    with pytest.raises(ConfigError, match=rf"\${TIMEOUT_ENV}='{raw}': expected a positive number of seconds"):
+        dist_timeout_s()
+
+
+def test_no_home_and_no_passwd_entry_falls_back_to_a_private_temp_cache(tmp_path, monkeypatch, capsys):
+    import pathlib
+    import tempfile
+
+    from trainlab import io
+
+    for var in ("TRAINLAB_CACHE", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(var, raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(pathlib.Path, "home", staticmethod(no_home))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(io, "_said_fallback", False)
+    root = io.cache_root()
+    assert root == tmp_path / f"trainlab-cache-{os.getuid()}" and root.is_dir()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert "no home folder" in capsys.readouterr().err
+
+
+def test_the_launchers_error_file_is_written_only_inside_its_own_launch(tmp_path, monkeypatch):
+    from trainlab.distributed.launch import ERROR_FILE_ENV, LAUNCHER_ENV, launch_folder, record_worker_error
+
+    user = tmp_path / "thesis.txt"
+    user.write_text("two years of work\n")
+    monkeypatch.setenv(LAUNCHER_ENV, "1")
+    monkeypatch.setenv(ERROR_FILE_ENV, str(user))
+    assert record_worker_error("trainlab: error: x", 2) is False
+    assert user.read_text() == "two years of work\n"
+    with launch_folder() as launch:
+        monkeypatch.setenv(LAUNCHER_ENV, str(launch))
+        assert record_worker_error("trainlab: error: x", 2) is False  # still outside the launch's folder
+        monkeypatch.setenv(ERROR_FILE_ENV, str(launch / "agent" / "0" / "error.json"))
+        assert record_worker_error("trainlab: error: x", 2) is True
+    assert not launch.exists()
+    assert user.read_text() == "two years of work\n"
+
+
+def test_a_stale_torch_build_lock_is_cleared_and_a_held_build_lock_is_waited_on_boundedly(tmp_path, capsys):
+    import fcntl
+
+    from trainlab.errors import HardwareError
+    from trainlab.ops.build import BUILD_LOCK, TORCH_BATON, build_lock
+
+    (tmp_path / TORCH_BATON).write_text("")  # what Ctrl-C during torch's first build leaves
+    with build_lock(tmp_path, "GELU"):
+        assert not (tmp_path / TORCH_BATON).exists()
+    assert "removed" in capsys.readouterr().err
+    fd = os.open(tmp_path / BUILD_LOCK, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another builder, alive
+    try:
+        (tmp_path / TORCH_BATON).write_text("")
+        with pytest.raises(HardwareError, match="is being built by another process"):
+            with build_lock(tmp_path, "GELU", wait_s=1):
+                pass
+        assert (tmp_path / TORCH_BATON).exists(), "a live builder's lock was removed"
+    finally:
+        os.close(fd)
+
+
+def test_a_full_disk_under_tensorboard_is_one_error_naming_its_file_and_no_thread_traceback(tmp_path, capfd):
+    import errno
+    import time
+
+    from trainlab.telemetry.tensorboard import make_writer
+
+    writer = make_writer(tmp_path)
+    events = writer.file_writer.event_writer._file_name
+
+    def full(*_a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    writer.file_writer.event_writer._async_writer._worker._record_writer.write = full
+    writer.add_scalar("loss", 1.0, 1)
+    deadline = time.monotonic() + 30
+    while writer.file_writer.event_writer._async_writer._worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(OSError) as e:
+        writer.add_scalar("loss", 1.0, 2)
+        writer.flush()
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(events)
+    assert "Traceback" not in capfd.readouterr().err

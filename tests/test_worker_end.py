@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -49,13 +50,23 @@ def _run(
     """`python -m trainlab ARGS` with rank 1 told to `action` at its end; returns the process and the
     seconds from the injected event to the command's return (None when the event did not happen)."""
     mark = tmp_path / "event"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRAINLAB_DIST_TIMEOUT_S": str(TIMEOUT_S), **(extra_env or {})}
+    temp = tmp_path / "temp"  # the launches' temp directory: left empty (issue 37: no torchelastic_* folders)
+    temp.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TRAINLAB_DIST_TIMEOUT_S": str(TIMEOUT_S),
+        "TMPDIR": str(temp),
+        **(extra_env or {}),
+    }
     if action:
         env.update(TRAINLAB_TEST_END=f"1:{action}", TRAINLAB_TEST_END_MARK=str(mark))
     proc = subprocess.run(
         [sys.executable, "-m", "trainlab", *args], env=env, capture_output=True, text=True, timeout=600
     )
     ended = time.time()
+    left = sorted(p.name for p in temp.iterdir() if p.name.startswith(("torchelastic_", "trainlab-launch-")))
+    assert not left, f"launched workers left temp folders: {left}"
     return proc, (ended - float(mark.read_text())) if mark.exists() else None
 
 
@@ -210,3 +221,88 @@ def test_gpt_compare_keeps_a_strategy_whose_rank_hangs_at_the_end(tmp_path):
     assert [(r["strategy"], r["status"]) for r in rows] == [("none", "ok"), ("ddp", "ok")]
     assert rows[1]["note"].startswith("the results were written, then a rank failed or hung at the end")
     assert rows[1]["losses"] == pytest.approx(rows[0]["losses"], abs=1e-5)  # DDP trains the same model
+
+
+# ----------------------------------------------------------------------------- the launcher's end (issue 39)
+
+_LAUNCHER = """
+import sys
+from trainlab.distributed.launch import run_limited
+from trainlab.signals import RunStopped
+child = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)"
+try:
+    run_limited([sys.executable, "-c", child, sys.argv[1]], 600)
+except RunStopped as e:
+    print(e, file=sys.stderr)
+    sys.exit(e.exit_code)
+"""
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    """Whether process `pid` ends (or is a zombie nobody reaps) within `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _wait_for(path: Path, within_s: float = 120) -> int:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text())
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never appeared")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_launched_child_dies_with_its_launcher(tmp_path, sig):
+    pid_file = tmp_path / "child.pid"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCHER, str(pid_file)], stderr=subprocess.PIPE, text=True, env={**os.environ}
+    )
+    try:
+        child = _wait_for(pid_file)
+        launcher.send_signal(sig)
+        code = launcher.wait(60)
+        assert _gone(child, 15), f"the child {child} runs on after its launcher got {sig.name}"
+    finally:
+        launcher.kill()
+    if sig == signal.SIGTERM:  # handled: the children stopped, one line, 128 + 15
+        assert code == 143, launcher.stderr.read()[-2000:]
+        assert "stopped by SIGTERM: the running worker processes were stopped" in launcher.stderr.read()
+
+
+def test_the_workers_of_train_nproc_die_when_the_launcher_is_killed(tmp_path):
+    """SIGKILL (no handler runs) to `train --nproc 2`: its workers, started by torch's agent without a
+    parent-death signal, armed one themselves (`trainlab worker`)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [*TINY_LENET[:1], "50", *TINY_LENET[2:], "--parallel", "ddp", "--nproc", "2", "--no-progress"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "trainlab", "train", *args, "--no-tensorboard", "--out", str(tmp_path / "run")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline, workers = time.monotonic() + 300, []
+        while time.monotonic() < deadline and len(workers) < 2:
+            time.sleep(0.5)
+            workers = [
+                int(p)
+                for p in Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+                if b"worker" in Path(f"/proc/{p}/cmdline").read_bytes()
+            ]
+        assert len(workers) == 2, "the workers never started"
+        time.sleep(3)  # past their start-up, into training
+        launcher.kill()
+        launcher.wait(30)
+        assert all(_gone(w, 30) for w in workers), f"workers {workers} run on after their launcher was killed"
+    finally:
+        launcher.kill()

@@ -25,7 +25,7 @@ import sys
 import traceback
 
 from trainlab.distributed.failure import PeerFailure
-from trainlab.distributed.launch import end_worker, record_worker_error, under_torchrun
+from trainlab.distributed.launch import die_with_parent, end_worker, record_worker_error, under_torchrun
 from trainlab.errors import UserError
 from trainlab.flags import Parser
 from trainlab.io import set_force
@@ -58,6 +58,7 @@ def _run_worker(args: argparse.Namespace) -> int:
     module, func = WORKERS[name].split(":")
     worker = getattr(importlib.import_module(module), func)
     args.ends_as_worker = True  # from here on this process ends by the one rule (`main`, `end_worker`)
+    die_with_parent()  # a worker never outlives its launcher (the elastic agent starts it without that)
     return worker(spec)
 
 

@@ -7,13 +7,22 @@ traceback. Messages name the file or flag and say what was expected.
 Exit codes of `trainlab` (see `trainlab.cli.main`): 0 success; 1 an internal error (a bug: the
 traceback is printed) or a check that found failures; 2 bad input (flags, files, hardware, an OSError
 naming its path); 3 training diverged (a non-finite loss); 130 interrupted.
+
+A message passes the text gate (`trainlab.text.shown`) when the error is made: a file name, a JSON
+field or a lock holder's command line in it can hold escape sequences, a newline or bytes that are not
+UTF-8, and the terminal gets one line of escapes instead.
 """
+
+from trainlab.text import shown
 
 
 class UserError(Exception):
     """An error caused by the user's input or machine, not by a bug in trainlab."""
 
     exit_code = 2
+
+    def __init__(self, *args):
+        super().__init__(*(shown(a) if isinstance(a, str) else a for a in args))
 
 
 class DataError(UserError):

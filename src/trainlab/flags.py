@@ -38,6 +38,7 @@ from typing import Any
 
 from trainlab.errors import ConfigError
 from trainlab.io import output_problem
+from trainlab.schema import MAX_SECONDS
 
 _PLACEHOLDER = re.compile(r"%%|%\(\w+\)[a-z]|%")
 _NO_DEFAULT = (None, False, argparse.SUPPRESS)
@@ -212,6 +213,7 @@ def seed_value(v: Any) -> str | None:
 
 
 positive = between(0, lo_open=True)  # a finite number > 0 (rates, seconds)
+timeout_seconds = between(0, MAX_SECONDS, lo_open=True)  # a duration that timedelta (and every clock) can hold
 non_negative = between(0)  # a finite number >= 0 (weight decay, warm-up)
 
 

@@ -24,6 +24,7 @@ tells `--overwrite` which files it may delete.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -39,6 +40,7 @@ from trainlab.errors import ConfigError, UserError
 from trainlab.schema import MAX_JSON_BYTES, Spec, check, loads
 
 MANIFEST = ".trainlab-files"  # in each folder trainlab writes into: the names of the files it wrote there
+MAX_MANIFEST_BYTES = 16 * 2**20  # a folder's file list: far more names than any folder trainlab writes holds
 FORCE_ENV = "TRAINLAB_FORCE"
 _vetted: set[Path] = set()  # folders whose writes a claim has already vetted (run directories)
 
@@ -61,12 +63,82 @@ def vet_folder(path: str | os.PathLike, on: bool = True) -> None:
     _vetted.add(key) if on else _vetted.discard(key)
 
 
-def owned_files(folder: str | os.PathLike) -> set[str]:
-    """Names of the files trainlab wrote in `folder` (its `.trainlab-files`)."""
+def control_problem(path: str | os.PathLike, st: os.stat_result | None = None) -> str | None:
+    """What makes `path` not a trainlab control file (`.trainlab.lock`, `.trainlab-files`), or None.
+
+    A control file is trainlab's or nothing: a regular file with one name, owned by the folder's owner
+    (or by this user, for a folder such as /tmp). A link would let trainlab truncate or append to the
+    file it points at, a FIFO would hang the read, a hard link would be the user's file under a second
+    name, and another user's manifest in a shared folder would claim files it does not own."""
+    path = Path(path)
     try:
-        text = (Path(folder) / MANIFEST).read_text()
-    except (OSError, UnicodeDecodeError):
-        return set()
+        st = st or os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory"
+    kind = next((name for test, name in _SPECIAL if test(st.st_mode)), None)
+    if kind:
+        return f"is {kind}"
+    if st.st_nlink != 1:
+        return f"has {st.st_nlink} names (a hard link to another file)"
+    try:
+        folder_uid = os.stat(path.parent).st_uid
+    except OSError:
+        folder_uid = os.geteuid()
+    if st.st_uid not in (folder_uid, os.geteuid()):
+        return f"belongs to uid {st.st_uid}, not to the folder's owner"
+    return None
+
+
+def _control_error(path: Path, problem: str) -> UserError:
+    return UserError(
+        f"{path}: {problem}, not trainlab's own control file (expected a regular file it wrote); "
+        "refusing to use this folder: remove it or choose another folder"
+    )
+
+
+def check_control(path: str | os.PathLike) -> None:
+    """`control_problem` as the one-line refusal naming the file (used before a folder is taken)."""
+    problem = control_problem(path)
+    if problem:
+        raise _control_error(Path(path), problem)
+
+
+def open_control(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
+    """Open a control file without following a link or blocking on a FIFO, and check what was opened
+    (on the descriptor: nothing can be swapped in between). Anything but trainlab's own file → one line."""
+    path = Path(path)
+    extra = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags | extra, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _control_error(path, "is a symbolic link") from None
+        if e.errno in (errno.EISDIR, errno.ENXIO):  # ENXIO: a FIFO opened for writing with no reader
+            raise _control_error(path, control_problem(path) or "is not a regular file") from None
+        raise
+    problem = control_problem(path, os.fstat(fd))
+    if problem:
+        os.close(fd)
+        raise _control_error(path, problem)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def owned_files(folder: str | os.PathLike) -> set[str]:
+    """Names of the files trainlab wrote in `folder` (its `.trainlab-files`, read as a control file)."""
+    path = Path(folder) / MANIFEST
+    try:
+        fd = open_control(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return set()  # nothing provably trainlab's: nothing is replaced without --force
+    try:
+        text = read_fd(fd, path, MAX_MANIFEST_BYTES, "a file list").decode(errors="surrogateescape")
+    finally:
+        os.close(fd)
     return {line for line in text.splitlines() if line}
 
 
@@ -75,9 +147,10 @@ def record_written(path: str | os.PathLike) -> None:
     path = Path(path)
     if "\n" in path.name or path.name in owned_files(path.parent):
         return
-    fd = os.open(path.parent / MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666 & ~current_umask())
+    fd = open_control(path.parent / MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666 & ~current_umask())
     try:
-        os.write(fd, (path.name + "\n").encode())
+        with write_errors(path.parent / MANIFEST):
+            os.write(fd, (path.name + "\n").encode(errors="surrogateescape"))
     finally:
         os.close(fd)
 
@@ -152,6 +225,40 @@ def user_path(path: str | os.PathLike, what: str) -> Path:
         ) from None
 
 
+def cache_root() -> Path:
+    """trainlab's cache folder: $TRAINLAB_CACHE, else $XDG_CACHE_HOME/trainlab, else ~/.cache/trainlab.
+
+    With no home at all (`docker run -u 12345`: no $HOME and no passwd entry, so `Path.home()` raises),
+    the fallback is $TMPDIR/trainlab-cache-<uid> (said once on stderr): every command that needs a cache
+    still works, and the folder is this user's alone (created 0700)."""
+    root = os.environ.get("TRAINLAB_CACHE")
+    if root:
+        return user_path(root, "$TRAINLAB_CACHE")
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "trainlab"
+    try:
+        return Path.home() / ".cache" / "trainlab"
+    except (RuntimeError, KeyError):
+        fallback = Path(tempfile.gettempdir()) / f"trainlab-cache-{os.getuid()}"
+        fallback.mkdir(mode=0o700, exist_ok=True)
+        st = fallback.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise UserError(
+                f"{fallback}: not a folder of this user; this user has no home folder, so set $TRAINLAB_CACHE"
+            ) from None
+        global _said_fallback
+        if not _said_fallback:
+            print(
+                f"note: no home folder for uid {os.getuid()}; caching in {fallback} ($TRAINLAB_CACHE sets another)",
+                file=sys.stderr,
+            )
+            _said_fallback = True
+        return fallback
+
+
+_said_fallback = False
+
+
 def contained(root: str | os.PathLike, path: str | os.PathLike) -> bool:
     """Whether `path`, links resolved, lies inside folder `root`: a lab or run folder is a container, and
     a link in it to a file or folder elsewhere is not read (into a report, an archive) as if it were its own."""
@@ -190,25 +297,50 @@ def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str, pr
     kind = special_kind(path)
     if kind:  # os.replace would swap a FIFO or /dev/null itself for a plain file
         raise UserError(f"{path}: is {kind}, expected a regular file; refusing to replace it")
+    check_control(path.parent / MANIFEST)  # before anything is written: the file list must be trainlab's
     if not private:
         _check_replace(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
-        os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with write_errors(path):
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.fchmod(fd, 0o666 & ~current_umask())
+            with os.fdopen(fd, mode) as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
         record_written(path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
         raise
     return path
+
+
+@contextmanager
+def write_errors(path: str | os.PathLike):
+    """The one write-error line: a failed write (ENOSPC, EFBIG, EROFS, EACCES) names the file being
+    written, not a temporary sibling or nothing at all (`os.write` and `f.write` give no file name; the
+    CLI prints an OSError as 'PATH: reason'). torch.save's `[enforce fail at inline_container.cc]` is the
+    same failure seen through its C++ writer: the OSError underneath it is raised instead."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None or str(e.filename).endswith(".tmp"):
+            raise OSError(e.errno, e.strerror or str(e), os.fspath(path)) from None
+        raise
+    except RuntimeError as e:
+        if "inline_container" not in str(e) and "PytorchStreamWriter" not in str(e):
+            raise
+        cause = e.__context__ if isinstance(e.__context__, OSError) else None
+        if cause is not None:
+            raise OSError(cause.errno, cause.strerror, os.fspath(path)) from None
+        raise OSError(errno.EIO, "writing it failed (is the disk full?)", os.fspath(path)) from None
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, private: bool = False) -> Path:
@@ -293,29 +425,33 @@ def read_capped(path: str | os.PathLike, max_bytes: int, what: str = "a data fil
     with read_errors(path, what):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        st = os.fstat(fd)
-        kind = next((name for test, name in _SPECIAL if test(st.st_mode)), None)
-        if kind:
-            raise UserError(f"{path}: is {kind}, expected a regular file; refusing to read it")
-        if stat.S_ISDIR(st.st_mode):
-            raise UserError(f"{path}: is a directory, expected {what}")
-        if st.st_size > max_bytes:
-            raise UserError(
-                f"{path}: {st.st_size:,} bytes, more than the {_size(max_bytes)} {what} may hold; "
-                "not a file trainlab wrote"
-            )
-        chunks, total = [], 0
-        while total <= max_bytes:
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > max_bytes:
-            raise UserError(f"{path}: more than the {_size(max_bytes)} {what} may hold; not a file trainlab wrote")
-        return b"".join(chunks)
+        return read_fd(fd, path, max_bytes, what)
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int, path: str | os.PathLike, max_bytes: int, what: str) -> bytes:
+    """`read_capped` on an open descriptor: checked with fstat, read up to the cap."""
+    st = os.fstat(fd)
+    kind = next((name for test, name in _SPECIAL if test(st.st_mode)), None)
+    if kind:
+        raise UserError(f"{path}: is {kind}, expected a regular file; refusing to read it")
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path}: is a directory, expected {what}")
+    if st.st_size > max_bytes:
+        raise UserError(
+            f"{path}: {st.st_size:,} bytes, more than the {_size(max_bytes)} {what} may hold; not a file trainlab wrote"
+        )
+    chunks, total = [], 0
+    while total <= max_bytes:
+        chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    if total > max_bytes:
+        raise UserError(f"{path}: more than the {_size(max_bytes)} {what} may hold; not a file trainlab wrote")
+    return b"".join(chunks)
 
 
 def _size(n: int) -> str:

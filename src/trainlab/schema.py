@@ -8,6 +8,8 @@ been edited, truncated or replaced by the time it is read. So it is read here, o
   a 1 GiB metrics.jsonl costs nothing), never a FIFO or device (`io.read_capped`);
 - parsed with NaN/Infinity refused and at most `MAX_DEPTH` levels of nesting (a list nested 200,000
   deep is one line, not a `RecursionError`);
+- refused when a string holds a lone surrogate (`"\\udc80"`: not text, and it cannot be written into a
+  page or a figure; trainlab never writes one);
 - checked against its schema when the caller gives one: each key's type, and a length cap on lists,
   so a bad key is one line naming the file and the key path (`results.json: 'steps'['lenet_train']
   must be an object, found "ok"`), never a traceback somewhere later.
@@ -21,13 +23,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
 from trainlab.errors import UserError
+from trainlab.text import lone_surrogate, shown
 
 MAX_JSON_BYTES = 64 * 2**20  # larger than any file trainlab writes (a long run's metrics.jsonl: a few MB)
 MAX_DEPTH = 64  # trainlab's own files nest 6 levels at most
+MAX_SECONDS = 1e9  # ~31 years: more than any run or timeout, far below timedelta's limit (~8.6e13 s)
 
 
 class Spec:
@@ -39,6 +44,11 @@ class Spec:
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def between(lo: float, hi: float, what: str = "a number") -> Spec:
+    """A finite number in [lo, hi]: a counter read back (seconds, steps) whose range the code relies on."""
+    return Spec(f"{what} from {lo:g} to {hi:g}", lambda v: _is_number(v) and lo <= v <= hi)
 
 
 ANY = Spec("anything")
@@ -157,5 +167,27 @@ def loads(text: str, where: str = "JSON", max_depth: int = MAX_DEPTH) -> Any:
         raise UserError(f"{where}: {e}") from None
     else:
         if not _too_deep(value, max_depth):
+            if re.search(r"\\u[dD][89a-fA-F]", text) or lone_surrogate(text) is not None:
+                _refuse_surrogates(value, where)
             return value
     raise UserError(f"{where}: nested deeper than {max_depth} levels; not a file trainlab wrote")
+
+
+def _refuse_surrogates(value: Any, where: str) -> None:
+    """One line naming the first string (key or value) that holds a lone surrogate (iterative walk)."""
+    stack = [(value, "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, str):
+            if lone_surrogate(v) is not None:
+                at = f"{path} " if path else ""
+                raise UserError(
+                    f"{where}: {at}holds a lone surrogate ({shown(v)[:60]}), which is not text; "
+                    "not a file trainlab wrote"
+                )
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                stack.append((k, path))
+                stack.append((item, _key(path, k)))
+        elif isinstance(v, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(v))

@@ -14,10 +14,16 @@ elastic agent owns the ranks' lifetime, and its SIGTERM is its clean-up after a 
 (or after SIGTERM/Ctrl-C to the launcher itself). A rank that caught it would run on to the end of its
 epoch, the agent would SIGKILL it, and the launcher could no longer say which rank hung. There the
 last epoch's checkpoint is what `--resume` continues from.
+
+A command that waits on launched processes (`distributed.launch.run_limited`: a `gpt ablation` or
+`gpt compare` row, a `dp compare` mode) waits inside `stop_children_on_signal`: SIGTERM raises
+`RunStopped` there (Ctrl-C raises KeyboardInterrupt as always), the waiting code stops the child's whole
+tree on its way out, and the rows written so far stay for the resumed call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -26,6 +32,7 @@ import threading
 from trainlab.errors import UserError
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+LAUNCHER_ENV = "TRAINLAB_LAUNCHER"  # set for the workers of `distributed.launch.launch_workers` (its launch folder)
 
 
 class RunStopped(UserError):
@@ -44,8 +51,6 @@ class StopOnSignal:
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopOnSignal:
-        from trainlab.distributed.launch import LAUNCHER_ENV
-
         if os.environ.get(LAUNCHER_ENV):  # a worker of our launcher: the agent's SIGTERM ends it (docstring)
             return self
         if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
@@ -91,6 +96,30 @@ class StopOnSignal:
                 f"its checkpoint is saved: continue with `trainlab train --resume {run_dir}`",
                 signum,
             )
+
+
+@contextlib.contextmanager
+def stop_children_on_signal():
+    """While launched children run: SIGTERM raises `RunStopped` (exit 143) in this, the main, thread, so
+    the code that started them stops them on its way out (without a handler SIGTERM ends this process at
+    once and the children run on)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, _frame) -> None:
+        signal.signal(signum, previous)  # a second SIGTERM acts at once
+        raise RunStopped(
+            f"stopped by {signal.Signals(signum).name}: the running worker processes were stopped; "
+            "what finished before is kept (run the same command again to continue)",
+            signum,
+        )
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _interrupt():

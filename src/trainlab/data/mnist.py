@@ -280,9 +280,10 @@ def read_mnist_csv(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def default_cache_dir() -> Path:
-    """$TRAINLAB_CACHE/mnist if set, else ~/.cache/trainlab/mnist."""
-    root = os.environ.get("TRAINLAB_CACHE")
-    return (user_path(root, "$TRAINLAB_CACHE") if root else Path.home() / ".cache" / "trainlab") / "mnist"
+    """$TRAINLAB_CACHE/mnist if set, else ~/.cache/trainlab/mnist (`io.cache_root`: the no-home fallback)."""
+    from trainlab.io import cache_root
+
+    return cache_root() / "mnist"
 
 
 def _embedded_cache_folder(cache_dir: str | os.PathLike | None) -> Path:

@@ -3,6 +3,10 @@
 Starting: the parent resolves and validates its config, writes it as JSON (`write_spec`) and runs
 `trainlab worker SPEC.json` once, or under torchrun in N processes (`worker_command`). No config ever
 travels as a command line, so there is nothing to re-parse and no flag can be lost on the way.
+Every child that runs work (a worker, torchrun, a lab step, a sweep run) starts in `start_process`: it
+dies with its launcher (a parent-death signal; every `trainlab worker` arms its own too, since torch's
+agent starts workers without one), and each launch gets a temp folder of its own (`launch_folder`: the
+workers' $TMPDIR and the agent's logs), removed when the launch ends.
 
 `launch_workers` (`train --nproc N`, `gpt bench --nproc N`) runs torchrun's elastic agent in this
 process rather than the `torchrun` command, so a failed job ends with one line saying which rank
@@ -34,6 +38,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,11 +56,13 @@ import torch.distributed as dist
 
 from trainlab.device import check_process_count, resolve_device
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.io import atomic_write_json, atomic_write_text
+from trainlab.io import atomic_write_json, atomic_write_text, contained
+from trainlab.schema import MAX_SECONDS
+from trainlab.signals import LAUNCHER_ENV, stop_children_on_signal  # LAUNCHER_ENV: the workers' errors go to the agent
 
 DEFAULT_TIMEOUT_S = 120.0  # long enough for a slow first NCCL init, short enough that a hang is noticed
 TIMEOUT_ENV = "TRAINLAB_DIST_TIMEOUT_S"  # process-group timeout; set by `trainlab train --dist-timeout`
-LAUNCHER_ENV = "TRAINLAB_LAUNCHER"  # set for the workers of `launch_workers`: their errors go to the agent
+LAUNCHER_PID_ENV = "TRAINLAB_LAUNCHER_PID"  # the in-process agent's pid: its workers' parent
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # the agent's per-rank error file (torch.distributed.elastic)
 SHUTDOWN_GRACE_S = 3  # after one rank fails, the others get SIGTERM and this long before SIGKILL
 _group_timeout_s = DEFAULT_TIMEOUT_S  # the timeout of the group this process joined (init_distributed)
@@ -234,8 +241,8 @@ def dist_timeout_s() -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"${TIMEOUT_ENV}={raw!r}: expected a number of seconds") from None
-    if not 0 < value < float("inf"):
-        raise ConfigError(f"${TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+    if not 0 < value <= MAX_SECONDS:  # timedelta overflows past ~8.6e13 s
+        raise ConfigError(f"${TIMEOUT_ENV}={raw!r}: expected a positive number of seconds up to {MAX_SECONDS:g}")
     return value
 
 
@@ -275,19 +282,83 @@ def worker_command(nproc: int, spec_path: str | os.PathLike, environ=None) -> li
     return [sys.executable, "-m", "trainlab", "worker", os.fspath(spec_path)]
 
 
-def run_limited(cmd: list[str], limit_s: float, **popen_kwargs) -> tuple[int | None, float]:
+LAUNCH_TMP_PREFIX = "trainlab-launch-"  # the per-launch temp folder (`launch_folder`)
+
+
+@contextlib.contextmanager
+def launch_folder():
+    """A temp folder for one launch, removed when it ends, whatever way it ends: the workers' $TMPDIR and
+    the elastic agent's log folder (torch leaves a `torchelastic_*` folder per launch in the temp
+    directory otherwise). Inductor's cache stays where it was (it lives under the temp directory too)."""
+    tmp = tempfile.mkdtemp(prefix=LAUNCH_TMP_PREFIX)
+    try:
+        yield Path(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def child_env(tmp: Path, env: dict | None = None) -> dict:
+    """The environment of a launched process: `env` (default: this one) with $TMPDIR in the launch's folder."""
+    env = dict(os.environ if env is None else env)
+    if (
+        "TORCHINDUCTOR_CACHE_DIR" not in env and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    ):  # inductor's default, before $TMPDIR moves: compiled kernels are kept
+        user = "".join(c if c.isalnum() else "_" for c in os.environ.get("USER", str(os.getuid())))
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    env["TMPDIR"] = os.fspath(tmp)
+    return env
+
+
+def _prctl():
+    """libc's prctl, looked up before any fork (importing in a forked child can deadlock on the import
+    lock another thread held); None where there is none (not Linux)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL, prctl=None) -> None:
+    """Linux: this process gets `sig` when the process that started it ends (PR_SET_PDEATHSIG), so a
+    killed launcher (even by SIGKILL) leaves no worker running under pid 1. Called in a launched child
+    between fork and exec (`start_process`) and by every `trainlab worker` at its start (the elastic
+    agent starts workers without it). If the parent (`parent`, else $TRAINLAB_LAUNCHER_PID when set)
+    is already gone, this process ends now."""
+    prctl = prctl or _prctl()
+    if prctl is None:  # not Linux: stop_tree at the launcher's exit is all there is
+        return
+    prctl(1, sig)  # 1: PR_SET_PDEATHSIG
+    if parent is None and os.environ.get(LAUNCHER_PID_ENV, "").isdigit():
+        parent = int(os.environ[LAUNCHER_PID_ENV])
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), sig)  # the parent died before the signal was armed
+
+
+def start_process(argv: list[str], **popen_kwargs) -> subprocess.Popen:
+    """The one way trainlab starts a child process that runs work (a worker, torchrun, a lab step): it
+    dies with this process (`die_with_parent`). The caller stops it with `stop_tree` on every way out."""
+    parent, prctl = os.getpid(), _prctl()
+    return subprocess.Popen(argv, preexec_fn=lambda: die_with_parent(parent, prctl=prctl), **popen_kwargs)
+
+
+def run_limited(cmd: list[str], limit_s: float, env: dict | None = None, **popen_kwargs) -> tuple[int | None, float]:
     """Run `cmd` (a `worker_command`) and stop it after `limit_s` seconds, with every process under it:
     torchrun's agent and its workers, whatever state they are in. Returns (exit code, or None when
-    stopped at the limit; seconds taken)."""
+    stopped at the limit; seconds taken). SIGTERM to this process (like Ctrl-C) stops them too and ends
+    this command with `RunStopped` (exit 143): a command that writes its rows as they finish keeps them,
+    and no orphaned copy runs on beside a resumed call."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, **popen_kwargs)
-    try:
-        code = proc.wait(timeout=limit_s)
-    except subprocess.TimeoutExpired:
-        code = None
-    finally:
-        if proc.poll() is None:  # past the limit, or Ctrl-C / an error here
-            stop_tree(proc)
+    with launch_folder() as tmp, stop_children_on_signal():
+        proc = start_process(cmd, env=child_env(tmp, env), **popen_kwargs)
+        try:
+            code = proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            if proc.poll() is None:  # past the limit, or Ctrl-C / SIGTERM / an error here
+                stop_tree(proc)
     return code, time.monotonic() - t0
 
 
@@ -408,25 +479,29 @@ def launch_workers(nproc: int, worker: str, **payload) -> int:
     """Run `worker` in `nproc` processes under torch's elastic agent; returns the exit code.
 
     On failure prints one line (see `describe_failure`) and returns that rank's code."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     check_process_count(nproc, "--nproc")  # every launch, before a process starts (GPU counts: the callers)
-    with tempfile.TemporaryDirectory(prefix="trainlab_spec_") as tmp:
-        spec = write_spec(Path(tmp) / f"{worker}.json", worker, **payload)
+    with launch_folder() as tmp:
+        spec = write_spec(tmp / f"{worker}.json", worker, **payload)
         args = ["-u", "-m", "trainlab", "worker", os.fspath(spec)]
         print(
             f"launching {nproc} workers (torch.distributed elastic agent): {sys.executable} {' '.join(args)}",
             flush=True,
         )
-        grace = (
-            {"shutdown_timeout": SHUTDOWN_GRACE_S}
-            if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
-            else {}
-        )
-        config = LaunchConfig(**launch_config_kwargs(nproc), max_restarts=0, monitor_interval=0.1, **grace)
-        env = {LAUNCHER_ENV: "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(SHUTDOWN_GRACE_S)}
+        fields = {f.name for f in dataclasses.fields(LaunchConfig)}
+        grace = {"shutdown_timeout": SHUTDOWN_GRACE_S} if "shutdown_timeout" in fields else {}
+        logs = {"logs_specs": DefaultLogsSpecs(log_dir=os.fspath(tmp / "agent"))} if "logs_specs" in fields else {}
+        config = LaunchConfig(**launch_config_kwargs(nproc), max_restarts=0, monitor_interval=0.1, **grace, **logs)
+        # LAUNCHER_ENV names the launch's folder: a worker writes its error file only inside it
+        env = {
+            **child_env(tmp, {}),
+            LAUNCHER_ENV: os.fspath(tmp),
+            LAUNCHER_PID_ENV: str(os.getpid()),
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(SHUTDOWN_GRACE_S),
+        }
         if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = "1"  # as torchrun does: N processes must not each spin N cores' threads
         try:
@@ -510,7 +585,7 @@ def record_worker_error(line: str, code: int, peer: bool = False) -> bool:
     """In a worker of `launch_workers`: leave this rank's error line for the launcher (which prints one
     line for the job) and return True. Elsewhere return False: the caller prints the line itself."""
     path = os.environ.get(ERROR_FILE_ENV)
-    if not (path and os.environ.get(LAUNCHER_ENV)):
+    if not (path and launched_here(path)):
         return False
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -526,6 +601,23 @@ def record_worker_error(line: str, code: int, peer: bool = False) -> bool:
     except OSError:
         return False
     return True
+
+
+def launched_here(error_file: str) -> bool:
+    """Whether this process is a worker of `launch_workers` and `error_file` lies in that launch's folder:
+    $TRAINLAB_LAUNCHER=1 set by hand, or an error file pointing at a user's file, writes nothing."""
+    folder = os.environ.get(LAUNCHER_ENV, "")
+    if not (os.path.isabs(folder) and Path(folder).name.startswith(LAUNCH_TMP_PREFIX)):
+        return False
+    try:
+        owner = os.stat(folder).st_uid
+    except OSError:
+        return False
+    return (
+        owner == os.geteuid()
+        and contained(folder, error_file)
+        and os.path.realpath(error_file) != os.path.realpath(folder)
+    )
 
 
 def describe_failure(failures: dict, world_size: int) -> tuple[str, int]:

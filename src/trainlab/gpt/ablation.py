@@ -33,6 +33,7 @@ from trainlab.gpt.plan import Machine, fp8_problem
 from trainlab.gpt.record import gpt_plan_record
 from trainlab.gpt.strategy import parse_strategy
 from trainlab.io import read_json, refuse_foreign
+from trainlab.schema import INT, NUMBER, STR, Obj, Opt, check
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
@@ -240,6 +241,22 @@ ROW_KEYS = (
 )
 
 
+# A kept row is read back from a file the user may have edited: every number the tables compute with
+# must be one (`tokens_per_s: "fast"` was a ValueError in the middle of a resumed call).
+_NUMBERS = ("tokens", "tokens_per_s", "step_seconds_median", "step_ms_median", "total_seconds")
+KEPT_ROW = Obj(
+    {
+        **{k: NUMBER for k in _NUMBERS},
+        **{k: Opt(NUMBER) for k in ("peak_memory_bytes", "peak_tflops", "tflops_per_device", "mfu", "first_loss")},
+        **{k: Opt(NUMBER) for k in ("tflops_per_device_handout", "tflops_per_device_8n", "last_loss")},
+        **{k: Opt(INT) for k in ("micro_batch", "predicted_bytes")},
+        **{k: Opt(STR) for k in ("peak_memory_kind", "device_name", "peak_tflops_source", "strategy")},
+        "bench": STR,
+    },
+    required=("status", "bench", *_NUMBERS),
+)
+
+
 def to_markdown(result: dict) -> str:
     lines = [
         f"# GPT-2 ablation: {result.get('model')}\n",
@@ -330,6 +347,8 @@ def run_ablation(ac: AblationConfig, log=print, command: str = "trainlab gpt abl
         )
     log("\n" + to_markdown(result))
     log(f"wrote {ac.out}/ablation.json, ablation.md, ablation.log")
+    if not any(r.get("status") == "ok" for r in result["rows"]):  # measured nothing: never "success"
+        raise UserError(f"gpt ablation: nothing was measured: no row finished ok (see {ac.out}/ablation.md)")
     return result
 
 
@@ -343,11 +362,15 @@ def _finished(out: str) -> dict[str, dict]:
         rows = read_json(path).get("rows", [])
     except (UserError, OSError, ValueError, AttributeError):
         return {}
-    return {
-        r["bench"]: r
-        for r in rows
-        if isinstance(r, dict) and r.get("status") == "ok" and isinstance(r.get("bench"), str)
-    }
+    kept = {}
+    for i, r in enumerate(rows if isinstance(rows, list) else []):
+        if not (isinstance(r, dict) and r.get("status") == "ok"):
+            continue
+        try:
+            kept[check(r, KEPT_ROW, path, f"'rows'[{i}]")["bench"]] = r
+        except UserError as e:  # damaged or edited: measured again, never trusted
+            print(f"note: {e}; measuring that row again", flush=True)
+    return kept
 
 
 def _key(cfg: GPTBenchConfig) -> str:

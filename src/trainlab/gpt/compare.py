@@ -24,7 +24,7 @@ import torch
 
 from trainlab.device import OOM_MARKERS, matmul_precision
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
-from trainlab.errors import ConfigError, HardwareError
+from trainlab.errors import ConfigError, HardwareError, UserError
 from trainlab.gpt.config import CompareConfig, GPTBenchConfig
 from trainlab.gpt.model import get_preset
 from trainlab.gpt.parallel.nvme import NotInstalled
@@ -199,6 +199,8 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
     plot(rows, cc.out)
     log("\n" + to_markdown(rows))
     log(f"wrote {cc.out}/compare.md, compare.csv, compare.json, compare.log, throughput.png, memory.png")
+    if not any(r.get("status") == "ok" for r in rows):  # measured nothing: never "success" (as dp compare)
+        raise UserError(f"gpt compare: nothing was measured: no strategy finished ok (see {cc.out}/compare.md)")
     return {"command": command, **result}
 
 

@@ -31,7 +31,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from trainlab.distributed.launch import stop_tree
+from trainlab.distributed.launch import start_process, stop_tree
 from trainlab.errors import UserError
 from trainlab.io import MANIFEST, atomic_write_bytes, atomic_write_json, contained, owned_files, read_capped, read_json
 from trainlab.lab.steps import PARTS, Hardware, Step, lab_steps, repo_root
@@ -138,16 +138,6 @@ def format_plan(rows: list[dict], hw: Hardware, size: str, budget_s: float) -> s
 
 
 # ------------------------------------------------------------------------------ processes
-
-
-def _set_parent_death_signal() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the step dies with the lab (a SIGKILLed lab must not leave its step running on)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _end_leftover(record: dict, marker: str) -> None:
@@ -307,7 +297,7 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
         out = open(partial / step.stdout_file, "w") if step.stdout_file else log
         try:
             # cwd: the step's own folder, so whatever a step writes to a relative path stays in the lab
-            proc = subprocess.Popen(
+            proc = start_process(
                 argv,
                 stdout=out,
                 stderr=log,
@@ -315,7 +305,6 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
                 env=env,
                 cwd=partial,
                 start_new_session=True,
-                preexec_fn=_set_parent_death_signal,
             )
             on_start(proc.pid)
             try:

@@ -24,6 +24,9 @@ from trainlab.distributed.wrappers import unwrap
 from trainlab.errors import ConfigError, UserError
 from trainlab.io import atomic_torch_save, check_input
 from trainlab.lenet.config import TrainConfig
+from trainlab.schema import MAX_SECONDS, between, check
+
+SECONDS = between(0, MAX_SECONDS, "a number of seconds")
 
 FORMAT = "trainlab.lenet.v1"
 # entry → the type every checkpoint of FORMAT has there
@@ -118,6 +121,9 @@ def load_checkpoint(path: str | Path) -> dict:
     for i, record in enumerate(ckpt["history"]):
         if not (isinstance(record, dict) and all(isinstance(record.get(k), (int, float)) for k in _HISTORY_NUMBERS)):
             raise UserError(f"{path}: damaged checkpoint: history[{i}] lacks the numbers {', '.join(_HISTORY_NUMBERS)}")
+        check(record["train_seconds"], SECONDS, f"{path}: damaged checkpoint", f"history[{i}]['train_seconds']")
+    # the summary adds to it: NaN or 1e308 would cost a whole epoch and then fail (schema bounds)
+    check(ckpt["train_seconds"], SECONDS, f"{path}: damaged checkpoint", "'train_seconds'")
     ema = ckpt.get("ema")
     if ema is not None and not (
         isinstance(ema, dict)

@@ -16,7 +16,18 @@ from trainlab.data.augment import Distortion
 from trainlab.data.datasets import DATASETS
 from trainlab.device import matmul_precision
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, between, non_negative, one_of, opt, positive, process_count, seed_value
+from trainlab.flags import (
+    Config,
+    at_least,
+    between,
+    non_negative,
+    one_of,
+    opt,
+    positive,
+    process_count,
+    seed_value,
+    timeout_seconds,
+)
 from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.data_parallel import MODES, parse_rank_devices
 from trainlab.lenet.manual_optim import MANUAL_OPTIMIZERS
@@ -226,7 +237,7 @@ class TrainConfig(Config):
         "process-group timeout in seconds: a dead or hung rank fails the "
         "others after this long (default: $TRAINLAB_DIST_TIMEOUT_S, else 120)",
         metavar="S",
-        check=positive,
+        check=timeout_seconds,
     )
     # bookkeeping
     out: str | None = opt(None, "run directory (default runs/<name>); must be new or empty unless --resume/--overwrite")

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from trainlab.distributed.launch import worker_command, write_spec
+from trainlab.distributed.launch import start_process, worker_command, write_spec
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.flags import Config, int_range, opt, output_dir
 from trainlab.io import atomic_write_json, read_json
@@ -246,7 +246,7 @@ def _start_process(run: Run, gpu: int, root: Path):
     spec = write_spec(root / "logs" / f"{run.name}.spec.json", "train", config=cfg.to_dict(), resume=resume)
     log_file = open(root / "logs" / f"{run.name}.log", "w")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
-    proc = subprocess.Popen(worker_command(1, spec), stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    proc = start_process(worker_command(1, spec), stdout=log_file, stderr=subprocess.STDOUT, env=env)
     log_file.close()  # the child holds its own descriptor
     return proc
 

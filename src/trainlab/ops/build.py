@@ -8,9 +8,14 @@ cannot — autograd formulas and fake (shape-only) kernels — so `torch.library
 `torch.compile(fullgraph=True)` traces through the ops.
 
 Build cache: `$TRAINLAB_CACHE/torch_extensions/<torch version>/<name>` if `TRAINLAB_CACHE` is set,
-else `$XDG_CACHE_HOME/trainlab/...` (default `~/.cache/trainlab/...`). The name is
+else `$XDG_CACHE_HOME/trainlab/...` (default `~/.cache/trainlab/...`; `io.cache_root`). The name is
 `trainlab_<stem>_<cpu capability>[_cuda]`, so one cache serves several machine types and two
 extensions never rebuild or overwrite each other.
+
+Builds of one extension take turns on trainlab's own lock, `BUILD_DIR/.trainlab-build.lock` (a `flock`,
+which the kernel drops when its builder dies, even by SIGKILL), waiting at most `BUILD_LOCK_WAIT_S`.
+Holding it, any `BUILD_DIR/lock` is torch's build lock left by an interrupted build (Ctrl-C or SIGTERM
+during the first build left it, and torch then waits on it forever): it is removed, with a line saying so.
 
 A missing compiler, a missing ninja or a failed build is one HardwareError line that names what is
 missing and the fallback (impl='python').
@@ -18,15 +23,26 @@ missing and the fallback (impl='python').
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import shutil
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from trainlab.errors import HardwareError
+from trainlab.errors import HardwareError, UserError
+from trainlab.io import cache_root, open_control, read_fd
+from trainlab.text import shown
+
+BUILD_LOCK = ".trainlab-build.lock"
+BUILD_LOCK_WAIT_S = 1800.0  # a first CUDA build takes minutes; a builder that never ends is not waited on for good
+TORCH_BATON = "lock"  # torch.utils.file_baton.FileBaton's file in the build folder
 
 OPS_DIR = Path(__file__).resolve().parent  # sources are named relative to it: "<op>/<file>.cpp"
 
@@ -49,12 +65,7 @@ CAPABILITY_FLAGS = {
 
 def cache_dir() -> Path:
     """Where compiled extensions are kept between runs."""
-    root = os.environ.get("TRAINLAB_CACHE")
-    if root:
-        base = Path(root)
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainlab"
-    return base / "torch_extensions" / torch.__version__.replace("+", "_")
+    return cache_root() / "torch_extensions" / torch.__version__.replace("+", "_")
 
 
 def cpu_capability() -> str:
@@ -108,17 +119,18 @@ def build_extension(
     build_dir.mkdir(parents=True, exist_ok=True)
     sources = [str(OPS_DIR / s) for s in cpu_sources + (cuda_sources if with_cuda else ())]
     try:
-        cpp_extension.load(
-            name=name,
-            sources=sources,
-            build_directory=str(build_dir),
-            with_cuda=with_cuda,
-            extra_cflags=["-O3", *CAPABILITY_FLAGS.get(cap, [])],
-            # no fast-math: erff/expf stay accurate
-            extra_cuda_cflags=["-O3"] if with_cuda else None,
-            is_python_module=False,  # the library registers ops; no Python module needed
-            verbose=verbose,
-        )
+        with build_lock(build_dir, what):
+            cpp_extension.load(
+                name=name,
+                sources=sources,
+                build_directory=str(build_dir),
+                with_cuda=with_cuda,
+                extra_cflags=["-O3", *CAPABILITY_FLAGS.get(cap, [])],
+                # no fast-math: erff/expf stay accurate
+                extra_cuda_cflags=["-O3"] if with_cuda else None,
+                is_python_module=False,  # the library registers ops; no Python module needed
+                verbose=verbose,
+            )
     except (RuntimeError, OSError, ImportError) as e:
         lines = str(e).strip().splitlines() or ["unknown error"]
         first = next((ln.strip() for ln in lines if "error:" in ln), lines[0])[:300]
@@ -127,6 +139,56 @@ def build_extension(
             "rerun with TRAINLAB_VERBOSE_BUILD=1 for the compiler log, or use impl='python'"
         ) from e
     return {"name": name, "build_dir": str(build_dir), "cuda": with_cuda, "cpu_capability": cap}
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path, what: str, wait_s: float | None = None):
+    """Hold `build_dir` for one build (module docstring): wait for another builder at most `wait_s`, then
+    clear torch's lock if an interrupted build left it."""
+    wait_s = BUILD_LOCK_WAIT_S if wait_s is None else wait_s
+    path = build_dir / BUILD_LOCK
+    fd = open_control(path, os.O_RDWR | os.O_CREAT)
+    try:
+        deadline, said = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = _builder(fd, path)
+                if time.monotonic() >= deadline:
+                    raise HardwareError(
+                        f"impl='cpp': the {what} extension in {build_dir} is being built by another process "
+                        f"({holder}) for more than {wait_s:g} s; wait for it or stop it, or use impl='python'"
+                    ) from None
+                if not said:
+                    print(f"waiting for another build of the {what} extension ({holder})", file=sys.stderr, flush=True)
+                    said = True
+                time.sleep(0.5)
+        baton = build_dir / TORCH_BATON
+        if baton.exists() or baton.is_symlink():  # every builder holds our lock: this one's is gone
+            baton.unlink()
+            print(
+                f"note: removed {shown(baton)}, the build lock an interrupted build left (its builder is gone)",
+                file=sys.stderr,
+                flush=True,
+            )
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _builder(fd: int, path: Path) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        info = json.loads(read_fd(fd, path, 4096, "a lock file"))
+        return shown(f"pid {info['pid']}, since {info['started']}")
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return "pid unknown"
+    finally:
+        os.lseek(fd, 0, os.SEEK_SET)
 
 
 class Extension:

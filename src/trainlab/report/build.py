@@ -184,9 +184,17 @@ STUDENT_MARK = "<!-- the student's own text goes here; trainlab never writes it 
 
 def _template():
     import jinja2
+    import markupsafe
+
+    from trainlab.text import shown
 
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("trainlab.report", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+        loader=jinja2.PackageLoader("trainlab.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        # the text gate: a value's control characters and lone surrogates (a folder name that is not
+        # UTF-8) shown as escapes; markup the code built (Markup) passes as is
+        finalize=lambda v: shown(v, lines=True) if isinstance(v, str) and not isinstance(v, markupsafe.Markup) else v,
     )
     return env.get_template("page.html.j2")
 

@@ -36,14 +36,19 @@ from trainlab.io import (
     MANIFEST,
     atomic_write_json,
     atomic_write_text,
+    check_control,
+    control_problem,
+    open_control,
     output_problem,
     owned_files,
-    read_capped,
+    read_fd,
     read_json,
     record_written,
     to_json,
     vet_folder,
+    write_errors,
 )
+from trainlab.text import shown
 
 LOCK_NAME = ".trainlab.lock"
 GPU_RANK_FILE = re.compile(r"gpu\.rank\d+\.csv")  # one NVML record per rank (telemetry.gpu.rank_csv_name)
@@ -72,8 +77,10 @@ def _owned(path: Path) -> set[str]:
 
 
 def _entries(path: Path) -> list[str]:
+    """The folder's entries, less its lock: a lock that is not trainlab's own file (a link to a user's
+    file) is an entry like any other, so such a folder never counts as empty."""
     try:
-        return sorted(e.name for e in path.iterdir() if e.name != LOCK_NAME)
+        return sorted(e.name for e in path.iterdir() if e.name != LOCK_NAME or control_problem(e) is not None)
     except FileNotFoundError:
         return []
 
@@ -87,6 +94,8 @@ def _refusal(path: Path, resume: bool, overwrite: bool, flag: str, resumable: bo
     problem = output_problem(path, "dir")
     if problem:
         return f"{flag} {path}: {problem}"
+    for name in (LOCK_NAME, MANIFEST):
+        check_control(path / name)
     if resume:
         return None if path.is_dir() else f"--resume {path}: no such run directory"
     names = [n for n in _entries(path) if n != MANIFEST]
@@ -115,16 +124,22 @@ def _refusal(path: Path, resume: bool, overwrite: bool, flag: str, resumable: bo
 
 def _holder(lock_path: Path) -> str:
     try:
-        info = json.loads(read_capped(lock_path, 64 * 1024, "a lock file"))
-        return f"pid {info['pid']} on {info['host']}, since {info['started']}: {info['command']}"
+        fd = open_control(lock_path, os.O_RDONLY)
+        try:
+            info = json.loads(read_fd(fd, lock_path, 64 * 1024, "a lock file"))
+        finally:
+            os.close(fd)
+        # the command and host are text from a file: through the gate (an escape or newline stays inert)
+        return shown(f"pid {info['pid']} on {info['host']}, since {info['started']}: {info['command']}")
     except (OSError, ValueError, KeyError, TypeError, UserError):
         return "pid unknown"
 
 
 def _try_lock(lock_path: Path) -> int | None:
-    """An fd holding the exclusive lock on `lock_path`, or None if another process holds it."""
+    """An fd holding the exclusive lock on `lock_path`, or None if another process holds it. The lock is a
+    control file (`io.open_control`): a link, FIFO or folder in its place is one line naming it."""
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = open_control(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -151,18 +166,23 @@ def lock_folder(path: Path, flag: str = "--out", what: str = "trainlab run") -> 
             f"{path}: in use by another {what} ({_holder(path / LOCK_NAME)}); "
             f"wait for it to finish or choose another {flag}"
         )
-    os.ftruncate(fd, 0)
-    os.write(
-        fd,
-        json.dumps(
-            {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "command": " ".join(["trainlab", *sys.argv[1:]]),
-            }
-        ).encode(),
-    )
+    try:
+        with write_errors(path / LOCK_NAME):
+            os.ftruncate(fd, 0)
+            os.write(
+                fd,
+                json.dumps(
+                    {
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                        "command": " ".join(["trainlab", *sys.argv[1:]]),
+                    }
+                ).encode(errors="surrogateescape"),
+            )
+    except BaseException:
+        unlock_folder(path, fd)  # a full disk must not leave the lock behind
+        raise
     return fd
 
 
@@ -183,7 +203,7 @@ def check_run_dir(
     if refusal:
         raise ConfigError(refusal)
     lock_path = path / LOCK_NAME
-    if lock_path.exists():
+    if lock_path.exists() or lock_path.is_symlink():
         fd = _try_lock(lock_path)
         if fd is None:
             raise UserError(
@@ -286,7 +306,7 @@ class RunDir:
         """One more metrics.jsonl line, for runs that log per step (a lost tail costs only those steps)."""
         self._start_writing()
         line = to_json(record) + "\n"
-        with open(self.path / "metrics.jsonl", "a") as f:
+        with write_errors(self.path / "metrics.jsonl"), open(self.path / "metrics.jsonl", "a") as f:
             f.write(line)
         if "metrics.jsonl" not in self._appended:
             record_written(self.path / "metrics.jsonl")
