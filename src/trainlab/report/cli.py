@@ -12,6 +12,7 @@ from trainlab.io import refuse_foreign
 from trainlab.report.build import build_report
 from trainlab.report.lab import build_lab_report
 from trainlab.report.lab_folder import load_lab
+from trainlab.text import shown
 
 OUTPUTS = ("index.html", "report.md", "report.pdf")
 
@@ -26,7 +27,7 @@ def run_report(args) -> int:
     lab = load_lab(Path(args.inputs[0])) if len(args.inputs) == 1 and Path(args.inputs[0]).is_dir() else None
     if lab is not None:
         index = build_lab_report(Path(args.inputs[0]), lab, Path(args.out), student)
-        print(f"report: {index} (the lab in {args.inputs[0]}: {len(lab['steps'])} step records)")
+        print(f"report: {shown(index)} (the lab in {shown(args.inputs[0])}: {len(lab['steps'])} step records)")
     else:
         if any((Path(p) / "results.json").is_file() for p in args.inputs if Path(p).is_dir()) and len(args.inputs) > 1:
             raise UserError(
@@ -34,7 +35,7 @@ def run_report(args) -> int:
             )
         result = build_report(args.inputs, args.out, title=args.title)
         for note in result["notes"]:
-            print(f"note: {note}")
+            print(f"note: {shown(note)}")
         index = Path(result["index"])
         print(
             f"report: {index} ({len(result['runs'])} runs, {len(result['results'])} result files, "

@@ -12,6 +12,8 @@ from __future__ import annotations
 import html
 import re
 
+from trainlab.text import shown
+
 # CommonMark's backslash-escapable punctuation that can start markup inline: emphasis, code, links,
 # images, raw HTML, entities, table cells, strikethrough. `_` only where it can open or close emphasis
 # (not between two letters or digits), so names such as lenet_train stay readable in the raw file.
@@ -23,7 +25,7 @@ _LINE_START = re.compile(r"^(\s*)([#+\-=>]|\d+[.)])")
 def text(value, line_start: bool = False) -> str:
     """`value` as literal Markdown text on one line; `line_start`: it begins a line of its own (a
     paragraph, a quote, a list item), where `# `, `- ` or `1. ` would make it a heading or a list."""
-    raw = str(value)
+    raw = shown(value)  # the text gate: control characters and lone surrogates as escapes
     one_line = _INLINE.sub(lambda m: "\\" + m.group(0), " ".join(raw.split()))
     # a piece beside an inline code span keeps the space at its edge: "by `trainlab train` on", not "by`…`on"
     trail = " " if raw[-1:].isspace() and one_line else ""
@@ -42,7 +44,7 @@ def text(value, line_start: bool = False) -> str:
 
 def code(value) -> str:
     """`value` as an inline code span: fenced by more backticks than it holds in a row."""
-    one_line = " ".join(str(value).split())
+    one_line = " ".join(shown(value).split())
     ticks = "`" * (max((len(run) for run in re.findall(r"`+", one_line)), default=0) + 1)
     pad = " " if one_line.startswith("`") or one_line.endswith("`") or not one_line else ""
     return f"{ticks}{pad}{one_line}{pad}{ticks}"

@@ -25,6 +25,9 @@ def _title(ax, text: str, width: int = 60) -> None:
     """A title wrapped to the figure's width instead of running off its edges."""
     import textwrap
 
+    from trainlab.text import shown
+
+    text = shown(text)  # the text gate: a file name's control characters or lone surrogates as escapes
     ax.set_title("\n".join(textwrap.wrap(text, width)) or text, fontsize=10)
 
 
