@@ -204,3 +204,26 @@ def test_hostile_names_survive_markdown_and_the_archive(hostile_run, tmp_path):
     assert markdown.text(HOSTILE) in md  # shown, as text
     outside_code = re.sub(r"^(`{3,})$.*?^\1$", "", md, flags=re.S | re.M)  # a code block shows its text as is
     assert not re.search(r"(?<!\\)<(script|img)", outside_code), outside_code[:3000]
+
+
+def test_the_text_gate_guards_markdown_and_figure_titles():
+    """A folder name holding a terminal escape, a bell and a lone surrogate (a Latin-1 byte read back
+    through surrogateescape) reaches report.md and a figure's title as visible escapes, never raw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trainlab.report.markdown import code, text
+    from trainlab.report.plots import _title
+
+    hostile = "run\x1b]0;pwned\x07\x1b[2J-\udce9"
+    for rendered in (text(hostile), code(hostile)):
+        assert "\x1b" not in rendered and "\x07" not in rendered and "\udce9" not in rendered
+        assert "\\x1b" in rendered and "\\udce9" in rendered
+        rendered.encode("utf-8")  # writable: no lone surrogate left
+    fig, ax = plt.subplots()
+    _title(ax, hostile)
+    title = ax.get_title()
+    plt.close(fig)
+    assert "\x1b" not in title and "\\udce9" in title
