@@ -280,7 +280,12 @@ def read_mnist_csv(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def default_cache_dir() -> Path:
-    """$TRAINLAB_CACHE/mnist if set, else ~/.cache/trainlab/mnist."""
+    """$TRAINLAB_MNIST_CACHE if set (`trainlab lab` points its steps at the user's own MNIST cache, which it
+    verified, while their other caches stay in the lab folder), else $TRAINLAB_CACHE/mnist, else
+    ~/.cache/trainlab/mnist."""
+    mnist = os.environ.get("TRAINLAB_MNIST_CACHE")
+    if mnist:
+        return user_path(mnist, "$TRAINLAB_MNIST_CACHE")
     root = os.environ.get("TRAINLAB_CACHE")
     return (user_path(root, "$TRAINLAB_CACHE") if root else Path.home() / ".cache" / "trainlab") / "mnist"
 

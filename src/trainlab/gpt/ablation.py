@@ -52,6 +52,8 @@ CHANGES: tuple[Change, ...] = (
     Change("tf32", "TF32 on", lambda c: replace(c, tf32="on")),
     Change("ours", "our GPT (nn.Linear, SDPA)", lambda c: replace(c, impl="ours")),
     Change("bf16", "bf16 autocast", lambda c: _strategy(c, add="amp")),
+    # below sm80 (the course's RTX 2080 Ti) in place of bf16: fp16 autocast with a GradScaler; not a default
+    Change("fp16", "fp16 autocast + GradScaler", lambda c: _strategy(c, add="fp16")),
     Change("no-ckpt", "no recomputation", lambda c: _strategy(c, drop="ckpt")),
     Change("compile", "torch.compile of each block", lambda c: _strategy(c, add="compile")),
     Change("fused-adamw", "fused AdamW", lambda c: replace(c, fused_optimizer=True)),
@@ -165,7 +167,7 @@ class AblationConfig(Config):
 
     bench: GPTBenchConfig = opt(None, "the settings every row shares", cli=False)
     changes: str = opt(
-        ",".join(c.name for c in CHANGES),
+        ",".join(c.name for c in CHANGES if c.name != "fp16"),
         "comma-separated changes in the order they are added (the first is also the base of the 'alone' rows)",
     )
     groups: str = opt(",".join(GROUPS), "comma-separated: " + ", ".join(GROUPS))
