@@ -115,19 +115,10 @@ def row_plan(
     return resolve(plan_for_strategy(bench, strategy), Machine(gpus=gpus, sm=sm))
 
 
-def predict_row(
-    model: str,
-    strategy: str,
-    gpus: int,
-    global_batch: int,
-    micro_batch: int,
-    sm: int,
-    optimizer: str = OPTIMIZER,
-    levers: dict | None = None,
-) -> dict:
-    """The planner's per-device prediction for one `gpt compare` row (`planner.predict_plan`, the one
-    translation of a plan into the planner)."""
-    plan = row_plan(model, strategy, gpus, global_batch, micro_batch, sm, optimizer, levers)
+def predict_row(*args, **kwargs) -> dict:
+    """The planner's per-device prediction for one `gpt compare` row (`row_plan`'s arguments;
+    `planner.predict_plan`, the one translation of a plan into the planner)."""
+    plan = row_plan(*args, **kwargs)
     return {"nproc": plan.world_size, "micro_batch": plan.micro_batch, **predict_plan(plan)}
 
 

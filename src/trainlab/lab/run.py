@@ -224,11 +224,11 @@ def step_env(root: Path, hw: Hardware, mnist_cache: Path | None = None) -> dict:
     return env
 
 
-def prepare_mnist(root: Path, mnist_pack: str | None) -> tuple[Path, dict]:
+def prepare_mnist(root: Path, mnist_pack: str | None) -> tuple[Path, dict | None]:
     """The MNIST cache the steps read, and its record: the user's own cache (the one `trainlab train` uses),
     made complete and verified here, once, before any step, so the steps only read it; else the pack
-    carried in the checkout (.cache/mnist.npz); with --mnist, that pack (copied into DIR/cache/mnist: a
-    pack's name must be mnist.npz there). Never a second copy of the user's MNIST in the lab folder."""
+    carried in the checkout (.cache/mnist.npz); with --mnist, that pack (checked by `check_pack`, copied
+    into DIR/cache/mnist, where its name must be mnist.npz). Never a copy of the user's MNIST in the lab."""
     from trainlab.data.mnist import _embedded_installed, default_cache_dir, describe_source, is_official, load_mnist
 
     link = root / "cache" / "mnist"
@@ -241,10 +241,9 @@ def prepare_mnist(root: Path, mnist_pack: str | None) -> tuple[Path, dict]:
         link.mkdir(parents=True, exist_ok=True)
         if not (link / "mnist.npz").exists():
             shutil.copyfile(mnist_pack, link / "mnist.npz")
-        folder = link
-    else:
-        carried = repo_root() / ".cache"
-        folder = carried if not _embedded_installed() and (carried / "mnist.npz").is_file() else default_cache_dir()
+        return link, None
+    carried = repo_root() / ".cache"
+    folder = carried if not _embedded_installed() and (carried / "mnist.npz").is_file() else default_cache_dir()
     arrays = load_mnist(cache_dir=folder)  # builds the user's cache if it is missing; checks every array
     return folder, {"source": arrays.source, "official": is_official(arrays), "line": describe_source(arrays)}
 
@@ -512,19 +511,9 @@ def check_pack(mnist_pack: str) -> dict:
     return {"source": str(mnist_pack), "official": is_official(arrays), "line": line}
 
 
-def _run_locked(
-    root: Path,
-    state: dict,
-    hw: Hardware,
-    size: str,
-    budget_s: float,
-    parts: list[str],
-    command: str,
-    mnist_pack: str | None,
-    data: dict | None,
-    log,
-    started_at: float | None,
-) -> dict:
+def _begin_call(root, state, hw, size, budget_s, parts, command, mnist_pack, data, log, started_at):
+    """A call's start: the folder's size and hardware checked, MNIST verified, the call recorded; returns
+    (its start time, its record, the steps' environment)."""
     if state.get("size") not in (None, size) or (state.get("hardware") or {}).get("kind") not in (None, hw.kind):
         raise UserError(
             f"--out {root}: holds a lab run at size {state.get('size')} on "
@@ -533,8 +522,10 @@ def _run_locked(
     state.update(size=size, hardware=hw.to_dict(), parts_known=list(PARTS))
     mnist_cache = None
     if set(parts) - {"gpt"}:  # every other part trains or reads MNIST: verified once, before any step
-        mnist_cache, state["mnist"] = prepare_mnist(root, mnist_pack)
-        log(f"lab: MNIST for every step: {state['mnist']['line']}")
+        mnist_cache, record = prepare_mnist(root, mnist_pack)
+        if record:
+            state["mnist"] = record
+            log(f"lab: MNIST for every step: {record['line']}")
     start = _now() if started_at is None else started_at
     call = {
         "command": command,
@@ -550,6 +541,23 @@ def _run_locked(
             + ("" if data["official"] else " — every number of this lab is measured on that data")
         )
     env = step_env(root, hw, mnist_cache)
+    return start, call, env
+
+
+def _run_locked(
+    root: Path,
+    state: dict,
+    hw: Hardware,
+    size: str,
+    budget_s: float,
+    parts: list[str],
+    command: str,
+    mnist_pack: str | None,
+    data: dict | None,
+    log,
+    started_at: float | None,
+) -> dict:
+    start, call, env = _begin_call(root, state, hw, size, budget_s, parts, command, mnist_pack, data, log, started_at)
     steps = lab_steps(hw, size)
     # every step of the lab here, in order: the report shows the ones not reached yet too
     state["plan"] = [
