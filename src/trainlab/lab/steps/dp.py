@@ -8,6 +8,7 @@ from trainlab.lab.steps.base import Step, pick, script, trainlab
 from trainlab.lab.steps.scripts import CompileBreaksConfig, CompileConfig
 from trainlab.lenet.compare import CompareConfig
 
+GPU_ONLY = "not applicable on a CPU: "  # a step the lab lists on a CPU only to say why it does not run there
 DP_BATCH = 128  # LeNet-5's global batch in the data-parallel comparison (`dp compare`'s default)
 
 
@@ -42,7 +43,7 @@ def steps(hw: Hardware, size: str) -> list[Step]:
             },
         )
     ]
-    if hw.gpu and hw.gpus > 1 and size == "full":
+    if not hw.gpu or (hw.gpus > 1 and size == "full"):
         # weak scaling: each GPU keeps the single process's batch, so N GPUs take N times the images per
         # step (set against dp_compare's single-process row); the communication share is comm ms / step ms
         weak = CompareConfig(modes="dp,ddp,allreduce,ring", batch_size=DP_BATCH * ranks, workers="", **common)
@@ -51,7 +52,7 @@ def steps(hw: Hardware, size: str) -> list[Step]:
                 "dp_weak",
                 "dp",
                 "Data parallel, weak scaling: the per-GPU batch kept",
-                hw.scale(60, "memory"),
+                hw.scale(60, "memory") if hw.gpu else 0,
                 trainlab("dp", "compare", config=weak),
                 sizes={
                     "ranks": ranks,
@@ -59,6 +60,7 @@ def steps(hw: Hardware, size: str) -> list[Step]:
                     "backend": backend,
                     "scaling": f"weak: {DP_BATCH} per GPU, global batch {DP_BATCH * ranks}",
                 },
+                cannot_run=None if hw.gpu else GPU_ONLY + "weak scaling keeps each GPU's batch across several GPUs",
             )
         )
     compile_ = CompileConfig(

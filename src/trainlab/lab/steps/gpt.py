@@ -12,9 +12,12 @@ from trainlab.gpt.model import count_params, get_preset
 from trainlab.lab.machine import Hardware
 from trainlab.lab.plan import HANDOUT_MODEL, LEVERS, OPTIMIZER, LabGptRows, plan_gpt
 from trainlab.lab.steps.base import Step, pick, script, trainlab
+from trainlab.lab.steps.dp import GPU_ONLY
 from trainlab.lab.steps.lenet import no_tf32
 from trainlab.lab.steps.scripts import PlannerErrorConfig
 
+OFFLOAD_TITLE = "GPT-2: parameters and optimizer offloaded to the CPU (and NVMe) on one GPU"
+_NESTED = {"bench": COMPARE_EXCLUDED_BENCH_FLAGS}
 CPU_MODEL = "tiny"  # the tiny preset on a CPU; the planner's model (the handout's 1.6B where it fits) on a GPU
 
 
@@ -41,7 +44,7 @@ def steps(hw: Hardware, size: str) -> list[Step]:
         *_baselines(hw, gp, common, size, t),
         _strategies(hw, gp, common, size, t),
         _ablation(hw, gp, common, size, t),
-        *([_offload(hw, gp, common)] if gp else []),
+        _offload(hw, gp, common),
         # Last: one build of the model, one row written as each strategy finishes (issue 18).
         Step(
             "gpt_planner_error",
@@ -155,7 +158,7 @@ def _strategies(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, siz
         "gpt",
         "GPT-2: parallel and memory strategies side by side, on the same data",
         estimate,
-        trainlab("gpt", "compare", config=cfg, nested={"bench": COMPARE_EXCLUDED_BENCH_FLAGS}),
+        trainlab("gpt", "compare", config=cfg, nested=_NESTED),
         sizes={
             "model": bench.model,
             "strategies": strategies,
@@ -214,10 +217,14 @@ def _ablation(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, size:
     )
 
 
-def _offload(hw: Hardware, gp: LabGptRows, common: GPTBenchConfig) -> Step:
+def _offload(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig) -> Step:
     """Issue 30, goal 4: CPU offload on one GPU, its CPU AdamW step the fused (vectorised, multi-threaded)
     kernel, on the handout's model where the planner fits it; NVMe through DeepSpeed (bf16), or the one
     line why not (a row of its own)."""
+    if gp is None:  # listed on a CPU to say why not
+        cfg = CompareConfig(bench=common, strategies="amp+offload,amp+ckpt+offload", out="{out}")
+        return Step("gpt_offload", "gpt", OFFLOAD_TITLE, 0, trainlab("gpt", "compare", config=cfg, nested=_NESTED),
+                    cannot_run=GPU_ONLY + "offload moves a GPU's parameters and optimizer state to the CPU")  # fmt: skip
     rows = [r.strategy for r in gp.offload] + (["amp+nvme"] if hw.half == "bf16" else [])
     micro = gp.offload[0].micro_batch if gp.offload else 1
     bench = replace(common, model=gp.offload_model, nproc=1, micro_batch=micro, fused_optimizer=True, steps=3, warmup=1)
@@ -225,9 +232,9 @@ def _offload(hw: Hardware, gp: LabGptRows, common: GPTBenchConfig) -> Step:
     return Step(
         "gpt_offload",
         "gpt",
-        "GPT-2: parameters and optimizer offloaded to the CPU (and NVMe) on one GPU",
+        OFFLOAD_TITLE,
         _gpu_seconds(hw, 200, gp.offload_model, "memory"),
-        trainlab("gpt", "compare", config=cfg, nested={"bench": COMPARE_EXCLUDED_BENCH_FLAGS}),
+        trainlab("gpt", "compare", config=cfg, nested=_NESTED),
         sizes={
             "model": gp.offload_model,
             "strategies": cfg.strategies,
