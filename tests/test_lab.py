@@ -101,6 +101,30 @@ def test_plan_for_an_h100_from_a_cpu_fits_the_gpu_lease(capsys, tmp_path):
     assert planned.index("gpt_plan") == 0  # the scarce part first
 
 
+def test_the_cpu_hand_in_plans_every_cpu_step_into_one_call(capsys, tmp_path):
+    """Issue 37: `--size small` (a CPU's default) runs every step a CPU can in one 25-minute call, LeNet-5 on
+    the default recipe (5 epochs: ≥ 99 %, lenet/config.py), the rest not applicable with the reason; the plan
+    says what the whole lab needs and in how many calls."""
+    assert main(["lab", "--out", str(tmp_path / "lab"), "--plan", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if " runs (from" in line or " not run: " in line}
+    steps = lab_steps(CPU, "small")
+    assert set(rows) == {s.name for s in steps}
+    assert all("runs (from" in rows[s.name] for s in steps if not s.cannot_run), out
+    assert {s.name for s in steps if s.cannot_run} == {"lenet_tf32", "gpt_baseline_tf32", "dp_weak", "gpt_offload"}
+    assert all("not run: not applicable" in rows[s.name] for s in steps if s.cannot_run)
+    assert "size small, budget 1500 s" in out and ", 1 call(s) of 1500 s" in out
+    train = {s.name: s for s in steps}["lenet_train"].config
+    assert (train.epochs, train.train_subset, train.preset) == (5, None, "default")
+
+
+def test_calls_needed_packs_steps_as_the_runner_does():
+    assert lab_run.calls_needed([], 100) == 0
+    assert lab_run.calls_needed([60, 60, 30], 100) == 2  # 60 (+60 waits) +30; then 60
+    assert lab_run.calls_needed([100, 1, 100], 100) == 3
+    assert lab_run.calls_needed([101], 100) is None
+
+
 def test_budget_is_a_hard_wall_and_a_step_that_does_not_fit_says_so(monkeypatch, tmp_path):
     fake_steps(
         monkeypatch,
@@ -273,9 +297,7 @@ def test_tiny_lab_end_to_end_killed_mid_step_resumed_and_reported(tmp_path):
     assert statuses["gelu_check"] == "ok"  # the killed step ran again
     assert set(statuses.values()) <= {"ok", "not run"}, statuses
     for s in state["steps"].values():
-        assert s["status"] == "ok" or s["reason"].startswith(
-            ("budget (needs ≈", "trains to 99 %", "not applicable")
-        ), s
+        assert s["status"] == "ok" or s["reason"].startswith(("budget (needs ≈", "trains to 99 %", "not applicable")), s
     page = html.unescape((out / "report" / "index.html").read_text())  # the page's text, entities decoded
     from trainlab.report.lab_text import TOC
 

@@ -119,6 +119,10 @@ def test_replayed_lab_plan_fits_and_runs_on_the_hardware(hw_name, capsys, monkey
         )
         assert amp in printed
     assert gp.model == ("gpt2-1.6b" if sm >= 80 else "gpt2-medium")  # 1.6B cannot fit an 11 GB card
+    import importlib.util
+
+    nvme_flag = "gpt_offload: amp+nvme: DeepSpeed is not installed (`pip install .[offload]`)"
+    assert (nvme_flag in printed) == (sm >= 80 and importlib.util.find_spec("deepspeed") is None), printed
     assert gp.offload_model == "gpt2-1.6b"  # ... but with fp16+ckpt+offload it does (the handout's CPU offload)
     assert steps["gpt_offload"].config.bench.model == "gpt2-1.6b"
     # the gpt_best row printed is the step's run: its strategy and micro-batch
