@@ -52,8 +52,6 @@ CHANGES: tuple[Change, ...] = (
     Change("tf32", "TF32 on", lambda c: replace(c, tf32="on")),
     Change("ours", "our GPT (nn.Linear, SDPA)", lambda c: replace(c, impl="ours")),
     Change("bf16", "bf16 autocast", lambda c: _strategy(c, add="amp")),
-    # below sm80 (the course's RTX 2080 Ti) in place of bf16: fp16 autocast with a GradScaler; not a default
-    Change("fp16", "fp16 autocast + GradScaler", lambda c: _strategy(c, add="fp16")),
     Change("no-ckpt", "no recomputation", lambda c: _strategy(c, drop="ckpt")),
     Change("compile", "torch.compile of each block", lambda c: _strategy(c, add="compile")),
     Change("fused-adamw", "fused AdamW", lambda c: replace(c, fused_optimizer=True)),
@@ -62,6 +60,9 @@ CHANGES: tuple[Change, ...] = (
     Change("chunked-ce", "chunked cross-entropy", lambda c: replace(c, loss="chunked"), True),
     Change("max-micro-batch", "largest micro-batch that fits (planner)", lambda c: replace(c, micro_batch_auto=True)),
 )
+# Below sm80 (the course's RTX 2080 Ti: no bf16) in place of "bf16", by name (`--changes ...,fp16,...`): fp16
+# autocast with a GradScaler. Not in the default list, which adds bf16.
+FP16 = Change("fp16", "fp16 autocast + GradScaler", lambda c: _strategy(c, add="fp16"))
 GROUPS = ("baseline", "alone", "cumulative", "peer", "separate")
 FP8_NOT_MEASURED = (
     "not implemented: no FP8 path in trainlab (Transformer Engine is not a dependency and not "
@@ -95,7 +96,7 @@ def peer(bench: GPTBenchConfig) -> GPTBenchConfig:
 
 def rows_for(bench: GPTBenchConfig, changes: list[str], groups: list[str]) -> list[dict]:
     """The rows to show, in order: {label, group, changes, config} (config None: not measured, with status)."""
-    by_name = {c.name: c for c in CHANGES}
+    by_name = {c.name: c for c in (*CHANGES, FP16)}
     chosen = [by_name[n] for n in changes]
     base = baseline(bench)
     rows = []
@@ -167,7 +168,7 @@ class AblationConfig(Config):
 
     bench: GPTBenchConfig = opt(None, "the settings every row shares", cli=False)
     changes: str = opt(
-        ",".join(c.name for c in CHANGES if c.name != "fp16"),
+        ",".join(c.name for c in CHANGES),
         "comma-separated changes in the order they are added (the first is also the base of the 'alone' rows)",
     )
     groups: str = opt(",".join(GROUPS), "comma-separated: " + ", ".join(GROUPS))
@@ -180,7 +181,7 @@ class AblationConfig(Config):
 
     def validate(self) -> None:
         super().validate()
-        known = {c.name for c in CHANGES}
+        known = {c.name for c in (*CHANGES, FP16)}
         for name in self.change_list:
             if name not in known:
                 raise ConfigError(f"--changes {name!r}: expected some of {', '.join(known)}")

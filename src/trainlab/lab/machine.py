@@ -49,11 +49,6 @@ class Hardware:
         """The 16-bit type this GPU trains in: bf16 from sm80, fp16 (with a GradScaler) below; None on a CPU."""
         return amp_for_sm(self.sm or 90) if self.gpu else None
 
-    @property
-    def amp(self) -> str:
-        """The `gpt` strategy word of that type: amp (bf16) or fp16."""
-        return "fp16" if self.half == "fp16" else "amp"
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -188,7 +188,7 @@ def ablation_changes(hw: Hardware, size: str) -> tuple[str, str]:
             size, "baseline,cumulative", AblationConfig().groups, ""
         )
     if hw.half == "fp16":
-        names = [c.name for c in CHANGES if c.name not in ("tf32", "bf16")]
+        names = [{"bf16": "fp16"}.get(c.name, c.name) for c in CHANGES if c.name != "tf32"]
         return ",".join(names), "baseline,cumulative,separate"
     return AblationConfig().changes, "baseline,cumulative,peer,separate"
 
