@@ -119,13 +119,15 @@ def add_parser(subparsers) -> None:
         "--size",
         choices=SIZES,
         default=None,
-        help="tiny (seconds per step, for CI) | small (CPU) | full (GPU) (default: by the hardware found)",
+        help="tiny (seconds per step, for CI) | small (the CPU hand-in: one 25-minute call on a quiet 2-core CPU) "
+        "| full (GPU) (default: by the hardware found)",
     )
     p.add_argument("--plan", action="store_true", help="print the steps, their estimates and what fits; run nothing")
     p.add_argument(
         "--device-name",
         default=None,
-        help="with --plan: plan for this CUDA device (e.g. 'NVIDIA H100 80GB HBM3') from any machine",
+        help="with --plan: plan for this CUDA device from any machine, its memory, compute capability, peak and "
+        "bandwidth from the data-sheet table (e.g. 'NVIDIA H100 80GB HBM3', 'NVIDIA GeForce RTX 2080 Ti', 'Tesla T4')",
     )
     p.add_argument(
         "--sm",
@@ -138,12 +140,16 @@ def add_parser(subparsers) -> None:
         "--gpus", type=int, default=None, help="GPUs to use (default: all found; with --device-name/--sm: 1)"
     )
     p.add_argument(
-        "--peak-tflops", type=float, default=None, help="dense bf16 peak per device (default: data sheet by name)"
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="dense 16-bit peak per device, bf16 (fp16 below sm80) (default: the data sheet's, by name)",
     )
     p.add_argument(
         "--gpu-mem",
         default=None,
-        help="memory per device for the GPT plan, e.g. 80GiB (default: the device's; with --device-name/--sm: 80GiB)",
+        help="memory per device for the GPT plan, e.g. 80GiB (default: the device's; with --device-name: its "
+        "data sheet's (trainlab.device.GPUS); with --sm alone: 80GiB)",
     )
     p.add_argument("--mnist", default=None, help="an MNIST pack (`trainlab data pack`) for a machine without network")
     p.set_defaults(func=run_lab_command)
