@@ -15,7 +15,7 @@ Sizes (recorded in results.json with each step):
 
 Estimates are seconds: `small` = upper bounds for a quiet 2-core CPU: a quarter of each step's time on
 the loaded box of `benchmarks/lab_cpu.md` (load 13–19 on 2 cores, where LeNet-5's recipe ran 65× slower
-than on the quiet box of `lenet_time_to_99_cpu.md`), so the whole hand-in plans into one 25-minute call —
+than on the quiet box, as that file records), so the whole hand-in plans into one 25-minute call —
 not yet run end to end on a quiet machine; every run records each step's seconds, CPU seconds and load
 (results.json) to recalibrate from. `tiny` = the tiny lab of `tests/test_lab.py`; `full` = measured on one
 H100 (benchmarks/results/gpu/h100/lab/results.json, "seconds"; `tests/test_lab_estimates.py` keeps them
