@@ -1,9 +1,10 @@
-"""device.py: the peak-FLOPs table matches exact device names only; --tf32 sets and records TF32."""
+"""device.py: the one data-sheet table (memory, peaks per precision, bandwidth) matches exact device names
+only and plans a GPU from elsewhere (`trainlab lab --plan --device-name`); --tf32 sets and records TF32."""
 
 import pytest
 import torch
 
-from trainlab.device import PEAK_BF16_TFLOPS, peak_tflops_for_name, set_tf32, tf32_state
+from trainlab.device import GPUS, peak_tflops_for_name, set_tf32, tf32_state
 from trainlab.errors import ConfigError
 
 
@@ -40,7 +41,56 @@ def test_unknown_parts_get_no_peak(name):
 
 
 def test_table_keys_are_exact_device_names():
-    assert all(k.startswith("NVIDIA ") for k in PEAK_BF16_TFLOPS)
+    assert all(k.startswith(("NVIDIA ", "Tesla ")) and k == g.name for k, g in GPUS.items())
+    for name in ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe",
+                 "NVIDIA H200", "NVIDIA GeForce RTX 2080 Ti", "Tesla T4", "NVIDIA L4"):  # fmt: skip
+        assert name in GPUS  # the course's machines and the lent ones (issue 37)
+
+
+@pytest.mark.parametrize(
+    "name,memory_gib,sm,peak,bandwidth",
+    [
+        ("NVIDIA GeForce RTX 2080 Ti", 11, 75, 53.8, 616),  # fp16 tensor cores (FP32 accumulate), no bf16
+        ("Tesla T4", 16, 75, 65, 320),
+        ("NVIDIA L4", 24, 89, 121, 300),
+        ("NVIDIA A100-SXM4-40GB", 40, 80, 312, 1555),
+        ("NVIDIA A100-SXM4-80GB", 80, 80, 312, 2039),
+        ("NVIDIA H100 80GB HBM3", 80, 90, 989, 3350),
+        ("NVIDIA H200", 141, 90, 989, 4800),
+    ],
+)
+def test_device_name_plans_from_the_data_sheet(name, memory_gib, sm, peak, bandwidth):
+    from trainlab.lab.machine import detect_hardware
+
+    hw = detect_hardware("auto", name, 2, None, None, True)
+    assert (hw.memory_bytes, hw.sm, hw.peak_tflops, hw.bandwidth_gbs) == (memory_gib * 2**30, sm, peak, bandwidth)
+    assert hw.gpus == 2 and hw.half == ("fp16" if sm < 80 else "bf16")
+    # given by hand, a flag wins over the table
+    assert detect_hardware("auto", name, 1, None, "8GiB", True).memory_bytes == 8 * 2**30
+
+
+def test_an_unknown_device_name_says_what_to_pass():
+    from trainlab.errors import ConfigError
+    from trainlab.lab.machine import detect_hardware
+
+    with pytest.raises(ConfigError, match=r"^--device-name 'NVIDIA B200': not in .*--sm, --gpu-mem and --peak-tflops$"):
+        detect_hardware("auto", "NVIDIA B200", 1, None, None, True)
+    hw = detect_hardware("auto", "NVIDIA B200", 1, 2250.0, "180GiB", True, 100)  # described by hand
+    assert (hw.memory_bytes, hw.sm, hw.peak_tflops) == (180 * 2**30, 100, 2250.0)
+
+
+def test_step_estimates_scale_with_the_table():
+    """Calibrated on the H100: a slower card's estimates (and limits) grow by its data sheet; a faster one's
+    never shrink below the measured time."""
+    from trainlab.lab.machine import from_table
+    from trainlab.lab.steps import lab_steps
+
+    h100 = {s.name: s for s in lab_steps(from_table("NVIDIA H100 80GB HBM3", 1, 16), "full")}
+    t4 = {s.name: s for s in lab_steps(from_table("Tesla T4", 1, 16), "full")}
+    h200 = {s.name: s for s in lab_steps(from_table("NVIDIA H200", 1, 16), "full")}
+    assert t4["lenet_train"].estimate_s == pytest.approx(h100["lenet_train"].estimate_s * 3350 / 320)
+    assert t4["lenet_train"].limit_s == 3 * t4["lenet_train"].estimate_s
+    assert h200["lenet_train"].estimate_s == h100["lenet_train"].estimate_s
 
 
 def test_tf32_switch_and_record():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from trainlab.gpt import compare
-from trainlab.gpt.compare import _check_same_start, _strategy_run, default_matrix, run_compare, run_one
+from trainlab.gpt.compare import _check_same_start, default_matrix, plan_for_strategy, run_compare, run_one
 from trainlab.gpt.config import CompareConfig, GPTBenchConfig
 from trainlab.gpt.model import get_preset
 from trainlab.gpt.plan import Machine
@@ -37,7 +37,7 @@ def test_mesh_rows_where_they_fit():
     ],
 )
 def test_compare_sizes_every_mesh_row_to_a_valid_plan(strategy, degrees, micro, micro_steps):
-    plan = _strategy_run(GPTBenchConfig(nproc=8, **TINY), strategy).plan(Machine())
+    plan = plan_for_strategy(GPTBenchConfig(nproc=8, **TINY), strategy).plan(Machine())
     assert (plan.degrees.dp, plan.degrees.pp, plan.degrees.tp) == degrees
     assert (plan.micro_batch, plan.micro_steps, plan.global_batch) == (micro, micro_steps, 8)
 
@@ -63,7 +63,7 @@ def test_budget_cuts_timeouts_and_skips_what_it_leaves_no_time_for(tmp_path, mon
 def test_nvme_without_deepspeed_is_a_not_installed_row(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
-    row = run_one(_strategy_run(GPTBenchConfig(**TINY), "amp+nvme"), str(tmp_path), "nvme", Machine(), 10)
+    row = run_one(plan_for_strategy(GPTBenchConfig(**TINY), "amp+nvme"), str(tmp_path), "nvme", Machine(), 10)
     assert row["status"] == "not installed"
     assert row["error"] == "--strategy nvme: deepspeed is not installed (the optional extra: pip install '.[offload]')"
 

@@ -490,8 +490,9 @@ def _report_says(text: str) -> Callable[[Path, str], None]:
 
 def _steps_under_the_callers_folder(ws: Path, _out: str) -> None:
     steps = json.loads((ws / "rel_lab" / "results.json").read_text())["steps"]
-    commands = [r["command"] for r in steps.values() if "{out}" not in r.get("command", "{out}")]
-    assert commands and all(str(ws / "rel_lab" / "steps") in c for c in commands), commands
+    # as a student types them in the lab folder: each step's output under steps/NAME, no machine's path
+    commands = {n: r["command"] for n, r in steps.items() if "{out}" not in r.get("command", "{out}")}
+    assert commands and all(f" steps/{n}" in c and str(ws) not in c for n, c in commands.items()), commands
 
 
 def _summary_says_not_official(ws: Path, out: str) -> None:
@@ -1640,7 +1641,7 @@ CASES = [
     Case(
         "lab-cache-link-is-not-written-through",
         LAB,
-        r"cache/mnist: is a link \(\S+mycache\); the lab keeps its own MNIST cache",
+        r"cache/mnist: is a link \(\S+mycache\); the lab reads MNIST from the user's cache and never writes through",
         setup=_lab(extra=_cache_link),
         creates=LAB_WRITES,
     ),
@@ -1844,6 +1845,11 @@ CASES = [
     Case("lab-sm-nan", "lab --out {ws}/lab --plan --sm nan", r"--sm 'nan': expected a compute capability × 10"),
     Case("lab-sm-inf", "lab --out {ws}/lab --plan --sm inf", r"--sm 'inf': expected a compute capability × 10"),
     Case("lab-sm-runs-nothing", "lab --out {ws}/lab --sm 80", r"--sm: only with --plan"),
+    Case(
+        "lab-plan-device-name-unknown",
+        "lab --out {ws}/lab --plan --device-name B200",
+        r"--device-name 'B200': not in trainlab's data-sheet table .*describe it instead with --sm, --gpu-mem",
+    ),
     Case(
         "lab-plan-gpu-too-small",
         "lab --out {ws}/lab --plan --sm 75 --gpu-mem 2GiB",

@@ -24,14 +24,15 @@ from trainlab.cli import main
 from trainlab.data.mnist import default_cache_dir
 from trainlab.lab import run as lab_run
 from trainlab.lab import steps as lab_steps_mod
-from trainlab.lab.steps import PARTS, Hardware, Step, lab_steps
+from trainlab.lab.steps import PARTS, Command, Hardware, Step, lab_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = Hardware("cpu", 0, "cpu", cpus=2)
 
 
-def _py(code: str) -> tuple[str, ...]:
-    return (sys.executable, "-c", code)
+def _py(code: str, *args: str) -> Command:
+    """A stand-in step's command: Python running `code` (no config: the runner's tests only)."""
+    return Command(("python", "-c", code, *args))
 
 
 def fake_steps(monkeypatch, steps: list[Step]) -> None:
@@ -51,11 +52,11 @@ def test_every_part_has_steps_on_every_hardware_and_size():
         assert [s.name for s in steps][-1] == "gpt_planner_error"  # one 1.6B build, run last (issue 18)
         assert all(s.limit_s >= s.estimate_s for s in steps)
     dp = {s.name: s for s in lab_steps(many, "full")}["dp_compare"]
-    assert "dp" in dp.argv[dp.argv.index("--modes") + 1].split(",") and dp.argv[dp.argv.index("--nproc") + 1] == "4"
+    assert "dp" in dp.config.modes.split(",") and dp.config.nproc == 4
     cpu_dp = {s.name: s for s in lab_steps(CPU, "small")}["dp_compare"]
     assert cpu_dp.sizes["ranks"] == 2 and cpu_dp.sizes["backend"] == "gloo"
     gpt = {s.name: s for s in lab_steps(gpu, "full")}
-    assert "gpt2-1.6b" in gpt["gpt_baseline"].argv and "hf" in gpt["gpt_baseline"].argv
+    assert gpt["gpt_baseline"].config.model == "gpt2-1.6b" and gpt["gpt_baseline"].config.impl == "hf"
     assert gpt["gpt_baseline"].limit_s >= 300  # the handout's fp32 baseline: the old suite's 150 s cut it off
 
 
@@ -84,7 +85,10 @@ def test_plan_for_an_h100_from_a_cpu_fits_the_gpu_lease(capsys, tmp_path):
             == 0
         )
         out = capsys.readouterr().out
-        assert "NVIDIA H100 80GB HBM3 (cuda, 1 GPU(s), peak 989 TFLOP/s), size full, budget 540 s" in out
+        assert (
+            "NVIDIA H100 80GB HBM3 (cuda, 1 GPU(s), peak 989 TFLOP/s, 80 GiB, 3350 GB/s), size full, budget 540 s"
+            in out
+        )
         now = [line.split()[0] for line in out.splitlines() if "runs (from" in line]
         assert now, out
         planned += now
@@ -97,11 +101,35 @@ def test_plan_for_an_h100_from_a_cpu_fits_the_gpu_lease(capsys, tmp_path):
     assert planned.index("gpt_plan") == 0  # the scarce part first
 
 
+def test_the_cpu_hand_in_plans_every_cpu_step_into_one_call(capsys, tmp_path):
+    """Issue 37: `--size small` (a CPU's default) runs every step a CPU can in one 25-minute call, LeNet-5 on
+    the default recipe (5 epochs: ≥ 99 %, lenet/config.py), the rest not applicable with the reason; the plan
+    says what the whole lab needs and in how many calls."""
+    assert main(["lab", "--out", str(tmp_path / "lab"), "--plan", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if " runs (from" in line or " not run: " in line}
+    steps = lab_steps(CPU, "small")
+    assert set(rows) == {s.name for s in steps}
+    assert all("runs (from" in rows[s.name] for s in steps if not s.cannot_run), out
+    assert {s.name for s in steps if s.cannot_run} == {"lenet_tf32", "gpt_baseline_tf32", "dp_weak", "gpt_offload"}
+    assert all("not run: not applicable" in rows[s.name] for s in steps if s.cannot_run)
+    assert "size small, budget 1500 s" in out and ", 1 call(s) of 1500 s" in out
+    train = {s.name: s for s in steps}["lenet_train"].config
+    assert (train.epochs, train.train_subset, train.preset) == (5, None, "default")
+
+
+def test_calls_needed_packs_steps_as_the_runner_does():
+    assert lab_run.calls_needed([], 100) == 0
+    assert lab_run.calls_needed([60, 60, 30], 100) == 2  # 60 (+60 waits) +30; then 60
+    assert lab_run.calls_needed([100, 1, 100], 100) == 3
+    assert lab_run.calls_needed([101], 100) is None
+
+
 def test_budget_is_a_hard_wall_and_a_step_that_does_not_fit_says_so(monkeypatch, tmp_path):
     fake_steps(
         monkeypatch,
         [
-            Step("quick", "lenet", "quick", 1.0, _py(WRITE) + ("{out}/res",)),
+            Step("quick", "lenet", "quick", 1.0, _py(WRITE, "{out}/res")),
             Step("hangs", "gelu", "hangs", 1.0, _py("import time; time.sleep(600)")),
             Step("big", "ops", "big", 10_000.0, _py("pass")),
             Step("never", "dp", "never", 1.0, _py("pass"), cannot_run="needs a GPU"),
@@ -128,10 +156,10 @@ def test_sigkill_loses_nothing_finished_and_the_next_call_reruns_the_killed_step
     script = f"""
 import sys
 from trainlab.lab import run, steps
-from trainlab.lab.steps import Hardware, Step
-fake = [Step("first", "lenet", "first", 1.0, (sys.executable, "-c", {WRITE!r}, "{{out}}/res")),
-        Step("second", "gelu", "second", 1.0, (sys.executable, "-c",
-             "import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(600)"))]
+from trainlab.lab.steps import Command, Hardware, Step
+fake = [Step("first", "lenet", "first", 1.0, Command(("python", "-c", {WRITE!r}, "{{out}}/res"))),
+        Step("second", "gelu", "second", 1.0, Command(("python", "-c",
+             "import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(600)")))]
 run.lab_steps = steps.lab_steps = lambda hw, size: fake
 run.run_lab(__import__("pathlib").Path({str(root)!r}), Hardware("cpu", 0, "cpu"), "tiny", 300.0, ["lenet", "gelu"], "t")
 """
@@ -162,7 +190,7 @@ run.run_lab(__import__("pathlib").Path({str(root)!r}), Hardware("cpu", 0, "cpu")
         monkeypatch,
         [
             Step("first", "lenet", "first", 1.0, _py("raise SystemExit(3)")),
-            Step("second", "gelu", "second", 1.0, _py(WRITE) + ("{out}/res",)),
+            Step("second", "gelu", "second", 1.0, _py(WRITE, "{out}/res")),
         ],
     )
     state = lab_run.run_lab(root, Hardware("cpu", 0, "cpu"), "tiny", 60.0, ["lenet", "gelu"], "t2", log=lambda _: None)
@@ -193,7 +221,7 @@ def test_lab_from_another_working_folder_writes_only_into_the_lab_folder(monkeyp
                 "lenet",
                 "writes",
                 1.0,
-                _py(WRITE + "; pathlib.Path('stray.txt').write_text('relative')") + ("{out}/res",),
+                _py(WRITE + "; pathlib.Path('stray.txt').write_text('relative')", "{out}/res"),
             )
         ],
     )
@@ -209,7 +237,9 @@ def test_lab_from_another_working_folder_writes_only_into_the_lab_folder(monkeyp
     assert _files(elsewhere) == {str(Path("lab") / f) for f in _files(lab)}  # nothing beside the lab folder
     assert _files(ROOT) == checkout  # nothing new in the checkout
     state = json.loads((lab / "results.json").read_text())
-    assert str(lab / "steps" / "writes" / "res") in state["steps"]["writes"]["command"]  # absolute, as run
+    command = state["steps"]["writes"]["command"]  # as a student types it in the lab folder: no machine's paths
+    assert command.endswith(" steps/writes/res") and str(elsewhere) not in command
+    assert (lab / "steps" / "writes" / "log.txt").read_text().startswith("$ " + command + "\n")
 
 
 def test_archive_holds_results_and_report_and_stays_under_its_cap(monkeypatch, tmp_path):
@@ -267,9 +297,7 @@ def test_tiny_lab_end_to_end_killed_mid_step_resumed_and_reported(tmp_path):
     assert statuses["gelu_check"] == "ok"  # the killed step ran again
     assert set(statuses.values()) <= {"ok", "not run"}, statuses
     for s in state["steps"].values():
-        assert s["status"] == "ok" or s["reason"].startswith(
-            ("budget (needs ≈", "trains to 99 %", "TF32 does not apply")
-        ), s
+        assert s["status"] == "ok" or s["reason"].startswith(("budget (needs ≈", "trains to 99 %", "not applicable")), s
     page = html.unescape((out / "report" / "index.html").read_text())  # the page's text, entities decoded
     from trainlab.report.lab_text import TOC
 

@@ -1,61 +1,109 @@
-"""Device choice, synchronization, memory statistics and the peak-FLOPs table for MFU."""
+"""Device choice, synchronization, memory statistics, and the one data-sheet table of GPUs (memory, peak
+FLOP/s per precision, bandwidth) that MFU and planning for a GPU from elsewhere both read."""
 
 from __future__ import annotations
 
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from trainlab.errors import ConfigError, HardwareError
 
-# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets, keyed by the
-# exact name CUDA reports (torch.cuda.get_device_name, the same as nvidia-smi's). MFU is measured
-# throughput divided by this number, so it must be the *dense* figure of *this* part: an H200 NVL
-# (835) is not an H200 SXM (989), an A10G is not an A10, a MIG slice is not the whole GPU. A name
-# that is not listed exactly gets "unknown peak" and no MFU, never a guess. V100 is absent on
-# purpose: it has no bf16 tensor cores.
-PEAK_BF16_TFLOPS = {
-    "NVIDIA A100-SXM4-40GB": 312.0,
-    "NVIDIA A100-SXM4-80GB": 312.0,
-    "NVIDIA A100-PCIE-40GB": 312.0,
-    "NVIDIA A100 80GB PCIe": 312.0,
-    "NVIDIA H100 80GB HBM3": 989.0,  # H100 SXM5
-    "NVIDIA H100 PCIe": 756.0,
-    "NVIDIA H100 NVL": 835.0,
-    "NVIDIA H200": 989.0,  # H200 SXM
-    "NVIDIA H200 NVL": 835.0,
-    "NVIDIA L40S": 362.0,
-    "NVIDIA A10": 125.0,
-    "NVIDIA GeForce RTX 4090": 165.0,  # FP32 accumulate
-    "NVIDIA GeForce RTX 3090": 71.0,  # FP32 accumulate
-}
-
-
-# Compute capability × 10 by the name CUDA reports, to plan for a GPU from a machine without it
-# (`trainlab lab --plan --device-name ...`); a real run reads torch.cuda.get_device_capability.
 # compute capabilities × 10 of the NVIDIA GPUs torch builds for (Volta … Blackwell): every --sm is one of them
 KNOWN_SM = (70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
 
-COMPUTE_CAPABILITY = {
-    "NVIDIA GeForce RTX 2080 Ti": 75,  # the course's GPU06 node
-    "Tesla T4": 75,
-    "Tesla V100-SXM2-32GB": 70,
-    "NVIDIA A100-SXM4-40GB": 80,
-    "NVIDIA A100-SXM4-80GB": 80,  # the course's GPU08 node
-    "NVIDIA A100-PCIE-40GB": 80,
-    "NVIDIA A100 80GB PCIe": 80,
-    "NVIDIA A10": 86,
-    "NVIDIA GeForce RTX 3090": 86,
-    "NVIDIA GeForce RTX 4090": 89,
-    "NVIDIA L40S": 89,
-    "NVIDIA H100 80GB HBM3": 90,
-    "NVIDIA H100 PCIe": 90,
-    "NVIDIA H100 NVL": 90,
-    "NVIDIA H200": 90,
-    "NVIDIA H200 NVL": 90,
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU from its vendor's data sheet: what planning for it needs without it (`--device-name`), and the
+    peak that MFU divides by. Peaks are *dense* tensor-core TFLOP/s (the data sheets' sparse figures halved),
+    with FP32 accumulation (what autocast runs: a GeForce card's fp16-accumulate rate is twice that and
+    unused); None where the part has no such unit (no bf16 or TF32 before Ampere)."""
+
+    name: str  # exactly as CUDA reports it (torch.cuda.get_device_name, nvidia-smi)
+    sm: int  # compute capability × 10
+    memory_gib: float  # the data sheet's "GB" (these parts carry 2^30-byte GiB: CUDA reports a little less)
+    bf16: float | None
+    fp16: float | None
+    tf32: float | None
+    fp32: float  # the CUDA cores' fp32 (no tensor cores)
+    bandwidth_gbs: float  # memory bandwidth, GB/s (10^9 bytes)
+    source: str  # the data sheet
+
+    def peak(self, precision: str = "bf16") -> float | None:
+        return {"bf16": self.bf16, "fp16": self.fp16, "tf32": self.tf32, "fp32": self.fp32}[precision]
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * 2**30)
+
+
+_A100 = "NVIDIA A100 Tensor Core GPU data sheet (2021), dense figures"
+_H100 = "NVIDIA H100 Tensor Core GPU data sheet (2023), dense figures (the sheet's are with sparsity: halved)"
+_H200 = "NVIDIA H200 Tensor Core GPU data sheet (2024), dense figures (the sheet's are with sparsity: halved)"
+_TURING = "NVIDIA Turing GPU architecture whitepaper (2018), appendix A, table 1 (RTX 2080 Ti reference)"
+# The one table, keyed by the exact name CUDA reports. A name that is not listed exactly gets "unknown
+# peak" and no MFU, never a guess: an H200 NVL (835) is not an H200 SXM (989), an A10G is not an A10, a
+# MIG slice is not the whole GPU.
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        GpuSpec("NVIDIA A100-SXM4-40GB", 80, 40, 312, 312, 156, 19.5, 1555, _A100),
+        GpuSpec("NVIDIA A100-SXM4-80GB", 80, 80, 312, 312, 156, 19.5, 2039, _A100),  # the course's GPU08 node
+        GpuSpec("NVIDIA A100-PCIE-40GB", 80, 40, 312, 312, 156, 19.5, 1555, _A100),
+        GpuSpec("NVIDIA A100 80GB PCIe", 80, 80, 312, 312, 156, 19.5, 1935, _A100),
+        GpuSpec("NVIDIA H100 80GB HBM3", 90, 80, 989, 989, 494.5, 67, 3350, _H100 + ", SXM5"),
+        GpuSpec("NVIDIA H100 PCIe", 90, 80, 756, 756, 378, 51, 2000, _H100 + ", PCIe"),
+        GpuSpec("NVIDIA H100 NVL", 90, 94, 835, 835, 417.5, 60, 3900, _H100 + ", NVL"),
+        GpuSpec("NVIDIA H200", 90, 141, 989, 989, 494.5, 67, 4800, _H200 + ", SXM"),
+        GpuSpec("NVIDIA H200 NVL", 90, 141, 835, 835, 417.5, 60, 4800, _H200 + ", NVL"),
+        # the course's GPU06 node: Turing, fp16 tensor cores only (53.8 with FP32 accumulation, 107.6 with FP16)
+        GpuSpec("NVIDIA GeForce RTX 2080 Ti", 75, 11, None, 53.8, None, 13.4, 616, _TURING),
+        GpuSpec("Tesla T4", 75, 16, None, 65, None, 8.1, 320, "NVIDIA T4 Tensor Core GPU data sheet (2019)"),
+        GpuSpec("NVIDIA L4", 89, 24, 121, 121, 60, 30.3, 300, "NVIDIA L4 Tensor Core GPU data sheet (2023), dense"),
+        GpuSpec("NVIDIA L40S", 89, 48, 362, 362, 183, 91.6, 864, "NVIDIA L40S GPU data sheet (2023), dense"),
+        GpuSpec("NVIDIA A10", 86, 24, 125, 125, 62.5, 31.2, 600, "NVIDIA A10 Tensor Core GPU data sheet, dense"),
+        GpuSpec(
+            "NVIDIA GeForce RTX 4090",
+            89,
+            24,
+            165.2,
+            165.2,
+            82.6,
+            82.6,
+            1008,
+            "NVIDIA Ada GPU architecture whitepaper (2023), appendix A, FP32 accumulate, dense",
+        ),  # fmt: skip
+        GpuSpec(
+            "NVIDIA GeForce RTX 3090",
+            86,
+            24,
+            71,
+            71,
+            35.6,
+            35.6,
+            936,
+            "NVIDIA Ampere GA102 GPU architecture whitepaper (2021), appendix A, FP32 accumulate, dense",
+        ),  # fmt: skip
+        # Volta: fp16 tensor cores, no bf16 (so no MFU on the bf16 peak)
+        GpuSpec("Tesla V100-SXM2-32GB", 70, 32, None, 125, None, 15.7, 900, "NVIDIA Tesla V100 data sheet (2020)"),
+    )
 }
+
+
+def gpu_spec(name: str) -> GpuSpec | None:
+    return GPUS.get(name)
+
+
+def unknown_gpu_line(name: str) -> str:
+    """The one line for a --device-name the table does not hold: what to pass instead."""
+    return (
+        f"--device-name {name!r}: not in trainlab's data-sheet table (trainlab.device.GPUS, exact names as "
+        f"nvidia-smi prints them: {', '.join(GPUS)}); describe it instead with --sm, --gpu-mem and --peak-tflops"
+    )
 
 
 # Processes (ranks, DataLoader workers) per CPU core that a flag may ask for: past this each one only
@@ -265,11 +313,14 @@ def _cpu_model() -> str | None:
     return None
 
 
-def peak_tflops_for_name(name: str) -> tuple[float | None, str]:
-    """(dense bf16 peak, source) for a CUDA device name; exact names only (see PEAK_BF16_TFLOPS)."""
-    if name in PEAK_BF16_TFLOPS:
-        return PEAK_BF16_TFLOPS[name], f"data sheet ({name}, dense bf16)"
-    return None, f"unknown peak: {name!r} is not in trainlab.device.PEAK_BF16_TFLOPS (exact names only), so no MFU"
+def peak_tflops_for_name(name: str, precision: str = "bf16") -> tuple[float | None, str]:
+    """(dense peak of `precision`, source) for a CUDA device name; exact names only (see GPUS)."""
+    spec = GPUS.get(name)
+    if spec is None:
+        return None, f"unknown peak: {name!r} is not in trainlab.device.GPUS (exact names only), so no MFU"
+    if spec.peak(precision) is None:
+        return None, f"unknown peak: {name} has no dense {precision} tensor-core rate, so no MFU"
+    return spec.peak(precision), f"data sheet ({name}, dense {precision})"
 
 
 def peak_tflops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> tuple[float | None, str]:

@@ -336,6 +336,32 @@ def add_list_flags(parser: argparse.ArgumentParser, cls, exclude=()) -> None:
             parser.add_argument(name, dest=f.name, default=None, metavar="V[,V...]", help=help_)
 
 
+def to_argv(cfg, defaults: Any = None, exclude=(), nested: dict[str, tuple] | None = None) -> list[str]:
+    """The flags a user types to get `cfg`: the inverse of `add_flags` + `explicit_values` (round-trip tested
+    in tests/test_lab_commands.py). One flag per CLI field whose value differs from `defaults` (an instance:
+    after a preset, say; default the dataclass's own defaults), in field order; `nested` names a field that
+    holds another config (`gpt compare`'s bench) and the flags of it the command leaves out."""
+    base = defaults if defaults is not None else type(cfg)()
+    argv: list[str] = []
+    for f in cli_fields(type(cfg), exclude):
+        value = getattr(cfg, f.name)
+        if value == getattr(base, f.name):
+            continue
+        name, (typ, _) = flag_name(f), _field_type(type(cfg), f)
+        if value is None:
+            raise ValueError(f"{name}: None differs from the default {getattr(base, f.name)!r} and has no flag")
+        if typ is bool:
+            argv.append(name if value else "--no-" + name[2:])
+        elif typing.get_origin(typ) is list:
+            argv += [t for v in value for t in (name, str(v))]
+        else:
+            argv += [name, repr(value) if isinstance(value, float) else str(value)]
+    for field_name, excluded in (nested or {}).items():
+        inner = getattr(cfg, field_name)
+        argv += to_argv(inner, getattr(base, field_name), excluded)
+    return argv
+
+
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 
 

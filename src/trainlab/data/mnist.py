@@ -280,9 +280,14 @@ def read_mnist_csv(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def default_cache_dir() -> Path:
-    """$TRAINLAB_CACHE/mnist if set, else ~/.cache/trainlab/mnist (`io.cache_root`: the no-home fallback)."""
+    """$TRAINLAB_MNIST_CACHE if set (`trainlab lab` points its steps at the user's own MNIST cache, which it
+    verified, while their other caches stay in the lab folder), else $TRAINLAB_CACHE/mnist, else
+    ~/.cache/trainlab/mnist (`io.cache_root`: with the no-home fallback)."""
     from trainlab.io import cache_root
 
+    mnist = os.environ.get("TRAINLAB_MNIST_CACHE")
+    if mnist:
+        return user_path(mnist, "$TRAINLAB_MNIST_CACHE")
     return cache_root() / "mnist"
 
 

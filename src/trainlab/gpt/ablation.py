@@ -65,6 +65,9 @@ CHANGES: tuple[Change, ...] = (
     Change("pad-heads", "heads padded for cuDNN attention (auto)", lambda c: replace(c, attention="auto"), True),
     Change("max-micro-batch", "fastest micro-batch that fits (planner)", lambda c: replace(c, micro_batch_auto=True)),
 )
+# Below sm80 (the course's RTX 2080 Ti: no bf16) in place of "bf16", by name (`--changes ...,fp16,...`): fp16
+# autocast with a GradScaler. Not in the default list, which adds bf16.
+FP16 = Change("fp16", "fp16 autocast + GradScaler", lambda c: _strategy(c, add="fp16"))
 GROUPS = ("baseline", "alone", "cumulative", "peer", "separate")
 
 
@@ -98,7 +101,7 @@ def rows_for(
 ) -> list[dict]:
     """The rows to show, in order: {label, group, changes, config} (config None: not measured, with status).
     The FP8 row is the last cumulative row with --fp8 on `machine` (default: a CPU), or why it cannot run."""
-    by_name = {c.name: c for c in CHANGES}
+    by_name = {c.name: c for c in (*CHANGES, FP16)}
     chosen = [by_name[n] for n in changes]
     base = baseline(bench)
     rows = []
@@ -179,7 +182,7 @@ class AblationConfig(Config):
 
     def validate(self) -> None:
         super().validate()
-        known = {c.name for c in CHANGES}
+        known = {c.name for c in (*CHANGES, FP16)}
         for name in self.change_list:
             if name not in known:
                 raise ConfigError(f"--changes {name!r}: expected some of {', '.join(known)}")

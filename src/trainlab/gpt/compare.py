@@ -90,10 +90,11 @@ def _error_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[-1][:200]
 
 
-def _strategy_run(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
-    """Per-strategy settings: parallel strategies use all `nproc` ranks, single-device ones one;
-    accumulation gets a micro-batch half the per-rank batch; a pipeline at least as many micro-batches
-    as stages; --tp/--pp only where the strategy has them; the tokens stay identical."""
+def plan_for_strategy(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
+    """The one per-strategy rule (`gpt compare`, the lab's planned rows): parallel strategies use all
+    `nproc` ranks, single-device ones one; accumulation gets a micro-batch half the per-rank batch; a
+    pipeline at least as many micro-batches as stages; --tp/--pp only where the strategy has them; the
+    tokens stay identical."""
     spec = parse_strategy(strategy)
     nproc = bench.nproc if spec.distributed else 1
     tp, pp = (bench.tp if spec.tp else 1), (bench.pp if spec.pp else 1)
@@ -137,7 +138,7 @@ def run_compare(cc: CompareConfig, log=print, command: str = "trainlab gpt compa
     get_preset(cc.bench.model)  # an unknown preset is one error, not one per strategy
     matmul_precision(cc.bench.tf32, cc.bench.matmul_precision)  # so are --tf32 on --matmul-precision highest
     strategies = cc.strategy_list or default_matrix(cc.bench.nproc)
-    runs = [_strategy_run(cc.bench, s) for s in strategies]  # ConfigError for unknown names, up front
+    runs = [plan_for_strategy(cc.bench, s) for s in strategies]  # ConfigError for unknown names, up front
     slugs = [r.strategy.replace("+", "_") for r in runs]
     refuse_foreign(
         [

@@ -13,7 +13,8 @@ import time
 
 from trainlab.errors import ConfigError, UserError
 from trainlab.flags import check_value, output_dir
-from trainlab.lab.steps import PARTS, SIZES, Hardware
+from trainlab.lab.machine import Hardware, detect_hardware, parse_sm
+from trainlab.lab.steps import PARTS, SIZES
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|m|min|s)?\s*$")
 
@@ -35,63 +36,6 @@ def parse_parts(text: str) -> list[str]:
     if bad or not parts:
         raise ConfigError(f"--parts {text!r}: expected a comma-separated subset of {','.join(PARTS)}")
     return parts
-
-
-def parse_sm(value: str | None) -> int | None:
-    """--sm 75 | 80 | 90 (compute capability × 10; 7.5 and 8.0 are read as 75 and 80 too)."""
-    if value is None:
-        return None
-    m = re.fullmatch(r"\s*(\d{2,3})\s*|\s*(\d{1,2})\.(\d)\s*", str(value))
-    sm = (int(m.group(1)) if m.group(1) else 10 * int(m.group(2)) + int(m.group(3))) if m else 0
-    from trainlab.device import KNOWN_SM  # the one list, as `gpt plan --sm` checks it
-
-    if sm not in KNOWN_SM:
-        raise ConfigError(
-            f"--sm {value!r}: expected a compute capability × 10 such as 75 (RTX 2080 Ti), 80 (A100) or 90 (H100)"
-        )
-    return sm
-
-
-def detect_hardware(
-    device: str,
-    device_name: str | None,
-    gpus: int | None,
-    peak_tflops: float | None,
-    gpu_mem: str | None,
-    plan_only: bool,
-    sm: int | None = None,
-) -> Hardware:
-    """The machine, or — with --device-name and/or --sm, for --plan — the GPU machine being planned for."""
-    import torch
-
-    from trainlab.device import COMPUTE_CAPABILITY, peak_tflops_for_name, resolve_device
-    from trainlab.gpt.planner import parse_bytes
-
-    cpus = os.cpu_count() or 1
-    if device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"--device {device!r}: expected auto, cpu or cuda")
-    if sm is not None and not plan_only:
-        raise ConfigError("--sm: only with --plan (a run reads its GPU's compute capability)")
-    if device_name is not None or sm is not None:
-        if not plan_only and not torch.cuda.is_available():
-            raise ConfigError("--device-name: only with --plan on a machine without a GPU (it plans for that GPU)")
-        name = device_name or f"a GPU of compute capability {sm / 10:.1f}"
-        peak = peak_tflops if peak_tflops is not None else peak_tflops_for_name(name)[0]
-        mem = parse_bytes(gpu_mem) if gpu_mem else 80 * 2**30
-        return Hardware("cuda", gpus or 1, name, peak, mem, sm or COMPUTE_CAPABILITY.get(name, 90), cpus)
-    use_cuda = device == "cuda" or (device == "auto" and resolve_device("auto").type == "cuda")  # says why not
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA GPU on this machine (use --device cpu, or --plan with --device-name)")
-    if not use_cuda:
-        return Hardware("cpu", 0, "cpu", peak_tflops, None, None, cpus)
-    n = torch.cuda.device_count()
-    if gpus is not None and gpus > n:
-        raise ConfigError(f"--gpus {gpus}: this machine has {n} GPU(s)")
-    name = torch.cuda.get_device_name(0)
-    major, minor = torch.cuda.get_device_capability(0)
-    peak = peak_tflops if peak_tflops is not None else peak_tflops_for_name(name)[0]
-    mem = parse_bytes(gpu_mem) if gpu_mem else torch.cuda.get_device_properties(0).total_memory
-    return Hardware("cuda", gpus or n, name, peak, mem, 10 * major + minor, cpus)
 
 
 def format_sizes(steps, hw: Hardware) -> str:
@@ -175,13 +119,15 @@ def add_parser(subparsers) -> None:
         "--size",
         choices=SIZES,
         default=None,
-        help="tiny (seconds per step, for CI) | small (CPU) | full (GPU) (default: by the hardware found)",
+        help="tiny (seconds per step, for CI) | small (the CPU hand-in: one 25-minute call on a quiet 2-core CPU) "
+        "| full (GPU) (default: by the hardware found)",
     )
     p.add_argument("--plan", action="store_true", help="print the steps, their estimates and what fits; run nothing")
     p.add_argument(
         "--device-name",
         default=None,
-        help="with --plan: plan for this CUDA device (e.g. 'NVIDIA H100 80GB HBM3') from any machine",
+        help="with --plan: plan for this CUDA device from any machine, its memory, compute capability, peak and "
+        "bandwidth from the data-sheet table (e.g. 'NVIDIA H100 80GB HBM3', 'NVIDIA GeForce RTX 2080 Ti', 'Tesla T4')",
     )
     p.add_argument(
         "--sm",
@@ -194,12 +140,16 @@ def add_parser(subparsers) -> None:
         "--gpus", type=int, default=None, help="GPUs to use (default: all found; with --device-name/--sm: 1)"
     )
     p.add_argument(
-        "--peak-tflops", type=float, default=None, help="dense bf16 peak per device (default: data sheet by name)"
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="dense 16-bit peak per device, bf16 (fp16 below sm80) (default: the data sheet's, by name)",
     )
     p.add_argument(
         "--gpu-mem",
         default=None,
-        help="memory per device for the GPT plan, e.g. 80GiB (default: the device's; with --device-name/--sm: 80GiB)",
+        help="memory per device for the GPT plan, e.g. 80GiB (default: the device's; with --device-name: its "
+        "data sheet's (trainlab.device.GPUS); with --sm alone: 80GiB)",
     )
     p.add_argument("--mnist", default=None, help="an MNIST pack (`trainlab data pack`) for a machine without network")
     p.set_defaults(func=run_lab_command)

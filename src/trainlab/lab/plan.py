@@ -12,6 +12,12 @@ For N GPUs of M bytes and compute capability sm, `plan_gpt` picks:
   as it is if it fits, else with activation checkpointing (ckpt) if that fits, else left out with the
   planner's number. The planner also decides the attention kernel per sm (no flash below sm80).
 
+- on one GPU, the offload rows (`gpt_offload`): the handout's model where its `amp+ckpt+offload` (fp16
+  below sm80) fits, so an 11 GB card still trains GPT-2 1.6B; NVMe through DeepSpeed where it is installed;
+- gpt_best: the fastest single-GPU setting with issue 30's levers, at the largest micro-batch the planner
+  fits with them: the micro-batch printed is the one the step runs.
+
+Every row is the run `gpt compare` starts (`gpt.compare.plan_for_strategy`, the one per-strategy rule).
 Every prediction is `gpt.planner.predict_plan` of the run's resolved plan (`gpt.plan.resolve` on a
 described `Machine`: the plan `gpt compare` starts, with its per-rank batch, micro-batch, accumulation
 and pipeline micro-batches), against `planner.usable_bytes` of the device.
@@ -20,10 +26,12 @@ and pipeline micro-batches), against `planner.usable_bytes` of the device.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass
 
 from trainlab.device import amp_for_sm
 from trainlab.errors import ConfigError
+from trainlab.gpt.compare import plan_for_strategy
 from trainlab.gpt.config import GPTBenchConfig
 from trainlab.gpt.model import get_preset
 from trainlab.gpt.plan import GPTPlan, Machine, resolve
@@ -38,8 +46,12 @@ MICRO_BATCHES = (8, 4, 2, 1)
 OPTIMIZER = "foreach"  # `gpt compare` runs torch's default AdamW on the GPU (no --fused-optimizer)
 
 
+# issue 30's model levers, on in gpt_best (GPTBenchConfig fields)
+LEVERS = dict(vocab_multiple=64, fused_qkv=True, loss="chunked")
+
+
 @dataclass(frozen=True)
-class GptRow:
+class LabGptRow:
     strategy: str
     nproc: int
     micro_batch: int  # on each rank, as `gpt compare` runs it
@@ -49,7 +61,9 @@ class GptRow:
 
 
 @dataclass(frozen=True)
-class GptPlan:
+class LabGptRows:
+    """The lab's GPT-2 rows for one machine (not a `gpt.plan.GPTPlan`: that is one resolved run)."""
+
     model: str
     gpus: int
     gpu_mem_bytes: int
@@ -58,11 +72,14 @@ class GptPlan:
     precision: str  # bf16 | fp16
     global_batch: int
     micro_batch: int
-    rows: tuple[GptRow, ...]  # the `gpt compare` rows
+    rows: tuple[LabGptRow, ...]  # the `gpt compare` rows
     left_out: tuple[tuple[str, str], ...]  # (strategy, why) for rows that fit in no variant
-    best: GptRow  # the fastest single-GPU setting (compile + accumulation)
-    baseline: GptRow  # the handout's fp32 + checkpointing baseline (HF; our model's prediction)
+    best: LabGptRow  # the fastest single-GPU setting (compile + accumulation, the levers), as the step runs it
+    baseline: LabGptRow  # the handout's fp32 + checkpointing baseline (HF; our model's prediction)
     planner_error: tuple[str, ...]  # strategies whose prediction is checked against the measured peak
+    offload_model: str  # the model of the offload rows (the handout's where it fits with offload)
+    offload: tuple[LabGptRow, ...]  # the offload rows that fit (one GPU)
+    nvme: str | None  # why the NVMe row cannot run here (DeepSpeed missing), or None
     note: str = ""  # why the model is not the handout's
 
     @property
@@ -74,43 +91,45 @@ class GptPlan:
 
 
 def row_plan(
-    model: str, strategy: str, gpus: int, global_batch: int, micro_batch: int, sm: int, optimizer: str = OPTIMIZER
+    model: str,
+    strategy: str,
+    gpus: int,
+    global_batch: int,
+    micro_batch: int,
+    sm: int,
+    optimizer: str = OPTIMIZER,
+    levers: dict | None = None,
 ) -> GPTPlan:
     """The resolved plan of one `gpt compare` row on `gpus` GPUs of compute capability `sm`/10 (a
-    described `Machine`: every check `gpt bench` makes there, bf16 below sm80 included): parallel
-    strategies on all `gpus` ranks, single-device ones on one; the micro-batch capped at the per-rank batch."""
-    spec = parse_strategy(strategy)
-    nproc = gpus if spec.distributed else 1
-    dp = nproc if spec.data_parallel else 1  # tp or pp alone: every rank sees the whole batch
-    config = GPTBenchConfig(
+    described `Machine`: every check `gpt bench` makes there, bf16 below sm80 included), through
+    `gpt compare`'s own per-strategy rule."""
+    bench = GPTBenchConfig(
         model=model,
-        strategy=strategy,
-        nproc=nproc,
+        nproc=gpus,
         global_batch=global_batch,
-        micro_batch=min(micro_batch, global_batch // dp),
+        micro_batch=micro_batch,
         device="cuda",
         fused_optimizer=optimizer == "fused",
+        **(levers or {}),
     )
-    return resolve(config, Machine(gpus=gpus, sm=sm))
+    return resolve(plan_for_strategy(bench, strategy), Machine(gpus=gpus, sm=sm))
 
 
-def predict_row(
-    model: str, strategy: str, gpus: int, global_batch: int, micro_batch: int, sm: int, optimizer: str = OPTIMIZER
-) -> dict:
-    """The planner's per-device prediction for one `gpt compare` row (`planner.predict_plan`, the one
-    translation of a plan into the planner)."""
-    plan = row_plan(model, strategy, gpus, global_batch, micro_batch, sm, optimizer)
+def predict_row(*args, **kwargs) -> dict:
+    """The planner's per-device prediction for one `gpt compare` row (`row_plan`'s arguments;
+    `planner.predict_plan`, the one translation of a plan into the planner)."""
+    plan = row_plan(*args, **kwargs)
     return {"nproc": plan.world_size, "micro_batch": plan.micro_batch, **predict_plan(plan)}
 
 
-def _row(model, strategy, gpus, global_batch, micro, sm, budget, optimizer=OPTIMIZER) -> GptRow | None:
+def _row(model, strategy, gpus, global_batch, micro, sm, budget, optimizer=OPTIMIZER, levers=None) -> LabGptRow | None:
     try:
-        pred = predict_row(model, strategy, gpus, global_batch, micro, sm, optimizer)
+        pred = predict_row(model, strategy, gpus, global_batch, micro, sm, optimizer, levers)
     except ConfigError:
         return None
     if pred["total_bytes"] > budget:
         return None
-    return GptRow(
+    return LabGptRow(
         parse_strategy(strategy).text,
         pred["nproc"],
         pred["micro_batch"],
@@ -119,7 +138,7 @@ def _row(model, strategy, gpus, global_batch, micro, sm, budget, optimizer=OPTIM
     )
 
 
-def _fitting(model, strategy, gpus, global_batch, micro, sm, budget) -> tuple[GptRow | None, str]:
+def _fitting(model, strategy, gpus, global_batch, micro, sm, budget) -> tuple[LabGptRow | None, str]:
     """The row as it is, else with ckpt; (None, why) when neither fits."""
     row = _row(model, strategy, gpus, global_batch, micro, sm, budget)
     if row is not None:
@@ -155,7 +174,7 @@ def wanted_rows(gpus: int, sm: int, n_head: int) -> list[str]:
     return rows
 
 
-def plan_gpt(gpus: int, gpu_mem: int, sm: int) -> GptPlan:
+def plan_gpt(gpus: int, gpu_mem: int, sm: int) -> LabGptRows:
     """The lab's GPT-2 rows for `gpus` devices of `gpu_mem` bytes, compute capability `sm`/10."""
     if gpus < 1:
         raise ConfigError(f"--gpus {gpus}: expected at least 1")
@@ -188,20 +207,11 @@ def plan_gpt(gpus: int, gpu_mem: int, sm: int) -> GptPlan:
     options = [(m, *rows_at(m)) for m in MICRO_BATCHES]
     options = [o for o in options if o[1] and o[1][0].nproc == 1]
     micro, rows, left_out = max(options, key=lambda o: (len(o[1]), o[0]))
-    best_strategy = f"{amp}+compile+accum"
-    best = next(
-        r
-        for m in MICRO_BATCHES
-        if m < GLOBAL_BATCH
-        for r in [
-            _row(model, best_strategy, 1, GLOBAL_BATCH, m, sm, budget, "fused")
-            or _row(model, best_strategy + "+ckpt", 1, GLOBAL_BATCH, m, sm, budget, "fused")
-        ]
-        if r
-    )
+    best = _best(model, amp, sm, budget)
     baseline = next(r for m in MICRO_BATCHES for r in [_row(model, "ckpt", 1, GLOBAL_BATCH, m, sm, budget)] if r)
     checked = tuple(s for s in (f"{amp}+ckpt", amp, "none") if _row(model, s, 1, 2, 2, sm, budget, "fused"))
-    return GptPlan(
+    offload_model, offload = _offload(model, amp, sm, budget)
+    return LabGptRows(
         model,
         gpus,
         gpu_mem,
@@ -215,11 +225,42 @@ def plan_gpt(gpus: int, gpu_mem: int, sm: int) -> GptPlan:
         best,
         baseline,
         checked,
+        offload_model,
+        offload,
+        None if importlib.util.find_spec("deepspeed") else NVME_MISSING,
         note,
     )
 
 
-def format_gpt_plan(p: GptPlan) -> str:
+NVME_MISSING = "DeepSpeed is not installed (`pip install .[offload]`): the amp+nvme row records that, with no number"
+
+
+def _best(model: str, amp: str, sm: int, budget: int) -> LabGptRow:
+    """gpt_best: compile + accumulation with the levers, at the largest micro-batch that fits with them
+    (what --micro-batch-auto would choose, stated: the step runs this micro-batch)."""
+    strategy = f"{amp}+compile+accum"
+    for m in MICRO_BATCHES:
+        if m < GLOBAL_BATCH:  # accumulation: at least two micro-steps
+            for s in (strategy, strategy + "+ckpt"):
+                row = _row(model, s, 1, GLOBAL_BATCH, m, sm, budget, "fused", LEVERS)
+                if row:
+                    return row
+    raise ConfigError(f"gpt_best: {strategy} fits at no micro-batch of {MICRO_BATCHES}")
+
+
+def _offload(model: str, amp: str, sm: int, budget: int) -> tuple[str, tuple[LabGptRow, ...]]:
+    """The offload rows at the largest micro-batch where the checkpointed one fits: on the handout's model
+    where it fits one GPU at all (the handout names CPU offload for exactly this), else on the lab's model."""
+    wanted = (f"{amp}+offload", f"{amp}+ckpt+offload")
+    for chosen in dict.fromkeys((HANDOUT_MODEL, model)):
+        for m in MICRO_BATCHES:
+            if _row(chosen, wanted[1], 1, GLOBAL_BATCH, m, sm, budget, "fused"):
+                rows = (_row(chosen, s, 1, GLOBAL_BATCH, m, sm, budget, "fused") for s in wanted)
+                return chosen, tuple(r for r in rows if r)
+    return model, ()
+
+
+def format_gpt_plan(p: LabGptRows) -> str:
     """The plan as the lines `trainlab lab --plan` prints under the steps."""
     lines = [
         f"GPT-2 rows (planner: {p.gpus} GPU(s) of {p.gpu_mem_bytes / GiB:.1f} GiB, {p.usable_bytes / GiB:.1f} GiB "
@@ -230,12 +271,16 @@ def format_gpt_plan(p: GptPlan) -> str:
         lines.append(f"  {p.note}")
     lines.append(f"  {'step':<16} {'strategy':<24} {'GPUs':>4} {'micro':>5} {'predicted':>10}  attention")
     baseline = dataclasses.replace(p.baseline, note="HF GPT2LMHeadModel, predicted as our model")
-    named = [("gpt_best", p.best), ("gpt_baseline", baseline)] + [("gpt_strategies", r) for r in p.rows]
+    best = dataclasses.replace(p.best, note="with " + ", ".join(f"{k}={v}" for k, v in LEVERS.items()))
+    named = [("gpt_best", best), ("gpt_baseline", baseline)] + [("gpt_strategies", r) for r in p.rows]
+    named += [("gpt_offload", dataclasses.replace(r, note=p.offload_model)) for r in p.offload]
     for step, r in named:
         lines.append(
             f"  {step:<16} {r.strategy:<24} {r.nproc:>4} {r.micro_batch:>5} {r.predicted_bytes / GiB:>6.1f} GiB"
             f"  {r.attention}{f'  ({r.note})' if r.note else ''}"
         )
     lines += [f"  left out: {s}: {why}" for s, why in p.left_out]
+    if p.nvme and p.precision == "bf16":  # the NVMe row is a bf16 row (DeepSpeed's)
+        lines.append(f"  gpt_offload: amp+nvme: {p.nvme}")
     lines.append(f"  gpt_planner_error: {','.join(p.planner_error)} at micro-batch 2 (one GPU)")
     return "\n".join(lines)

@@ -17,7 +17,7 @@ After every step: results.json, the report (DIR/report/index.html, `trainlab.rep
 also DIR/report/report.pdf, where headless Chromium is installed) and one
 archive of it all (DIR/lab.tar.gz, ≤ ARCHIVE_MAX_BYTES) for copying off a remote machine. Extension
 builds and the Triton cache go to DIR/cache (TRAINLAB_CACHE for every step), so a resumed call does
-not rebuild them.
+not rebuild them; MNIST is read from the user's own cache, verified once per call (`prepare_mnist`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from pathlib import Path
 from trainlab.distributed.launch import start_process, stop_tree
 from trainlab.errors import UserError
 from trainlab.io import MANIFEST, atomic_write_bytes, atomic_write_json, contained, owned_files, read_capped, read_json
-from trainlab.lab.steps import PARTS, Hardware, Step, lab_steps, repo_root
+from trainlab.lab.machine import Hardware
+from trainlab.lab.steps import PARTS, Step, lab_steps, repo_root
 from trainlab.report.lab_folder import LAB_STATE
 from trainlab.schema import check
 from trainlab.telemetry.rundir import LOCK_NAME, lock_folder, unlock_folder
@@ -87,7 +88,7 @@ def save_state(root: Path, state: dict) -> None:
 
 
 def step_record(root: Path, step: Step, **extra) -> dict:
-    command = " ".join(step.argv).replace("{out}", str(step_dir(root, step.name)))
+    command = step.command.line(f"steps/{step.name}")  # as a student types it in the lab folder
     return {
         "part": step.part,
         "title": step.title,
@@ -120,19 +121,49 @@ def plan(steps: list[Step], state: dict, budget_s: float, parts: list[str]) -> l
     return rows
 
 
+def calls_needed(estimates: list[float], budget_s: float) -> int | None:
+    """How many calls of `budget_s` run steps of these estimates, each call starting every step (in order)
+    that still fits what is left of it, as `run_lab` does; None if one step alone exceeds the budget."""
+    left, calls = list(estimates), 0
+    if any(e > budget_s for e in left):
+        return None
+    while left:
+        calls, t, rest = calls + 1, 0.0, []
+        for e in left:
+            if t + e <= budget_s:
+                t += e
+            else:
+                rest.append(e)
+        left = rest
+    return calls
+
+
 def format_plan(rows: list[dict], hw: Hardware, size: str, budget_s: float) -> str:
     from trainlab.report.format import seconds
 
     total = sum(r["estimate_s"] for r in rows if r["plan"].startswith("runs"))
+    todo = [r["estimate_s"] for r in rows if r["plan"].startswith(("runs", "not run: budget"))]
+    memory = f", {hw.memory_bytes / 2**30:g} GiB" if hw.gpu and hw.memory_bytes else ""
+    bandwidth = f", {hw.bandwidth_gbs:g} GB/s" if hw.bandwidth_gbs else ""
     lines = [
         f"lab plan: {hw.name} ({hw.kind}, {hw.gpus} GPU(s), peak "
-        f"{f'{hw.peak_tflops:g} TFLOP/s' if hw.peak_tflops else 'unknown'}), size {size}, budget {seconds(budget_s)}",
+        f"{f'{hw.peak_tflops:g} TFLOP/s' if hw.peak_tflops else 'unknown'}{memory}{bandwidth}), size {size}, "
+        f"budget {seconds(budget_s)}",
         f"{'step':<20} {'part':<6} {'estimate':>9} {'limit':>8}  plan",
     ]
     lines += [
         f"{r['step']:<20} {r['part']:<6} {seconds(r['estimate_s']):>9} {seconds(r['limit_s']):>8}  {r['plan']}"
         for r in rows
     ]
+    calls = calls_needed(todo, budget_s)
+    lines.append(
+        f"the whole lab (every selected step not yet done): {seconds(sum(todo))}, "
+        + (
+            f"{calls} call(s) of {seconds(budget_s)}"
+            if calls is not None
+            else f"a step needs more than one call of {seconds(budget_s)}: give a larger --budget"
+        )
+    )
     lines.append(f"estimated: {seconds(total)} of {seconds(budget_s)}")
     return "\n".join(lines)
 
@@ -169,51 +200,42 @@ def _kill_group(pgid: int) -> None:
             time.sleep(0.2)
 
 
-def step_env(root: Path, hw: Hardware) -> dict:
+def step_env(root: Path, hw: Hardware, mnist_cache: Path | None = None) -> dict:
     env = dict(os.environ)
     src = str(repo_root() / "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["TRAINLAB_CACHE"] = str(root / "cache")
     env["TRITON_CACHE_DIR"] = str(root / "cache" / "triton")
     env["PYTHONUNBUFFERED"] = "1"
+    if mnist_cache is not None:
+        env["TRAINLAB_MNIST_CACHE"] = str(mnist_cache)
     if hw.kind == "cuda":
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # less fragmentation at 1.6B
     return env
 
 
-def prepare_cache(root: Path, mnist_pack: str | None) -> None:
-    """DIR/cache/mnist: the given pack, else the MNIST cache this user already has (linked, not copied,
-    so a lab does not convert MNIST again), else nothing (the first step converts it)."""
-    from trainlab.data.mnist import default_cache_dir
+def prepare_mnist(root: Path, mnist_pack: str | None) -> tuple[Path, dict | None]:
+    """The MNIST cache the steps read, and its record: the user's own cache (the one `trainlab train` uses),
+    made complete and verified here, once, before any step, so the steps only read it; else the pack
+    carried in the checkout (.cache/mnist.npz); with --mnist, that pack (checked by `check_pack`, copied
+    into DIR/cache/mnist, where its name must be mnist.npz). Never a copy of the user's MNIST in the lab."""
+    from trainlab.data.mnist import _embedded_installed, default_cache_dir, describe_source, is_official, load_mnist
 
-    target = root / "cache" / "mnist"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.is_symlink():  # an older lab linked the user's own cache here: the steps would write through it
-        if "mnist" not in owned_files(target.parent):
-            raise UserError(
-                f"{target}: is a link ({os.readlink(target)}); the lab keeps its own MNIST cache and "
-                "never writes through a link: remove the link or give a new --out"
-            )
-        target.unlink()  # the link the lab made (its target is untouched)
+    link = root / "cache" / "mnist"
+    if link.is_symlink():
+        raise UserError(
+            f"{link}: is a link ({os.readlink(link)}); the lab reads MNIST from the user's cache and never "
+            "writes through a link: remove the link or give a new --out"
+        )
     if mnist_pack:
-        target.mkdir(exist_ok=True)
-        if not (target / "mnist.npz").exists():
-            shutil.copyfile(mnist_pack, target / "mnist.npz")
-        return
-    if target.exists():
-        return
-    mine = default_cache_dir()
-    carried = repo_root() / ".cache" / "mnist.npz"
-    if mine.is_dir() and mine.resolve() != target.resolve():
-        # copied, not linked: a step that rebuilds its cache must never rewrite the user's own (copy2 keeps
-        # the mtimes the cache's manifest checks, so nothing is converted again)
-        target.mkdir()
-        for f in mine.iterdir():
-            if f.is_file() and not f.is_symlink():
-                shutil.copy2(f, target / f.name)
-    elif carried.exists():
-        target.mkdir()
-        shutil.copyfile(carried, target / "mnist.npz")
+        link.mkdir(parents=True, exist_ok=True)
+        if not (link / "mnist.npz").exists():
+            shutil.copyfile(mnist_pack, link / "mnist.npz")
+        return link, None
+    carried = repo_root() / ".cache"
+    folder = carried if not _embedded_installed() and (carried / "mnist.npz").is_file() else default_cache_dir()
+    arrays = load_mnist(cache_dir=folder)  # builds the user's cache if it is missing; checks every array
+    return folder, {"source": arrays.source, "official": is_official(arrays), "line": describe_source(arrays)}
 
 
 # ------------------------------------------------------------------------------ the folder is a container
@@ -288,11 +310,11 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
     elif partial.exists():
         shutil.rmtree(partial)  # a killed call's leftovers: trainlab's own folder, by its reserved name
     partial.mkdir(parents=True)
-    argv = [a.replace("{out}", str(partial)) for a in step.argv]
+    argv = step.command.argv(str(partial))
     log_path = partial / "log.txt"
-    t0 = _now()
+    t0, cpu0, load0 = _now(), _children_cpu_s(), _load()
     with open(log_path, "w") as log:
-        log.write("$ " + " ".join(argv) + "\n")
+        log.write("$ " + step.command.line(f"steps/{step.name}") + "\n")
         log.flush()
         out = open(partial / step.stdout_file, "w") if step.stdout_file else log
         try:
@@ -318,7 +340,7 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
         finally:
             if out is not log:
                 out.close()
-    seconds = _now() - t0
+    seconds, cpu_s = _now() - t0, _children_cpu_s() - cpu0
     final = step_dir(root, step.name)
     _record_step_files(partial)
     if final.exists() or final.is_symlink():
@@ -335,8 +357,36 @@ def run_step(root: Path, step: Step, limit_s: float, env: dict, state: dict, on_
         "rc": rc,
         "seconds": round(seconds, 2),
         "limit_used_s": round(limit_s, 1),
+        # the step's processes' CPU time and the machine's load around it: a time taken on a busy machine
+        # says so (load above its cores), and CPU seconds are what a quiet machine's estimate comes from
+        "cpu_s": round(cpu_s, 2),
+        "load": [load0, _load()],
         "log": str(Path("steps") / step.name / "log.txt"),
     }
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of every waited-for child process so far (a step's whole tree once it ends)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def load_factor(hw: Hardware) -> float:
+    """How much slower than quiet this machine runs now: its 1-minute load over its cores (at least 1). A
+    step's limit is 3× its quiet estimate times this, so a busy machine does not cut a step that is only
+    slow; the budget of the call stays a hard wall."""
+    load = _load()
+    return max(1.0, (load or 0.0) / max(1, hw.cpus)) if hw.kind == "cpu" else 1.0
+
+
+def _load() -> float | None:
+    """The 1-minute load average (processes running or waiting for a core)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 # ------------------------------------------------------------------------------ after every step
@@ -450,25 +500,21 @@ def check_pack(mnist_pack: str) -> dict:
     return {"source": str(mnist_pack), "official": is_official(arrays), "line": line}
 
 
-def _run_locked(
-    root: Path,
-    state: dict,
-    hw: Hardware,
-    size: str,
-    budget_s: float,
-    parts: list[str],
-    command: str,
-    mnist_pack: str | None,
-    data: dict | None,
-    log,
-    started_at: float | None,
-) -> dict:
+def _begin_call(root, state, hw, size, budget_s, parts, command, mnist_pack, data, log, started_at):
+    """A call's start: the folder's size and hardware checked, MNIST verified, the call recorded; returns
+    (its start time, its record, the steps' environment)."""
     if state.get("size") not in (None, size) or (state.get("hardware") or {}).get("kind") not in (None, hw.kind):
         raise UserError(
             f"--out {root}: holds a lab run at size {state.get('size')} on "
             f"{(state.get('hardware') or {}).get('kind')}; this call is size {size} on {hw.kind}: give a new --out DIR"
         )
     state.update(size=size, hardware=hw.to_dict(), parts_known=list(PARTS))
+    mnist_cache = None
+    if set(parts) - {"gpt"}:  # every other part trains or reads MNIST: verified once, before any step
+        mnist_cache, record = prepare_mnist(root, mnist_pack)
+        if record:
+            state["mnist"] = record
+            log(f"lab: MNIST for every step: {record['line']}")
     start = _now() if started_at is None else started_at
     call = {
         "command": command,
@@ -483,8 +529,24 @@ def _run_locked(
             f"lab: --mnist {data['line']}"
             + ("" if data["official"] else " — every number of this lab is measured on that data")
         )
-    prepare_cache(root, mnist_pack)
-    env = step_env(root, hw)
+    env = step_env(root, hw, mnist_cache)
+    return start, call, env
+
+
+def _run_locked(
+    root: Path,
+    state: dict,
+    hw: Hardware,
+    size: str,
+    budget_s: float,
+    parts: list[str],
+    command: str,
+    mnist_pack: str | None,
+    data: dict | None,
+    log,
+    started_at: float | None,
+) -> dict:
+    start, call, env = _begin_call(root, state, hw, size, budget_s, parts, command, mnist_pack, data, log, started_at)
     steps = lab_steps(hw, size)
     # every step of the lab here, in order: the report shows the ones not reached yet too
     state["plan"] = [
@@ -538,7 +600,8 @@ def _run_locked(
             log(f"lab: {step.name}: not run: {reason}")
             save_state(root, state)
             continue
-        limit = min(step.limit_s, left)
+        own_limit = step.limit_s * load_factor(hw)
+        limit = min(own_limit, left)
         log(f"lab: {step.name}: running (estimate {step.estimate_s:.0f} s, limit {limit:.0f} s) — {step.title}")
 
         def started(pid, step=step):
@@ -548,7 +611,7 @@ def _run_locked(
             save_state(root, state)
 
         rec = run_step(root, step, limit, env, state, started)
-        if rec["status"] == "timed out" and limit < step.limit_s:
+        if rec["status"] == "timed out" and limit < own_limit:
             rec.update(
                 status="stopped", reason=f"budget ran out after {rec['seconds']:.0f} s; runs again in the next call"
             )

@@ -1,0 +1,114 @@
+"""Every lab step holds a typed config, and the line a student types is derived from it (issue 36): parsed
+back by the command's own parser it gives the same config (`trainlab …` through trainlab's parser and the
+command's own preset rule; a `benchmarks/` script through the flags its argparse declares, read from its
+source), and the line names no path of this machine."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import shlex
+from pathlib import Path
+
+import pytest
+
+from trainlab.cli import build_parser
+from trainlab.flags import Config, Parser, add_flags, explicit_values, flag_name, to_argv
+from trainlab.lab.machine import Hardware, from_table
+from trainlab.lab.steps import SIZES, lab_steps
+from trainlab.lab.steps.scripts import SCRIPTS
+from trainlab.lenet.config import TrainConfig, apply_preset
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = Hardware("cpu", 0, "cpu", cpus=2)
+MACHINES = {
+    "cpu": CPU,
+    "1xH100": from_table("NVIDIA H100 80GB HBM3", 1, 16),
+    "2xA100-80G": from_table("NVIDIA A100-SXM4-80GB", 2, 32),
+    "2xRTX2080Ti": from_table("NVIDIA GeForce RTX 2080 Ti", 2, 16),
+    "4xH200": from_table("NVIDIA H200", 4, 64),
+}
+CASES = [(m, size) for m in MACHINES for size in (SIZES if m == "cpu" else ("full",))]
+
+
+def _all_steps():
+    for machine, size in CASES:
+        for step in lab_steps(MACHINES[machine], size):
+            yield f"{machine}-{size}-{step.name}", step
+
+
+STEPS = dict(_all_steps())
+
+
+@functools.cache
+def _parser():
+    return build_parser()
+
+
+def parse_back(step):
+    """The config the step's own command builds from the derived line."""
+    words = step.command.words()
+    cfg = step.config
+    cls = type(cfg)
+    if words[0] == "python":  # a benchmarks/ script: the flags its argparse declares (checked below)
+        parser = Parser(prog=words[1])
+        add_flags(parser, cls)
+        return cls(**explicit_values(parser.parse_args(words[2:]), cls))
+    args = _parser().parse_args(words[1:])
+    values = explicit_values(args, cls)
+    for field, excluded in step.command.nested:
+        inner = type(getattr(cfg, field))
+        values[field] = inner(**explicit_values(args, inner, exclude=excluded))
+    back = cls(**values)
+    if cls is TrainConfig:  # `trainlab train`: explicit flags over the preset over the defaults (lenet.cli)
+        back = apply_preset(back, values.get("preset", "default"), explicit=set(values))
+    return back
+
+
+@pytest.mark.parametrize("key", sorted(STEPS))
+def test_the_line_parses_back_to_the_steps_config(key):
+    step = STEPS[key]
+    assert isinstance(step.config, Config), "a lab step holds a typed config, never an argv"
+    assert parse_back(step) == step.config
+    line = step.command.line(f"steps/{step.name}")
+    assert str(ROOT) not in line and "/tmp" not in line and " /" not in line, line  # relative to the lab folder
+    assert shlex.split(line) == [w.replace("{out}", f"steps/{step.name}") for w in step.command.words()]
+
+
+def test_to_argv_inverts_the_flag_parser_for_every_kind_of_field():
+    cfg = TrainConfig(epochs=3, lr=0.0123, augment=True, batchnorm_conv1=False, train_subset=7, out="x y")
+    argv = to_argv(cfg)
+    assert {"--augment", "--no-batchnorm-conv1", "x y", "0.0123"} <= set(argv) and len(argv) == 10, argv
+    args = _parser().parse_args(["train", *argv])
+    assert TrainConfig(**explicit_values(args, TrainConfig)) == cfg
+    assert to_argv(TrainConfig()) == []  # the defaults need no flag
+
+
+def _declared_flags(script: str) -> dict[str, object]:
+    """flag → its literal default (or ... where not a literal), from the script's add_argument calls."""
+    found = {}
+    for node in ast.walk(ast.parse((ROOT / script).read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args:
+            flag = node.args[0].value if isinstance(node.args[0], ast.Constant) else None
+            kw = {k.arg: k.value for k in node.keywords}
+            if kw.get("action") is not None and getattr(kw["action"], "value", None) == "store_true":
+                default = False
+            else:
+                default = ast.literal_eval(kw["default"]) if "default" in kw else None
+                default = default if isinstance(kw.get("default"), ast.Constant) or "default" not in kw else ...
+            found[flag] = default
+    text = (ROOT / script).read_text()
+    if "add_output_args(ap)" in text:
+        found["--out"] = ...  # benchmarks/_common.py: --out DIR (default benchmarks/results)
+    return found
+
+
+@pytest.mark.parametrize("cls", list(SCRIPTS), ids=lambda c: c.__name__)
+def test_script_configs_are_the_scripts_own_flags(cls):
+    declared = _declared_flags(SCRIPTS[cls])
+    for f in dataclasses.fields(cls):
+        flag = flag_name(f)
+        assert flag in declared, f"{SCRIPTS[cls]} takes no {flag}"
+        if declared[flag] is not ...:
+            assert f.default == declared[flag], (flag, f.default, declared[flag])
