@@ -30,7 +30,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from trainlab.device import amp_for_sm
-from trainlab.errors import ConfigError
+from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.compare import plan_for_strategy
 from trainlab.gpt.config import GPTBenchConfig
 from trainlab.gpt.model import get_preset
@@ -207,7 +207,7 @@ def plan_gpt(gpus: int, gpu_mem: int, sm: int) -> LabGptRows:
     options = [(m, *rows_at(m)) for m in MICRO_BATCHES]
     options = [o for o in options if o[1] and o[1][0].nproc == 1]
     micro, rows, left_out = max(options, key=lambda o: (len(o[1]), o[0]))
-    best = _best(model, amp, sm, budget)
+    best = _best(model, amp, sm, gpu_mem)
     baseline = next(r for m in MICRO_BATCHES for r in [_row(model, "ckpt", 1, GLOBAL_BATCH, m, sm, budget)] if r)
     checked = tuple(s for s in (f"{amp}+ckpt", amp, "none") if _row(model, s, 1, 2, 2, sm, budget, "fused"))
     offload_model, offload = _offload(model, amp, sm, budget)
@@ -235,17 +235,25 @@ def plan_gpt(gpus: int, gpu_mem: int, sm: int) -> LabGptRows:
 NVME_MISSING = "DeepSpeed is not installed (`pip install .[offload]`): the amp+nvme row records that, with no number"
 
 
-def _best(model: str, amp: str, sm: int, budget: int) -> LabGptRow:
-    """gpt_best: compile + accumulation with the levers, at the largest micro-batch that fits with them
-    (what --micro-batch-auto would choose, stated: the step runs this micro-batch)."""
-    strategy = f"{amp}+compile+accum"
-    for m in MICRO_BATCHES:
-        if m < GLOBAL_BATCH:  # accumulation: at least two micro-steps
-            for s in (strategy, strategy + "+ckpt"):
-                row = _row(model, s, 1, GLOBAL_BATCH, m, sm, budget, "fused", LEVERS)
-                if row:
-                    return row
-    raise ConfigError(f"gpt_best: {strategy} fits at no micro-batch of {MICRO_BATCHES}")
+def _best(model: str, amp: str, sm: int, gpu_mem: int) -> LabGptRow:
+    """gpt_best: compile with the levers, as `gpt bench --micro-batch-auto` would choose it on one such GPU
+    (gpt.plan.fastest_fitting: every micro-batch, with accumulation and without, every head layout; the
+    fastest predicted that fits), stated: the step runs that plan's strategy and micro-batch by name."""
+    bench = GPTBenchConfig(
+        model=model,
+        strategy=f"{amp}+compile+accum",
+        global_batch=GLOBAL_BATCH,
+        micro_batch_auto=True,
+        device="cuda",
+        fused_optimizer=True,
+        **LEVERS,
+    )
+    try:
+        plan = bench.plan(Machine(gpus=1, sm=sm, memory_bytes=gpu_mem))
+    except (ConfigError, HardwareError) as e:
+        raise ConfigError(f"gpt_best: {bench.strategy} fits at no micro-batch: {e}") from None
+    pred = predict_plan(plan)
+    return LabGptRow(plan.strategy.text, 1, plan.micro_batch, pred["total_bytes"], pred["attention"]["label"])
 
 
 def _offload(model: str, amp: str, sm: int, budget: int) -> tuple[str, tuple[LabGptRow, ...]]:
