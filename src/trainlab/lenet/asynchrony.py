@@ -41,9 +41,9 @@ from trainlab.device import resolve_device, synchronize
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, opt, output_file, thread_count
 from trainlab.io import atomic_write_json, atomic_write_text
+from trainlab.results.kinds import plan_record, stamp
 
-KIND = "async_parallelism"
-SCHEMA = 1
+KIND = "async_parallelism"  # results.kinds.KINDS
 NO_QUEUE = "the CPU runs each op before returning: nothing is queued"
 
 
@@ -452,15 +452,16 @@ def run_experiments(cfg: AsyncConfig, log=print) -> dict:
         for row in run():
             rows.append(row)
             log(f"   {row['setting']}: {row['bought']}")
-    return {
-        "kind": KIND,
-        "schema": SCHEMA,
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    body = {
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device_name": name,
         "torch_threads": torch.get_num_threads(),
         "config": cfg.to_dict(),
         "rows": rows,
     }
+    plan = plan_record(str(device), device_name=name, threads=torch.get_num_threads(), resolved=cfg.to_dict())
+    return stamp(KIND, body, plan)
 
 
 def _ms(v) -> str:

@@ -38,6 +38,7 @@ KINDS: dict[str, Kind] = {
     "gpt_plan": Kind("gpt", "GPT memory plan (trainlab gpt plan)"),
     "gpt_compare": Kind("gpt", "GPT strategy comparison (trainlab gpt compare)"),
     "gpt_ablation": Kind("gpt", "GPT-2: the speed-up broken down, from the handout's baseline"),
+    "async_parallelism": Kind("table", "Asynchronous execution and automatic parallelism (trainlab async)"),
     "benchmark": Kind("table", "Benchmark table (benchmarks/)"),
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from trainlab.lab.machine import Hardware
 from trainlab.lab.steps.base import Step, pick, script, trainlab
 from trainlab.lab.steps.scripts import CompileBreaksConfig, CompileConfig
+from trainlab.lenet.asynchrony import AsyncConfig
 from trainlab.lenet.compare import CompareConfig
 
 GPU_ONLY = "not applicable on a CPU: "  # a step the lab lists on a CPU only to say why it does not run there
@@ -83,6 +84,27 @@ def steps(hw: Hardware, size: str) -> list[Step]:
             "What breaks under torch.compile: graph breaks and recompiles, counted by TorchDynamo",
             pick(size, 25, 20, 25),
             script(CompileBreaksConfig(out="{out}")),
+        ),
+        Step(
+            "async_parallelism",
+            "dp",
+            "Asynchronous execution and automatic parallelism: queued vs finished, t1 + N·t2 + t3, two streams, "
+            "a copy beside compute, CPU and GPU at once",
+            # seconds on the loaded 2-core box at 1 thread (i38l's run); on a GPU most of it is the LeNet steps
+            pick(size, 20, 60, 30),
+            trainlab(
+                "async",
+                config=AsyncConfig(
+                    device=dev,
+                    repeats=pick(size, 1, 3, 5),
+                    ops=pick(size, 100, 1000, 1000),
+                    size=pick(size, 128, 256, 1024),
+                    threads=None if hw.gpu else 1,
+                    json="{out}/async_parallelism.json",
+                    md="{out}/async_parallelism.md",
+                ),
+            ),
+            sizes={"device": dev},
         ),
     ]
     return out
