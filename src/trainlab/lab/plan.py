@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from trainlab.device import amp_for_sm
 from trainlab.errors import ConfigError, HardwareError
@@ -36,7 +37,7 @@ from trainlab.gpt.config import GPTBenchConfig
 from trainlab.gpt.model import get_preset
 from trainlab.gpt.plan import GPTPlan, Machine, resolve
 from trainlab.gpt.planner import GiB, predict_plan, usable_bytes
-from trainlab.gpt.strategy import parse_strategy
+from trainlab.gpt.strategy import mesh_rows, parse_strategy
 
 HANDOUT_MODEL = "gpt2-1.6b"
 # the handout's model first; the smaller presets only where its single-GPU row does not fit
@@ -162,8 +163,9 @@ def _fitting(model, strategy, gpus, global_batch, micro, sm, budget) -> tuple[La
     )
 
 
-def wanted_rows(gpus: int, sm: int, n_head: int) -> list[str]:
-    """The rows the lab compares, before the planner decides whether each needs ckpt."""
+def wanted_rows(gpus: int, sm: int, n_head: int, n_layer: int = 48) -> list[str]:
+    """The rows the lab compares, before the planner decides whether each needs ckpt; on 4+ GPUs also
+    data parallelism composed with tp and/or pp on one device mesh (`gpt.strategy.mesh_rows`)."""
     amp = "amp" if amp_for_sm(sm) == "bf16" else "fp16"
     if gpus < 2:
         return [amp, "ckpt", f"{amp}+ckpt"]
@@ -171,6 +173,9 @@ def wanted_rows(gpus: int, sm: int, n_head: int) -> list[str]:
     if n_head % gpus == 0:
         rows.append(f"tp+{amp}")
     rows.append("pp+amp" if amp == "amp" else "pp")  # pp takes no GradScaler: fp32 where bf16 is missing
+    shape = SimpleNamespace(n_head=n_head, n_layer=n_layer)
+    # fp16's GradScaler is refused beside a mesh's data parallelism: those rows run fp32 below sm80
+    rows += [f"{r}+amp" if amp == "amp" else r for r in mesh_rows(gpus, shape)]
     return rows
 
 
@@ -197,7 +202,7 @@ def plan_gpt(gpus: int, gpu_mem: int, sm: int) -> LabGptRows:
             f"{budget / GiB:.1f} GiB usable): {model}, the largest GPT-2 that does"
         )
     )
-    wanted = wanted_rows(gpus, sm, get_preset(model).n_head)
+    wanted = wanted_rows(gpus, sm, get_preset(model).n_head, get_preset(model).n_layer)
 
     def rows_at(micro):
         fitted = [(s, *_fitting(model, s, gpus, GLOBAL_BATCH, micro, sm, budget)) for s in wanted]

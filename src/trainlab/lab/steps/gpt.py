@@ -227,13 +227,16 @@ def _offload(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig) -> Ste
                     cannot_run=GPU_ONLY + "offload moves a GPU's parameters and optimizer state to the CPU")  # fmt: skip
     rows = [r.strategy for r in gp.offload] + (["amp+nvme"] if hw.half == "bf16" else [])
     micro = gp.offload[0].micro_batch if gp.offload else 1
-    bench = replace(common, model=gp.offload_model, nproc=1, micro_batch=micro, fused_optimizer=True, steps=3, warmup=1)
-    cfg = CompareConfig(bench=bench, strategies=",".join(rows), timeout_s=240.0, out="{out}")
+    bench = replace(common, model=gp.offload_model, nproc=1, micro_batch=micro, fused_optimizer=True, steps=2, warmup=1)
+    # the whole comparison within its own budget (each row's limit is cut to the time left, `gpt compare
+    # --budget`), so the step fits one call of the default budget beside the rest of the GPT part
+    seconds = _gpu_seconds(hw, 140, gp.offload_model, "memory")
+    cfg = CompareConfig(bench=bench, strategies=",".join(rows), timeout_s=240.0, budget_s=seconds, out="{out}")
     return Step(
         "gpt_offload",
         "gpt",
         OFFLOAD_TITLE,
-        _gpu_seconds(hw, 200, gp.offload_model, "memory"),
+        seconds,
         trainlab("gpt", "compare", config=cfg, nested=_NESTED),
         sizes={
             "model": gp.offload_model,
