@@ -6,20 +6,13 @@ import argparse
 import time
 from pathlib import Path
 
-from trainlab.data import fetch, mnist
-from trainlab.data.idx import write_idx
-from trainlab.data.pack import PACK_NAME, write_pack
 from trainlab.errors import DataError
 from trainlab.flags import check_value, output_dir, output_file
 from trainlab.io import refuse_foreign, user_path
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "data",
-        help="show, verify, fetch or convert the MNIST data",
-        description="MNIST sources: the embedded copy (default) or official IDX files.",
-    )
+def add_data(parser: argparse.ArgumentParser) -> None:
+    parser.description = "MNIST sources: the embedded copy (default) or official IDX files; Fashion-MNIST's files."
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION")
     sub.required = True
 
@@ -75,6 +68,8 @@ def _size(path: Path) -> str:
 
 
 def run_show(args) -> int:
+    from trainlab.data import mnist
+
     try:
         csv = mnist.embedded_csv_paths()
         print(f"embedded source: {mnist.EMBEDDED_PACKAGE} {mnist.EMBEDDED_VERSION}")
@@ -102,6 +97,8 @@ def run_show(args) -> int:
 
 
 def run_verify(args) -> int:
+    from trainlab.data import mnist
+
     start = time.perf_counter()
     arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
     load_s = time.perf_counter() - start
@@ -118,6 +115,8 @@ def run_verify(args) -> int:
 
 
 def run_fetch(args) -> int:
+    from trainlab.data import fetch, mnist
+
     check_value(args.dir, output_dir, "--dir")
     mirrors = tuple(args.mirror) if args.mirror else fetch.MIRRORS
     fetch.fetch_mnist(args.dir, mirrors=mirrors)
@@ -130,6 +129,9 @@ def run_fetch(args) -> int:
 
 
 def run_pack(args) -> int:
+    from trainlab.data import mnist
+    from trainlab.data.pack import PACK_NAME, write_pack
+
     out = user_path(args.out, "--out")
     if out.is_dir():
         out = out / PACK_NAME
@@ -149,6 +151,9 @@ def run_pack(args) -> int:
 
 
 def run_convert(args) -> int:
+    from trainlab.data import mnist
+    from trainlab.data.idx import write_idx
+
     check_value(args.out, output_dir, "--out")  # before loading anything
     out = Path(args.out)
     refuse_foreign([out / (stem + (".gz" if args.gz else "")) for stem in mnist.IDX_STEMS.values()], "--out")
