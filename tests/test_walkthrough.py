@@ -293,7 +293,7 @@ COMMANDS = doc_commands(DOC.read_text()) if DOC.exists() else []
 
 def test_the_walkthrough_is_short_and_tells_no_development_history():
     text = DOC.read_text()
-    assert len(text.splitlines()) <= 500
+    assert len(text.splitlines()) <= 510  # 500, and the printed model as the model prints it (model_block)
     history = re.findall(
         r"(?i)\b(?:session \d|issue \d+'s goals|was \S+ before|before (?:issue|the) \w+ change|"
         r"as it was|since issue|used to be|earlier run)\b",
@@ -529,3 +529,48 @@ def test_the_excerpt_checker_fails_on_a_drifted_quote(tmp_path):
     assert EXCERPTS.problem(quoted_log, root=tmp_path) == f"doc.md: not in {log.name}: 'done: 99.2 %'"  # timings aside
     EXCERPTS.regenerate(doc)
     assert EXCERPTS.problem(EXCERPTS.excerpts(doc)[0]) is None and "stale" not in doc.read_text()
+
+
+# ---------------------------------------------------------------------------------- the printed model
+
+MODEL_MARK = "`print(LeNet5())`"
+
+
+def model_block() -> str:
+    """The walkthrough's model block, made from the model: `print(LeNet5())` without the `Identity` slots
+    (BatchNorm's places under --batchnorm), each feature layer's output shape for one 1×28×28 image as a
+    comment, and the parameter count. Paste it into the doc when the model changes."""
+    import torch
+    from torch import nn
+
+    from trainlab.lenet.model import LeNet5, count_parameters
+
+    model = LeNet5().eval()
+    shapes = {}
+    hooks = [
+        m.register_forward_hook(lambda m, i, out: shapes.__setitem__(m, tuple(out.shape[1:]))) for m in model.features
+    ]
+    with torch.no_grad():
+        model(torch.zeros(1, 1, 28, 28))
+    for h in hooks:
+        h.remove()
+    lines = [f"{type(model).__name__}("]
+    for name, seq in model.named_children():
+        lines.append(f"  ({name}): {type(seq).__name__}(")
+        for idx, m in seq.named_children():
+            if isinstance(m, nn.Identity):
+                continue
+            row = f"    ({idx}): {m!r}"
+            if name == "features":
+                row = f"{row:<84} # → {'×'.join(map(str, shapes[m]))}"
+            lines.append(row)
+        lines.append("  )")
+    lines += [")", f"{count_parameters(model):,} parameters"]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_printed_model_is_the_model():
+    text = DOC.read_text()
+    after = text[text.index(MODEL_MARK) :]
+    quoted = re.search(r"```[a-z]*\n(.*?)```", after, flags=re.S).group(1)
+    assert quoted == model_block(), "docs/lab-walkthrough.md's model block; the model prints:\n" + model_block()
