@@ -416,7 +416,9 @@ def _kind(argv: list[str]) -> str:
     return "help"
 
 
-@pytest.mark.parametrize("item", EVERY, ids=_ids)
+@pytest.mark.parametrize(
+    "item", [pytest.param(i, marks=[pytest.mark.slow] if _kind(i[1]) == "small" else []) for i in EVERY], ids=_ids
+)
 def test_every_command_of_every_doc_parses_and_runs(item, tmp_path, capsys):
     doc, argv = item
     assert parse_error(argv) is None, f"{doc}: trainlab {' '.join(argv)}: {parse_error(argv)}"
