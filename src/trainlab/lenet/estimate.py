@@ -2,8 +2,8 @@
 data sizes and how long the training steps should take — measured, not guessed.
 
 The estimate is a calibration on this machine just now: the run's own step (`lenet.step.Step`, after its
-warm-up) timed on the first training batch inside `Step.preserved()` and `torch.random.fork_rng`, so the
-weights, BatchNorm statistics, optimizer state and random streams are left exactly as they were and the
+warm-up) timed on the first training batch inside `Step.preserved()`, so the
+weights, BatchNorm statistics and optimizer state are left exactly as they were and the
 run computes what it would have computed without it. Its median step time times the steps still to run is
 the estimate; the test-set evaluation after each epoch and a load that changes later are not in it, and the
 line says so. Under a captured CUDA graph (its replays would move the optimizer state the graph holds) and
@@ -30,8 +30,8 @@ def calibrate_step(step, batches, device: torch.device, channels_last: bool) -> 
     if step.graph is not None:
         return None
     times = []
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), step.preserved():
-        batches.set_epoch(0)  # (an augmenting loader draws from the streams fork_rng restores)
+    with step.preserved():  # (the loader's shuffling and augmentation draw from their own seeded generators)
+        batches.set_epoch(0)
         x, y = to_device(*next(iter(batches)), device, channels_last)
         for i in range(CALIBRATION_STEPS + 1):
             synchronize(device)
