@@ -27,7 +27,7 @@ CALIBRATION_STEPS = 3  # timed after one untimed step (allocator, caches): the m
 def calibrate_step(step, batches, device: torch.device, channels_last: bool) -> float | None:
     """Median seconds of one training step on the first batch of epoch 0, the run left as it was; None
     where a step cannot be timed without changing the run (a captured CUDA graph)."""
-    if step.graph is not None:
+    if step.graph is not None or step.scaler is not None:  # a GradScaler's scale and growth count would move
         return None
     times = []
     with step.preserved():  # (the loader's shuffling and augmentation draw from their own seeded generators)
@@ -75,7 +75,11 @@ def plan_line(
         "evaluated after each epoch"
     )
     if step_seconds is None:
-        why = "a CUDA graph's steps are not timed apart from the run" if ranks == 1 else "not timed across ranks"
+        why = (
+            "a CUDA graph's or GradScaler's steps are not timed apart from the run"
+            if ranks == 1
+            else "not timed across ranks"
+        )
         return f"{head}; estimate: none before training ({why}); the progress bar shows each epoch's time"
     return (
         f"{head}; estimate ≈ {_duration(step_seconds * steps)} of training steps ({step_seconds * 1e3:.1f} ms per "
