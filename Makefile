@@ -6,6 +6,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
+# `make test` runs the tests in parallel (pytest-xdist): TEST_WORKERS processes, each taking the next test
+# when it finishes one (worksteal), the `slow` end-to-end cases first (tests/conftest.py). Many tests wait
+# (gloo ranks, timeouts, subprocesses), so 4 workers beat 2 on the 2-core CI box; TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 4
 
 .PHONY: setup train test test-gpu check-install report-screenshot clean
 
@@ -43,7 +47,7 @@ train: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)

@@ -3,11 +3,20 @@ import os
 import pytest
 import torch
 
-# Tests are deterministic and small; more threads than cores only adds noise on the 2-core CI box.
+# Tests are deterministic and small; more threads than cores only adds noise on the 2-core CI box (the
+# same 2 threads under `make test`'s parallel workers: test_lenet_step's tolerances were set with them).
+# Each pytest-xdist worker gets its own range of TCP ports for the gloo tests' MASTER_PORT (`distributed.spawn.free_port`; 500 ports per worker from 20000, below Linux's
+# ephemeral range), so two workers never draw the same port.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker.startswith("gw") and _worker[2:].isdigit():
+    _lo = 20000 + 500 * (int(_worker[2:]) % 24)
+    os.environ["TRAINLAB_TEST_PORTS"] = f"{_lo}-{_lo + 500}"
 
 
 def pytest_collection_modifyitems(config, items):
+    # the slow end-to-end cases start first: run in parallel, they would otherwise be the tail of the run
+    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: the order is kept otherwise
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none visible)")

@@ -13,16 +13,27 @@ from trainlab import cli
 from trainlab.errors import ConfigError
 from trainlab.flags import cli_fields, flag_name
 from trainlab.gpt.config import CompareConfig, GPTBenchConfig, PlanConfig
-from trainlab.lenet.compare import CompareConfig as DPCompareConfig
+from trainlab.lenet.config import CompareConfig as DPCompareConfig
 from trainlab.lenet.config import TrainConfig
 from trainlab.ops.config import BenchConfig as GeluBenchConfig
 from trainlab.ops.config import CheckConfig as GeluCheckConfig
 
 
 def test_a_broken_command_group_fails_loudly(monkeypatch):
-    monkeypatch.setattr(cli, "COMMAND_MODULES", cli.COMMAND_MODULES + ("trainlab.no_such_group",))
+    monkeypatch.setitem(cli.COMMANDS, "broken", ("trainlab.no_such_group:add_broken", "a group that fails to import"))
     with pytest.raises(ModuleNotFoundError, match="trainlab.no_such_group"):
         cli.build_parser()
+    with pytest.raises(ModuleNotFoundError, match="trainlab.no_such_group"):
+        cli.main(["broken", "--help"])
+
+
+def test_the_registry_names_a_parser_function_for_every_command():
+    import importlib
+
+    for name, (where, help_) in cli.COMMANDS.items():
+        module, func = where.split(":")
+        assert callable(getattr(importlib.import_module(module), func)), name
+        assert help_ and not help_.endswith("."), name  # one line, argparse adds nothing after it
 
 
 @pytest.mark.parametrize(
@@ -118,6 +129,59 @@ def _commands(parser, path=()):
 COMMANDS = list(_commands(cli.build_parser()))
 
 
+# Help and flag errors must be instant: they import no torch (≈ 5 s of CPU on a loaded 2-core box).
+# These command groups still build their flags from configs whose choices live in torch modules (the GPT
+# presets and losses, the operators' dtypes and layers, the lab's steps); they are held to importing none
+# of the heaviest parts (torch._dynamo, pipelining, the GPT bench), which `trainlab lab --help` once paid.
+HELP_IMPORTS_TORCH = {"lab", "gpt", "ops", "gelu"}
+HEAVY = ("torch._dynamo", "torch.distributed.pipelining", "trainlab.gpt.bench")
+
+_IMPORTS_AFTER = """
+import contextlib, io, json, sys
+from trainlab import cli
+try:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = cli.main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+def _modules_after(argv: list[str]) -> tuple[int, set[str]]:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_AFTER, *argv], capture_output=True, text=True, timeout=300, check=True
+    )
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return out["code"], set(out["modules"])
+
+
+def _help_paths():
+    for path, _ in COMMANDS:
+        if not path or (path[0] not in HELP_IMPORTS_TORCH):
+            yield path
+        elif len(path) == 1:  # one per torch-importing group is enough for the heavy modules
+            yield path
+
+
+@pytest.mark.parametrize("path", list(_help_paths()), ids=lambda p: " ".join(p) or "trainlab")
+def test_help_and_flag_errors_import_no_torch(path):
+    for argv in ([*path, "--help"], [*path, "--no-such-flag"]):
+        code, modules = _modules_after(argv)
+        assert code in (0, 2), argv
+        heavy = [m for m in HEAVY if m in modules]
+        assert not heavy, f"trainlab {' '.join(argv)} imports {heavy}"
+        if not path or path[0] not in HELP_IMPORTS_TORCH:
+            assert "torch" not in modules and "numpy" not in modules, f"trainlab {' '.join(argv)} imports torch"
+
+
+def test_lab_plan_imports_only_what_planning_needs(tmp_path):
+    code, modules = _modules_after(["lab", "--plan", "--out", str(tmp_path / "lab"), "--device", "cpu"])
+    assert code == 0 and not [m for m in HEAVY if m in modules], [m for m in HEAVY if m in modules]
+
+
 @pytest.mark.parametrize("path, parser", COMMANDS, ids=[" ".join(p) or "trainlab" for p, _ in COMMANDS])
 def test_help_works_and_every_flag_says_what_it_does_and_its_default_once(path, parser, capsys):
     with pytest.raises(SystemExit) as done:
@@ -170,3 +234,16 @@ def test_an_unknown_flag_gets_the_subcommands_usage_and_the_nearest_flag(argv, h
     assert done.value.code == 2
     assert err[0].startswith(f"usage: trainlab {' '.join(argv[: 2 if argv[0] in ('dp', 'gpt') else 1])} ")
     assert err[-1].startswith(f"trainlab: error: {hint}"), err[-1]
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_gpt_plan_on_a_gpu_without_bf16_plans_the_autocast_rows_in_fp16(gpus, capsys):
+    assert cli.main(["gpt", "plan", "--sm", "75", "--gpu-mem", "11GiB", "--gpus", str(gpus), "--json", "-"]) == 0
+    rows = {r["strategy"]: r for r in json.loads(capsys.readouterr().out)["strategies"]}
+    assert not [s for s, r in rows.items() if r.get("error")], rows
+    assert not [s for s in rows if "amp" in s.split("+") or "bf16" in s.split("+")]
+    assert ("fp16+ckpt" if gpus == 1 else "ddp+fp16+ckpt") in rows and ("pp+ckpt" in rows) == (gpus > 1)
+    if gpus == 1:  # the handout's CPU offload: an 11 GiB card trains the 1.6B model in fp16 with ckpt + offload
+        assert rows["fp16+ckpt+offload"]["fits"] and not rows["fp16"]["fits"]
+    assert cli.main(["gpt", "plan", "--sm", "90", "--json", "-"]) == 0  # from sm80 on: bf16, as before
+    assert "amp" in {r["strategy"] for r in json.loads(capsys.readouterr().out)["strategies"]}

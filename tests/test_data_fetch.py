@@ -107,3 +107,82 @@ def test_fetch_into_unwritable_dir(tmp_path, capsys):
         err.startswith("trainlab: error: ")
         and f"--dir '{blocker / 'sub'}': cannot be created: {blocker} is a file" in err
     )
+
+
+# ----------------------------------------------------------------------------- Fashion-MNIST
+
+
+def test_fashion_checksum_tables_name_the_four_official_files():
+    assert list(fetch.FASHION_FILES_MD5) == list(fetch.FILES_MD5) == list(fetch.FASHION_CONTENT_MD5)
+    assert all(
+        len(v) == 32 and int(v, 16) >= 0
+        for v in [*fetch.FASHION_FILES_MD5.values(), *fetch.FASHION_CONTENT_MD5.values()]
+    )
+    from trainlab.data.fashion_mnist import DECOMPRESSED_MD5  # the loader checks the same content md5s
+
+    assert sorted(DECOMPRESSED_MD5.values()) == sorted(fetch.FASHION_CONTENT_MD5.values())
+
+
+@pytest.fixture
+def fashion(tmp_path, monkeypatch):
+    """Upstream-like .gz files (their md5s published), and a Debian-like copy of the same content
+    recompressed (other .gz bytes, as the package's are); no network: the mirrors are local."""
+    import gzip
+
+    upstream, debian = tmp_path / "upstream", tmp_path / "debian"
+    upstream.mkdir()
+    debian.mkdir()
+    write_idx_dir(upstream, gz=True)
+    published, content = {}, {}
+    for p in sorted(upstream.glob("*.gz")):
+        raw = gzip.decompress(p.read_bytes())
+        (debian / p.name).write_bytes(gzip.compress(raw, compresslevel=1, mtime=0))
+        assert (debian / p.name).read_bytes() != p.read_bytes()
+        published[p.name], content[p.name] = _md5(p), hashlib.md5(raw).hexdigest()
+    monkeypatch.setattr(fetch, "FASHION_FILES_MD5", published)
+    monkeypatch.setattr(fetch, "FASHION_CONTENT_MD5", content)
+    monkeypatch.setattr(fetch, "FASHION_DEBIAN_DIR", debian)
+    monkeypatch.setattr(fetch, "FASHION_MIRRORS", ((tmp_path / "no-mirror").as_uri() + "/",))
+    return upstream, debian, published, content
+
+
+def test_fashion_fetch_copies_the_debian_package_checked_by_content(tmp_path, fashion, capsys):
+    upstream, debian, published, content = fashion
+    assert fetch.fashion_sources()[0] == debian.as_uri() + "/"  # installed: the local copy first
+    dest = tmp_path / "dest"
+    fetch.fetch_fashion_mnist(dest)
+    assert {p.name: _md5(p) for p in dest.glob("*.gz")} == {p.name: _md5(p) for p in debian.glob("*.gz")}
+    assert capsys.readouterr().err.count(f"from {debian.as_uri()}/, md5 ok") == 4
+    fetch.fetch_fashion_mnist(dest)  # present and right by content: nothing fetched again
+    assert capsys.readouterr().err.count("present, md5 ok") == 4
+
+
+def test_fashion_fetch_takes_the_published_files_and_refuses_other_content(tmp_path, fashion):
+    upstream, debian, published, content = fashion
+    fetch.fetch_fashion_mnist(tmp_path / "a", mirrors=[upstream.as_uri()])
+    assert {p.name: _md5(p) for p in (tmp_path / "a").glob("*.gz")} == published
+    name = "t10k-labels-idx1-ubyte.gz"
+    other = tmp_path / "other"
+    other.mkdir()
+    for p in upstream.glob("*.gz"):
+        (other / p.name).write_bytes(
+            p.read_bytes() if p.name != name else (debian / "train-labels-idx1-ubyte.gz").read_bytes()
+        )
+    with pytest.raises(
+        DataError, match=f"{name}: download failed from every mirror .*its content is not the expected one"
+    ):
+        fetch.fetch_fashion_mnist(tmp_path / "b", mirrors=[other.as_uri()])
+    assert not (tmp_path / "b" / name).exists()
+
+
+def test_cli_fetch_fashion_mnist(tmp_path, fashion, monkeypatch, capsys):
+    from trainlab.data import fashion_mnist
+
+    upstream, debian, published, content = fashion
+    monkeypatch.setattr(
+        fashion_mnist, "DECOMPRESSED_MD5", {k: content[s + ".gz"] for k, s in fashion_mnist.IDX_STEMS.items()}
+    )
+    dest = tmp_path / "fm"
+    assert main(["data", "fetch", "--dataset", "fashion-mnist", "--dir", str(dest)]) == 0
+    assert f"use them with --dataset fashion-mnist --data-dir {dest}" in capsys.readouterr().out
+    assert fashion_mnist.load_fashion_mnist(dest).train_labels.shape == (40,)

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from trainlab.cli import main
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.ops import GELU, IMPLS, gelu
-from trainlab.ops.gelu import GeluFunction, gelu_math
+from trainlab.ops import GELU, IMPLS
+from trainlab.ops.gelu import GeluFunction, gelu, gelu_math
 
 APPROX = ["none", "tanh"]
 

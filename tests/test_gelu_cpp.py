@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from trainlab.errors import HardwareError
-from trainlab.ops import gelu
-from trainlab.ops.gelu import gelu_math
+from trainlab.ops.gelu import gelu, gelu_math
 
 APPROX = ["none", "tanh"]
 # (atol, rtol) against float64 F.gelu on the same rounded input; justified in trainlab/ops/check.py.

@@ -11,8 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainlab.ops import gelu
-from trainlab.ops.gelu import gelu_math
+from trainlab.ops.gelu import gelu, gelu_math
 
 APPROX = ["none", "tanh"]
 

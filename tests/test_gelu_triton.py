@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from trainlab.ops import gelu  # noqa: E402
+from trainlab.ops.gelu import gelu  # noqa: E402
 
 APPROX = ["none", "tanh"]
 TOL = {torch.float64: (1e-13, 1e-12), torch.float32: (2e-6, 2e-6), torch.bfloat16: (1e-5, 2.0**-7)}

@@ -21,7 +21,7 @@ from trainlab.gpt.strategy import parse_strategy
 from trainlab.lab.machine import detect_hardware, parse_sm
 from trainlab.lab.plan import plan_gpt
 from trainlab.lab.steps import lab_steps
-from trainlab.lenet.compare import CompareConfig as DpCompareConfig
+from trainlab.lenet.config import CompareConfig as DpCompareConfig
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.plan import AMP_DTYPES, _precision
 

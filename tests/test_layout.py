@@ -82,8 +82,8 @@ def test_no_import_runs_back_up(path):
 
 
 def test_every_workload_folder_is_a_command_group():
-    from trainlab.cli import COMMAND_MODULES
+    from trainlab.cli import COMMANDS
 
-    assert {m.split(".")[1] for m in COMMAND_MODULES} == {"lenet", "data", "ops", "gpt", "report", "lab"}
+    assert {where.split(".")[1] for where, _ in COMMANDS.values()} == {"lenet", "data", "ops", "gpt", "report", "lab"}
     for folder in ("lenet", "gpt", "ops", "data", "report", "lab"):
         assert (SRC / folder / "cli.py").exists()

@@ -14,8 +14,8 @@ from trainlab.cli import main
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.flags import Config, add_list_flags, cli_fields, flag_name, list_values, opt
 from trainlab.lenet import sweep
-from trainlab.lenet.config import TrainConfig
-from trainlab.lenet.sweep import NOT_SWEPT, SweepConfig, plan, resolve_gpus, schedule
+from trainlab.lenet.config import NOT_SWEPT, SweepConfig, TrainConfig
+from trainlab.lenet.sweep import plan, resolve_gpus, schedule
 
 TINY = [
     "--epochs",

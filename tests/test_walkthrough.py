@@ -293,7 +293,7 @@ COMMANDS = doc_commands(DOC.read_text()) if DOC.exists() else []
 
 def test_the_walkthrough_is_short_and_tells_no_development_history():
     text = DOC.read_text()
-    assert len(text.splitlines()) <= 500
+    assert len(text.splitlines()) <= 510  # 500, and the printed model as the model prints it (model_block)
     history = re.findall(
         r"(?i)\b(?:session \d|issue \d+'s goals|was \S+ before|before (?:issue|the) \w+ change|"
         r"as it was|since issue|used to be|earlier run)\b",
@@ -386,6 +386,53 @@ def test_train_and_sweep_commands_of_the_doc_run(argv, tmp_path):
     assert cli.main([*argv, *override, "--out", str(tmp_path / "run")]) == 0
     produced = list(tmp_path.rglob("summary.json"))
     assert produced, "no run finished"
+
+
+# ---- every other doc: README.md and docs/*.md ------------------------------------------------------
+# Every command parses with the real parser (a missing required flag, such as `lab --plan` without --out,
+# fails here); the cheap ones run as written (plans), the train/sweep ones with the small-size overrides;
+# a long one (a GPU bench, a whole lab, a multi-node job) runs as `--help` of its command.
+
+ALL_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PLACEHOLDERS = {"...", "…"}  # "and the flags above": `train --parallel ddp ...` is not a command to run
+EVERY = [
+    (doc.name, argv)
+    for doc in ALL_DOCS
+    for argv in doc_commands(doc.read_text())
+    if not PLACEHOLDERS & set(argv) and doc != DOC  # the walkthrough's own tests are above
+]
+
+
+def _ids(item) -> str:
+    return f"{item[0]}: {' '.join(item[1])}"[:80]
+
+
+def _kind(argv: list[str]) -> str:
+    path, flags = signature(argv)
+    if path == ("gpt", "plan") or (path == ("lab",) and "plan" in flags):
+        return "as written"
+    if path in RUN_HERE and not {"nproc", "resume"} & set(flags):
+        return "small"
+    return "help"
+
+
+@pytest.mark.parametrize(
+    "item", [pytest.param(i, marks=[pytest.mark.slow] if _kind(i[1]) == "small" else []) for i in EVERY], ids=_ids
+)
+def test_every_command_of_every_doc_parses_and_runs(item, tmp_path, capsys):
+    doc, argv = item
+    assert parse_error(argv) is None, f"{doc}: trainlab {' '.join(argv)}: {parse_error(argv)}"
+    path, flags = signature(argv)
+    kind = _kind(argv)
+    if kind == "help":
+        with pytest.raises(SystemExit) as done:
+            cli.main([*path, "--help"])
+        assert done.value.code == 0
+        return
+    if kind == "small":
+        argv = [*argv, *OVERRIDES[path]]
+    argv = [*argv, "--out", str(tmp_path / "out")] if "out" in flags or kind == "small" else argv
+    assert cli.main(argv) == 0, f"{doc}: trainlab {' '.join(argv)}: {capsys.readouterr().err[-500:]}"
 
 
 # ---- the checker itself can fail ------------------------------------------------------------------
@@ -529,3 +576,48 @@ def test_the_excerpt_checker_fails_on_a_drifted_quote(tmp_path):
     assert EXCERPTS.problem(quoted_log, root=tmp_path) == f"doc.md: not in {log.name}: 'done: 99.2 %'"  # timings aside
     EXCERPTS.regenerate(doc)
     assert EXCERPTS.problem(EXCERPTS.excerpts(doc)[0]) is None and "stale" not in doc.read_text()
+
+
+# ---------------------------------------------------------------------------------- the printed model
+
+MODEL_MARK = "`print(LeNet5())`"
+
+
+def model_block() -> str:
+    """The walkthrough's model block, made from the model: `print(LeNet5())` without the `Identity` slots
+    (BatchNorm's places under --batchnorm), each feature layer's output shape for one 1×28×28 image as a
+    comment, and the parameter count. Paste it into the doc when the model changes."""
+    import torch
+    from torch import nn
+
+    from trainlab.lenet.model import LeNet5, count_parameters
+
+    model = LeNet5().eval()
+    shapes = {}
+    hooks = [
+        m.register_forward_hook(lambda m, i, out: shapes.__setitem__(m, tuple(out.shape[1:]))) for m in model.features
+    ]
+    with torch.no_grad():
+        model(torch.zeros(1, 1, 28, 28))
+    for h in hooks:
+        h.remove()
+    lines = [f"{type(model).__name__}("]
+    for name, seq in model.named_children():
+        lines.append(f"  ({name}): {type(seq).__name__}(")
+        for idx, m in seq.named_children():
+            if isinstance(m, nn.Identity):
+                continue
+            row = f"    ({idx}): {m!r}"
+            if name == "features":
+                row = f"{row:<84} # → {'×'.join(map(str, shapes[m]))}"
+            lines.append(row)
+        lines.append("  )")
+    lines += [")", f"{count_parameters(model):,} parameters"]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_printed_model_is_the_model():
+    text = DOC.read_text()
+    after = text[text.index(MODEL_MARK) :]
+    quoted = re.search(r"```[a-z]*\n(.*?)```", after, flags=re.S).group(1)
+    assert quoted == model_block(), "docs/lab-walkthrough.md's model block; the model prints:\n" + model_block()

@@ -113,6 +113,7 @@ def test_train_nproc_keeps_its_run_when_a_rank_hangs_or_dies_at_the_end(tmp_path
         assert errors[0].startswith("trainlab: error: rank 1/2 was killed by SIGKILL (signal 9)"), errors
 
 
+@pytest.mark.slow  # 1-2 minutes each on a loaded 2-core box
 def test_dp_compare_keeps_a_mode_whose_rank_hangs_at_the_end(tmp_path):
     out = tmp_path / "cmp.json"
     proc, since = _run(
@@ -146,6 +147,7 @@ if os.environ.get("RANK") == "1" and os.environ.get("TEST_MIDRUN_SIGNAL"):
 """
 
 
+@pytest.mark.slow  # 1-2 minutes each on a loaded 2-core box
 @pytest.mark.parametrize("signame, status, limit_s", [("SIGKILL", "failed", 600), ("SIGSTOP", "timeout", 40)])
 def test_dp_compare_marks_the_mode_that_did_not_finish_and_keeps_the_others(tmp_path, signame, status, limit_s):
     # SIGSTOP under the default 120 s process-group timeout: only the mode's own --timeout ends it.
@@ -197,6 +199,7 @@ def test_dp_compare_marks_the_mode_that_did_not_finish_and_keeps_the_others(tmp_
             assert since < limit_s + 30, since
 
 
+@pytest.mark.slow  # 1-2 minutes each on a loaded 2-core box
 def test_gpt_bench_nproc_keeps_its_summary_when_a_rank_dies_at_the_end(tmp_path):
     out = tmp_path / "ddp.json"
     proc, since = _run(
@@ -209,6 +212,7 @@ def test_gpt_bench_nproc_keeps_its_summary_when_a_rank_dies_at_the_end(tmp_path)
     assert summary["world_size"] == 2 and len(summary["losses"]) == 3
 
 
+@pytest.mark.slow  # 1-2 minutes each on a loaded 2-core box
 def test_gpt_compare_keeps_a_strategy_whose_rank_hangs_at_the_end(tmp_path):
     proc, since = _run(
         tmp_path,

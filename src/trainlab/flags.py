@@ -227,6 +227,22 @@ def one_of(choices) -> Check:
     return check
 
 
+class names_of:
+    """The names of a registry in a module that imports torch, read only when a value is checked, so that
+    a config (and its flags, and `--help`) imports nothing heavy: `one_of(names_of("pkg.mod:REGISTRY"))`.
+    `extra` names come first (`names_of("trainlab.lenet.plan:STEP_MODES", "auto")`)."""
+
+    def __init__(self, where: str, *extra: str):
+        self.where, self.extra = where, extra
+
+    def __iter__(self):
+        import importlib
+
+        module, name = self.where.split(":")
+        yield from self.extra
+        yield from getattr(importlib.import_module(module), name)
+
+
 def output_dir(v: Any) -> str | None:
     """A directory trainlab may create or write into."""
     return output_problem(v, "dir")

@@ -9,23 +9,29 @@ Fashion-MNIST (`fashion_mnist`, same arrays) and `datasets.load_dataset` for `--
         for x, y in loader: ...
 """
 
-from trainlab.data.augment import random_affine
-from trainlab.data.idx import read_idx, write_idx
-from trainlab.data.loader import DeviceLoader, EpochSampler, epoch_permutation, make_dataloader
-from trainlab.data.mnist import MEAN, MNIST, STD, MNISTArrays, load_mnist, normalize
+import importlib
 
-__all__ = [
-    "MEAN",
-    "STD",
-    "MNIST",
-    "MNISTArrays",
-    "load_mnist",
-    "normalize",
-    "read_idx",
-    "write_idx",
-    "DeviceLoader",
-    "EpochSampler",
-    "epoch_permutation",
-    "make_dataloader",
-    "random_affine",
-]
+# name → its module, imported on first use: `trainlab.data.fetch` (and the CLI's --help) must not pay for
+# torch, which the loaders and the augmentation import
+_EXPORTS = {
+    "random_affine": "augment",
+    "read_idx": "idx",
+    "write_idx": "idx",
+    "DeviceLoader": "loader",
+    "EpochSampler": "loader",
+    "epoch_permutation": "loader",
+    "make_dataloader": "loader",
+    "MEAN": "mnist",
+    "MNIST": "mnist",
+    "STD": "mnist",
+    "MNISTArrays": "mnist",
+    "load_mnist": "mnist",
+    "normalize": "mnist",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'trainlab.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"trainlab.data.{_EXPORTS[name]}"), name)

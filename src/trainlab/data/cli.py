@@ -6,20 +6,13 @@ import argparse
 import time
 from pathlib import Path
 
-from trainlab.data import fetch, mnist
-from trainlab.data.idx import write_idx
-from trainlab.data.pack import PACK_NAME, write_pack
 from trainlab.errors import DataError
 from trainlab.flags import check_value, output_dir, output_file
 from trainlab.io import refuse_foreign, user_path
 
 
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "data",
-        help="show, verify, fetch or convert the MNIST data",
-        description="MNIST sources: the embedded copy (default) or official IDX files.",
-    )
+def add_data(parser: argparse.ArgumentParser) -> None:
+    parser.description = "MNIST sources: the embedded copy (default) or official IDX files; Fashion-MNIST's files."
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION")
     sub.required = True
 
@@ -43,13 +36,22 @@ def add_parser(subparsers) -> None:
     add_source_args(p)
     p.set_defaults(func=run_verify)
 
-    p = sub.add_parser("fetch", help="download the official MNIST files (md5-verified)")
-    p.add_argument("--dir", default="data/mnist", help="destination folder (default: data/mnist)")
+    p = sub.add_parser(
+        "fetch",
+        help="get the official MNIST or Fashion-MNIST files (checksum-verified)",
+        description="Download the four official .gz files, each checked against its published md5 before it "
+        "is written. Fashion-MNIST is copied from the Debian package dataset-fashion-mnist where it is "
+        "installed (no network), else downloaded.",
+    )
+    p.add_argument(
+        "--dataset", choices=("mnist", "fashion-mnist"), default="mnist", help="which files (default: mnist)"
+    )
+    p.add_argument("--dir", default=None, help="destination folder (default: data/mnist or data/fashion-mnist)")
     p.add_argument(
         "--mirror",
         action="append",
         default=None,
-        help="base URL to try (repeatable; default: the built-in mirror list)",
+        help="base URL to try (repeatable; default: the built-in list, for Fashion-MNIST the Debian package first)",
     )
     p.set_defaults(func=run_fetch)
 
@@ -75,6 +77,8 @@ def _size(path: Path) -> str:
 
 
 def run_show(args) -> int:
+    from trainlab.data import mnist
+
     try:
         csv = mnist.embedded_csv_paths()
         print(f"embedded source: {mnist.EMBEDDED_PACKAGE} {mnist.EMBEDDED_VERSION}")
@@ -102,6 +106,8 @@ def run_show(args) -> int:
 
 
 def run_verify(args) -> int:
+    from trainlab.data import mnist
+
     start = time.perf_counter()
     arrays = mnist.load_mnist(args.data_dir, args.cache_dir)
     load_s = time.perf_counter() - start
@@ -118,18 +124,31 @@ def run_verify(args) -> int:
 
 
 def run_fetch(args) -> int:
-    check_value(args.dir, output_dir, "--dir")
-    mirrors = tuple(args.mirror) if args.mirror else fetch.MIRRORS
-    fetch.fetch_mnist(args.dir, mirrors=mirrors)
-    arrays = mnist.load_idx_dir(args.dir)
+    from trainlab.data import fetch, mnist
+
+    folder = args.dir or f"data/{args.dataset}"
+    check_value(folder, output_dir, "--dir")
+    if args.dataset == "fashion-mnist":
+        from trainlab.data.fashion_mnist import load_fashion_mnist
+
+        fetch.fetch_fashion_mnist(folder, mirrors=tuple(args.mirror) if args.mirror else None)
+        arrays = load_fashion_mnist(folder)
+        use = f"--dataset fashion-mnist --data-dir {folder}"
+    else:
+        fetch.fetch_mnist(folder, mirrors=tuple(args.mirror) if args.mirror else fetch.MIRRORS)
+        arrays = mnist.load_idx_dir(folder)
+        use = f"--data-dir {folder}"
     print(
-        f"fetched {len(arrays.train_labels)} train / {len(arrays.test_labels)} test images into {args.dir}; "
-        f"use them with --data-dir {args.dir}"
+        f"fetched {len(arrays.train_labels)} train / {len(arrays.test_labels)} test images into {folder}; "
+        f"use them with {use}"
     )
     return 0
 
 
 def run_pack(args) -> int:
+    from trainlab.data import mnist
+    from trainlab.data.pack import PACK_NAME, write_pack
+
     out = user_path(args.out, "--out")
     if out.is_dir():
         out = out / PACK_NAME
@@ -149,6 +168,9 @@ def run_pack(args) -> int:
 
 
 def run_convert(args) -> int:
+    from trainlab.data import mnist
+    from trainlab.data.idx import write_idx
+
     check_value(args.out, output_dir, "--out")  # before loading anything
     out = Path(args.out)
     refuse_foreign([out / (stem + (".gz" if args.gz else "")) for stem in mnist.IDX_STEMS.values()], "--out")

@@ -16,28 +16,24 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
+from trainlab.data.fetch import FASHION_CONTENT_MD5, FASHION_DEBIAN_DIR
 from trainlab.data.idx import encode_idx
 from trainlab.data.mnist import IDX_STEMS, MNISTArrays, load_idx_dir
 from trainlab.errors import DataError
 from trainlab.io import user_path
 
-DEFAULT_DIR = Path("/usr/share/datasets/fashion-mnist")
+DEFAULT_DIR = FASHION_DEBIAN_DIR
 DEBIAN_PACKAGE = "dataset-fashion-mnist"
 TORCHVISION_NAME = "FashionMNIST"
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 
 # md5 of the decompressed upstream files (zalandoresearch/fashion-mnist), keyed like IDX_STEMS.
-DECOMPRESSED_MD5 = {
-    "train_images": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
-    "train_labels": "9018921c3c673c538a1fc5bad174d6f9",
-    "test_images": "8181f5470baa50b63fa0f6fddb340f0a",
-    "test_labels": "15d484375f8d13e6eb1aabb0c3f46965",
-}
+DECOMPRESSED_MD5 = {key: FASHION_CONTENT_MD5[stem + ".gz"] for key, stem in IDX_STEMS.items()}
 
 MISSING_HINT = (
     f"install the Debian package {DEBIAN_PACKAGE} (apt-get install {DEBIAN_PACKAGE}, files in {DEFAULT_DIR}) "
+    "or run `trainlab data fetch --dataset fashion-mnist` (then --data-dir data/fashion-mnist), "
     f"or pass --data-dir DIR (the four IDX files, .gz or plain, in DIR, DIR/raw or DIR/{TORCHVISION_NAME}/raw)"
 )
 

@@ -16,11 +16,27 @@ import torch
 
 from trainlab.distributed.launch import end_worker, init_distributed
 
+PORTS_ENV = "TRAINLAB_TEST_PORTS"  # "LO-HI": this process's own ports (tests/conftest.py, one range per xdist worker)
+_next_port = 0
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free now for a test's MASTER_PORT. Under $TRAINLAB_TEST_PORTS the next free one of that
+    range, in turn: an OS-assigned port is free only until someone binds it, and the suite's parallel
+    workers (pytest-xdist) would otherwise draw from the same pool and collide."""
+    global _next_port
+    lo, _, hi = os.environ.get(PORTS_ENV, "").partition("-")
+    candidates = range(int(lo), int(hi)) if hi else range(1)
+    for i in range(len(candidates)):
+        port = candidates[(_next_port + i) % len(candidates)]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            _next_port += i + 1
+            return s.getsockname()[1]
+    raise OSError(f"${PORTS_ENV}={lo}-{hi}: no free port in the range")
 
 
 class SpawnError(RuntimeError):

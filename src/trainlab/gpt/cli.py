@@ -5,25 +5,30 @@ from __future__ import annotations
 import argparse
 
 from trainlab.flags import add_command, add_flags, explicit_values
-from trainlab.gpt.bench import bench_command
-from trainlab.gpt.compare import run_compare
 from trainlab.gpt.config import COMPARE_EXCLUDED_BENCH_FLAGS, CompareConfig, GPTBenchConfig, PlanConfig
-from trainlab.gpt.model import get_preset
-from trainlab.gpt.planner import format_plan, parse_bytes, plan
 from trainlab.io import write_json_output
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from trainlab.gpt.bench import bench_command
+
     return bench_command(GPTBenchConfig(**explicit_values(args, GPTBenchConfig)))
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from trainlab.device import amp_for_sm
+    from trainlab.gpt.model import get_preset
+    from trainlab.gpt.planner import default_strategies, format_plan, parse_bytes, plan
+
     pc = PlanConfig(**explicit_values(args, PlanConfig))
     pc.validate()
     get_preset(pc.model)  # an unknown preset is one error, not one per strategy
-    result = plan(
-        pc.resolver(), pc.gpus, parse_bytes(pc.gpu_mem), pc.micro_batch, pc.strategy_list, model_name=pc.model
-    )
+    strategies = pc.strategy_list
+    if strategies is None and amp_for_sm(pc.sm) == "fp16":
+        # no bf16 below sm80: the autocast rows in fp16 (with a GradScaler); pp's schedule has no scaler,
+        # so its rows stay fp32
+        strategies = list(dict.fromkeys(_fp16_row(s) for s in default_strategies(pc.gpus)))
+    result = plan(pc.resolver(), pc.gpus, parse_bytes(pc.gpu_mem), pc.micro_batch, strategies, model_name=pc.model)
     if pc.json:
         from trainlab.gpt.record import gpt_plan_record
         from trainlab.results.kinds import stamp
@@ -41,7 +46,18 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fp16_row(strategy: str) -> str:
+    parts = strategy.split("+")
+    return (
+        "+".join(p for p in parts if p != "amp")
+        if "pp" in parts
+        else "+".join("fp16" if p == "amp" else p for p in parts)
+    )
+
+
 def _compare(args: argparse.Namespace) -> int:
+    from trainlab.gpt.compare import run_compare
+
     bench = GPTBenchConfig(**explicit_values(args, GPTBenchConfig, exclude=COMPARE_EXCLUDED_BENCH_FLAGS))
     cc = CompareConfig(bench=bench, **explicit_values(args, CompareConfig))
     cc.validate()
@@ -65,8 +81,7 @@ def _profile(args: argparse.Namespace) -> int:
     return profile_command(ProfileConfig(bench=bench, **explicit_values(args, ProfileConfig)))
 
 
-def add_parser(subparsers) -> None:
-    gpt = subparsers.add_parser("gpt", help="GPT-2 strategies: run one, predict memory, run a matrix")
+def add_gpt(gpt: argparse.ArgumentParser) -> None:
     sub = gpt.add_subparsers(dest="gpt_command", metavar="{bench,plan,compare,ablation,profile}")
     sub.required = True
 

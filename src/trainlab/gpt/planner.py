@@ -44,7 +44,6 @@ from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.attention_backend import AttentionChoice, choose
 from trainlab.gpt.loss import CHUNK_TOKENS
 from trainlab.gpt.model import GPTConfig, count_params
-from trainlab.gpt.parallel.pipeline import stage_layer_ranges
 from trainlab.gpt.plan import GPTPlan
 from trainlab.gpt.strategy import StrategySpec, mesh_rows, parse_strategy, resolve_degrees
 
@@ -190,6 +189,10 @@ class _Stage:
 
 
 def _stages(cfg: GPTConfig, pp: int, schedule: str, microbatches: int) -> list[_Stage]:
+    # imported here: the module imports torch.distributed.pipelining (and torch._dynamo), which planning
+    # does not need (`trainlab lab --plan`, `gpt plan` stay light)
+    from trainlab.gpt.parallel.pipeline import stage_layer_ranges
+
     out = []
     for s, layers in enumerate(stage_layer_ranges(cfg.n_layer, pp)):
         in_flight = microbatches if schedule == "gpipe" else min(pp - s, microbatches)

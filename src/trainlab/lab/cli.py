@@ -100,14 +100,12 @@ def run_lab_command(args) -> int:
     return 0
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "lab",
-        help="the whole lab, budgeted and resumable, with its report",
-        description="Run the lab's deliverables (LeNet-5, GELU, own operators, data parallel, GPT-2) as steps "
+def add_lab(p) -> None:
+    p.description = (
+        "Run the lab's deliverables (LeNet-5, GELU, own operators, data parallel, GPT-2) as steps "
         "sized to this machine, within a time budget. Run the same command again to resume: finished "
         "steps are kept, a killed step runs again. After every step: DIR/results.json, "
-        "DIR/report/index.html, DIR/lab.tar.gz.",
+        "DIR/report/index.html, DIR/lab.tar.gz."
     )
     p.add_argument("--out", required=True, help="lab folder (results.json, steps/, report/, lab.tar.gz, cache/)")
     p.add_argument("--budget", default="25m", help="time for this call, e.g. 25m, 9m, 90s (default: 25m)")

@@ -13,7 +13,6 @@ import dataclasses
 import os
 from pathlib import Path
 
-from trainlab.distributed.launch import launch_workers, needs_launch
 from trainlab.errors import ConfigError
 from trainlab.flags import (
     add_command,
@@ -27,15 +26,15 @@ from trainlab.flags import (
     list_values,
 )
 from trainlab.io import read_json, write_json_output
-from trainlab.lenet.compare import CompareConfig, run_compare
-from trainlab.lenet.config import RESUME_OVERRIDES, TrainConfig, apply_preset
-from trainlab.lenet.data_parallel import check_launch, check_rank_devices
-from trainlab.lenet.evaluate import evaluate_checkpoint
-from trainlab.lenet.loop import default_run_dir, train
-from trainlab.lenet.profile import ProfileConfig, run_profile_cmd
-from trainlab.lenet.shard_weights import check_shard_weights, slowdown_factor
-from trainlab.lenet.sweep import NOT_SWEPT, SweepConfig, run_sweep
-from trainlab.telemetry.rundir import check_run_dir
+from trainlab.lenet.config import (
+    NOT_SWEPT,
+    RESUME_OVERRIDES,
+    CompareConfig,
+    ProfileConfig,
+    SweepConfig,
+    TrainConfig,
+    apply_preset,
+)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -75,6 +74,12 @@ def resumed_config(args: argparse.Namespace) -> TrainConfig:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from trainlab.distributed.launch import launch_workers, needs_launch
+    from trainlab.lenet.data_parallel import check_launch, check_rank_devices
+    from trainlab.lenet.loop import default_run_dir
+    from trainlab.lenet.shard_weights import check_shard_weights, slowdown_factor
+    from trainlab.telemetry.rundir import check_run_dir
+
     check_value(args.nproc, at_least(1), "--nproc")
     cfg = resumed_config(args) if args.resume else config_from_args(args)
     cfg.validate()
@@ -106,6 +111,8 @@ def train_worker(spec: dict) -> int:
 
 
 def _train_and_report(cfg: TrainConfig, resume: str | None) -> int:
+    from trainlab.lenet.loop import train
+
     summary = train(cfg, resume=resume)
     if summary.get("step_times") and int(os.environ.get("RANK", "0")) == 0:
         st = summary["step_times"]
@@ -117,6 +124,8 @@ def _train_and_report(cfg: TrainConfig, resume: str | None) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from trainlab.lenet.evaluate import evaluate_checkpoint
+
     if args.json is not None:
         check_value(args.json, json_output, "--json")
     result = evaluate_checkpoint(args.checkpoint, device=args.device, data_dir=args.data_dir)
@@ -133,6 +142,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
+    from trainlab.lenet.sweep import run_sweep
+
     failed = run_sweep(
         list_values(args, TrainConfig, exclude=NOT_SWEPT),
         SweepConfig(**explicit_values(args, SweepConfig)),
@@ -142,6 +153,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 
 
 def run_dp_compare(args: argparse.Namespace) -> int:
+    from trainlab.lenet.compare import run_compare
+
     run_compare(CompareConfig(**explicit_values(args, CompareConfig)))  # validated before the first run
     return 0
 
@@ -154,11 +167,15 @@ def run_async(args: argparse.Namespace) -> int:
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    from trainlab.lenet.profile import run_profile_cmd
+
     return run_profile_cmd(ProfileConfig(**explicit_values(args, ProfileConfig)), args.command_line)
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train LeNet-5 on MNIST", description="Train LeNet-5 on MNIST.")
+# The parsers (`cli.COMMANDS` names these functions): flags from the configs, nothing else imported.
+
+
+def add_train(p: argparse.ArgumentParser) -> None:
     add_flags(p, TrainConfig)
     p.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue an interrupted run from its checkpoint")
     p.add_argument(
@@ -169,7 +186,8 @@ def add_parser(subparsers) -> None:
     )
     p.set_defaults(func=run_train)
 
-    e = subparsers.add_parser("eval", help="re-evaluate a checkpoint on the test set")
+
+def add_eval(e: argparse.ArgumentParser) -> None:
     e.add_argument("checkpoint", help="checkpoint.pt or its run directory")
     e.add_argument("--device", default="auto", help="auto (CUDA if available) | cpu | cuda | cuda:N")
     e.add_argument(
@@ -186,22 +204,22 @@ def add_parser(subparsers) -> None:
     )
     e.set_defaults(func=run_eval)
 
-    s = subparsers.add_parser(
-        "sweep",
-        help="train over a grid of flag values and seeds (each a run directory)",
-        description="Train LeNet-5 for every combination of the listed flag values and seeds. "
+
+def add_sweep(s: argparse.ArgumentParser) -> None:
+    s.description = (
+        "Train LeNet-5 for every combination of the listed flag values and seeds. "
         "Every train flag takes a comma-separated list, e.g. --optimizer adam,sgd "
-        "--lr 1e-3,2e-3 --seeds 3. `trainlab report OUT` shows mean ± sd per configuration.",
+        "--lr 1e-3,2e-3 --seeds 3. `trainlab report OUT` shows mean ± sd per configuration."
     )
     add_flags(s, SweepConfig)
     add_list_flags(s, TrainConfig, exclude=NOT_SWEPT)
     s.set_defaults(func=run_sweep_command)
 
-    d = subparsers.add_parser(
-        "dp",
-        help="data-parallel LeNet-5: compare none / dp / ddp / allreduce / ring",
-        description="Data-parallel LeNet-5: single process, nn.DataParallel, DDP, a hand-written "
-        "bucketed all-reduce and a ring all-reduce from send/recv.",
+
+def add_dp(d: argparse.ArgumentParser) -> None:
+    d.description = (
+        "Data-parallel LeNet-5: single process, nn.DataParallel, DDP, a hand-written "
+        "bucketed all-reduce and a ring all-reduce from send/recv."
     )
     sub = d.add_subparsers(dest="dp_command", metavar="SUBCOMMAND")
     sub.required = True
@@ -213,22 +231,14 @@ def add_parser(subparsers) -> None:
         run_dp_compare,
     )
 
-    from trainlab.lenet.asynchrony import AsyncConfig  # its flags; torch is imported here already
 
-    add_command(
-        subparsers,
-        "async",
-        "the asynchronous-execution and automatic-parallelism experiments: queued vs finished, "
-        "t1 + N·t2 + t3, one stream vs two, a copy behind compute, the CPU and the GPU at once",
-        AsyncConfig,
-        run_async,
-    )
+def add_profile(p: argparse.ArgumentParser) -> None:
+    add_flags(p, ProfileConfig)
+    p.set_defaults(func=run_profile)
 
-    add_command(
-        subparsers,
-        "profile",
-        "per-layer forward/backward time of LeNet-5 training steps, ATen's layers and "
-        "ours side by side (torch.profiler; Chrome trace in the run directory)",
-        ProfileConfig,
-        run_profile,
-    )
+
+def add_async(p: argparse.ArgumentParser) -> None:
+    from trainlab.lenet.asynchrony import AsyncConfig  # its flags import torch: only for this command
+
+    add_flags(p, AsyncConfig)
+    p.set_defaults(func=run_async)

@@ -19,103 +19,24 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from trainlab.device import check_process_count
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
-from trainlab.errors import ConfigError, UserError
-from trainlab.flags import Config, at_least, one_of, opt, output_file, positive, seed_value, thread_count
+from trainlab.errors import UserError
 from trainlab.io import atomic_write_json, atomic_write_text, read_json
-from trainlab.lenet.config import OPTIMIZERS, TrainConfig
-from trainlab.lenet.data_parallel import MODES, MULTI_PROCESS_MODES, check_launch
+from trainlab.lenet.config import CompareConfig, TrainConfig, parse_modes, parse_workers
+from trainlab.lenet.data_parallel import MULTI_PROCESS_MODES
 from trainlab.lenet.lightning_row import lightning_missing, run_lightning_worker, skipped_row
 from trainlab.lenet.loop import train
 from trainlab.results.kinds import plan_record, stamp
 from trainlab.telemetry.results import DP_COMPARE_COLUMNS
 from trainlab.telemetry.rundir import RunDir
 
-MODES_HELP = (
-    "comma-separated: none (single process), dp (nn.DataParallel, ≥2 GPUs), ddp, allreduce (hand-written), "
-    "ring (ring all-reduce from send/recv), lightning (PyTorch Lightning's Trainer, its DDP strategy, on "
-    "trainlab's model, optimizer and batches; optional extra: pip install '.[lightning]')"
-)
-COMPARE_MODES = (*MODES, "lightning")
-
-
-@dataclass
-class CompareConfig(Config):
-    """`trainlab dp compare`: which modes, on which data, how often."""
-
-    modes: str = opt("none,ddp,allreduce,ring", MODES_HELP)
-    nproc: int = opt(2, "processes for ddp/allreduce/ring (one per GPU on CUDA)", check=at_least(1))
-    epochs: int = opt(1, "passes over the training set per mode", check=at_least(1))
-    device: str = opt("auto", "auto | cpu | cuda")
-    batch_size: int = opt(
-        128, "global batch, split across ranks (128: the reference batch of --scale-lr)", check=at_least(1)
-    )
-    train_subset: int | None = opt(None, "train on the first N images", check=at_least(1))
-    test_subset: int | None = opt(None, "evaluate on the first N test images", check=at_least(1))
-    workers: str = opt("0,1,2,4", "DataLoader num_workers sweep ('' to skip)")
-    seed: int = opt(0, "seed of every mode", check=seed_value)
-    optimizer: str = opt(
-        "adamw",
-        "every mode's optimizer: adamw | adam | sgd | manual-sgd | manual-adamw (the update written out, "
-        "lenet/manual_optim.py; with allreduce/ring nothing in the step is torch.optim's)",
-        check=one_of(OPTIMIZERS),
-    )
-    repeats: int = opt(1, "run everything R times round-robin; report medians", check=at_least(1))
-    threads: int | None = opt(
-        None,
-        "torch CPU threads per process for every mode (default: torch's choice single-process, 1 per rank)",
-        check=thread_count,
-    )
-    json: str | None = opt(
-        None, "write the rows (and OUT.loaders.json for the sweep)", metavar="OUT.json", check=output_file
-    )
-    md: str | None = opt(None, "write the tables as markdown", metavar="OUT.md", check=output_file)
-    timeout_s: float = opt(
-        1800.0,
-        "seconds each run of a mode may take: past it, its processes are stopped and the "
-        "mode is marked 'timeout' (the other modes' rows are kept)",
-        flag="--timeout",
-        check=positive,
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        for mode in parse_modes(self.modes):  # every problem is reported before the first run starts
-            launched = "ddp" if mode == "lightning" else mode  # Lightning's DDP: the same launch as ours
-            check_launch(launched, self.nproc if _multi(mode) else 1, self.device, self.batch_size)
-        parse_workers(self.workers)
-
 
 def _multi(mode: str) -> bool:
     return mode in MULTI_PROCESS_MODES or mode == "lightning"
-
-
-def parse_modes(text: str) -> list[str]:
-    modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
-    if not modes:
-        raise ConfigError("--modes: expected a comma-separated list such as none,ddp,allreduce")
-    for m in modes:
-        if m not in COMPARE_MODES:
-            raise ConfigError(f"--modes: unknown mode {m!r}; expected some of {', '.join(COMPARE_MODES)}")
-    return modes
-
-
-def parse_workers(text: str) -> list[int]:
-    try:
-        workers = [int(w) for w in text.split(",") if w.strip()]
-    except ValueError:
-        raise ConfigError(f"--workers {text!r}: expected a comma-separated list of integers such as 0,1,2,4") from None
-    if any(w < 0 for w in workers):
-        raise ConfigError(f"--workers {text!r}: worker counts must be >= 0")
-    for w in workers:
-        check_process_count(w, "--workers")
-    return workers
 
 
 def row_from_run(cfg: TrainConfig, summary: dict, history: list[dict]) -> dict:

@@ -1,42 +1,55 @@
-"""`TrainConfig`: every setting of a LeNet-5 run, one field each, with its flag's help text; presets.
+"""`TrainConfig`: every setting of a LeNet-5 run, one field each, with its flag's help text; presets. And the
+configs of the other LeNet commands (`dp compare`, `profile`, `sweep`).
 
 The flags of `trainlab train` are derived from these fields (`trainlab.flags`), and `config.json` in a
 run directory is this dataclass as JSON. Each field declares its range or choices (`check=`);
 `validate()` applies them and the checks that span fields, before any data is loaded.
+
+Building the flags imports no torch (`trainlab train --help` must be instant): the registries a choice is
+checked against (models, activations, modes, …) live in modules that do, so they are named here with
+`flags.names_of` and read when a value is checked, and the cross-field checks import their modules.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainlab.data.augment import Distortion
-from trainlab.data.datasets import DATASETS
-from trainlab.device import matmul_precision
 from trainlab.errors import ConfigError
 from trainlab.flags import (
     Config,
     at_least,
     between,
+    check_value,
+    int_range,
+    json_opt,
+    names_of,
     non_negative,
     one_of,
     opt,
+    output_dir,
+    output_file,
     positive,
     process_count,
     seed_value,
+    thread_count,
     timeout_seconds,
 )
-from trainlab.lenet.activations import ACTIVATIONS
-from trainlab.lenet.data_parallel import MODES, parse_rank_devices
-from trainlab.lenet.manual_optim import MANUAL_OPTIMIZERS
-from trainlab.lenet.model import POOLS, check_model_options
-from trainlab.lenet.models import MODELS, check_model_choice
-from trainlab.lenet.plan import STEP_MODES
-from trainlab.lenet.shard_weights import parse_shard_weights
 
-OPTIMIZERS = ("adamw", "adam", "sgd", *MANUAL_OPTIMIZERS)
+if TYPE_CHECKING:
+    from trainlab.data.augment import Distortion
+
+ACTIVATIONS = names_of("trainlab.lenet.activations:ACTIVATIONS")
+DATASETS = names_of("trainlab.data.datasets:DATASETS")
+MODELS = names_of("trainlab.lenet.models:MODELS")
+MODES = names_of("trainlab.lenet.data_parallel:MODES")
+POOLS = names_of("trainlab.lenet.model:POOLS")
+
+# the hand-written ones are lenet.manual_optim.MANUAL_OPTIMIZERS (a test holds the two equal; that module imports torch)
+OPTIMIZERS = ("adamw", "adam", "sgd", "manual-sgd", "manual-adamw")
 SCHEDULES = ("onecycle", "cosine", "constant", "linear")
 LOADERS = ("device", "dataloader")
 
@@ -192,7 +205,7 @@ class TrainConfig(Config):
         "the training step (trainlab.lenet.step): eager | compile (torch.compile) | cudagraph "
         "(forward, backward and optimizer captured as one CUDA graph; CUDA only) | auto "
         "(cudagraph on CUDA where the recipe permits, else eager)",
-        check=one_of(("auto",) + STEP_MODES),
+        check=one_of(names_of("trainlab.lenet.plan:STEP_MODES", "auto")),
     )
     tf32: str = opt(
         "off",
@@ -265,6 +278,11 @@ class TrainConfig(Config):
         return json.dumps(self.to_dict(), indent=2)
 
     def validate(self) -> None:
+        from trainlab.lenet.data_parallel import parse_rank_devices
+        from trainlab.lenet.model import check_model_options
+        from trainlab.lenet.models import check_model_choice
+        from trainlab.lenet.shard_weights import parse_shard_weights
+
         super().validate()
         check_model_choice(self.model, self.batchnorm, self.ops, self.pool)
         check_model_options(
@@ -289,6 +307,8 @@ class TrainConfig(Config):
             )
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ConfigError(f"--name {self.name!r}: expected a plain name (it becomes runs/<name>)")
+        from trainlab.device import matmul_precision
+
         matmul_precision(self.tf32, self.matmul_precision)  # the two flags, together
         if self.histograms and not self.tensorboard:
             raise ConfigError("--histograms: the histograms go to TensorBoard; drop --no-tensorboard")
@@ -305,6 +325,8 @@ class TrainConfig(Config):
 
     def distortion(self) -> Distortion:
         """The training augmentation these flags ask for."""
+        from trainlab.data.augment import Distortion
+
         return Distortion(
             affine=self.augment,
             degrees=self.augment_degrees,
@@ -392,3 +414,230 @@ def apply_preset(cfg: TrainConfig, preset: str, explicit: set[str] | None = None
         raise ConfigError(f"--preset {preset!r}: expected one of {', '.join(PRESETS)}")
     values = {k: v for k, v in PRESETS[preset].items() if k not in explicit}
     return dataclasses.replace(cfg, preset=preset, **values)
+
+
+# ----------------------------------------------------------------------------- dp compare, profile, sweep
+
+MODES_HELP = (
+    "comma-separated: none (single process), dp (nn.DataParallel, ≥2 GPUs), ddp, allreduce (hand-written), "
+    "ring (ring all-reduce from send/recv), lightning (PyTorch Lightning's Trainer, its DDP strategy, on "
+    "trainlab's model, optimizer and batches; optional extra: pip install '.[lightning]')"
+)
+
+
+@dataclass
+class CompareConfig(Config):
+    """`trainlab dp compare`: which modes, on which data, how often."""
+
+    modes: str = opt("none,ddp,allreduce,ring", MODES_HELP)
+    nproc: int = opt(2, "processes for ddp/allreduce/ring (one per GPU on CUDA)", check=at_least(1))
+    epochs: int = opt(1, "passes over the training set per mode", check=at_least(1))
+    device: str = opt("auto", "auto | cpu | cuda")
+    batch_size: int = opt(
+        128, "global batch, split across ranks (128: the reference batch of --scale-lr)", check=at_least(1)
+    )
+    train_subset: int | None = opt(None, "train on the first N images", check=at_least(1))
+    test_subset: int | None = opt(None, "evaluate on the first N test images", check=at_least(1))
+    workers: str = opt("0,1,2,4", "DataLoader num_workers sweep ('' to skip)")
+    seed: int = opt(0, "seed of every mode", check=seed_value)
+    optimizer: str = opt(
+        "adamw",
+        "every mode's optimizer: adamw | adam | sgd | manual-sgd | manual-adamw (the update written out, "
+        "lenet/manual_optim.py; with allreduce/ring nothing in the step is torch.optim's)",
+        check=one_of(OPTIMIZERS),
+    )
+    repeats: int = opt(1, "run everything R times round-robin; report medians", check=at_least(1))
+    threads: int | None = opt(
+        None,
+        "torch CPU threads per process for every mode (default: torch's choice single-process, 1 per rank)",
+        check=thread_count,
+    )
+    json: str | None = opt(
+        None, "write the rows (and OUT.loaders.json for the sweep)", metavar="OUT.json", check=output_file
+    )
+    md: str | None = opt(None, "write the tables as markdown", metavar="OUT.md", check=output_file)
+    timeout_s: float = opt(
+        1800.0,
+        "seconds each run of a mode may take: past it, its processes are stopped and the "
+        "mode is marked 'timeout' (the other modes' rows are kept)",
+        flag="--timeout",
+        check=positive,
+    )
+
+    def validate(self) -> None:
+        from trainlab.lenet.data_parallel import MULTI_PROCESS_MODES, check_launch
+
+        super().validate()
+        for mode in parse_modes(self.modes):  # every problem is reported before the first run starts
+            launched = "ddp" if mode == "lightning" else mode  # Lightning's DDP: the same launch as ours
+            multi = mode in MULTI_PROCESS_MODES or mode == "lightning"
+            check_launch(launched, self.nproc if multi else 1, self.device, self.batch_size)
+        parse_workers(self.workers)
+
+
+def parse_modes(text: str) -> list[str]:
+    modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    if not modes:
+        raise ConfigError("--modes: expected a comma-separated list such as none,ddp,allreduce")
+    compare_modes = (*MODES, "lightning")  # lightning: a row of dp compare, not a training mode
+    for m in modes:
+        if m not in compare_modes:
+            raise ConfigError(f"--modes: unknown mode {m!r}; expected some of {', '.join(compare_modes)}")
+    return modes
+
+
+def parse_workers(text: str) -> list[int]:
+    try:
+        workers = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise ConfigError(f"--workers {text!r}: expected a comma-separated list of integers such as 0,1,2,4") from None
+    if any(w < 0 for w in workers):
+        raise ConfigError(f"--workers {text!r}: worker counts must be >= 0")
+    from trainlab.device import check_process_count
+
+    for w in workers:
+        check_process_count(w, "--workers")
+    return workers
+
+
+# Training settings a --variant may set (TrainConfig fields, plus the CPU threads of its steps).
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=,-]{0,63}")
+VARIANT_KEYS = ("ops", "act", "amp", "channels_last", "batchnorm", "batchnorm_conv1", "batch_size", "threads")
+
+
+@dataclass
+class ProfileConfig(Config):
+    """Per-layer forward/backward time of LeNet-5 training steps (`trainlab profile`)."""
+
+    ops: list[str] | None = opt(
+        None,
+        "variants side by side: aten, fused, auto, own, own=python|cpp|triton|cuda (repeatable; "
+        "default: aten and own, or none with --variant)",
+        metavar="aten|fused|auto|own[=IMPL]",
+    )
+    variant: list[str] | None = opt(
+        None,
+        f"a training-settings variant NAME:KEY=VALUE,... (repeatable); keys: {', '.join(VARIANT_KEYS)}",
+        metavar="NAME:KEY=V,...",
+    )
+    wall_steps: int = opt(
+        0,
+        "also time this many steps of each variant without the profiler (interleaved): wall ms per step and images/s",
+        check=at_least(0),
+    )
+    steps: int | None = opt(None, "profile this many training steps (default: one epoch)", check=at_least(1))
+    warmup: int = opt(
+        3, "steps run before profiling (extension build, allocator, caches), not measured", check=at_least(0)
+    )
+    batch_size: int = opt(256, "training batch size", check=at_least(1))
+    act: str = opt("relu", "activation: relu | gelu | gelu-tanh", check=one_of(ACTIVATIONS))
+    train_subset: int | None = opt(
+        None, "use the first N training images (the epoch is then shorter)", check=at_least(1)
+    )
+    device: str = opt("auto", "auto | cpu | cuda")
+    threads: int | None = opt(None, "torch CPU threads (default: torch's choice)", check=thread_count)
+    seed: int = opt(0, "seeds the initial weights and the batch order (the same for every variant)", check=seed_value)
+    trace: bool = opt(True, "write the Chrome trace (trace.json.gz, every variant's steps)")
+    out: str | None = opt(None, "run directory (default runs/profile-<timestamp>); new or empty unless --overwrite")
+    overwrite: bool = opt(False, "replace what --out holds (its files go when this run starts writing)")
+    json: str | None = json_opt(
+        "write the result as JSON to PATH ('-': print it instead of the table, the log goes to stderr)"
+    )
+
+    @property
+    def variants(self) -> list[str]:
+        return list(self.ops or ([] if self.variant else ["aten", "own"])) + [
+            parse_variant(v)[0] for v in self.variant or []
+        ]
+
+    def settings(self) -> dict[str, dict]:
+        """{variant name: its settings} (an --ops variant sets ops alone)."""
+        return {
+            **{ops: {"ops": ops} for ops in self.ops or ([] if self.variant else ["aten", "own"])},
+            **dict(parse_variant(v) for v in self.variant or []),
+        }
+
+    def validate(self) -> None:
+        from trainlab.lenet.model import check_model_options
+
+        super().validate()
+        if len(set(self.variants)) < len(self.variants):
+            raise ConfigError(
+                f"--ops {' '.join(self.variants)}: each variant once (they are told apart by name in the trace)"
+            )
+        for name, s in self.settings().items():  # every flag fails here, before data loads
+            check_model_options(
+                s.get("act", self.act),
+                "max",
+                s.get("batchnorm", False),
+                s.get("ops", "aten"),
+                s.get("batchnorm_conv1", True),
+            )
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """'NAME:key=value,...' (or 'key=value,...', named by itself) -> (name, {key: typed value}); the
+    values are checked as TrainConfig checks its flags, and a bad one is one line naming --variant."""
+    name, sep, body = spec.partition(":")
+    if not sep:
+        name, body = spec, spec
+    settings = {}
+    for item in (i.strip() for i in body.split(",")):
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        key = key.replace("-", "_")
+        if not eq or key not in VARIANT_KEYS:
+            raise ConfigError(
+                f"--variant {spec!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(VARIANT_KEYS)}"
+            )
+        kind = type(getattr(TrainConfig, key, 1))  # threads: an int like batch_size
+        try:
+            settings[key] = (
+                {"true": True, "on": True, "false": False, "off": False}[raw.lower()]
+                if kind is bool
+                else int(raw)
+                if kind is int
+                else raw
+            )
+        except (KeyError, ValueError):
+            raise ConfigError(
+                f"--variant {spec!r}: {key}={raw!r} is not {'true/false' if kind is bool else 'an integer'}"
+            ) from None
+    try:
+        TrainConfig(**{k: v for k, v in settings.items() if k != "threads"}).validate()
+        check_value(settings.get("threads", 1), thread_count, "threads")
+    except ConfigError as e:
+        raise ConfigError(f"--variant {spec!r}: {e}") from None
+    if not VARIANT_NAME.fullmatch(name.strip()):  # it names the variant in the trace, the table and file names
+        raise ConfigError(
+            f"--variant {spec!r}: the name {name.strip()!r} is not a plain name (letters, digits, "
+            "'.', '_', '+', '-', at most 64; write NAME:KEY=VALUE,...)"
+        )
+    return name.strip(), settings
+
+
+# TrainConfig fields the sweep sets itself: each run's directory and name.
+NOT_SWEPT = ("out", "name", "stop_after")
+
+
+MAX_RUNS = 10_000  # a sweep of more runs is a typo (at seconds per run, it would take days)
+
+
+@dataclass
+class SweepConfig(Config):
+    """`trainlab sweep`: where the runs go and how they are scheduled (the swept flags are TrainConfig's)."""
+
+    out: str | None = opt(
+        None, "sweep directory; each run is OUT/<flag>=<value>_…_seed=<s> (default runs/sweep-<time>)", check=output_dir
+    )
+    seeds: int | None = opt(
+        None,
+        "seeds 0..N-1 for every configuration (same as --seed 0,1,…,N-1)",
+        metavar="N",
+        check=int_range(1, MAX_RUNS),
+    )
+    gpus: str = opt(
+        "auto",
+        "auto (one run per visible GPU when there are several) | none (one run after another "
+        "on --device) | comma-separated GPU indices",
+    )
+    dry_run: bool = opt(False, "print the runs and exit")

@@ -31,6 +31,7 @@ from trainlab.lenet.checkpoint import load_checkpoint, restore_checkpoint, resto
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.data_parallel import setup_data_parallel
 from trainlab.lenet.ema import EMA
+from trainlab.lenet.estimate import announce
 from trainlab.lenet.evaluate import evaluate
 from trainlab.lenet.model import count_parameters
 from trainlab.lenet.models import flops_per_image
@@ -125,6 +126,7 @@ def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunD
     live_model = unwrap(model) if par.multi_process else model
     eval_model = s.ema.module if s.ema is not None else live_model  # what is tested, reported and checkpointed
     warmup_seconds = _prepare(step, s)  # compile / capture / autotune: reported apart from the training time
+    log(announce(cfg, s, step, par))  # device, epochs, sizes and a measured estimate, before the first epoch
 
     # ---- train ----------------------------------------------------------------------------------
     time_to_target = next(

@@ -35,10 +35,8 @@ Perfetto, https://ui.perfetto.dev, or chrome://tracing).
 from __future__ import annotations
 
 import bisect
-import re
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -48,13 +46,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from trainlab.data.mnist import load_mnist
 from trainlab.device import resolve_device, synchronize
-from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, check_value, json_opt, one_of, opt, seed_value, thread_count
 from trainlab.io import record_written, write_json_output
-from trainlab.lenet.activations import ACTIVATIONS
 from trainlab.lenet.batches import build_train_batches, to_device
-from trainlab.lenet.config import TrainConfig
-from trainlab.lenet.model import check_model_options
+from trainlab.lenet.config import ProfileConfig, TrainConfig
 from trainlab.lenet.plan import resolve
 from trainlab.lenet.setup import build_model, build_optimizer
 from trainlab.lenet.step import make_step
@@ -66,119 +60,8 @@ from trainlab.telemetry.results import write_results
 from trainlab.telemetry.rundir import RunDir
 
 STEP = "trainlab.step:"  # + the variant
-# Training settings a --variant may set (TrainConfig fields, plus the CPU threads of its steps).
-VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=,-]{0,63}")
-VARIANT_KEYS = ("ops", "act", "amp", "channels_last", "batchnorm", "batchnorm_conv1", "batch_size", "threads")
 LAYER_PREFIX = "layer:"
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
-
-
-@dataclass
-class ProfileConfig(Config):
-    """Per-layer forward/backward time of LeNet-5 training steps (`trainlab profile`)."""
-
-    ops: list[str] | None = opt(
-        None,
-        "variants side by side: aten, fused, auto, own, own=python|cpp|triton|cuda (repeatable; "
-        "default: aten and own, or none with --variant)",
-        metavar="aten|fused|auto|own[=IMPL]",
-    )
-    variant: list[str] | None = opt(
-        None,
-        f"a training-settings variant NAME:KEY=VALUE,... (repeatable); keys: {', '.join(VARIANT_KEYS)}",
-        metavar="NAME:KEY=V,...",
-    )
-    wall_steps: int = opt(
-        0,
-        "also time this many steps of each variant without the profiler (interleaved): wall ms per step and images/s",
-        check=at_least(0),
-    )
-    steps: int | None = opt(None, "profile this many training steps (default: one epoch)", check=at_least(1))
-    warmup: int = opt(
-        3, "steps run before profiling (extension build, allocator, caches), not measured", check=at_least(0)
-    )
-    batch_size: int = opt(256, "training batch size", check=at_least(1))
-    act: str = opt("relu", "activation: relu | gelu | gelu-tanh", check=one_of(ACTIVATIONS))
-    train_subset: int | None = opt(
-        None, "use the first N training images (the epoch is then shorter)", check=at_least(1)
-    )
-    device: str = opt("auto", "auto | cpu | cuda")
-    threads: int | None = opt(None, "torch CPU threads (default: torch's choice)", check=thread_count)
-    seed: int = opt(0, "seeds the initial weights and the batch order (the same for every variant)", check=seed_value)
-    trace: bool = opt(True, "write the Chrome trace (trace.json.gz, every variant's steps)")
-    out: str | None = opt(None, "run directory (default runs/profile-<timestamp>); new or empty unless --overwrite")
-    overwrite: bool = opt(False, "replace what --out holds (its files go when this run starts writing)")
-    json: str | None = json_opt(
-        "write the result as JSON to PATH ('-': print it instead of the table, the log goes to stderr)"
-    )
-
-    @property
-    def variants(self) -> list[str]:
-        return list(self.ops or ([] if self.variant else ["aten", "own"])) + [
-            parse_variant(v)[0] for v in self.variant or []
-        ]
-
-    def settings(self) -> dict[str, dict]:
-        """{variant name: its settings} (an --ops variant sets ops alone)."""
-        return {
-            **{ops: {"ops": ops} for ops in self.ops or ([] if self.variant else ["aten", "own"])},
-            **dict(parse_variant(v) for v in self.variant or []),
-        }
-
-    def validate(self) -> None:
-        super().validate()
-        if len(set(self.variants)) < len(self.variants):
-            raise ConfigError(
-                f"--ops {' '.join(self.variants)}: each variant once (they are told apart by name in the trace)"
-            )
-        for name, s in self.settings().items():  # every flag fails here, before data loads
-            check_model_options(
-                s.get("act", self.act),
-                "max",
-                s.get("batchnorm", False),
-                s.get("ops", "aten"),
-                s.get("batchnorm_conv1", True),
-            )
-
-
-def parse_variant(spec: str) -> tuple[str, dict]:
-    """'NAME:key=value,...' (or 'key=value,...', named by itself) -> (name, {key: typed value}); the
-    values are checked as TrainConfig checks its flags, and a bad one is one line naming --variant."""
-    name, sep, body = spec.partition(":")
-    if not sep:
-        name, body = spec, spec
-    settings = {}
-    for item in (i.strip() for i in body.split(",")):
-        key, eq, raw = (part.strip() for part in item.partition("="))
-        key = key.replace("-", "_")
-        if not eq or key not in VARIANT_KEYS:
-            raise ConfigError(
-                f"--variant {spec!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(VARIANT_KEYS)}"
-            )
-        kind = type(getattr(TrainConfig, key, 1))  # threads: an int like batch_size
-        try:
-            settings[key] = (
-                {"true": True, "on": True, "false": False, "off": False}[raw.lower()]
-                if kind is bool
-                else int(raw)
-                if kind is int
-                else raw
-            )
-        except (KeyError, ValueError):
-            raise ConfigError(
-                f"--variant {spec!r}: {key}={raw!r} is not {'true/false' if kind is bool else 'an integer'}"
-            ) from None
-    try:
-        TrainConfig(**{k: v for k, v in settings.items() if k != "threads"}).validate()
-        check_value(settings.get("threads", 1), thread_count, "threads")
-    except ConfigError as e:
-        raise ConfigError(f"--variant {spec!r}: {e}") from None
-    if not VARIANT_NAME.fullmatch(name.strip()):  # it names the variant in the trace, the table and file names
-        raise ConfigError(
-            f"--variant {spec!r}: the name {name.strip()!r} is not a plain name (letters, digits, "
-            "'.', '_', '+', '-', at most 64; write NAME:KEY=VALUE,...)"
-        )
-    return name.strip(), settings
 
 
 def layer_names(model: nn.Module) -> dict[str, nn.Module]:

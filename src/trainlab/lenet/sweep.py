@@ -36,39 +36,12 @@ import torch
 
 from trainlab.distributed.launch import start_process, worker_command, write_spec
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.flags import Config, int_range, opt, output_dir
 from trainlab.io import atomic_write_json, read_json
-from trainlab.lenet.config import TrainConfig, apply_preset
+from trainlab.lenet.config import MAX_RUNS, SweepConfig, TrainConfig, apply_preset
 from trainlab.lenet.data_parallel import MULTI_PROCESS_MODES, check_launch
 from trainlab.lenet.loop import train
 
-# TrainConfig fields the sweep sets itself: each run's directory and name.
-NOT_SWEPT = ("out", "name", "stop_after")
 SWEEP_FILE = "sweep.json"
-
-
-MAX_RUNS = 10_000  # a sweep of more runs is a typo (at seconds per run, it would take days)
-
-
-@dataclass
-class SweepConfig(Config):
-    """`trainlab sweep`: where the runs go and how they are scheduled (the swept flags are TrainConfig's)."""
-
-    out: str | None = opt(
-        None, "sweep directory; each run is OUT/<flag>=<value>_…_seed=<s> (default runs/sweep-<time>)", check=output_dir
-    )
-    seeds: int | None = opt(
-        None,
-        "seeds 0..N-1 for every configuration (same as --seed 0,1,…,N-1)",
-        metavar="N",
-        check=int_range(1, MAX_RUNS),
-    )
-    gpus: str = opt(
-        "auto",
-        "auto (one run per visible GPU when there are several) | none (one run after another "
-        "on --device) | comma-separated GPU indices",
-    )
-    dry_run: bool = opt(False, "print the runs and exit")
 
 
 @dataclass

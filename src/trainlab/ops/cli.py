@@ -8,22 +8,15 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
-
-from trainlab.device import resolve_device
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.flags import add_command, explicit_values
-from trainlab.ops import bench, check, registry
+from trainlab.ops import registry
 from trainlab.ops.config import BenchConfig, CheckConfig, OpsBenchConfig, OpsCheckConfig
 from trainlab.results.kinds import plan_record
-from trainlab.telemetry.env import collect_env, format_header
-from trainlab.telemetry.results import write_results
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "ops", help=f"our operators ({', '.join(registry.OPS)}): check and benchmark every rung vs aten"
-    )
+def add_ops(p) -> None:
+    p.description = f"Our operators ({', '.join(registry.OPS)}): check and benchmark every rung vs aten."
     sub = p.add_subparsers(dest="ops_command", metavar="{check,bench}")
     sub.required = True
     add_command(
@@ -41,7 +34,8 @@ def add_parser(subparsers) -> None:
         run_bench_cmd,
     )
 
-    p = subparsers.add_parser("gelu", help="verify and benchmark the GELU rungs (= trainlab ops check|bench --op gelu)")
+
+def add_gelu(p) -> None:
     sub = p.add_subparsers(dest="gelu_command", metavar="{check,bench}")
     sub.required = True
     add_command(
@@ -64,6 +58,12 @@ def nothing_ran(rows: list[dict], what: str, hint: str) -> None:
 
 
 def run_check_cmd(args) -> int:
+    import torch
+
+    from trainlab.ops import check
+    from trainlab.telemetry.env import collect_env, format_header
+    from trainlab.telemetry.results import write_results
+
     alias = args.command == "gelu"  # `trainlab gelu check`: `ops check --op gelu` with GELU's flags
     cls = CheckConfig if alias else OpsCheckConfig
     cc = cls(**explicit_values(args, cls))
@@ -112,6 +112,11 @@ def run_check_cmd(args) -> int:
 
 
 def run_bench_cmd(args) -> int:
+    import torch
+
+    from trainlab.device import resolve_device
+    from trainlab.ops import bench
+
     alias = args.command == "gelu"
     cls = BenchConfig if alias else OpsBenchConfig
     explicit = explicit_values(args, cls)

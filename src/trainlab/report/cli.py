@@ -9,15 +9,16 @@ from pathlib import Path
 from trainlab.errors import UserError
 from trainlab.flags import check_value, output_dir
 from trainlab.io import refuse_foreign
-from trainlab.report.build import build_report
-from trainlab.report.lab import build_lab_report
-from trainlab.report.lab_folder import load_lab
-from trainlab.text import shown
 
 OUTPUTS = ("index.html", "report.md", "report.pdf")
 
 
 def run_report(args) -> int:
+    from trainlab.report.build import build_report
+    from trainlab.report.lab import build_lab_report
+    from trainlab.report.lab_folder import load_lab
+    from trainlab.text import shown
+
     check_value(args.out, output_dir, "-o/--out")
     refuse_foreign([Path(args.out) / name for name in OUTPUTS], "-o/--out")
     student = {k: v for k, v in (("name", args.name), ("student_id", args.student_id)) if v}
@@ -50,10 +51,7 @@ def run_report(args) -> int:
     return 0
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "report", help="build an HTML/Markdown (and PDF) report from run directories, result JSONs or a lab folder"
-    )
+def add_report(p) -> None:
     p.add_argument(
         "inputs",
         nargs="+",
