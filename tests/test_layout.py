@@ -23,6 +23,8 @@ LAYER = {
     "errors": 0,
     "stats": 0,
     "cuda_driver": 0,
+    "text": 0,  # the text gate: errors (layer 0) pass every message through it
+    "results": 0,  # the result kinds table: imports nothing of trainlab
     "schema": 1,
     "signals": 2,
     "io": 1,

@@ -143,3 +143,12 @@ def test_hand_written_dp_modes_train_with_the_manual_optimizer_like_one_process(
                     got["model"][k], ref["model"][k], rtol=1e-4, atol=2e-5, msg=f"{opt} {mode}: {k}"
                 )
             assert set(got["optimizer"]["state"][0]) == set(ref["optimizer"]["state"][0])
+
+
+def test_the_flag_choices_name_every_hand_written_optimizer():
+    """`--optimizer`'s choices are written out in lenet.config (building flags imports no torch); they must
+    be the torch.optim names plus exactly the hand-written ones manual_optim implements."""
+    from trainlab.lenet.config import OPTIMIZERS
+    from trainlab.lenet.manual_optim import MANUAL_OPTIMIZERS
+
+    assert OPTIMIZERS == ("adamw", "adam", "sgd", *MANUAL_OPTIMIZERS)

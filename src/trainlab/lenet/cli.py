@@ -160,7 +160,8 @@ def run_dp_compare(args: argparse.Namespace) -> int:
 
 
 def run_async(args: argparse.Namespace) -> int:
-    from trainlab.lenet.asynchrony import AsyncConfig, run_async_cmd
+    from trainlab.lenet.asynchrony import run_async_cmd
+    from trainlab.lenet.config import AsyncConfig
 
     run_async_cmd(AsyncConfig(**explicit_values(args, AsyncConfig)))
     return 0
@@ -238,7 +239,7 @@ def add_profile(p: argparse.ArgumentParser) -> None:
 
 
 def add_async(p: argparse.ArgumentParser) -> None:
-    from trainlab.lenet.asynchrony import AsyncConfig  # its flags import torch: only for this command
+    from trainlab.lenet.config import AsyncConfig
 
     add_flags(p, AsyncConfig)
     p.set_defaults(func=run_async)

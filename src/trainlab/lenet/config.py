@@ -641,3 +641,34 @@ class SweepConfig(Config):
         "on --device) | comma-separated GPU indices",
     )
     dry_run: bool = opt(False, "print the runs and exit")
+
+
+# ----------------------------------------------------------------------------- async
+
+
+@dataclass
+class AsyncConfig(Config):
+    """`trainlab async`: the asynchronous-execution and automatic-parallelism experiments."""
+
+    device: str = opt("auto", "auto (CUDA if available) | cpu | cuda | cuda:N")
+    ops: int = opt(1000, "N in t1 + N·t2 + t3: ops per timed run of the exercise", check=at_least(1))
+    size: int = opt(
+        256, "n of the n×n float32 matmuls (the exercise, the chains, the compute the copy overlaps)", check=at_least(8)
+    )
+    chain: int = opt(40, "matmuls per chain (experiments 3-5)", check=at_least(1))
+    steps: int = opt(30, "LeNet-5 training steps per queued-vs-finished run", check=at_least(1))
+    batch_size: int = opt(256, "LeNet-5 batch (synthetic images: only the time is measured)", check=at_least(1))
+    copy_mb: int = opt(64, "host→device copy size in MiB (experiment 4)", check=at_least(1))
+    repeats: int = opt(5, "timed repeats of every measurement; medians reported", check=at_least(1))
+    threads: int | None = opt(None, "torch CPU threads (default: torch's choice)", check=thread_count)
+    json: str | None = opt(None, "write the result (rows + config)", metavar="OUT.json", check=output_file)
+    md: str | None = opt(None, "write the table as Markdown", metavar="OUT.md", check=output_file)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.size > 8192:
+            raise ConfigError(f"--size {self.size}: expected at most 8192 (an n×n matmul chain of n = 8192 is 256 MiB)")
+        if self.copy_mb > 8192:
+            raise ConfigError(f"--copy-mb {self.copy_mb}: expected at most 8192 (8 GiB of host and device memory)")
+        if self.ops > 100_000:
+            raise ConfigError(f"--ops {self.ops}: expected at most 100000")

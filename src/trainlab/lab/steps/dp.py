@@ -6,8 +6,7 @@ from __future__ import annotations
 from trainlab.lab.machine import Hardware
 from trainlab.lab.steps.base import Step, pick, script, trainlab
 from trainlab.lab.steps.scripts import CompileBreaksConfig, CompileConfig
-from trainlab.lenet.asynchrony import AsyncConfig
-from trainlab.lenet.config import CompareConfig
+from trainlab.lenet.config import AsyncConfig, CompareConfig
 
 GPU_ONLY = "not applicable on a CPU: "  # a step the lab lists on a CPU only to say why it does not run there
 DP_BATCH = 128  # LeNet-5's global batch in the data-parallel comparison (`dp compare`'s default)
