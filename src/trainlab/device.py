@@ -345,11 +345,9 @@ def set_tf32(mode: str) -> dict:
     Returns `tf32_state()` for the run's record. No effect on CPU tensors."""
     if mode not in TF32_MODES:
         raise ConfigError(f"--tf32 {mode!r}: expected on or off")
-    enabled = mode == "on"
-    # The allow_tf32 switches exist in every supported torch (2.11-2.13) and are not deprecated there.
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
-    return tf32_state()
+    # one API for the matmul switch (torch refuses to read the precision after a mix of allow_tf32 and
+    # set_float32_matmul_precision): on = high, off = highest; cuDNN's convolutions follow
+    return set_matmul_precision("high" if mode == "on" else "highest")
 
 
 MATMUL_PRECISIONS = ("highest", "high", "medium")
