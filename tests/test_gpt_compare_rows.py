@@ -4,10 +4,12 @@ optional backend, and the loss difference to single-process training (no process
 from __future__ import annotations
 
 import importlib.util
+import json
 from types import SimpleNamespace
 
 import pytest
 
+from trainlab.errors import UserError
 from trainlab.gpt import compare
 from trainlab.gpt.compare import _check_same_start, default_matrix, plan_for_strategy, run_compare, run_one
 from trainlab.gpt.config import CompareConfig, GPTBenchConfig
@@ -55,7 +57,9 @@ def test_budget_cuts_timeouts_and_skips_what_it_leaves_no_time_for(tmp_path, mon
     cc = CompareConfig(
         bench=GPTBenchConfig(**TINY), strategies="none,amp,ckpt", timeout_s=60, budget_s=100, out=str(tmp_path / "c")
     )
-    rows = run_compare(cc, log=lambda *a: None)["rows"]
+    with pytest.raises(UserError, match="nothing was measured"):  # every row failed: exit 2, the table kept
+        run_compare(cc, log=lambda *a: None)
+    rows = json.loads((tmp_path / "c" / "compare.json").read_text())["rows"]
     assert timeouts == [("none", 60), ("amp", 50)]
     assert rows[2]["status"] == "skipped" and "--budget of 100 s was spent" in rows[2]["error"]
 

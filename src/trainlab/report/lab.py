@@ -76,10 +76,9 @@ def _step_detail(lab: Lab, step: dict) -> list[Block]:
     if line:
         return [para(f"{title}: "), Block("status", line)]
     if not inside(lab.root, lab.root / "steps" / name):
-        return [
-            para(f"{title}: "),
-            Block("status", f"{name}: not inside the lab folder's steps/ (a link or '..'); not read"),
-        ]
+        where = lab.root / "steps" / name
+        why = f"steps/{name} is a link out of the lab folder" if where.is_symlink() else f"{name}: not under steps/"
+        return [para(f"{title}: "), Block("status", f"{why}; not read")]
     index = lab.index(name)
     body = [
         para(
