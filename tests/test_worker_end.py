@@ -123,7 +123,7 @@ def test_dp_compare_keeps_a_mode_whose_rank_hangs_at_the_end(tmp_path):
     )
     assert since is not None and since < BOUND_S, (since, proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["rows"]  # dp compare writes a stamped record: {kind, schema, plan, rows}
     assert [(r["mode"], r["status"]) for r in rows] == [("none", "ok"), ("ddp", "ok")]
     assert rows[1]["world_size"] == 2 and rows[1]["steps"] == 4 and rows[1]["test_accuracy"] is not None
     assert "note" not in rows[0]
@@ -189,7 +189,7 @@ def test_dp_compare_marks_the_mode_that_did_not_finish_and_keeps_the_others(tmp_
         f"trainlab: error: dp compare: ddp ({status}) did not finish (see the table above); "
         f"the rows that finished are in {out}"
     ), proc.stderr[-3000:]
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["rows"]
     assert [(r["mode"], r["status"]) for r in rows] == [("none", "ok"), ("ddp", status)]
     assert rows[0]["test_accuracy"] is not None and rows[1]["test_accuracy"] is None
     assert f"| ddp | 2 | – | device | **{status}** |" in md.read_text()
