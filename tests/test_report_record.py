@@ -234,3 +234,21 @@ def test_the_report_reads_nothing_outside_the_lab_folder(tmp_path):
     lab3.mkdir()
     (lab3 / "results.json").symlink_to(lab / "results.json")
     assert main(["report", str(lab3), "-o", str(tmp_path / "out3")]) == 2
+
+
+def test_a_gpt_bench_states_the_loss_floor_it_recorded_and_none_it_did_not():
+    """Report 000's question: a uniform-token GPT cannot go below ln V; the report states the run's own
+    recorded floor beside its losses, and says nothing where the run recorded none."""
+    import math
+    from pathlib import Path
+
+    from trainlab.report.inputs import ResultFile
+    from trainlab.report.sections.gpt import _bench
+
+    def text(blocks):
+        return " ".join(seg[1] for b in blocks for seg in b.segments)
+
+    data = {"strategy": "none", "losses": [10.9, 10.85], "loss_floor_uniform_tokens": math.log(50257)}
+    assert "ln V = 10.8" in text(_bench(ResultFile(Path("b.json"), "gpt_bench", data), None))
+    del data["loss_floor_uniform_tokens"]
+    assert "ln V" not in text(_bench(ResultFile(Path("b.json"), "gpt_bench", data), None))

@@ -50,6 +50,9 @@ def _bench(res: ResultFile, ctx: Ctx) -> list[Block]:
     blocks = [Block("table", rows=rows)]
     if d.get("losses"):
         blocks.append(para("losses: " + ", ".join(fmt.number(x) for x in d["losses"])))
+    floor = d.get("loss_floor_uniform_tokens")
+    if fmt.is_number(floor):  # the tokens are uniform random: no model's loss goes below ln V (report 000)
+        blocks.append(para(f"loss floor for uniform random tokens: ln V = {fmt.number(floor)} (recorded by the run)"))
     return blocks
 
 
