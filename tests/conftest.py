@@ -59,3 +59,13 @@ def skipped_by_design(row, case, impl, dtype) -> bool:
     assert case.op == "conv_relu_pool2d" and impl not in ("aten", "cpp") and dtype == torch.bfloat16, row
     assert row["reason"].startswith("not checked in bfloat16") and row["ok"] is None
     return True
+
+
+@pytest.fixture(autouse=True)
+def _fp32_matmuls_after_every_test():
+    """A test that trains with --tf32 on or --matmul-precision medium sets a process-wide switch (medium lets
+    oneDNN run CPU matmuls in bf16); the next test in the same worker must not inherit it, or its fp32
+    tolerances would be checked against bf16 arithmetic."""
+    yield
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False

@@ -253,11 +253,12 @@ def fp8_problem(machine: Machine) -> str | None:
     """Why `--fp8` cannot run on `machine` (one line), or None: torchao importable and an sm89+ GPU."""
     import importlib.util
 
-    if importlib.util.find_spec("torchao") is None:
-        return "torchao is not importable here (pip install 'trainlab[fp8]': torchao 0.18)"
+    # the hardware first: no install makes an sm80 GPU run FP8
     if not machine.gpus or (machine.sm or 0) < FP8_MIN_SM:
         where = f"sm{machine.sm}" if machine.gpus else "no CUDA GPU"
         return f"FP8 tensor cores need a CUDA GPU of sm{FP8_MIN_SM}+ ({where} here)"
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao is not importable here (pip install 'trainlab[fp8]': torchao 0.18)"
     return None
 
 

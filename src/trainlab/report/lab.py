@@ -77,7 +77,11 @@ def _step_detail(lab: Lab, step: dict) -> list[Block]:
         return [para(f"{title}: "), Block("status", line)]
     if not inside(lab.root, lab.root / "steps" / name):
         where = lab.root / "steps" / name
-        why = f"steps/{name} is a link out of the lab folder" if where.is_symlink() else f"{name}: not under steps/"
+        why = (
+            f"steps/{name} is a link out of the lab folder"
+            if where.is_symlink()
+            else f"{name}: not inside the lab folder's steps/"
+        )
         return [para(f"{title}: "), Block("status", f"{why}; not read")]
     index = lab.index(name)
     body = [
