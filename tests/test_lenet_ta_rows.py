@@ -88,13 +88,15 @@ def test_sync_bn_is_batchnorm_over_the_global_batch_and_trains_like_one_process(
     for mode in ("ddp", "allreduce"):
         synced = torch.load(tmp_path / f"{mode}-True" / "checkpoint.pt", weights_only=False)["model"]
         per_shard = torch.load(tmp_path / f"{mode}-False" / "checkpoint.pt", weights_only=False)["model"]
-        worst = max((per_shard[k].float() - single[k].float()).abs().max().item() for k in single)
-        assert worst > 1e-3, "guard: per-shard BatchNorm must differ from one process, or the test proves nothing"
-        for k in single:
-            # 5x inside the guard's 1e-3: in the full parallel suite the ranks' float32 sums round differently
-            # from one process by up to ~1e-4 after the run's steps (seen once on the CI box); without
-            # --sync-bn the weights differ by more than 1e-3 (the guard above)
-            torch.testing.assert_close(synced[k], single[k], rtol=1e-3, atol=2e-4, msg=f"{mode} --sync-bn: {k}")
+
+        def worst(state):
+            return max((state[k].float() - single[k].float()).abs().max().item() for k in single)
+
+        # float32 sums in another order (the ranks' shards, another OpenMP thread count under xdist) drift
+        # from one process by up to ~5e-4 in a running mean after the run's 8 steps (measured: 5e-6 with 2
+        # threads, 5e-4 with 1); without --sync-bn the same run drifts by ~0.2. Synced must sit 50x closer.
+        assert worst(per_shard) > 1e-2, "guard: per-shard BatchNorm must differ from one process"
+        assert worst(synced) * 50 < worst(per_shard), f"{mode} --sync-bn: {worst(synced)} vs {worst(per_shard)}"
 
 
 def test_sync_bn_refuses_what_it_cannot_do():

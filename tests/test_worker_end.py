@@ -310,3 +310,27 @@ def test_the_workers_of_train_nproc_die_when_the_launcher_is_killed(tmp_path):
         assert all(_gone(w, 30) for w in workers), f"workers {workers} run on after their launcher was killed"
     finally:
         launcher.kill()
+
+
+# A worker that writes its results on SIGTERM (the graceful stop finishes the epoch): on a loaded box that
+# write lands inside the stop's grace period. Seen on CI: a mode stopped at its --timeout counted as ok.
+_WRITES_ON_TERM = (
+    "import signal, sys, time\n"
+    "def term(*_):\n"
+    "    open(sys.argv[1], 'w').write('{}')\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "if sys.argv[2] == 'early':\n"
+    "    open(sys.argv[1], 'w').write('{}')\n"
+    "time.sleep(300)\n"
+)
+
+
+@pytest.mark.parametrize("when, kept", [("on-term", False), ("early", True)])
+def test_run_limited_keeps_only_results_written_before_its_limit(tmp_path, when, kept):
+    from trainlab.distributed.launch import run_limited
+
+    result = tmp_path / "row.json"
+    code, _ = run_limited([sys.executable, "-c", _WRITES_ON_TERM, str(result), when], 3, result=result)
+    assert code is None  # stopped at the limit either way
+    assert result.exists() == kept

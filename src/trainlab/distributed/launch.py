@@ -343,12 +343,18 @@ def start_process(argv: list[str], **popen_kwargs) -> subprocess.Popen:
     return subprocess.Popen(argv, preexec_fn=lambda: die_with_parent(parent, prctl=prctl), **popen_kwargs)
 
 
-def run_limited(cmd: list[str], limit_s: float, env: dict | None = None, **popen_kwargs) -> tuple[int | None, float]:
+def run_limited(
+    cmd: list[str], limit_s: float, env: dict | None = None, result: str | os.PathLike | None = None, **popen_kwargs
+) -> tuple[int | None, float]:
     """Run `cmd` (a `worker_command`) and stop it after `limit_s` seconds, with every process under it:
     torchrun's agent and its workers, whatever state they are in. Returns (exit code, or None when
     stopped at the limit; seconds taken). SIGTERM to this process (like Ctrl-C) stops them too and ends
     this command with `RunStopped` (exit 143): a command that writes its rows as they finish keeps them,
-    and no orphaned copy runs on beside a resumed call."""
+    and no orphaned copy runs on beside a resumed call.
+
+    `result` is the file the run writes when its results are complete. One that did not exist when the
+    limit struck is removed after the stop: the SIGTERM lets a worker finish its epoch and write it, and
+    a run stopped at its limit must not count as finished."""
     t0 = time.monotonic()
     with launch_folder() as tmp, stop_children_on_signal():
         proc = start_process(cmd, env=child_env(tmp, env), **popen_kwargs)
@@ -357,8 +363,12 @@ def run_limited(cmd: list[str], limit_s: float, env: dict | None = None, **popen
         except subprocess.TimeoutExpired:
             code = None
         finally:
+            written = result is not None and os.path.exists(result)
             if proc.poll() is None:  # past the limit, or Ctrl-C / SIGTERM / an error here
                 stop_tree(proc)
+    if code is None and result is not None and not written:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(result)
     return code, time.monotonic() - t0
 
 

@@ -230,7 +230,9 @@ def run_one(cfg: GPTBenchConfig, out: str, slug: str, machine: Machine, timeout_
     spec = write_spec(os.path.join(out, f"{slug}.spec.json"), "gpt-bench", plan=run.to_dict())
     cmd = worker_command(run.world_size, spec)
     with tempfile.TemporaryFile("w+", errors="replace") as output:  # a file: no pipe a stuck rank could hold
-        rc, row["wall_s"] = run_limited(cmd, timeout_s, stdout=output, stderr=subprocess.STDOUT, env=_child_env(run))
+        rc, row["wall_s"] = run_limited(
+            cmd, timeout_s, stdout=output, stderr=subprocess.STDOUT, env=_child_env(run), result=json_path
+        )
         output.seek(0)
         text = output.read()
     status = "timeout" if rc is None else _classify(rc, text)

@@ -134,7 +134,7 @@ def _run_one(
     )
     cmd = worker_command(nproc, spec)
     print("launching: " + " ".join(cmd), flush=True)
-    code, seconds = run_limited(cmd, limit_s)
+    code, seconds = run_limited(cmd, limit_s, result=result)
     ended = f"stopped at the {limit_s:g} s limit (--timeout)" if code is None else f"exit code {code}"
     if result.exists():
         row = read_json(result)
