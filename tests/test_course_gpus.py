@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainlab import cuda_driver, device
+from trainlab import cuda_driver, device, hardware
 from trainlab.errors import HardwareError
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.plan import AMP_DTYPES, _precision
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("sm,amp", [(75, "fp16"), (70, "fp16"), (80, "bf16"), (86, "bf16"), (90, "bf16"), (None, None)])
 def test_amp_follows_the_compute_capability(sm, amp):
-    assert device.amp_for_sm(sm) == amp
+    assert hardware.amp_for_sm(sm) == amp
 
 
 def _fake_gpu(monkeypatch, sm: int, name: str = "NVIDIA GeForce RTX 2080 Ti"):

@@ -4,8 +4,9 @@ only and plans a GPU from elsewhere (`trainlab lab --plan --device-name`); --tf3
 import pytest
 import torch
 
-from trainlab.device import GPUS, peak_tflops_for_name, set_tf32, tf32_state
+from trainlab.device import set_tf32, tf32_state
 from trainlab.errors import ConfigError
+from trainlab.hardware import GPUS, peak_tflops_for_name
 
 
 @pytest.mark.parametrize(

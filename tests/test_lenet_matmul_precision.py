@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainlab.device import matmul_precision, set_matmul_precision
+from trainlab.device import set_matmul_precision
 from trainlab.errors import ConfigError
+from trainlab.hardware import matmul_precision
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
 from trainlab.lenet.plan import resolve

@@ -175,10 +175,10 @@ def int_range(lo: int, hi: int) -> Check:
 
 
 def process_count(lo: int) -> Check:
-    """An integer >= lo and at most `device.process_limit()` (ranks or workers this machine can run)."""
+    """An integer >= lo and at most `hardware.process_limit()` (ranks or workers this machine can run)."""
 
     def check(v: Any) -> str | None:
-        from trainlab.device import PROCESSES_PER_CORE, cpu_cores, process_limit
+        from trainlab.hardware import PROCESSES_PER_CORE, cpu_cores, process_limit
 
         problem = at_least(lo)(v)
         if problem is None and v > process_limit():
@@ -195,7 +195,7 @@ def thread_count(v: Any) -> str | None:
     """torch CPU threads (every --threads): an integer >= 1 and at most the CPUs this process may run on.
     More only oversubscribe them (OpenMP threads spin waiting for a core, and timings measure the wait);
     100,000 would exhaust the process's thread limit."""
-    from trainlab.device import cpu_cores
+    from trainlab.hardware import cpu_cores
 
     problem = at_least(1)(v)
     if problem is None and v > cpu_cores():

@@ -54,8 +54,9 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from trainlab.device import check_process_count, resolve_device
+from trainlab.device import resolve_device
 from trainlab.errors import ConfigError, HardwareError
+from trainlab.hardware import check_process_count
 from trainlab.io import atomic_write_json, atomic_write_text, contained
 from trainlab.schema import MAX_SECONDS
 from trainlab.signals import LAUNCHER_ENV, stop_children_on_signal  # LAUNCHER_ENV: the workers' errors go to the agent

@@ -26,7 +26,6 @@ import torch.distributed as dist
 from trainlab.device import (
     device_name,
     free_memory,
-    is_out_of_memory,
     peak_memory,
     peak_tflops,
     reset_peak_memory,
@@ -50,6 +49,7 @@ from trainlab.gpt.model import count_params
 from trainlab.gpt.plan import GPTPlan
 from trainlab.gpt.planner import measure_step_peak_bytes, memory_shortfall, out_of_memory_line
 from trainlab.gpt.record import stamp_bench
+from trainlab.hardware import is_out_of_memory
 from trainlab.io import write_json_output
 from trainlab.stats import format_spread, summarize
 from trainlab.telemetry.env import BusySnapshot, collect_env, format_header

@@ -16,9 +16,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from trainlab.device import amp_for_sm
     from trainlab.gpt.model import get_preset
     from trainlab.gpt.planner import default_strategies, format_plan, parse_bytes, plan
+    from trainlab.hardware import amp_for_sm
 
     pc = PlanConfig(**explicit_values(args, PlanConfig))
     pc.validate()

@@ -22,7 +22,6 @@ from dataclasses import replace
 
 import torch
 
-from trainlab.device import OOM_MARKERS, matmul_precision
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError, HardwareError, UserError
 from trainlab.gpt.config import CompareConfig, GPTBenchConfig
@@ -32,6 +31,7 @@ from trainlab.gpt.plan import GPTPlan, Machine
 from trainlab.gpt.planner import memory_shortfall
 from trainlab.gpt.record import gpt_plan_record
 from trainlab.gpt.strategy import Degrees, mesh_rows, parse_strategy, resolve_degrees
+from trainlab.hardware import OOM_MARKERS, matmul_precision
 from trainlab.io import atomic_write_text, read_json, record_written, refuse_foreign
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainlab.device import KNOWN_SM, MATMUL_PRECISIONS, TF32_MODES
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, json_opt, one_of, opt, output_dir, positive, seed_value
 from trainlab.gpt.model import PRESETS
 from trainlab.gpt.plan import LOSSES, GPTPlan, Machine, attention_layout_problem, resolve
 from trainlab.gpt.planner import Resolver, parse_bytes, predicted_peak, predicted_step_seconds, usable_bytes
 from trainlab.gpt.strategy import parse_strategy, resolve_degrees
+from trainlab.hardware import KNOWN_SM, MATMUL_PRECISIONS, TF32_MODES
 
 MODEL_HELP = "preset: " + ", ".join(PRESETS)
 ATTENTION_HELP = (

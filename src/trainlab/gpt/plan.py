@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
-from trainlab.device import matmul_precision
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.attention_backend import AttentionChoice, choose
 from trainlab.gpt.loss import chunked_lm_loss
 from trainlab.gpt.model import GPTConfig, get_preset, lm_loss
 from trainlab.gpt.parallel.nvme import check_nvme_available
 from trainlab.gpt.strategy import Degrees, StrategySpec, parse_strategy, validate_strategy
+from trainlab.hardware import matmul_precision
 
 OPTIMIZERS = ("adamw", "sgd")  # sgd: the equivalence tests' linear update (engine._build_optimizer)
 OPTIMIZER_KERNELS = ("fused", "foreach", "forloop")

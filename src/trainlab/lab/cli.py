@@ -147,7 +147,7 @@ def add_lab(p) -> None:
         "--gpu-mem",
         default=None,
         help="memory per device for the GPT plan, e.g. 80GiB (default: the device's; with --device-name: its "
-        "data sheet's (trainlab.device.GPUS); with --sm alone: 80GiB)",
+        "data sheet's (trainlab.hardware.GPUS); with --sm alone: 80GiB)",
     )
     p.add_argument("--mnist", default=None, help="an MNIST pack (`trainlab data pack`) for a machine without network")
     p.set_defaults(func=run_lab_command)

@@ -1,5 +1,5 @@
 """What the lab runs on, or plans for: one `Hardware`, filled from this machine or from the data-sheet
-table (`trainlab.device.GPUS`) by `--device-name`, and how a step's time scales to it.
+table (`trainlab.hardware.GPUS`) by `--device-name`, and how a step's time scales to it.
 
 Step estimates are calibrated on one machine each (`CALIBRATED`): the GPU ones on an H100 SXM, the CPU
 ones on the 2-core development box. `Hardware.scale` turns a calibrated time into this machine's from
@@ -13,8 +13,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from trainlab.device import GPUS, KNOWN_SM, amp_for_sm, unknown_gpu_line
 from trainlab.errors import ConfigError
+from trainlab.hardware import GPUS, KNOWN_SM, amp_for_sm, unknown_gpu_line
 
 # The GPU every `full` estimate was measured on (benchmarks/results/gpu/h100/lab/results.json).
 CALIBRATED = GPUS["NVIDIA H100 80GB HBM3"]

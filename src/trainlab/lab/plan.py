@@ -30,7 +30,6 @@ import importlib.util
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from trainlab.device import amp_for_sm
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.compare import plan_for_strategy
 from trainlab.gpt.config import GPTBenchConfig
@@ -38,6 +37,7 @@ from trainlab.gpt.model import get_preset
 from trainlab.gpt.plan import GPTPlan, Machine, resolve
 from trainlab.gpt.planner import GiB, predict_plan, usable_bytes
 from trainlab.gpt.strategy import mesh_rows, parse_strategy
+from trainlab.hardware import amp_for_sm
 
 HANDOUT_MODEL = "gpt2-1.6b"
 # the handout's model first; the smaller presets only where its single-GPU row does not fit

@@ -307,7 +307,7 @@ class TrainConfig(Config):
             )
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ConfigError(f"--name {self.name!r}: expected a plain name (it becomes runs/<name>)")
-        from trainlab.device import matmul_precision
+        from trainlab.hardware import matmul_precision
 
         matmul_precision(self.tf32, self.matmul_precision)  # the two flags, together
         if self.histograms and not self.tensorboard:
@@ -493,7 +493,7 @@ def parse_workers(text: str) -> list[int]:
         raise ConfigError(f"--workers {text!r}: expected a comma-separated list of integers such as 0,1,2,4") from None
     if any(w < 0 for w in workers):
         raise ConfigError(f"--workers {text!r}: worker counts must be >= 0")
-    from trainlab.device import check_process_count
+    from trainlab.hardware import check_process_count
 
     for w in workers:
         check_process_count(w, "--workers")

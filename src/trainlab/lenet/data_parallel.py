@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from trainlab.data.loader import shard_bounds
-from trainlab.device import check_process_count, resolve_device, synchronize
+from trainlab.device import resolve_device, synchronize
 from trainlab.distributed.failure import raise_if_peer_failure
 from trainlab.distributed.launch import (
     DEFAULT_TIMEOUT_S,
@@ -49,6 +49,7 @@ from trainlab.distributed.launch import (
 )
 from trainlab.distributed.wrappers import wrap_ddp
 from trainlab.errors import ConfigError, HardwareError
+from trainlab.hardware import check_process_count
 from trainlab.lenet.allreduce import HandAllReduce, broadcast_parameters
 from trainlab.lenet.ring import RingAllReduce, measure_allreduce_seconds, measure_link_bandwidth
 from trainlab.stats import summarize

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trainlab.device import AMP_DTYPES, amp_for_sm, cuda_sm, matmul_precision
+from trainlab.device import AMP_DTYPES, cuda_sm
 from trainlab.errors import ConfigError, HardwareError
+from trainlab.hardware import amp_for_sm, matmul_precision
 from trainlab.lenet.model import parse_ops, resolve_ops
 from trainlab.ops.build import check_toolchain
 
@@ -159,7 +160,7 @@ def _ops(cfg, device: torch.device, batchnorm: bool) -> str:
 
 
 def _precision(amp: str, device: torch.device) -> str:
-    """--amp resolved: `auto` on a GPU is its 16-bit type (`device.amp_for_sm`: bf16 from sm80 on, fp16
+    """--amp resolved: `auto` on a GPU is its 16-bit type (`hardware.amp_for_sm`: bf16 from sm80 on, fp16
     below, e.g. the RTX 2080 Ti's sm75), off on the CPU. `bf16` (also the `fast` preset's) on a GPU
     below sm80, which has none, is fp16 too: summary.json's plan records the type that ran."""
     if amp == "off" or (amp == "auto" and device.type != "cuda"):
