@@ -196,7 +196,8 @@ def ablation_changes(hw: Hardware, size: str) -> tuple[str, str]:
 
 def _ablation(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, size: str, t) -> Step:
     """Issue 30: from the handout's baseline to gpt_best, each change alone and cumulatively, and the peer
-    row, every row on the same tokens. full: the baseline, the 10 cumulative rows and the peer, ~12 runs
+    row, every row on the same tokens (issue 35's glue levers not here: benchmarks/gpu_gpt.py --parts glue
+    measures them). full: the baseline, the 10 cumulative rows and the peer, ~12 runs
     of 25-60 s on an H100 (estimated, not yet measured; compile rows reuse inductor's on-disk cache)."""
     changes, groups = ablation_changes(hw, size)
     timed = dict(steps=4, warmup=1) if gp else dict(steps=pick(size, 2, 5, 5), warmup=1)
