@@ -16,6 +16,16 @@ log beside it (`<step>.cmd`, `<step>.log`), after `env.txt` (the command, versio
   summary.md    the table: ms/step, tok/s, MFU (FP8 row also against the FP8 peak), ours/peer, the goals
                 (≥ 46 % MFU, ≥ 1.2× the peer) met or not
 
+`--parts glue` (a second ≤ 8-minute call) measures issue 35's glue levers instead, each a `gpt bench` row on
+top of gpt_best at a fixed 8 × 2 (accumulation on, so --cast-once has a recast to save), same tokens:
+  glue_base        gpt_best at micro-batch 8 (8 × 2), --loss chunked
+  glue_residual    + --residual-16bit (the residual stream in bf16, LayerNorm statistics fp32)
+  glue_boundary    + --fused-boundary (the last residual add and the next LayerNorm in one compiled function)
+  glue_cast_once   + --cast-once (the blocks' bf16 weights made once per optimizer step, not per micro-step)
+  glue_loss_auto   + --loss auto (the whole logits where the planner predicts they fit, else chunked)
+  glue_all         all four together
+summary.md then holds their table: ms/step, tok/s, MFU, peak GiB, and each row's speed against glue_base.
+
 Steps run in that order, each in its own process with a timeout; a step that would start past --budget is
 recorded as skipped. `--dry-run` runs the same steps on the CPU with the tiny model (no compile, one step),
 to check the script itself on a machine without a GPU.
@@ -51,6 +61,14 @@ BEST = [  # lab/steps.py's gpt_best on a GPU, at the issue's global batch
 ]
 PEER = ["--impl", "hf", "--strategy", "amp+compile", "--tf32", "on", "--fused-optimizer", "--micro-batch-auto"]
 MFU_GOAL, PEER_GOAL = 0.46, 1.2
+GLUE = {
+    "glue_base": [],
+    "glue_residual": ["--residual-16bit"],
+    "glue_boundary": ["--fused-boundary"],
+    "glue_cast_once": ["--cast-once"],
+    "glue_loss_auto": ["--loss", "auto"],
+    "glue_all": ["--residual-16bit", "--fused-boundary", "--cast-once", "--loss", "auto"],
+}
 
 
 def _cpu(args: list[str]) -> list[str]:
@@ -61,10 +79,10 @@ def _cpu(args: list[str]) -> list[str]:
     return out
 
 
-def _without(argv: list[str], flag: str) -> list[str]:
-    """`argv` without `flag` and its value."""
+def _without(argv: list[str], flag: str, values: int = 1) -> list[str]:
+    """`argv` without `flag` and its `values` values."""
     i = argv.index(flag)
-    return argv[:i] + argv[i + 2 :]
+    return argv[:i] + argv[i + 1 + values :]
 
 
 class Runner:
@@ -170,6 +188,25 @@ def _load(path: Path) -> dict | None:
         return None
 
 
+def glue_summary(out: Path, status: dict) -> str:
+    """The glue rows beside glue_base (same tokens, same 8 × 2 layout)."""
+    lines = ["| row | ms/step | tok/s | MFU | peak GiB | vs glue_base | status |", "|---|---|---|---|---|---|---|"]
+    base = _load(out / "glue_base.json")
+    for name in GLUE:
+        r = _load(out / f"{name}.json")
+        if not r:
+            lines.append(f"| {name} | - | - | - | - | - | {status.get(name, 'not run')} |")
+            continue
+        mfu, peak = r.get("mfu"), r.get("peak_memory_bytes")
+        ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.3f}×" if base else "-"
+        lines.append(
+            f"| {name} | {1e3 * r['step_seconds_median']:.0f} | {r['tokens_per_s']:,.0f} | "
+            f"{'-' if mfu is None else f'{100 * mfu:.1f} %'} | {'-' if peak is None else f'{peak / 2**30:.1f}'} | "
+            f"{ratio} | {status.get(name, '')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def summary(out: Path, status: dict, fp8_why: str | None) -> str:
     rows = [("gpt_best", "gpt_best"), ("gpt_plain", "gpt_best, --attention plain"), ("peer", "peer (HF)")]
     rows.append(("fp8", "FP8 row (beside, not in, the headline)"))
@@ -235,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="result folder (default $OUT, else benchmarks/results/gpu/<device>)")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (default 480: 8 minutes)")
     ap.add_argument("--dry-run", action="store_true", help="the same steps on the CPU, tiny model, to check the script")
+    ap.add_argument(
+        "--parts", choices=("goals", "glue"), default="goals", help="goals (the default) or the glue levers' rows"
+    )
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     import torch
@@ -270,6 +310,15 @@ def main(argv: list[str] | None = None) -> int:
         shape = ["--model", "gpt2-1.6b", "--device", "cuda", "--global-batch", "16", "--steps", "5", "--warmup", "2"]
         best, peer = BEST, PEER
     env = {"PYTHONPATH": str(ROOT / "src")}
+    if args.parts == "glue":
+        base = [*_without(best, "--micro-batch-auto", 0), "--micro-batch", "2" if args.dry_run else "8"]
+        for name, extra in GLUE.items():
+            r.run(name, [*py, "bench", *shape, *base, *extra, "--json", str(out / f"{name}.json")], 150, env)
+        text = glue_summary(out, r.status)
+        (out / "summary.md").write_text(text)
+        (out / "status.json").write_text(json.dumps(r.status, indent=1))
+        print(text)
+        return 0
 
     t = time.monotonic()
     rows = attention_table(args.dry_run)

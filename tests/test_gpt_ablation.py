@@ -3,11 +3,11 @@
 import json
 
 from trainlab.cli import main
-from trainlab.gpt.ablation import CHANGES, baseline, peer, rows_for
+from trainlab.gpt.ablation import CHANGES, GLUE, baseline, peer, rows_for
 from trainlab.gpt.config import GPTBenchConfig
 
 
-def test_rows_alone_cumulative_peer_and_the_last_cumulative_row_is_gpt_best():
+def test_rows_alone_cumulative_peer_gpt_best_then_the_glue_levers():
     bench = GPTBenchConfig(model="tiny", device="cpu", global_batch=4, micro_batch=2, seq=16)
     rows = rows_for(bench, [c.name for c in CHANGES], ["baseline", "alone", "cumulative", "peer", "separate"])
     base = baseline(bench)
@@ -16,9 +16,15 @@ def test_rows_alone_cumulative_peer_and_the_last_cumulative_row_is_gpt_best():
     assert all(r["changes"][0] == "tf32" for r in alone.values())  # TF32 first, then each change alone
     assert alone["vocab-pad"]["changes"] == ["tf32", "ours", "vocab-pad"]  # a lever of our model takes our model
     assert alone["bf16"]["config"].impl == "hf" and alone["bf16"]["config"].strategy == "amp+ckpt"
+    # a 16-bit glue lever alone also takes our model and bf16; each glue lever then follows gpt_best
+    assert alone["cast-once"]["changes"] == ["tf32", "ours", "bf16", "cast-once"]
+    assert alone["fused-boundary"]["changes"] == ["tf32", "ours", "fused-boundary"]
     cumulative = [r for r in rows if r["group"] == "cumulative"]
     assert len(cumulative) == len(CHANGES) and cumulative[0]["changes"] == ["tf32"]
-    best = cumulative[-1]["config"]
+    assert [r["changes"][-1] for r in cumulative[-len(GLUE) :]] == list(GLUE)
+    last = cumulative[-1]["config"]
+    assert (last.residual_16bit, last.fused_boundary, last.cast_once, last.loss) == (True, True, True, "auto")
+    best = cumulative[-1 - len(GLUE)]["config"]
     assert (
         best.impl,
         best.strategy,

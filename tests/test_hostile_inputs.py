@@ -1044,6 +1044,22 @@ CASES = [
         r"tp 2 × pp 2 leave no second data-parallel replica for ddp",
     ),
     Case(
+        "gpt-bench-residual-16bit-without-amp",
+        "gpt bench --model tiny --device cpu --residual-16bit",
+        r"--residual-16bit: needs amp \(autocast's 16-bit dtype\); --strategy none has none",
+    ),
+    Case(
+        "gpt-bench-fused-boundary-zero3",
+        "gpt bench --model tiny --device cpu --nproc 2 --micro-batch 4 --strategy zero3 --fused-boundary",
+        r"--fused-boundary: single device or ddp only, not --strategy zero3",
+    ),
+    Case(
+        "gpt-bench-cast-once-hf",
+        "gpt bench --model tiny --device cpu --impl hf --strategy amp --cast-once",
+        r"--cast-once: a lever of our model, not of --impl hf",
+    ),
+    Case("gpt-plan-loss-unknown", "gpt plan --model tiny --loss fused", r"--loss"),
+    Case(
         "gpt-bench-attention-bad",
         "gpt bench --model tiny --device cpu --attention pad50",
         r"--attention 'pad50': expected auto, plain or padN with N a multiple of 8",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, json_opt, one_of, opt, output_dir, positive, seed_value
 from trainlab.gpt.model import PRESETS
-from trainlab.gpt.plan import LOSSES, GPTPlan, Machine, attention_layout_problem, resolve
+from trainlab.gpt.plan import LOSS_CHOICES, GPTPlan, Machine, attention_layout_problem, resolve
 from trainlab.gpt.planner import Resolver, parse_bytes, predicted_peak, predicted_step_seconds, usable_bytes
 from trainlab.gpt.strategy import parse_strategy, resolve_degrees
 from trainlab.hardware import KNOWN_SM, MATMUL_PRECISIONS, TF32_MODES
@@ -51,10 +51,19 @@ class GPTBenchConfig(Config):
     fused_qkv: bool = opt(False, "q, k and v projections as one GEMM (not with tp)")
     attention: str = opt("auto", ATTENTION_HELP, check=attention_layout_problem)
     loss: str = opt(
-        "cross_entropy",
-        "cross_entropy | chunked (the LM head and the loss in 4096-token chunks: "
-        "the [B, T, V] logits never exist whole)",
-        choices=tuple(LOSSES),
+        "auto",
+        "auto | cross_entropy | chunked (the LM head and the loss in 4096-token chunks: the [B, T, V] logits "
+        "never exist whole); auto: chunked only where the planner predicts the whole logits do not fit",
+        choices=LOSS_CHOICES,
+    )
+    residual_16bit: bool = opt(
+        False, "under amp, the residual stream in autocast's 16-bit dtype (LayerNorm statistics stay fp32)"
+    )
+    fused_boundary: bool = opt(
+        False, "each block's last residual add and the next LayerNorm in one function (one kernel under compile)"
+    )
+    cast_once: bool = opt(
+        False, "under amp, the blocks' 16-bit weights made once per optimizer step, not at every micro-step"
     )
     fp8: bool = opt(
         False,
@@ -164,7 +173,9 @@ class PlanConfig(Config):
     vocab_multiple: int = opt(1, "as gpt bench: embedding rows padded to a multiple of this", check=at_least(1))
     fused_qkv: bool = opt(False, "as gpt bench: q, k, v as one Linear")
     attention: str = opt("auto", "as gpt bench: " + ATTENTION_HELP, check=attention_layout_problem)
-    loss: str = opt("cross_entropy", "as gpt bench: cross_entropy | chunked", choices=tuple(LOSSES))
+    loss: str = opt("auto", "as gpt bench: auto | cross_entropy | chunked", choices=LOSS_CHOICES)
+    residual_16bit: bool = opt(False, "as gpt bench: the residual stream in 16-bit under amp")
+    cast_once: bool = opt(False, "as gpt bench: 16-bit block weights made once per optimizer step (amp)")
     json: str | None = json_opt("write the plan as JSON to PATH ('-': print it instead of the table)")
 
     @property
@@ -175,7 +186,7 @@ class PlanConfig(Config):
         """strategy, micro-batch → the plan of that run on --gpus GPUs of compute capability --sm: the
         planner sees exactly what `gpt bench` would run (single-device strategies on one GPU; no
         accumulation; pp with 2 micro-batches per stage to keep the bubble small)."""
-        machine = Machine(gpus=self.gpus, sm=self.sm)
+        machine = Machine(gpus=self.gpus, sm=self.sm, memory_bytes=parse_bytes(self.gpu_mem))
 
         def plan_of(strategy: str, micro_batch: int) -> GPTPlan:
             spec = parse_strategy(strategy)
@@ -195,6 +206,12 @@ class PlanConfig(Config):
                 fused_qkv=self.fused_qkv and not spec.tp,
                 attention=self.attention if not spec.tp else "plain",
                 loss=self.loss if not spec.pp else "cross_entropy",
+                # the 16-bit levers only where they can run (amp; not pp; cast_once: single device or ddp)
+                residual_16bit=self.residual_16bit and spec.amp is not None and not spec.pp,
+                cast_once=self.cast_once
+                and spec.amp is not None
+                and spec.data_parallel in (None, "ddp")
+                and not (spec.tp or spec.pp),
             )
             p = run.plan(machine)
             if self.optimizer == "forloop" and p.optimizer_kernel != "forloop":  # no bench flag asks for it

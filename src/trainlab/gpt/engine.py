@@ -32,6 +32,7 @@ from trainlab.errors import ConfigError
 from trainlab.gpt.model import (
     build_gpt,
     build_hf_model,
+    cast_weights_once,
     float8_block_linears,
     gpt_state_dict_from_hf,
     set_activation_checkpointing,
@@ -83,6 +84,8 @@ class GPTEngine:
             model = model.to(self.device) if not self.spec.uses_fsdp else model
         if plan.fp8:  # before compile, so inductor fuses the float8 casts into the blocks
             float8_block_linears(unwrap(model))
+        if plan.cast_once:  # before compile: the compiled blocks read the 16-bit copies as inputs
+            cast_weights_once(unwrap(model), self.precision.dtype)
         if self.spec.compile:
             for block in transformer_blocks(unwrap(model)):
                 block.forward = torch.compile(block.forward)
@@ -90,6 +93,8 @@ class GPTEngine:
         if self.spec.pp:
             self._pipe = self._pipeline(self.model)
         self.optimizer = self._build_optimizer()
+        if plan.cast_once:
+            unwrap(self.model).weight_cache.watch(self.optimizer)  # the copies are stale after each step
         self.step = make_step(plan, self.model, self.optimizer, self.precision, self._pipe)
 
     # ---------------------------------------------------------------- set-up

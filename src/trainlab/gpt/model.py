@@ -41,6 +41,12 @@ class GPTConfig:
     # 0: heads stored head_dim wide ("plain"); else each head stored this wide (≥ head_dim), the extra
     # columns zero (issue 35's padded layout: SDPA gets heads it can hand to cuDNN, see CausalSelfAttention)
     head_dim_padded: int = 0
+    # issue 35's glue: under autocast, the residual stream in its 16-bit dtype (LayerNorm statistics
+    # still fp32, see LayerNorm); 16-bit math, so not the same function: proved against fp32 within bf16
+    residual_16bit: bool = False
+    # each block returns (h, next LayerNorm(h)) from one function (`add_layer_norm`): the last residual
+    # add and the next block's ln_1 (ln_f after the last block) in one compiled graph, so inductor fuses them
+    fused_boundary: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -90,6 +96,27 @@ def count_params(cfg: GPTConfig) -> int:
     embeddings = V * C + T * C
     block = 2 * 2 * C + 4 * (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)  # 2 LN, q/k/v/o, fc, proj
     return embeddings + L * block + 2 * C  # + ln_f
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm whose statistics are fp32 whatever its input's dtype, its output in the input's dtype.
+    On fp32 input (the plain residual) it is nn.LayerNorm itself. On a 16-bit residual (`residual_16bit`)
+    it normalizes in fp32 outside autocast: CUDA's autocast would do so too but return fp32, the CPU's
+    runs layer_norm in bf16; the 16-bit output is the one rounding the next GEMM's autocast cast made."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return super().forward(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.layer_norm(x.float(), self.normalized_shape, self.weight, self.bias, self.eps).to(x.dtype)
+
+
+def add_layer_norm(x: torch.Tensor, y: torch.Tensor, ln: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block boundary as one function: the residual add and the LayerNorm that reads it. Inside one
+    compiled block inductor makes it one kernel (reads x and y, writes h and ln(h)); apart, the add ends
+    one block's graph and the LayerNorm starts the next one's, which reads h back."""
+    h = x + y
+    return h, ln(h)
 
 
 class CausalSelfAttention(nn.Module):
@@ -147,9 +174,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.ln_1 = LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.ln_2 = LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
         # "selective" recomputation of the MLP sub-block (see set_activation_checkpointing)
         self.recompute_mlp = False
@@ -157,11 +184,15 @@ class Block(nn.Module):
     def _mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.ln_2(x))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, normed: torch.Tensor | None = None, next_ln: nn.Module | None = None):
+        """x → x + attn + mlp; with `next_ln` (the fused boundary) → (that, next_ln(that)), where `normed`
+        is this block's ln_1(x) as the previous block computed it."""
+        x = x + self.attn(self.ln_1(x) if normed is None else normed)
         if self.recompute_mlp and torch.is_grad_enabled():
-            return x + checkpoint(self._mlp_branch, x, use_reentrant=False)
-        return x + self._mlp_branch(x)
+            y = checkpoint(self._mlp_branch, x, use_reentrant=False)
+        else:
+            y = self._mlp_branch(x)
+        return x + y if next_ln is None else add_layer_norm(x, y, next_ln)
 
 
 CHECKPOINT_MODES = ("none", "full", "selective")
@@ -181,7 +212,7 @@ class GPT(nn.Module):
         self.wte: nn.Embedding | None = nn.Embedding(V, cfg.n_embd)
         self.wpe: nn.Embedding | None = nn.Embedding(cfg.n_positions, cfg.n_embd)
         self.h = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
-        self.ln_f: nn.LayerNorm | None = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.ln_f: nn.LayerNorm | None = LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.lm_head: nn.Linear | None = nn.Linear(cfg.n_embd, V, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
         if V != cfg.vocab_size:
@@ -190,6 +221,7 @@ class GPT(nn.Module):
             # loss and gradients are the unpadded model's and the pad rows get zero gradient.
             self.register_buffer("logit_mask", pad_logit_mask(cfg), persistent=False)
         self.activation_checkpointing = "none"
+        self.weight_cache = None  # the blocks' 16-bit weights, made once per optimizer step (cast_weights_once)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The LM head on the final hidden states [.., C] → logits [.., padded_vocab] (pad columns -inf)."""
@@ -205,12 +237,23 @@ class GPT(nn.Module):
                 raise ConfigError(f"--seq {T}: longer than the model's n_positions {self.config.n_positions}")
             pos = torch.arange(T, device=x.device)
             x = self.wte(x) + self.wpe(pos)
+        dev = x.device.type
+        if self.config.residual_16bit and torch.is_autocast_enabled(dev):
+            x = x.to(torch.get_autocast_dtype(dev))  # every residual add after this one stays 16-bit
+        if self.weight_cache is not None:
+            self.weight_cache.refresh_if_stale()
         full = self.activation_checkpointing == "full" and torch.is_grad_enabled()
-        for block in self.h.values():
+        blocks = list(self.h.values())
+        fused = self.config.fused_boundary
+        normed = None
+        for i, block in enumerate(blocks):
+            # the fused boundary: the next LayerNorm is computed by this block (ln_f's by the last one)
+            nxt = (blocks[i + 1].ln_1 if i + 1 < len(blocks) else self.ln_f) if fused else None
             # use_reentrant=False: works with FSDP2 hooks, torch.compile and inputs without grad
-            x = checkpoint(block, x, use_reentrant=False) if full else block(x)
+            out = checkpoint(block, x, normed, nxt, use_reentrant=False) if full else block(x, normed, nxt)
+            x, normed = out if nxt is not None else (out, None)
         if self.ln_f is not None:
-            x = self.ln_f(x)
+            x = self.ln_f(x) if normed is None else normed
         if self.lm_head is not None:
             if hidden_loss is not None:
                 return hidden_loss(x, self.lm_head.weight, getattr(self, "logit_mask", None), targets)
@@ -261,6 +304,71 @@ def float8_block_linears(model: nn.Module) -> int:
         convert_to_float8_training(block, module_filter_fn=wanted)
         swapped += before - sum(type(m) is nn.Linear for m in block.modules())
     return swapped
+
+
+class _Use16(torch.autograd.Function):
+    """The cached 16-bit copy stands in for the fp32 weight: forward is the copy, backward hands the
+    16-bit gradient to the fp32 weight cast to its dtype, as autocast's own cast (ToCopyBackward) does."""
+
+    @staticmethod
+    def forward(ctx, master, copy):
+        ctx.dtype = master.dtype
+        return copy.view_as(copy)  # no copy; an in-place refresh before backward is autograd's error
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype), None
+
+
+class CastOnceLinear(nn.Linear):
+    """nn.Linear that, under autocast of its copies' dtype, computes with `weight16`/`bias16` (made by
+    `WeightCache`) instead of casting the fp32 weight at every call: the same rounding, the same GEMM."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dev, w16 = x.device.type, self.weight16
+        if not (torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == w16.dtype):
+            return super().forward(x)
+        return F.linear(x.to(w16.dtype), _Use16.apply(self.weight, w16), _Use16.apply(self.bias, self.bias16))
+
+
+class WeightCache:
+    """16-bit copies of the blocks' Linear weights, made once per optimizer step and read by every
+    micro-step. Under autocast each micro-step otherwise casts every fp32 weight again (autocast's
+    cache ends with its context, one per micro-step; compiled blocks cast inside their graph): k
+    micro-steps read 4 and write 2 bytes per parameter k times, this once. The copies are made again
+    at the first forward after an optimizer step (`watch`: fused AdamW's kernel bumps no version
+    counter) or any other in-place write to a weight (load_state_dict: its version counter moves),
+    checked at each forward, outside the compiled blocks."""
+
+    def __init__(self, linears: list[nn.Linear], dtype: torch.dtype):
+        self.masters, self.copies = [], []
+        for m in linears:
+            m.__class__ = CastOnceLinear
+            # plain attributes, not buffers: DDP would broadcast buffers at every forward
+            m.weight16 = torch.empty_like(m.weight, dtype=dtype)
+            m.bias16 = torch.empty_like(m.bias, dtype=dtype)
+            self.masters += [m.weight, m.bias]
+            self.copies += [m.weight16, m.bias16]
+        self.versions: list[int] | None = None
+
+    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.register_step_post_hook(lambda *_: setattr(self, "versions", None))
+
+    def refresh_if_stale(self) -> None:
+        versions = [p._version for p in self.masters]
+        if versions != self.versions:
+            with torch.no_grad():
+                torch._foreach_copy_(self.copies, self.masters)
+            self.versions = versions
+
+
+def cast_weights_once(model: nn.Module, dtype: torch.dtype) -> int:
+    """Give every Linear of the transformer blocks a 16-bit copy (`WeightCache`) refreshed once per
+    optimizer step; the embeddings and the tied LM head stay autocast's. Returns how many Linears."""
+    gpt = _find_gpt(model)
+    linears = [m for block in gpt.h.values() for m in block.modules() if type(m) is nn.Linear]
+    gpt.weight_cache = WeightCache(linears, dtype)
+    return len(linears)
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
@@ -607,7 +715,8 @@ def build_hf_model(
     except ImportError:  # pragma: no cover - transformers is a dependency of the GPT commands
         raise ConfigError("--impl hf needs the 'transformers' package (pip install transformers)") from None
     device = torch.device(device)
-    cfg = replace(cfg, vocab_multiple=1, fused_qkv=False, head_dim_padded=0)  # our levers are not HF's model
+    # our levers are not HF's model
+    cfg = replace(cfg, vocab_multiple=1, fused_qkv=False, head_dim_padded=0, residual_16bit=False, fused_boundary=False)
     model = None
     if seed is not None:
         # Meta first, then uninitialised storage on the device, filled once with our init below: HF's

@@ -41,6 +41,8 @@ OPTIMIZER_KERNELS = ("fused", "foreach", "forloop")
 # the model's forward (gpt.step.HiddenLossStep), so the whole logits never exist.
 LOSSES: dict[str, Callable] = {"cross_entropy": lm_loss, "chunked": chunked_lm_loss}
 HIDDEN_STATE_LOSSES = frozenset({"chunked"})
+# --loss auto: the planner's choice, resolved into one of LOSSES (`choose_loss`)
+LOSS_CHOICES = ("auto", *LOSSES)
 IMPLS = ("ours", "hf")
 # --attention: how heads are laid out for SDPA (GPTConfig.head_dim_padded); "padN" for any multiple of 8
 ATTENTION_LAYOUTS = ("auto", "plain", "pad56", "pad64")
@@ -139,6 +141,7 @@ class GPTPlan:
     matmul_precision: str = "highest"  # torch.set_float32_matmul_precision: --matmul-precision, else --tf32 (on = high)
     micro_batch_auto: bool = False  # micro_batch was chosen by the planner (the fastest predicted that fits)
     fp8: bool = False  # torchao float8 training of the block Linears (model.float8_block_linears)
+    cast_once: bool = False  # the blocks' 16-bit weights made once per optimizer step (model.cast_weights_once)
     nvme_path: str | None = None
     predicted_peak_bytes: int | None = None  # the planner's per-device peak (None: no model of this run)
     predicted_step_ms: float | None = None  # the planner's roofline estimate (planner.predicted_step_seconds)
@@ -172,6 +175,9 @@ class GPTPlan:
                 ("--fused-qkv", self.model.fused_qkv),
                 ("--loss chunked", self.loss in HIDDEN_STATE_LOSSES),
                 (f"--attention {self.model.attention_layout}", self.model.head_dim_padded > 0),
+                ("--residual-16bit", self.model.residual_16bit),
+                ("--fused-boundary", self.model.fused_boundary),
+                ("--cast-once", self.cast_once),
             )
             if on
         ]
@@ -183,6 +189,30 @@ class GPTPlan:
             raise ConfigError(f"--attention {self.model.attention_layout}: not with tp (use --attention plain)")
         if self.loss in HIDDEN_STATE_LOSSES and (self.degrees.pp > 1 or self.strategy.data_parallel == "nvme"):
             raise ConfigError(f"--loss {self.loss}: not with pp or nvme (they compute the loss on the logits)")
+        self._check_glue()
+
+    def _check_glue(self) -> None:
+        """Issue 35's glue levers: the 16-bit ones need autocast; the residual's dtype is fixed where pipeline
+        stages meet; the fused boundary reads the next block's LayerNorm and the weight cache swaps the blocks'
+        Linears, which FSDP's shards and tp's DTensors do not allow (single device or ddp)."""
+        plain_dp = self.strategy.data_parallel in (None, "ddp") and self.degrees.tp == 1 and self.degrees.pp == 1
+        for flag, on, needs_amp, only_plain_dp in (
+            ("--residual-16bit", self.model.residual_16bit, True, False),
+            ("--fused-boundary", self.model.fused_boundary, False, True),
+            ("--cast-once", self.cast_once, True, True),
+        ):
+            if not on:
+                continue
+            if needs_amp and self.amp is None:
+                raise ConfigError(
+                    f"{flag}: needs amp (autocast's 16-bit dtype); --strategy {self.strategy.text} has none"
+                )
+            if only_plain_dp and not plain_dp:
+                raise ConfigError(f"{flag}: single device or ddp only, not --strategy {self.strategy.text}")
+            if flag == "--residual-16bit" and self.degrees.pp > 1:
+                raise ConfigError(f"{flag}: not with pp (the stages exchange the residual stream)")
+        if self.cast_once and self.fp8:
+            raise ConfigError("--cast-once: not with --fp8 (torchao casts the block Linears to FP8 itself)")
 
     # the strategy's modifiers, named as the issue lists the plan's contents
     @property
@@ -241,6 +271,9 @@ class GPTPlan:
             "vocab_rows": self.model.padded_vocab,
             "fused_qkv": self.model.fused_qkv,
             "loss": self.loss,
+            "residual_16bit": self.model.residual_16bit,
+            "fused_boundary": self.model.fused_boundary,
+            "cast_once": self.cast_once,
             "micro_batch_auto": self.micro_batch_auto,
             "fp8": self.fp8,
         }
@@ -326,7 +359,12 @@ def resolve(
     device = _device_type(config.device, config.nproc, machine)
     padded = head_dim_padded(config.attention, model_cfg.head_dim, spec, device, machine.sm, config.impl)
     model_cfg = dataclasses.replace(
-        model_cfg, vocab_multiple=config.vocab_multiple, fused_qkv=config.fused_qkv, head_dim_padded=padded
+        model_cfg,
+        vocab_multiple=config.vocab_multiple,
+        fused_qkv=config.fused_qkv,
+        head_dim_padded=padded,
+        residual_16bit=config.residual_16bit,
+        fused_boundary=config.fused_boundary,
     )
     seq = config.seq if config.seq is not None else model_cfg.n_positions
     if device == "cuda" and spec.amp == "bf16" and machine.sm is not None and machine.sm < 80:
@@ -378,8 +416,9 @@ def resolve(
         cudnn_version=cudnn,
         attention=choose(model_cfg.head_width, spec.amp or "fp32", device, sm or 90, cudnn),
         optimizer_kernel=optimizer_kernel(spec, device, config.fused_optimizer),
-        loss=config.loss,
+        loss="cross_entropy" if config.loss == "auto" else config.loss,
         fp8=config.fp8,
+        cast_once=config.cast_once,
         lr=config.lr,
         seed=config.seed,
         tf32=config.tf32,
@@ -391,10 +430,32 @@ def resolve(
         out=config.out,
         overwrite=config.overwrite,
     )
+    if config.loss == "auto":
+        plan = choose_loss(plan, machine, predict, usable)
     if predict is not None:
         plan = dataclasses.replace(plan, predicted_peak_bytes=predict(plan))
     if seconds is not None:
         plan = dataclasses.replace(plan, predicted_step_ms=round(1e3 * seconds(plan), 3))
+    return plan
+
+
+def _budget(machine: Machine, device: str, nproc: int, usable: Callable[[int], int] | None) -> int | None:
+    """Bytes a rank's step may use: the GPU's usable memory, or its share of the host's; None if unknown."""
+    if machine.memory_bytes is None or (device == "cuda" and usable is None):
+        return None
+    return usable(machine.memory_bytes) if device == "cuda" else machine.memory_bytes // max(1, nproc)
+
+
+def choose_loss(plan: GPTPlan, machine: Machine, predict, usable) -> GPTPlan:
+    """--loss auto: the whole logits where the planner predicts they fit (one cross-entropy over them, no
+    chunk loop), the chunked loss where only it fits (it keeps one 4096-token chunk of logits instead of
+    the [B, T, V] logits and their gradients) and our model can run it (not hf, pp or nvme); the whole
+    logits where the memory or the prediction is unknown."""
+    budget = _budget(machine, plan.device, plan.world_size, usable)
+    peak = predict(plan) if predict is not None and budget is not None else None
+    chunked_ok = plan.impl == "ours" and plan.degrees.pp == 1 and plan.strategy.data_parallel != "nvme"
+    if peak is not None and peak > budget and chunked_ok:
+        return dataclasses.replace(plan, loss="chunked")
     return plan
 
 
@@ -426,7 +487,7 @@ def fastest_fitting(config, machine: Machine, model: GPTConfig | None, predict, 
     device = _device_type(config.device, config.nproc, machine)
     if machine.memory_bytes is None:
         raise HardwareError(f"--micro-batch-auto: the memory of {device} is unknown; give --micro-batch")
-    budget = usable(machine.memory_bytes) if device == "cuda" else machine.memory_bytes // max(1, config.nproc)
+    budget = _budget(machine, device, config.nproc, usable)
     tried, refused, fitting, seen = [], None, [], set()
     for run in _candidates(config, machine):
         try:

@@ -228,12 +228,14 @@ def predict_memory(
     cudnn_version: int | None = None,
     attention: AttentionChoice | None = None,
     loss: str = "cross_entropy",
+    cast_once: bool = False,
 ) -> dict:
     """Predicted per-device bytes for one training step (the worst pipeline stage).
 
     Returns params_bytes, grads_bytes, optimizer_bytes, activations_bytes, buffers_bytes,
     temporaries_bytes, total_bytes (predicted peak), sum_bytes, host_bytes (CPU offload), the
-    per-phase peaks and the attention kernel assumed. `optimizer`: "foreach" (one fp32 temporary the
+    per-phase peaks and the attention kernel assumed. `cast_once`: the blocks' 16-bit weight copies
+    live for the whole step (`model.WeightCache`) instead of as each layer's saved activations. `optimizer`: "foreach" (one fp32 temporary the
     size of the parameters), "fused" (none) or "forloop" (the largest parameter). The attention
     kernel is the one PyTorch picks on `device_type` (GPU compute capability `sm` × 10, cuDNN version)
     unless `attention` names one (e.g. forced with torch.nn.attention.sdpa_kernel).
@@ -250,7 +252,8 @@ def predict_memory(
     dp = deg.dp
     tokens = micro_batch * seq
     amp = spec.amp is not None
-    r, p = FP32, (2 if amp else FP32)  # autocast keeps the residual stream (and LayerNorms) in fp32
+    p = 2 if amp else FP32
+    r = 2 if amp and cfg.residual_16bit else FP32  # autocast keeps the residual stream in fp32 unless asked
     attn = attention or attention_for(cfg, spec, device_type, sm, cudnn_version)
     V, h = cfg.padded_vocab, cfg.n_embd  # the embedding's rows and the logits' width, padding included
     n_mb = microbatches or 1
@@ -282,10 +285,12 @@ def predict_memory(
             layer_activation_bytes_per_token(cfg, spec.ckpt, r, p, deg.tp, sequence_parallel, attn, seq) * tokens
         )
         layer_full = layer_activation_bytes_per_token(cfg, "none", r, p, deg.tp, sequence_parallel, attn, seq) * tokens
-        if amp and spec.ckpt != "full":
-            layer_act += 2 * layer_linear_param_count(cfg, deg.tp)  # bf16 weight copies saved for backward
-        if amp:
-            layer_full += 2 * layer_linear_param_count(cfg, deg.tp)
+        weights16 = 2 * layer_linear_param_count(cfg, deg.tp)  # a layer's 16-bit weight copies (amp)
+        cached = weights16 * st.layers if amp and cast_once else 0.0  # made once, held all step
+        if amp and spec.ckpt != "full" and not cast_once:
+            layer_act += weights16  # autocast's copies, saved for backward
+        if amp and not cast_once:
+            layer_full += weights16
         head_act = 0.0
         logits_tmp = 0.0
         if st.has_head and loss == "chunked":
@@ -313,7 +318,7 @@ def predict_memory(
         persistent_grads = grads_full if accumulation_steps > 1 else 0.0
 
         # A: start of backward (set_to_none=True: no gradients yet unless accumulating)
-        static = params_dev + opt_state + buffers + persistent_grads
+        static = params_dev + opt_state + buffers + persistent_grads + cached
         phase_a = static + acts + logits_tmp + unsharded_fwd
         # C: walk the backward through this stage's layers, last to first
         phase_c = 0.0
@@ -342,7 +347,7 @@ def predict_memory(
             opt_tmp = FP32 * max(V * h if (st.has_embedding or st.has_head) else 0, 4 * h * h // deg.tp)
         else:
             opt_tmp = FP32 * P / (dp if spec.data_parallel in ("zero1", "zero2", "zero3") else 1)
-        phase_b = params_dev + opt_state + buffers + grads_b + opt_tmp
+        phase_b = params_dev + opt_state + buffers + grads_b + opt_tmp + cached
 
         peak = max(phase_a, phase_b, phase_c)
         result = {
@@ -351,7 +356,7 @@ def predict_memory(
             "grads_bytes": int(grads_b if not spec.uses_fsdp else max(grads_b, FP32 * (root + 2 * lp))),
             "optimizer_bytes": int(opt_state),
             "activations_bytes": int(acts),
-            "buffers_bytes": int(buffers + unsharded_fwd),
+            "buffers_bytes": int(buffers + unsharded_fwd + cached),
             "temporaries_bytes": int(max(logits_tmp, opt_tmp)),
             "host_bytes": int(host),
             "phase_bytes": {
@@ -453,6 +458,7 @@ def predict_plan(plan: GPTPlan) -> dict:
         optimizer=plan.optimizer_kernel,
         attention=plan.attention,
         loss=plan.loss,
+        cast_once=plan.cast_once,
     )
 
 
@@ -490,7 +496,8 @@ def predicted_step_seconds(plan: GPTPlan, peak_flops: float = PEAK_FLOPS, bandwi
 
     GEMMs (hardware FLOPs: recomputation and padded heads included) at an efficiency that grows with the
     micro-step's tokens; attention at the efficiency of its layout; per micro-step beyond the first, the
-    weights' 16-bit recast (6 bytes a parameter, amp) and the gradient accumulation (8 bytes); AdamW's pass
+    weights' 16-bit recast (6 bytes a parameter, amp; none with cast_once) and the gradient accumulation
+    (8 bytes); AdamW's pass
     over weights, gradients and m, v (28 bytes a parameter). Data-parallel ranks each run their slice."""
     from trainlab.gpt.flops import attention_flops_per_token, hardware_flops_per_token
 
@@ -504,7 +511,7 @@ def predicted_step_seconds(plan: GPTPlan, peak_flops: float = PEAK_FLOPS, bandwi
     attn_eff = ATTENTION_EFFICIENCY["aligned" if aligned else "unaligned"]
     n = count_params(cfg)
     extra_steps = max(0, plan.micro_steps - 1) if not plan.pipeline else 0
-    per_micro = (6 if plan.amp else 0) + 8
+    per_micro = (6 if plan.amp and not plan.cast_once else 0) + 8
     if not plan.amp:
         peak_flops *= FP32_FRACTION["fp32" if plan.tf32 == "off" else "tf32"]
     seconds = tokens * (gemm / gemm_eff + attn / attn_eff) / peak_flops
@@ -569,6 +576,7 @@ def plan(
         pred = predict_plan(p)
         pred["fits"] = pred["total_bytes"] <= budget
         pred["predicted_step_ms"] = p.predicted_step_ms
+        pred["loss"] = p.loss
         pred["max_micro_batch"] = largest_micro_batch(resolver, name, budget)
         rows.append(pred)
     return {
@@ -603,7 +611,7 @@ def format_plan(result: dict) -> str:
         f"memory {result['gpu_mem_bytes'] / GiB:.1f} GiB (usable {result['usable_bytes'] / GiB:.1f} GiB)  "
         f"micro-batch {result['micro_batch']}  seq {result['seq_len']}  sm{result.get('sm', 90)}",
         f"{'strategy':<22}{'params':>8}{'grads':>8}{'optim':>8}{'activ':>8}{'other':>8}{'PEAK GiB':>9}"
-        f"{'host':>8}  fits  max-micro-batch  step ms*  attention (SDPA kernel)",
+        f"{'host':>8}  fits  max-micro-batch  step ms*  loss           attention (SDPA kernel)",
     ]
     for r in result["strategies"]:
         if r.get("error"):
@@ -614,7 +622,7 @@ def format_plan(result: dict) -> str:
             f"{r['strategy']:<22}{g(r['params_bytes'])} {g(r['grads_bytes'])}{g(r['optimizer_bytes'])} "
             f"{g(r['activations_bytes'])}{g(other)} {g(r['total_bytes'])}{g(r['host_bytes'])}  "
             f"{'yes ' if r['fits'] else 'NO  '}  {r['max_micro_batch']:<15d}  "
-            f"{r.get('predicted_step_ms') or 0:8.0f}  {r['attention']['label']}"
+            f"{r.get('predicted_step_ms') or 0:8.0f}  {r.get('loss', '-'):<13}  {r['attention']['label']}"
         )
     why = {r["attention"]["label"]: r["attention"]["why"] for r in result["strategies"] if not r.get("error")}
     lines += [f"  {label}: {reason}" for label, reason in why.items()]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainlab.gpt.ablation import ABLATION_EXCLUDED_BENCH_FLAGS, CHANGES, AblationConfig
+from trainlab.gpt.ablation import ABLATION_EXCLUDED_BENCH_FLAGS, CHANGES, GLUE, AblationConfig
 from trainlab.gpt.config import COMPARE_EXCLUDED_BENCH_FLAGS, CompareConfig, GPTBenchConfig, PlanConfig
 from trainlab.gpt.model import count_params, get_preset
 from trainlab.lab.machine import Hardware
@@ -187,15 +187,17 @@ def ablation_changes(hw: Hardware, size: str) -> tuple[str, str]:
         return pick(size, "ours,vocab-pad", "ours,bf16,vocab-pad,chunked-ce,max-micro-batch", ""), pick(
             size, "baseline,cumulative", AblationConfig().groups, ""
         )
+    names = [c.name for c in CHANGES if c.name not in GLUE]  # to gpt_best (GLUE: benchmarks/gpu_gpt.py)
     if hw.half == "fp16":
-        names = [{"bf16": "fp16"}.get(c.name, c.name) for c in CHANGES if c.name != "tf32"]
+        names = [{"bf16": "fp16"}.get(n, n) for n in names if n != "tf32"]
         return ",".join(names), "baseline,cumulative,separate"
-    return AblationConfig().changes, "baseline,cumulative,peer,separate"
+    return ",".join(names), "baseline,cumulative,peer,separate"
 
 
 def _ablation(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, size: str, t) -> Step:
     """Issue 30: from the handout's baseline to gpt_best, each change alone and cumulatively, and the peer
-    row, every row on the same tokens. full: the baseline, the 10 cumulative rows and the peer, ~12 runs
+    row, every row on the same tokens (issue 35's glue levers not here: benchmarks/gpu_gpt.py --parts glue
+    measures them). full: the baseline, the 10 cumulative rows and the peer, ~12 runs
     of 25-60 s on an H100 (estimated, not yet measured; compile rows reuse inductor's on-disk cache)."""
     changes, groups = ablation_changes(hw, size)
     timed = dict(steps=4, warmup=1) if gp else dict(steps=pick(size, 2, 5, 5), warmup=1)
