@@ -30,8 +30,12 @@ CASES = [
 
 @pytest.fixture
 def interpret(monkeypatch):
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    """The device the Triton kernels run on: the GPU (compiled) where there is one, else the CPU
+    under the interpreter. Tests that make their own tensors put them there."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return torch.device("cpu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -132,15 +136,15 @@ def test_fused_relu_epilogue_matches_aten_forward_and_backward(interpret, layer,
     else:
         shapes, ref = ((5, 9), (7, 9)), F.linear
         ours = lt.linear_relu
-    x, w = (torch.randn(s, generator=g, dtype=torch.float64) for s in shapes)
-    b = torch.randn(w.shape[0], generator=g, dtype=torch.float64)
+    x, w = (torch.randn(s, generator=g, dtype=torch.float64).to(interpret) for s in shapes)
+    b = torch.randn(w.shape[0], generator=g, dtype=torch.float64).to(interpret)
     x.view(-1)[3] = float("nan")  # one NaN: relu keeps it, as torch.relu does
     leaves = [t.clone().requires_grad_(x_grad or i > 0) for i, t in enumerate((x, w, b))]
     ref_leaves = [t.clone().requires_grad_(x_grad or i > 0) for i, t in enumerate((x, w, b))]
     y, y_ref = ours(*leaves), torch.relu(ref(*ref_leaves))
     torch.testing.assert_close(y, y_ref, equal_nan=True)
     assert (y == 0).any() and (y > 0).any() and torch.isnan(y).any()  # both sides of the ReLU, and a NaN
-    dy = torch.randn(*y.shape[:-1], 2 * y.shape[-1], generator=g, dtype=torch.float64)[..., ::2]
+    dy = torch.randn(*y.shape[:-1], 2 * y.shape[-1], generator=g, dtype=torch.float64).to(interpret)[..., ::2]
     wanted = [t for t in leaves if t.requires_grad]
     with Ops() as ops:
         grads = torch.autograd.grad(y, wanted, dy)
@@ -160,9 +164,9 @@ def test_fused_relu_ops_pass_opcheck(interpret):
     from trainlab.ops.layers import layers_triton  # noqa: F401 - registers the ops
 
     g = torch.Generator().manual_seed(1)
-    x, w, b = torch.randn(1, 2, 4, 4, generator=g), torch.randn(3, 2, 3, 3, generator=g), torch.randn(3, generator=g)
+    x, w, b = (torch.randn(s, generator=g).to(interpret) for s in ((1, 2, 4, 4), (3, 2, 3, 3), (3,)))
     torch.library.opcheck(torch.ops.trainlab.triton_conv2d_relu_fwd, (x.requires_grad_(), w, b, [1, 1]))
-    x, w, b = torch.randn(4, 6, generator=g), torch.randn(5, 6, generator=g), torch.randn(5, generator=g)
+    x, w, b = (torch.randn(s, generator=g).to(interpret) for s in ((4, 6), (5, 6), (5,)))
     torch.library.opcheck(torch.ops.trainlab.triton_linear_relu_fwd, (x, w.requires_grad_(), b))
 
 
