@@ -9,7 +9,9 @@ What the Triton rung teaches that the C++ one does not:
     dx gathers dy with the kernel flipped; dW contracts over the N*OH*OW axis, split into SPLIT
     slices across programs (split-K) so that a 16 x 150 result still fills a GPU.
   * epilogue fusion: the bias is added in the GEMM's epilogue, and so is the ReLU where one follows
-    (`conv2d_relu`, `linear_relu`: y is written once, already rectified); the bias gradient is one
+    (`conv2d_relu`, `linear_relu`: y is written once, already rectified). Their backward is the
+    layer's own GEMMs reading dy through ReLU's mask as they load it (RELU_MASK: dy where y > 0, y
+    read at dy's offsets) — no relu backward pass, no masked copy of dy. The bias gradient is one
     more column of the weight-gradient GEMM (a column of ones appended to its right operand, in
     registers) — no extra pass over dy, no separate reduction.
   * autotuning: every kernel runs under `triton.autotune` over a small config set (TUNING), the
