@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Issue 40's GPU measurements in one command (about 4 minutes on one H100/H200), every result in OUT:
 #   1. ops_bench.*   `trainlab ops bench`: LeNet-5's layers at batch 4096, forward and backward, aten vs our
-#                    CUDA rung vs the autotuned Triton rung (goal: Triton total <= 1.3x aten; the `stage1`
-#                    row is conv1 with the ReLU in the Triton GEMM's epilogue, then the pool);
+#                    CUDA rung vs the autotuned Triton rung (goal: Triton total <= 1.3x aten), and the
+#                    `relu-epilogue` step total: conv1+relu, conv2+relu, fc1+relu, fc2+relu (on Triton one
+#                    kernel each, the ReLU's mask read inside the backward GEMMs: what `train --ops
+#                    own=triton` runs), the pools and fc3; `stage1` is conv1+relu then the pool;
 #   2. gelu_bench.*  GELU fp32 at 256M elements, aten / cuda / triton beside a device copy (goal: Triton
 #                    forward >= 95 % of copy);
 #   3. lenet_time_to_99_cuda.*  the `fast` preset over 20 seeds beside the seed-style loop (2 seeds; goal:
 #                    20/20 reach 99 %, median <= 0.2 s, >= 80x). LOOPS adds rows: a candidate recipe of
 #                    benchmarks/lenet_accuracy.py as fast=VARIANT (timed beside the preset, in one run);
-#   4. ops_check.*   the compiled Triton kernels against ATen (the autotuned configs, at batch 64).
+#   4. ops_check.*   the compiled Triton kernels against ATen (the autotuned configs, at batch 64), the
+#                    conv2d/linear `relu-epilogue` cases included.
 # Triton tunes each kernel once per shape at its first call (outside every timing: `ops bench` runs
 # each rung once before timing it) and caches the choice on disk.
 #

@@ -140,10 +140,42 @@ def test_wrong_backward_is_detected(monkeypatch):
 
 
 def test_triton_rung_trains_like_aten_for_a_few_steps(monkeypatch):
+    """own=triton runs conv1, conv2, fc1 and fc2 with the ReLU in their kernels (forward epilogue,
+    masked backward loads): the curve of plain SGD follows ATen's, so every gradient does."""
     pytest.importorskip("triton")
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # slow: 3 steps of batch 4
+    assert LeNet5(ops="own=triton").relu_epilogue
     torch.testing.assert_close(torch.tensor(_curve("own=triton")), torch.tensor(_curve("aten")), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "flags,fused",
+    [
+        ({}, ["features.0", "features.4", "classifier.1", "classifier.4"]),
+        ({"batchnorm": True, "batchnorm_conv1": False}, ["features.0"]),  # BatchNorm after conv2, fc1, fc2
+        ({"batchnorm": True}, []),
+        ({"act": "gelu"}, []),
+    ],
+)
+def test_own_triton_model_puts_relu_in_its_layers_with_the_aten_keys_and_draws(flags, fused):
+    """A ReLU that directly follows a conv/linear layer moves into that layer (Conv2dReLU, LinearReLU;
+    its slot an Identity), never across a BatchNorm; the state_dict keys and initial weights stay the
+    aten model's, so checkpoints move between them."""
+    pytest.importorskip("triton")
+    from trainlab.ops.conv2d import Conv2dReLU
+    from trainlab.ops.linear import LinearReLU
+
+    torch.manual_seed(5)
+    aten = LeNet5(**flags)
+    torch.manual_seed(5)
+    ours = LeNet5(ops="own=triton", **flags)
+    ref, got = aten.state_dict(), ours.state_dict()
+    assert list(got) == list(ref) and all(torch.equal(got[k], ref[k]) for k in ref)
+    names = [n for n, m in ours.named_modules() if isinstance(m, (Conv2dReLU, LinearReLU))]
+    assert names == fused and ours.relu_epilogue == bool(fused)
+    relus = sum(type(m).__name__ in ("ReLU", "GELU") for m in ours.modules())
+    assert relus == sum(type(m).__name__ in ("ReLU", "GELU") for m in aten.modules()) - len(fused)
 
 
 @pytest.mark.parametrize(

@@ -14,27 +14,31 @@ def test_layers_come_from_every_operators_folder_in_lenet_order():
     assert bench.LAYER_NAMES == (
         "conv1",
         "relu1",
+        "conv1+relu",
         "pool1",
         "stage1",
         "conv2",
         "relu2",
+        "conv2+relu",
         "pool2",
         "fc1",
         "relu3",
+        "fc1+relu",
         "fc2",
         "relu4",
+        "fc2+relu",
         "fc3",
     )
     assert {layer.op for layer in bench.LAYERS} == {op for op in registry.OPS if registry.module(op).BENCH}
 
 
 def test_totals_sum_only_layers_every_rung_timed():
-    step = [layer.name for layer in bench.LAYERS if layer.in_step]
+    step = [layer.name for layer in bench.LAYERS if "layers" in layer.steps]
     rows = [_row(256, name, "aten", 1.0, 2.0) for name in step]
     rows += [_row(256, name, "cuda", 2.0, 2.0) for name in step if name != "fc3"]  # failed at fc3
     rows += [_row(256, name, "cuda-atomic", 0.5, 0.5) for name in ("pool1", "pool2")]
     rows += [_row(256, "stage1", impl, 9.0, 9.0) for impl in ("aten", "cuda")]  # fused stage: not in a step
-    totals = {t["impl"]: t for t in bench._totals(rows)}
+    totals = {t["impl"]: t for t in bench._totals(rows) if t["step"] == "layers"}
     common = [n for n in step if n != "fc3"]
     assert totals["aten"]["layers"] == totals["cuda"]["layers"] == common
     assert totals["aten"]["fwd_s"] == pytest.approx(len(common)) and totals["cuda"]["fwd_s"] == pytest.approx(
@@ -48,3 +52,19 @@ def test_totals_sum_only_layers_every_rung_timed():
         {"device": "cuda", "torch_threads": 1, "rows": [], "skipped": {}, "totals": list(totals.values())}
     )
     assert "(pool1, pool2 only)" in table and table.count("only)") == 1
+
+
+def test_the_relu_epilogue_step_sums_the_fused_layers_pools_and_fc3():
+    """The second total is the step `train --ops own=triton` runs: each conv/linear with its ReLU, the
+    pools and fc3 — every other LeNet layer once, no layer twice, none of the unfused conv/ReLU rows."""
+    rows = [
+        _row(256, layer.name, impl, 1.0, 1.0) for layer in bench.LAYERS for impl in ("aten", "triton", "cuda-atomic")
+    ]
+    epilogue = [t for t in bench._totals(rows) if t["step"] == "relu-epilogue"]
+    assert {t["impl"] for t in epilogue} == {"aten", "triton"}  # the pool-only rung: counted once, under layers
+    assert epilogue[0]["layers"] == ["conv1+relu", "pool1", "conv2+relu", "pool2", "fc1+relu", "fc2+relu", "fc3"]
+    assert all(t["ratio_to_aten"] == pytest.approx(1.0) for t in epilogue)
+    table = bench.format_layer_table(
+        {"device": "cuda", "torch_threads": 1, "rows": [], "skipped": {}, "totals": epilogue}
+    )
+    assert table.count("relu-epilogue") == 3 and "only)" not in table

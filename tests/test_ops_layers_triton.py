@@ -19,6 +19,7 @@ CASES = [
     c
     for c in (
         check.CASES["conv2d"][1:4]
+        + check.CASES["conv2d"][-1:]  # conv2d_relu: the ReLU epilogue and its masked backward
         + check.CASES["max_pool2d"][2:]
         + check.CASES["linear"][2:]
         + check.CASES["relu"][1:]
@@ -29,8 +30,12 @@ CASES = [
 
 @pytest.fixture
 def interpret(monkeypatch):
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    """The device the Triton kernels run on: the GPU (compiled) where there is one, else the CPU
+    under the interpreter. Tests that make their own tensors put them there."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return torch.device("cpu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -103,14 +108,26 @@ def test_autotune_sets_compiled_several_interpreted_one(monkeypatch):
         assert len({(tuple(sorted(m.items())), w, st) for m, w, st in configs}) == len(configs), name
 
 
+@pytest.mark.parametrize("x_grad", [True, False], ids=["dx", "no-dx"])
 @pytest.mark.parametrize("layer", ["conv", "linear"])
-def test_fused_relu_epilogue_matches_aten_forward_and_backward(interpret, layer):
-    """relu(conv2d) and relu(linear) with the ReLU in the GEMM's epilogue, against ATen's unfused ops in
-    float64: outputs, NaN kept, and the gradients of x, W and b (the backward: relu's kernel, then the
-    layer's)."""
+def test_fused_relu_epilogue_matches_aten_forward_and_backward(interpret, layer, x_grad):
+    """relu(conv2d) and relu(linear) with the ReLU in the GEMM's epilogue, against autograd of ATen's
+    unfused ops in float64: outputs, NaN kept, and the gradients of x, W and b — computed by the layer's
+    backward kernels reading dy through ReLU's mask (no relu_bwd launched; dy a strided view, so the
+    kernels must read y at dy's offsets, not at its own)."""
     import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     from trainlab.ops.layers import layers_triton as lt
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
 
     g = torch.Generator().manual_seed(0)
     if layer == "conv":
@@ -119,28 +136,37 @@ def test_fused_relu_epilogue_matches_aten_forward_and_backward(interpret, layer)
     else:
         shapes, ref = ((5, 9), (7, 9)), F.linear
         ours = lt.linear_relu
-    x, w = (torch.randn(s, generator=g, dtype=torch.float64) for s in shapes)
-    b = torch.randn(w.shape[0], generator=g, dtype=torch.float64)
+    x, w = (torch.randn(s, generator=g, dtype=torch.float64).to(interpret) for s in shapes)
+    b = torch.randn(w.shape[0], generator=g, dtype=torch.float64).to(interpret)
     x.view(-1)[3] = float("nan")  # one NaN: relu keeps it, as torch.relu does
-    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-    ref_leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    leaves = [t.clone().requires_grad_(x_grad or i > 0) for i, t in enumerate((x, w, b))]
+    ref_leaves = [t.clone().requires_grad_(x_grad or i > 0) for i, t in enumerate((x, w, b))]
     y, y_ref = ours(*leaves), torch.relu(ref(*ref_leaves))
     torch.testing.assert_close(y, y_ref, equal_nan=True)
     assert (y == 0).any() and (y > 0).any() and torch.isnan(y).any()  # both sides of the ReLU, and a NaN
-    dy = torch.randn(y.shape, generator=g, dtype=torch.float64)
-    grads = torch.autograd.grad(y, leaves, dy)
-    ref_grads = torch.autograd.grad(y_ref, ref_leaves, dy)
-    for ours_g, ref_g in zip(grads, ref_grads):
+    dy = torch.randn(*y.shape[:-1], 2 * y.shape[-1], generator=g, dtype=torch.float64).to(interpret)[..., ::2]
+    wanted = [t for t in leaves if t.requires_grad]
+    with Ops() as ops:
+        grads = torch.autograd.grad(y, wanted, dy)
+    ref_grads = torch.autograd.grad(y_ref, [t for t in ref_leaves if t.requires_grad], dy)
+    for ours_g, ref_g in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(ours_g, ref_g, equal_nan=True)
+    launched = {name.removeprefix("trainlab.") for name in ops.names if name.startswith("trainlab.")}
+    bwd = (
+        {"triton_linear_bwd"}
+        if layer == "linear"
+        else {"triton_conv2d_bwd_weight"} | ({"triton_conv2d_bwd_input"} if x_grad else set())
+    )
+    assert launched == bwd, launched  # the mask is in the layer's kernels: no triton_relu_bwd
 
 
 def test_fused_relu_ops_pass_opcheck(interpret):
     from trainlab.ops.layers import layers_triton  # noqa: F401 - registers the ops
 
     g = torch.Generator().manual_seed(1)
-    x, w, b = torch.randn(1, 2, 4, 4, generator=g), torch.randn(3, 2, 3, 3, generator=g), torch.randn(3, generator=g)
+    x, w, b = (torch.randn(s, generator=g).to(interpret) for s in ((1, 2, 4, 4), (3, 2, 3, 3), (3,)))
     torch.library.opcheck(torch.ops.trainlab.triton_conv2d_relu_fwd, (x.requires_grad_(), w, b, [1, 1]))
-    x, w, b = torch.randn(4, 6, generator=g), torch.randn(5, 6, generator=g), torch.randn(5, generator=g)
+    x, w, b = (torch.randn(s, generator=g).to(interpret) for s in ((4, 6), (5, 6), (5,)))
     torch.library.opcheck(torch.ops.trainlab.triton_linear_relu_fwd, (x, w.requires_grad_(), b))
 
 

@@ -11,7 +11,11 @@ costliest one, and channels-last, which speeds up the convolutions, slows it dow
 Conv2d, MaxPool2d, Linear and ReLU/GELU at the chosen rung; BatchNorm, when asked for, stays
 PyTorch's). Our layer classes subclass nn.Conv2d / nn.Linear, so they draw the same initial weights
 from the same seed and have the same state_dict keys: an `own` run starts from exactly the weights
-of the `aten` run (flatten stays a view, the loss stays F.cross_entropy).
+of the `aten` run (flatten stays a view, the loss stays F.cross_entropy). On a rung whose conv and
+linear layers take the ReLU into their GEMM's epilogue (`own=triton`: ops.ladder.RELU_EPILOGUE_IMPLS),
+each conv/linear layer followed directly by ReLU (no BatchNorm between) is one `Conv2dReLU` /
+`LinearReLU` and the activation's slot holds an Identity — the same keys and draws, two fewer passes
+over each activation (the ReLU's forward pass and its backward pass) per layer.
 
 `ops="fused"` keeps PyTorch's layers except the first stage, conv1 → ReLU → max-pool, which is our
 fused C++ CPU operator (trainlab.ops.conv_relu_pool): the layers where ours are measured faster
@@ -34,8 +38,11 @@ import torch.nn as nn
 from trainlab.errors import ConfigError
 from trainlab.lenet.activations import OWN_ACTIVATIONS, make_activation, make_own_activation
 from trainlab.ops.conv2d import Conv2d as OwnConv2d
+from trainlab.ops.conv2d import Conv2dReLU
 from trainlab.ops.conv_relu_pool2d import ConvReluPool2d
+from trainlab.ops.ladder import RELU_EPILOGUE_IMPLS
 from trainlab.ops.linear import Linear as OwnLinear
+from trainlab.ops.linear import LinearReLU
 from trainlab.ops.max_pool2d import MaxPool2d as OwnMaxPool2d
 
 POOLS = {"max": nn.MaxPool2d, "avg": nn.AvgPool2d}
@@ -132,11 +139,21 @@ class LeNet5(nn.Module):
         norm1d = (lambda c: nn.BatchNorm1d(c)) if batchnorm else (lambda c: nn.Identity())
         bn1 = batchnorm and batchnorm_conv1
         self.fused = ops == "fused"
+        # The layers whose ReLU runs in their own kernel: conv1 unless BatchNorm follows it; conv2, fc1
+        # and fc2 without BatchNorm. Same constructors, same draws: only forward differs.
+        epilogue = impl in RELU_EPILOGUE_IMPLS and act == "relu"
+        fuse1, fuse_rest = epilogue and not bn1, epilogue and not batchnorm
+        Conv1, Conv2, Hidden = Conv, Conv, Linear
+        if fuse1:
+            Conv1 = partial(Conv2dReLU, impl=impl)
+        if fuse_rest:
+            Conv2, Hidden = partial(Conv2dReLU, impl=impl), partial(LinearReLU, impl=impl)
+        self.relu_epilogue = fuse1 or fuse_rest
         # Conv biases are redundant before BatchNorm (it has its own shift). conv1's weights are drawn
         # once, by whichever class runs it: the fused stage starts from the aten model's weights.
-        conv1 = (partial(ConvReluPool2d, impl="cpp") if self.fused else Conv)(1, 6, 5, padding=2, bias=not bn1)
+        conv1 = (partial(ConvReluPool2d, impl="cpp") if self.fused else Conv1)(1, 6, 5, padding=2, bias=not bn1)
         stage1 = [conv1, norm2d(6) if bn1 else nn.Identity(), Act(act), Pool(2)]  # 28→28→14
-        conv2 = (NCHWConv2d if self.fused else Conv)(6, 16, 5, bias=not batchnorm)
+        conv2 = (NCHWConv2d if self.fused else Conv2)(6, 16, 5, bias=not batchnorm)
         stage2 = [conv2, norm2d(16), Act(act), Pool(2)]  # 14→10→5
         # max(relu(x)) == relu(max(x)), gradient included (the same first argmax in each window; zero
         # gradient where the window's max is ≤ 0): pooling first applies ReLU, forward and backward, to
@@ -146,15 +163,18 @@ class LeNet5(nn.Module):
             stage1[2:], stage2[2:] = stage1[:1:-1], stage2[:1:-1]
         if self.fused:  # same slots, same state_dict keys ("features.0.weight", …) as the aten stage
             stage1[1:] = [nn.Identity(), nn.Identity(), nn.Identity()]
+        # a ReLU in its layer's kernel leaves the activation's slot (after the pool: pool_first) an Identity
+        stage1[3], stage2[3] = (nn.Identity() if f else s[3] for f, s in ((fuse1, stage1), (fuse_rest, stage2)))
+        hidden_act = nn.Identity if fuse_rest else partial(Act, act)
         self.features = nn.Sequential(*stage1, *stage2)
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            Linear(16 * 5 * 5, 120, bias=not batchnorm),
+            Hidden(16 * 5 * 5, 120, bias=not batchnorm),
             norm1d(120),
-            Act(act),
-            Linear(120, 84, bias=not batchnorm),
+            hidden_act(),
+            Hidden(120, 84, bias=not batchnorm),
             norm1d(84),
-            Act(act),
+            hidden_act(),
             Linear(84, num_classes),
         )
 

@@ -14,7 +14,9 @@ Layers: every layer of LeNet-5 (conv1 … fc3 and the activations between them, 
 each operator's folder lists its own, `BENCH`, gathered through ops/registry.py), for every batch
 size, its forward and — separately, in the same run — its backward (the gradients training needs:
 conv1's input is data and gets none). The totals add the layers every rung timed, so each ratio
-compares the same work.
+compares the same work, for two steps (STEPS): the layers one by one, and the step whose conv and
+linear layers carry their ReLU (`conv1+relu` …: one kernel on the triton rung, what `train --ops
+own=triton` runs; the layer then its ReLU on the others).
 
 The `python` rung is timed like the others: its cost (several unfused passes over memory) is the
 lesson. Triton on a CPU only runs under the interpreter, whose speed means nothing, so `triton` is
@@ -357,41 +359,49 @@ def run_layer_bench(
 
 
 PARTIAL = {"cuda-atomic": "max_pool2d"}  # rungs that time one operator's layers only, by design
+STEPS = ("layers", "relu-epilogue")  # the step totals (ladder.Layer.steps)
 
 
 def _totals(rows: list[dict]) -> list[dict]:
-    """Per batch and rung, the sum of the layers' medians: a LeNet-5 step's layer time (the unfused
-    layers). Every total sums the same layers as the aten total it is divided by: the layers every
+    """Per batch, step (STEPS) and rung, the sum of the layers' medians: a LeNet-5 step's layer time.
+    Every total sums the same layers as the aten total it is divided by: the step's layers every
     rung timed at that batch (a rung that failed at one layer shrinks them for all), and for a rung
     that times one operator only by design (cuda-atomic: the pools), that operator's layers."""
-    in_step = {layer.name for layer in LAYERS if layer.in_step}
+    return [
+        t
+        for batch in dict.fromkeys(r["batch"] for r in rows)
+        for step in STEPS
+        for t in _step_totals(rows, batch, step)
+    ]
+
+
+def _step_totals(rows: list[dict], batch: int, step: str) -> list[dict]:
+    in_step = {layer.name for layer in LAYERS if step in layer.steps}
     out = []
-    for batch in dict.fromkeys(r["batch"] for r in rows):
-        timed: dict[str, dict[str, dict]] = {}
-        for r in rows:
-            if r["batch"] == batch and r["layer"] in in_step:
-                timed.setdefault(r["impl"], {})[r["layer"]] = r
-        full = [impl for impl in timed if impl not in PARTIAL]
-        common = set.intersection(*(set(timed[i]) for i in full)) if full else set()
-        for impl, by_layer in timed.items():
-            layers = common if impl not in PARTIAL else set(by_layer) & set(timed.get("aten", {}))
-            if not layers:
-                continue
-            fwd, bwd = (sum(by_layer[n][k] for n in layers) for k in ("fwd_median_s", "bwd_median_s"))
-            base = timed.get("aten", {})
-            base_s = (
-                sum(base[n]["fwd_median_s"] + base[n]["bwd_median_s"] for n in layers) if layers <= set(base) else None
-            )
-            out.append(
-                {
-                    "batch": batch,
-                    "impl": impl,
-                    "fwd_s": fwd,
-                    "bwd_s": bwd,
-                    "layers": [layer.name for layer in LAYERS if layer.name in layers],
-                    "ratio_to_aten": (fwd + bwd) / base_s if base_s else None,
-                }
-            )
+    timed: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        if r["batch"] == batch and r["layer"] in in_step:
+            timed.setdefault(r["impl"], {})[r["layer"]] = r
+    full = [impl for impl in timed if impl not in PARTIAL]
+    common = set.intersection(*(set(timed[i]) for i in full)) if full else set()
+    for impl, by_layer in timed.items():
+        layers = common if impl not in PARTIAL else set(by_layer) & set(timed.get("aten", {}))
+        if not layers or (impl in PARTIAL and step != STEPS[0]):  # a one-operator rung: one line is enough
+            continue
+        fwd, bwd = (sum(by_layer[n][k] for n in layers) for k in ("fwd_median_s", "bwd_median_s"))
+        base = timed.get("aten", {})
+        base_s = sum(base[n]["fwd_median_s"] + base[n]["bwd_median_s"] for n in layers) if layers <= set(base) else None
+        out.append(
+            {
+                "batch": batch,
+                "step": step,
+                "impl": impl,
+                "fwd_s": fwd,
+                "bwd_s": bwd,
+                "layers": [layer.name for layer in LAYERS if layer.name in layers],
+                "ratio_to_aten": (fwd + bwd) / base_s if base_s else None,
+            }
+        )
     return out
 
 
@@ -403,23 +413,27 @@ def format_layer_table(result: dict) -> str:
     lines = [
         f"device {result['device']}  torch threads {result['torch_threads']}  "
         "(times in ms: median [p10–p90]; ratio = median / ATen's median)",
-        f"{'batch':>5}  {'layer':<6} {'impl':<11} {'forward':>26} {'x aten':>7} {'backward':>26} {'x aten':>7}",
+        f"{'batch':>5}  {'layer':<10} {'impl':<11} {'forward':>26} {'x aten':>7} {'backward':>26} {'x aten':>7}",
     ]
     for r in result["rows"]:
         fwd = f"{_ms(r['fwd_median_s'])} [{_ms(r['fwd_p10_s'])}–{_ms(r['fwd_p90_s'])}]"
         bwd = f"{_ms(r['bwd_median_s'])} [{_ms(r['bwd_p10_s'])}–{_ms(r['bwd_p90_s'])}]"
         lines.append(
-            f"{r['batch']:>5}  {r['layer']:<6} {r['impl']:<11} {fwd:>26} {r['fwd_ratio_to_aten']:>7.2f} "
+            f"{r['batch']:>5}  {r['layer']:<10} {r['impl']:<11} {fwd:>26} {r['fwd_ratio_to_aten']:>7.2f} "
             f"{bwd:>26} {r['bwd_ratio_to_aten']:>7.2f}"
         )
-    lines += ["", "layers summed (sum of medians; each ratio over the same layers for aten), per batch and impl:"]
-    common = {t["batch"]: t.get("layers") for t in result["totals"] if t["impl"] == "aten"}
+    lines += [
+        "",
+        "layers summed (sum of medians; each ratio over the same layers for aten), per batch, step and impl:",
+        "  layers: one by one;  relu-epilogue: conv/linear with their ReLU (one kernel on triton), pools, fc3",
+    ]
+    common = {(t["batch"], t.get("step")): t.get("layers") for t in result["totals"] if t["impl"] == "aten"}
     for t in result["totals"]:
         ratio = f"{t['ratio_to_aten']:.2f}x aten" if t["ratio_to_aten"] is not None else ""
-        which = t.get("layers")
-        label = "" if which is None or which == common.get(t["batch"]) else f"  ({', '.join(which)} only)"
+        which, step = t.get("layers"), t.get("step", "layers")
+        label = "" if which is None or which == common.get((t["batch"], step)) else f"  ({', '.join(which)} only)"
         lines.append(
-            f"{t['batch']:>5}  {t['impl']:<11} fwd {_ms(t['fwd_s']):>8} ms  bwd {_ms(t['bwd_s']):>8} ms  "
+            f"{t['batch']:>5}  {step:<13} {t['impl']:<11} fwd {_ms(t['fwd_s']):>8} ms  bwd {_ms(t['bwd_s']):>8} ms  "
             f"total {_ms(t['fwd_s'] + t['bwd_s']):>8} ms  {ratio}{label}"
         )
     return "\n".join(lines + [f"skipped {impl}: {why}" for impl, why in result["skipped"].items()])

@@ -31,6 +31,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 DEFAULT_DTYPES = ("float32", "bfloat16")  # `ops check`'s default for an operator without DTYPES of its own
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # what every rung accepts
 REDUCED = (torch.bfloat16, torch.float16)
+# The rungs whose conv2d_relu / linear_relu is one kernel (the ReLU in the GEMM's epilogue, its mask in
+# the backward GEMMs' loads of dy); every other rung runs its layer and then its relu.
+RELU_EPILOGUE_IMPLS = ("triton",)
 
 
 def dtype_kind(dtype: torch.dtype) -> str:
@@ -181,9 +184,11 @@ class Layer:
     op: str
     inputs: Callable
     run: Callable
-    order: int
+    order: float
     input_needs_grad: bool = True
-    in_step: bool = True  # False: a fused stage that repeats layers already timed (left out of the totals)
+    # the step totals it counts in (bench.STEPS): the layers one by one, and/or the step whose conv and
+    # linear layers carry their ReLU (relu-epilogue); () for a stage that only repeats timed layers
+    steps: tuple[str, ...] = ("layers",)
 
 
 def randn64(gen, *shape) -> torch.Tensor:

@@ -2,6 +2,7 @@ r"""conv2d (stride 1, zero padding): one entry point, a ladder of implementation
 
     conv2d(x, weight, bias=None, padding=0, impl="aten" | "python" | "cpp" | "triton" | "cuda")
     Conv2d(in_channels, out_channels, kernel_size, padding=0, impl="cpp")   # drop-in for nn.Conv2d
+    conv2d_relu(...), Conv2dReLU(...)   relu(conv2d(...)): one kernel on the triton rung
 
 Math, for x [N, C, H, W], W [OC, C, KH, KW], padding P, output [N, OC, OH, OW] with
 OH = H + 2P - KH + 1:
@@ -35,9 +36,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column, randn64, widen
+from trainlab.ops.ladder import RELU_EPILOGUE_IMPLS, Case, Layer, check_impl, every_other_column, randn64, widen
 from trainlab.ops.layers.layer_args import check_conv2d, check_device, conv2d_output_hw
 from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
+from trainlab.ops.relu import relu
 
 # ---- python: the reference autograd.Function -------------------------------------------------------
 
@@ -125,6 +127,17 @@ def conv2d(
     return compiled_rung(impl).conv2d(x, weight, bias, pad)
 
 
+def conv2d_relu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, padding=0, impl: str = "aten"
+) -> torch.Tensor:
+    """relu(conv2d(x, weight, bias, padding)): on the triton rung one kernel each way (the ReLU in the
+    GEMM's epilogue; in the backward, its mask applied as the GEMMs load dy), elsewhere two ops."""
+    if impl not in RELU_EPILOGUE_IMPLS:
+        return relu(conv2d(x, weight, bias, padding, impl=impl), impl=impl)
+    pad = check_conv2d(x, weight, bias, padding)
+    return compiled_rung(impl).conv2d_relu(x, weight, bias, pad)
+
+
 class Conv2d(nn.Conv2d):
     """nn.Conv2d with our operator in `forward`: same parameters, same initialization (so the same
     seed gives the same weights as nn.Conv2d), same state_dict keys. Stride 1, no dilation/groups."""
@@ -141,6 +154,13 @@ class Conv2d(nn.Conv2d):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", impl={self.impl!r}"
+
+
+class Conv2dReLU(Conv2d):
+    """Conv2d followed by ReLU, as one layer (conv2d_relu): Conv2d's parameters, draws and keys."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return conv2d_relu(x, self.weight, self.bias, self.padding, impl=self.impl)
 
 
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------
@@ -161,12 +181,13 @@ def random_conv_inputs(x, w, bias=True):
     return make
 
 
-def _conv_case(name, x, w, padding, bias=True, view=None):
+def _conv_case(name, x, w, padding, bias=True, view=None, op=None):
+    op = op or conv2d
     return Case(
         "conv2d",
         name,
         random_conv_inputs(x, w, bias),
-        lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], padding, impl=impl),
+        lambda t, impl: op(t["x"], t["weight"], t["bias"], padding, impl=impl),
         True,
         view,
     )
@@ -178,6 +199,7 @@ CASES = [
     _conv_case("batch1", (1, 3, 9, 9), (4, 3, 3, 3), (1, 1)),
     _conv_case("non-square", (2, 2, 7, 12), (3, 2, 3, 5), (1, 2)),
     _conv_case("strided-input", (2, 3, 10, 22), (4, 3, 3, 3), (0, 0), bias=False, view=every_other_column),
+    _conv_case("relu-epilogue", (2, 3, 9, 8), (4, 3, 3, 3), (1, 1), op=conv2d_relu),  # conv2d_relu, both ways
 ]
 
 
@@ -198,7 +220,10 @@ OPCHECK_EXTRA = ([1, 0],)  # the non-tensor arguments of trainlab::conv2d_fwd fo
 # ---- what `ops bench` times: LeNet-5's convolutions at their real shapes ----------------------------
 
 
-def bench_layer(name, c, h, oc, pad, order, first=False):
+def bench_layer(name, c, h, oc, pad, order, first=False, relu_epilogue=False):
+    """LeNet's conv layer `name` (5x5 kernels); relu_epilogue: conv2d_relu, the layer and its ReLU."""
+    op = conv2d_relu if relu_epilogue else conv2d
+
     def inputs(b, gen):
         return {
             "x": torch.randn(b, c, h, h, generator=gen),
@@ -210,10 +235,16 @@ def bench_layer(name, c, h, oc, pad, order, first=False):
         name,
         "conv2d",
         inputs,
-        lambda t, impl: conv2d(t["x"], t["weight"], t["bias"], pad, impl=impl),
+        lambda t, impl: op(t["x"], t["weight"], t["bias"], pad, impl=impl),
         order,
         input_needs_grad=not first,
+        steps=("relu-epilogue",) if relu_epilogue else ("layers",),
     )
 
 
-BENCH = [bench_layer("conv1", 1, 28, 6, 2, 0, first=True), bench_layer("conv2", 6, 14, 16, 0, 4)]
+BENCH = [
+    bench_layer("conv1", 1, 28, 6, 2, 0, first=True),
+    bench_layer("conv1+relu", 1, 28, 6, 2, 1.5, first=True, relu_epilogue=True),
+    bench_layer("conv2", 6, 14, 16, 0, 4),
+    bench_layer("conv2+relu", 6, 14, 16, 0, 5.5, relu_epilogue=True),
+]

@@ -36,13 +36,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from trainlab.ops.conv2d import Conv2d, conv2d, gradcheck_inputs, random_conv_inputs
+from trainlab.ops.conv2d import Conv2d, conv2d_relu, gradcheck_inputs, random_conv_inputs
 from trainlab.ops.conv2d import bench_layer as bench_conv_layer
 from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column
 from trainlab.ops.layers.layer_args import OpInputError, check_conv2d, check_device, conv2d_output_hw
 from trainlab.ops.layers.layers_cpp import EXTENSION, compiled_rung
 from trainlab.ops.max_pool2d import max_pool2d
-from trainlab.ops.relu import relu
 
 REGISTERED = ("cpp",)  # the rungs with a registered trainlab:: operator of their own (opcheck)
 
@@ -79,9 +78,7 @@ def conv_relu_pool2d(
                 f"{x.device}; use impl='cuda' (our unfused GPU kernels) or 'aten'"
             )
         return compiled_rung(impl).conv_relu_pool2d(x, weight, bias, pad)
-    if impl == "triton":  # the ReLU in the convolution's epilogue (layers_triton.conv2d_relu), then the pool
-        return max_pool2d(compiled_rung(impl).conv2d_relu(x, weight, bias, pad), 2, impl=impl)
-    return max_pool2d(relu(conv2d(x, weight, bias, pad, impl=impl), impl=impl), 2, impl=impl)
+    return max_pool2d(conv2d_relu(x, weight, bias, pad, impl=impl), 2, impl=impl)  # triton: the ReLU in the epilogue
 
 
 class ConvReluPool2d(Conv2d):
@@ -233,7 +230,7 @@ def _stage1():
         lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], 2, impl=impl),
         3,
         input_needs_grad=False,
-        in_step=False,
+        steps=(),
     )
 
 

@@ -9,7 +9,9 @@ What the Triton rung teaches that the C++ one does not:
     dx gathers dy with the kernel flipped; dW contracts over the N*OH*OW axis, split into SPLIT
     slices across programs (split-K) so that a 16 x 150 result still fills a GPU.
   * epilogue fusion: the bias is added in the GEMM's epilogue, and so is the ReLU where one follows
-    (`conv2d_relu`, `linear_relu`: y is written once, already rectified); the bias gradient is one
+    (`conv2d_relu`, `linear_relu`: y is written once, already rectified). Their backward is the
+    layer's own GEMMs reading dy through ReLU's mask as they load it (RELU_MASK: dy where y > 0, y
+    read at dy's offsets) — no relu backward pass, no masked copy of dy. The bias gradient is one
     more column of the weight-gradient GEMM (a column of ones appended to its right operand, in
     registers) — no extra pass over dy, no separate reduction.
   * autotuning: every kernel runs under `triton.autotune` over a small config set (TUNING), the
@@ -54,6 +56,7 @@ if tl is not None:
         w_ptr,
         b_ptr,
         y_ptr,
+        m_ptr,
         N,
         C,
         H,
@@ -71,6 +74,7 @@ if tl is not None:
         PW: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         RELU: tl.constexpr,
+        RELU_MASK: tl.constexpr,
         F64: tl.constexpr,
         IEEE: tl.constexpr,
         BM: tl.constexpr,
@@ -101,7 +105,11 @@ if tl is not None:
             ih = oh[:, None] + p[None, :] - PH
             iw = ow[:, None] + q[None, :] - PW
             a_ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            a = tl.load(x_ptr + x_base[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw, mask=a_ok, other=0.0)
+            a_off = x_base[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
+            a = tl.load(x_ptr + a_off, mask=a_ok, other=0.0)
+            if RELU_MASK:  # dx of a ReLU-epilogue layer: x is dy, m its output y (same strides)
+                y = tl.load(m_ptr + a_off, mask=a_ok, other=0.0)
+                a = tl.where(y <= 0, tl.full((BM, BK), 0.0, a.dtype), a)  # NaN passes, as in relu's backward
             b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             if IEEE:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
@@ -118,6 +126,7 @@ if tl is not None:
         g_ptr,
         x_ptr,
         dw_ptr,
+        m_ptr,
         N,
         C,
         H,
@@ -139,6 +148,7 @@ if tl is not None:
         PH: tl.constexpr,
         PW: tl.constexpr,
         BIAS_COL: tl.constexpr,
+        RELU_MASK: tl.constexpr,
         F64: tl.constexpr,
         IEEE: tl.constexpr,
         BM: tl.constexpr,
@@ -175,6 +185,9 @@ if tl is not None:
             ow = rk % OW
             a_off = img.to(tl.int64)[None, :] * sgn + rm[:, None] * sgc + (oh * sgh + ow * sgw)[None, :]
             a = tl.load(g_ptr + a_off, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if RELU_MASK:  # the layer's ReLU epilogue, differentiated: m is its output y (dy's strides)
+                y = tl.load(m_ptr + a_off, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                a = tl.where(y <= 0, tl.full((BM, BK), 0.0, a.dtype), a)  # NaN passes, as in relu's backward
             ih = oh[:, None] + p[None, :] - PH
             iw = ow[:, None] + q[None, :] - PW
             b_ok = k_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
@@ -196,6 +209,7 @@ if tl is not None:
         b_ptr,
         c_ptr,
         bias_ptr,
+        m_ptr,
         M,
         N,
         K,
@@ -207,6 +221,7 @@ if tl is not None:
         HAS_BIAS: tl.constexpr,
         BIAS_COL: tl.constexpr,
         RELU: tl.constexpr,
+        RELU_MASK: tl.constexpr,
         F64: tl.constexpr,
         IEEE: tl.constexpr,
         BM: tl.constexpr,
@@ -231,11 +246,11 @@ if tl is not None:
         for k0 in range(k_begin, k_begin + K_PER_SPLIT, BK):
             rk = k0 + tl.arange(0, BK)
             k_ok = (rk < K) & (rk < k_begin + K_PER_SPLIT)
-            a = tl.load(
-                a_ptr + rm.to(tl.int64)[:, None] * sam + rk[None, :] * sak,
-                mask=m_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
+            a_off = rm.to(tl.int64)[:, None] * sam + rk[None, :] * sak
+            a = tl.load(a_ptr + a_off, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if RELU_MASK:  # a is dy (or dy^T) of a ReLU-epilogue layer, m its output y by the same strides
+                y = tl.load(m_ptr + a_off, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                a = tl.where(y <= 0, tl.full((BM, BK), 0.0, a.dtype), a)  # NaN passes, as in relu's backward
             b = tl.load(
                 b_ptr + rk.to(tl.int64)[:, None] * sbk + rn[None, :] * sbn,
                 mask=k_ok[:, None] & n_ok[None, :],
@@ -413,9 +428,12 @@ def aot_specs(dtype: str = "fp32") -> dict:
     shape7 = ["N", "C", "H", "W", "OC", "OH", "OW"]
     return {
         "_conv2d_fwd_kernel": (
-            sig(["x_ptr", "w_ptr", "b_ptr", "y_ptr", *shape7, "sxn", "sxc", "sxh", "sxw"], [ptr] * 4 + ["i32"] * 11)
-            | dict.fromkeys([*conv, "HAS_BIAS", "RELU", "F64", "IEEE", *tiles], "constexpr"),
-            {**conv, "HAS_BIAS": True, "RELU": True, **prec, **tiles},
+            sig(
+                ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "m_ptr", *shape7, "sxn", "sxc", "sxh", "sxw"],
+                [ptr] * 5 + ["i32"] * 11,
+            )
+            | dict.fromkeys([*conv, "HAS_BIAS", "RELU", "RELU_MASK", "F64", "IEEE", *tiles], "constexpr"),
+            {**conv, "HAS_BIAS": True, "RELU": True, "RELU_MASK": True, **prec, **tiles},
         ),
         "_conv2d_bwd_weight_kernel": (
             sig(
@@ -423,6 +441,7 @@ def aot_specs(dtype: str = "fp32") -> dict:
                     "g_ptr",
                     "x_ptr",
                     "dw_ptr",
+                    "m_ptr",
                     *shape7,
                     "sgn",
                     "sgc",
@@ -434,18 +453,32 @@ def aot_specs(dtype: str = "fp32") -> dict:
                     "sxw",
                     "K_PER_SPLIT",
                 ],
-                [ptr, ptr, acc] + ["i32"] * 16,
+                [ptr, ptr, acc, ptr] + ["i32"] * 16,
             )
-            | dict.fromkeys([*conv, "BIAS_COL", "F64", "IEEE", *tiles], "constexpr"),
-            {**conv, "BIAS_COL": True, **prec, **tiles, "BM": 16},
+            | dict.fromkeys([*conv, "BIAS_COL", "RELU_MASK", "F64", "IEEE", *tiles], "constexpr"),
+            {**conv, "BIAS_COL": True, "RELU_MASK": True, **prec, **tiles, "BM": 16},
         ),
         "_matmul_kernel": (
             sig(
-                ["a_ptr", "b_ptr", "c_ptr", "bias_ptr", "M", "N", "K", "sam", "sak", "sbk", "sbn", "K_PER_SPLIT"],
-                [ptr] * 4 + ["i32"] * 8,
+                [
+                    "a_ptr",
+                    "b_ptr",
+                    "c_ptr",
+                    "bias_ptr",
+                    "m_ptr",
+                    "M",
+                    "N",
+                    "K",
+                    "sam",
+                    "sak",
+                    "sbk",
+                    "sbn",
+                    "K_PER_SPLIT",
+                ],
+                [ptr] * 5 + ["i32"] * 8,
             )
-            | dict.fromkeys(["HAS_BIAS", "BIAS_COL", "RELU", "F64", "IEEE", *tiles], "constexpr"),
-            {"HAS_BIAS": True, "BIAS_COL": True, "RELU": False, **prec, **tiles},
+            | dict.fromkeys(["HAS_BIAS", "BIAS_COL", "RELU", "RELU_MASK", "F64", "IEEE", *tiles], "constexpr"),
+            {"HAS_BIAS": True, "BIAS_COL": True, "RELU": False, "RELU_MASK": True, **prec, **tiles},
         ),
         "_max_pool2d_fwd_kernel": (
             sig(
@@ -482,6 +515,8 @@ def aot_specs(dtype: str = "fp32") -> dict:
 # (`ops bench` runs every rung once before timing it, so tuning is never timed). Each set holds the
 # config the kernel used before it was tuned, so tuning can only pick something at least as fast.
 # Interpreted: one config, never benchmarked (gelu_triton.tuned_object), so tests pay nothing for it.
+# The GEMMs' keys name their ReLU variants too: the masked backward loads twice the operand bytes, so
+# it is tuned on its own rather than handed the plain kernel's choice for the same shape.
 # The GEMMs' column tile BN follows the layer (6 … 120 channels or features, rounded up to tl.dot's 16),
 # so it is an argument; the weight-gradient GEMM's rows are output channels (6, 16): BM = 16.
 
@@ -517,13 +552,21 @@ _SPLIT_MULTIPLE = 128  # split-K slices are a multiple of every BK above (whole 
 # kernel: (compiled configs, autotune key, the one interpreted config: big tiles, since the interpreter's
 # cost is per program and per loop iteration, not per element)
 TUNING = {
-    "_conv2d_fwd_kernel": (_CONV_FWD, ["N", "C", "H", "W", "OC", "OH", "OW"], {"BM": 128, "BK": 64}),
+    "_conv2d_fwd_kernel": (
+        _CONV_FWD,
+        ["N", "C", "H", "W", "OC", "OH", "OW", "RELU", "RELU_MASK"],
+        {"BM": 128, "BK": 64},
+    ),
     "_conv2d_bwd_weight_kernel": (
         _CONV_BWD_WEIGHT,
-        ["N", "C", "H", "W", "OC", "OH", "OW", "K_PER_SPLIT"],
+        ["N", "C", "H", "W", "OC", "OH", "OW", "K_PER_SPLIT", "RELU_MASK"],
         {"BN": 64, "BK": 64},
     ),
-    "_matmul_kernel": (_MATMUL, ["M", "N", "K", "sam", "sak", "sbk", "sbn", "K_PER_SPLIT"], {"BM": 128, "BK": 64}),
+    "_matmul_kernel": (
+        _MATMUL,
+        ["M", "N", "K", "sam", "sak", "sbk", "sbn", "K_PER_SPLIT", "RELU", "RELU_MASK"],
+        {"BM": 128, "BK": 64},
+    ),
     "_max_pool2d_fwd_kernel": (_POOL, ["TOTAL", "C", "H", "W", "OH", "OW"], {"BLOCK": 4096}),
     "_max_pool2d_bwd_kernel": (_POOL, ["TOTAL", "C", "H", "W", "OH", "OW"], {"BLOCK": 4096}),
     "_relu_fwd_kernel": (_ELEMENTWISE, ["TOTAL"], {"BLOCK": 8192}),
@@ -582,9 +625,26 @@ def _grid_1d(total: int):
 # ---- the ops: eager launchers registered as torch.library custom ops ----------------------------------
 
 
-def _conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, relu: bool) -> torch.Tensor:
+def _relu_mask(grad: torch.Tensor, relu_out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dy, y) for a backward kernel that applies a ReLU epilogue's mask as it reads dy: the kernel
+    reads y at dy's offsets, so both are made contiguous (our forward's y already is; dy nearly always)."""
+    if relu_out is None:
+        return grad, None
+    return grad.contiguous(), relu_out.contiguous()
+
+
+def _conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    padding,
+    relu: bool,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """relu=True: the ReLU in the epilogue. mask (a tensor shaped like x, with x's strides): x is zeroed
+    where mask <= 0 as it is read — the input gradient of a ReLU-epilogue conv, x = dy, mask = y."""
     interpreted, dtype = run_mode(x), x.dtype
-    x, weight, bias = _kernel_inputs(interpreted, x, weight, bias)
+    x, weight, bias, mask = _kernel_inputs(interpreted, x, weight, bias, mask)
     n, c, h, w = x.shape
     oc, _, kh, kw = weight.shape
     oh, ow = conv2d_output_hw(h, w, kh, kw, padding)
@@ -599,6 +659,7 @@ def _conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
             weight.contiguous(),
             bias if bias is not None else y,
             y,
+            mask if mask is not None else x,
             n,
             c,
             h,
@@ -613,6 +674,7 @@ def _conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pa
             PW=padding[1],
             HAS_BIAS=bias is not None,
             RELU=relu,
+            RELU_MASK=mask is not None,
             **_precision(x.dtype),
             BN=bn,
         )
@@ -632,22 +694,36 @@ def conv2d_relu_fwd(
     return _conv2d(x, weight, bias, padding, relu=True)
 
 
+# The backward ops take an optional `relu_out`: the output y of the ReLU-epilogue forward
+# (conv2d_relu_fwd, linear_relu_fwd). Given, dy is read through ReLU's mask — zero where y <= 0, NaN
+# passing, as relu's backward — inside the GEMM's operand load: no relu_bwd pass, no masked copy of dy.
+
+
 @torch.library.custom_op("trainlab::triton_conv2d_bwd_input", mutates_args=())
-def conv2d_bwd_input(grad: torch.Tensor, weight: torch.Tensor, padding: list[int]) -> torch.Tensor:
+def conv2d_bwd_input(
+    grad: torch.Tensor, weight: torch.Tensor, padding: list[int], relu_out: torch.Tensor | None = None
+) -> torch.Tensor:
     # For stride 1, dx[n, c, h, w] = sum_{o,p,q} dy[n, o, h+PH-p, w+PW-q] w[o, c, p, q] is itself a
     # convolution: of dy with the kernel flipped in space and transposed in channels, padded by
     # K-1-P. So the forward's implicit-GEMM kernel computes it, with no kernel of its own.
     kh, kw = weight.shape[2], weight.shape[3]
     flipped = weight.flip(2, 3).transpose(0, 1).contiguous()  # [C, OC, KH, KW]: 2.4k numbers for LeNet's conv2
-    return conv2d_fwd(grad, flipped, None, [kh - 1 - padding[0], kw - 1 - padding[1]])
+    grad, mask = _relu_mask(grad, relu_out)
+    return _conv2d(grad, flipped, None, [kh - 1 - padding[0], kw - 1 - padding[1]], relu=False, mask=mask)
 
 
 @torch.library.custom_op("trainlab::triton_conv2d_bwd_weight", mutates_args=())
 def conv2d_bwd_weight(
-    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, padding: list[int], bias: bool
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    padding: list[int],
+    bias: bool,
+    relu_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     interpreted = run_mode(x)
-    grad, x = _kernel_inputs(interpreted, grad, x)
+    grad, mask = _relu_mask(grad, relu_out)
+    grad, x, mask = _kernel_inputs(interpreted, grad, x, mask)
     n, c, h, w = x.shape
     oc, _, kh, kw = weight.shape
     oh, ow = grad.shape[2], grad.shape[3]
@@ -664,6 +740,7 @@ def conv2d_bwd_weight(
             grad,
             x,
             parts,
+            mask if mask is not None else grad,
             n,
             c,
             h,
@@ -679,6 +756,7 @@ def conv2d_bwd_weight(
             PH=padding[0],
             PW=padding[1],
             BIAS_COL=bool(bias),
+            RELU_MASK=mask is not None,
             **_precision(x.dtype),
             BM=bm,
         )
@@ -696,10 +774,12 @@ def _matmul(
     interpreted: bool,
     split: bool,
     relu: bool = False,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """a [M, K] @ b [K, N] (+ bias) (then ReLU), operands by strides; with `bias_col` the result has
     one more column, sum_k a[m, k]. With `split`, the K axis is split across programs and the partial
-    products are added by torch (in the accumulation dtype)."""
+    products are added by torch (in the accumulation dtype). `mask` (a's shape and strides): a is
+    zeroed where mask <= 0 as it is read."""
     m, k = a.shape
     n = b.shape[1]
     ncol = n + int(bias_col)
@@ -717,6 +797,7 @@ def _matmul(
             b,
             c,
             bias if bias is not None else c,
+            mask if mask is not None else a,
             m,
             n,
             k,
@@ -728,6 +809,7 @@ def _matmul(
             HAS_BIAS=bias is not None,
             BIAS_COL=bias_col,
             RELU=relu,
+            RELU_MASK=mask is not None,
             **_precision(a.dtype),
             BN=bn,
         )
@@ -754,13 +836,15 @@ def linear_relu_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 @torch.library.custom_op("trainlab::triton_linear_bwd", mutates_args=())
 def linear_bwd(
-    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: bool
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: bool, relu_out: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     interpreted, dtype = run_mode(x), x.dtype
-    grad, x, weight = _kernel_inputs(interpreted, grad, x, weight)
+    grad, mask = _relu_mask(grad, relu_out)
+    grad, x, weight, mask = _kernel_inputs(interpreted, grad, x, weight, mask)
+    mask_t = mask.t() if mask is not None else None
     fin = x.shape[1]
-    dx = _matmul(grad, weight, None, False, interpreted, split=False)  # dy W
-    dwb = _matmul(grad.t(), x, None, bias, interpreted, split=True)  # [dy^T x | dy^T 1]
+    dx = _matmul(grad, weight, None, False, interpreted, split=False, mask=mask)  # dy W
+    dwb = _matmul(grad.t(), x, None, bias, interpreted, split=True, mask=mask_t)  # [dy^T x | dy^T 1]
     db = dwb[:, fin].to(dtype).contiguous() if bias else torch.empty((0,), dtype=dtype, device=x.device)
     return dx.to(dtype).contiguous(), dwb[:, :fin].to(dtype).contiguous(), db
 
@@ -876,8 +960,8 @@ register("triton_")
 
 
 def _register_fused_relu() -> None:
-    """Fakes and autograd of the two ops with a ReLU epilogue. Their backward is Triton kernels only:
-    relu's (dy where y > 0) and then the layer's own backward ops."""
+    """Fakes and autograd of the two ops with a ReLU epilogue. Their backward is the layer's own
+    backward ops given y: each applies ReLU's mask (dy where y > 0) as it loads dy."""
     ns = torch.ops.trainlab
 
     def conv_fake(x, weight, bias, padding):
@@ -895,16 +979,15 @@ def _register_fused_relu() -> None:
     def conv_backward(ctx, grad):
         x, weight, y = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        g = ns.triton_relu_bwd(grad, y)
-        dx = ns.triton_conv2d_bwd_input(g, weight, ctx.padding) if need_x else None
+        dx = ns.triton_conv2d_bwd_input(grad, weight, ctx.padding, y) if need_x else None
         dw = db = None
         if need_w or need_b:
-            dw, db = ns.triton_conv2d_bwd_weight(g, x, weight, ctx.padding, ctx.has_bias)
+            dw, db = ns.triton_conv2d_bwd_weight(grad, x, weight, ctx.padding, ctx.has_bias, y)
         return dx, dw if need_w else None, db if (need_b and ctx.has_bias) else None, None
 
     def linear_backward(ctx, grad):
         x, weight, y = ctx.saved_tensors
-        dx, dw, db = ns.triton_linear_bwd(ns.triton_relu_bwd(grad, y), x, weight, ctx.has_bias)
+        dx, dw, db = ns.triton_linear_bwd(grad, x, weight, ctx.has_bias, y)
         return dx, dw, db if ctx.has_bias else None
 
     for op_name, fake, backward in (

@@ -2,6 +2,7 @@ r"""linear (a fully connected layer): one entry point, a ladder of implementatio
 
     linear(x, weight, bias=None, impl="aten" | "python" | "cpp" | "triton" | "cuda")
     Linear(in_features, out_features, impl="cpp")   # drop-in for nn.Linear (2-D inputs)
+    linear_relu(...), LinearReLU(...)                # relu(linear(...)): one kernel on the triton rung
 
     y = x W^T + b                 x [N, in], W [out, in], y [N, out]
     dx = dy W,   dW = dy^T x,     db = sum_n dy[n]
@@ -22,9 +23,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainlab.ops.ladder import Case, Layer, check_impl, randn64, widen
+from trainlab.ops.ladder import RELU_EPILOGUE_IMPLS, Case, Layer, check_impl, randn64, widen
 from trainlab.ops.layers.layer_args import check_device, check_linear
 from trainlab.ops.layers.layers_cpp import compiled_rung, prepare
+from trainlab.ops.relu import relu
 
 
 class LinearFunction(torch.autograd.Function):
@@ -63,6 +65,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return compiled_rung(impl).linear(x, weight, bias)
 
 
+def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, impl: str = "aten"):
+    """relu(linear(x, weight, bias)): on the triton rung one kernel each way (as conv2d_relu)."""
+    if impl not in RELU_EPILOGUE_IMPLS:
+        return relu(linear(x, weight, bias, impl=impl), impl=impl)
+    check_linear(x, weight, bias)
+    return compiled_rung(impl).linear_relu(x, weight, bias)
+
+
 class Linear(nn.Linear):
     """nn.Linear with our operator in `forward`: same parameters, initialization and state_dict keys."""
 
@@ -77,10 +87,19 @@ class Linear(nn.Linear):
         return super().extra_repr() + f", impl={self.impl!r}"
 
 
+class LinearReLU(Linear):
+    """Linear followed by ReLU, as one layer (linear_relu): Linear's parameters, draws and keys."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear_relu(x, self.weight, self.bias, impl=self.impl)
+
+
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------
 
 
-def _linear_case(name, n, fin, fout, bias=True, transposed=False):
+def _linear_case(name, n, fin, fout, bias=True, transposed=False, op=None):
+    op = op or linear
+
     def make(batch, gen):
         rows = batch if n is None else n
         x = randn64(gen, fin, rows) if transposed else randn64(gen, rows, fin)
@@ -94,7 +113,7 @@ def _linear_case(name, n, fin, fout, bias=True, transposed=False):
         "linear",
         name,
         make,
-        lambda t, impl: linear(t["x"], t["weight"], t["bias"], impl=impl),
+        lambda t, impl: op(t["x"], t["weight"], t["bias"], impl=impl),
         True,
         _transposed if transposed else None,
     )
@@ -110,6 +129,7 @@ CASES = [
     _linear_case("lenet-fc3", None, 84, 10),
     _linear_case("batch1", 1, 30, 7),
     _linear_case("transposed-input", 9, 25, 6, bias=False, transposed=True),  # x: a [25, 9] tensor's .t()
+    _linear_case("relu-epilogue", 6, 25, 7, op=linear_relu),  # linear_relu, forward and backward
 ]
 
 
@@ -128,7 +148,9 @@ def gradcheck_case(g: torch.Generator):
 OPCHECK_EXTRA = ()  # the non-tensor arguments of trainlab::linear_fwd for gradcheck_case's shapes
 
 
-def _bench_layer(name, fin, fout, order):
+def _bench_layer(name, fin, fout, order, steps=("layers",)):
+    op = linear_relu if steps == ("relu-epilogue",) else linear
+
     def inputs(b, gen):
         return {
             "x": torch.randn(b, fin, generator=gen),
@@ -136,7 +158,15 @@ def _bench_layer(name, fin, fout, order):
             "bias": torch.randn(fout, generator=gen),
         }
 
-    return Layer(name, "linear", inputs, lambda t, impl: linear(t["x"], t["weight"], t["bias"], impl=impl), order)
+    return Layer(
+        name, "linear", inputs, lambda t, impl: op(t["x"], t["weight"], t["bias"], impl=impl), order, True, steps
+    )
 
 
-BENCH = [_bench_layer("fc1", 400, 120, 7), _bench_layer("fc2", 120, 84, 9), _bench_layer("fc3", 84, 10, 11)]
+BENCH = [
+    _bench_layer("fc1", 400, 120, 7),
+    _bench_layer("fc1+relu", 400, 120, 8.5, ("relu-epilogue",)),
+    _bench_layer("fc2", 120, 84, 9),
+    _bench_layer("fc2+relu", 120, 84, 10.5, ("relu-epilogue",)),
+    _bench_layer("fc3", 84, 10, 11, ("layers", "relu-epilogue")),  # no ReLU after it: in both steps
+]

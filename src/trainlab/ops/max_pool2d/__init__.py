@@ -181,6 +181,7 @@ def _bench_layer(name, c, h, order):
         lambda b, gen: {"x": torch.randn(b, c, h, h, generator=gen)},
         lambda t, impl: max_pool2d(t["x"], 2, impl=impl),
         order,
+        steps=("layers", "relu-epilogue"),  # the pools follow the conv layers in both steps
     )
 
 
