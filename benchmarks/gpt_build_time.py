@@ -26,18 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_output_args, check_output, save  # noqa: E402
 
 from trainlab.device import synchronize  # noqa: E402
-from trainlab.gpt.model import (  # noqa: E402
+from trainlab.gpt.model import (
     GPT,
     _canonical_param_names,
     build_gpt,
     build_hf_model,
-    count_params,
-    get_preset,
     gpt_state_dict_to_hf,
     hf_config,
     init_gpt_weights,
     initial_value,
 )
+from trainlab.gpt.shape import count_params, get_preset
 
 
 def before_ours(cfg, device):

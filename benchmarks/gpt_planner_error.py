@@ -36,9 +36,10 @@ from trainlab.distributed.launch import DistInfo  # noqa: E402
 from trainlab.gpt.attention_backend import AttentionChoice  # noqa: E402
 from trainlab.gpt.config import GPTBenchConfig  # noqa: E402
 from trainlab.gpt.engine import GPTEngine  # noqa: E402
-from trainlab.gpt.model import build_gpt, get_preset  # noqa: E402
+from trainlab.gpt.model import build_gpt
 from trainlab.gpt.plan import Machine  # noqa: E402
 from trainlab.gpt.planner import measure_step_peak_bytes, predict_plan  # noqa: E402
+from trainlab.gpt.shape import get_preset
 
 MiB = 1024**2
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from trainlab.gpt.config import GPTBenchConfig
-from trainlab.gpt.model import GPTConfig
 from trainlab.gpt.plan import GPTPlan, Machine
+from trainlab.gpt.shape import GPTConfig
 
 
 def make_plan(

@@ -232,8 +232,8 @@ def test_makefile_selects_the_cuda12_build_and_checks_the_driver_first():
 def test_the_planner_knows_sm75_has_no_flash_attention():
     """sm75: no flash, no cuDNN attention; GPT-2 1.6B's head width 50 is not a multiple of 8 either, so
     fp16 falls back to the math path, which keeps the s×s scores: more memory than flash on sm80."""
-    from trainlab.gpt.model import get_preset
     from trainlab.gpt.planner import predict_memory
+    from trainlab.gpt.shape import get_preset
 
     big, medium = get_preset("gpt2-1.6b"), get_preset("gpt2-medium")
     on75 = predict_memory(big, "fp16", 1, 2, sm=75)

@@ -215,7 +215,7 @@ def test_check_flags_a_wrong_backward(monkeypatch):
 
 
 def test_parse_size():
-    from trainlab.ops.bench import format_size, parse_size
+    from trainlab.ops.choices import format_size, parse_size
 
     assert parse_size("1K") == 1024 and parse_size("16M") == 16 * 2**20 and parse_size("1000") == 1000
     assert format_size(64 * 2**20) == "64M"

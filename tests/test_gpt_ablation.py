@@ -105,6 +105,7 @@ def test_bad_change_is_one_line(capsys):
 
 def test_the_peer_rows_hf_model_runs_sdpa():
     """The peer row claims HF's model with SDPA attention: transformers' default for GPT-2, checked here."""
-    from trainlab.gpt.model import build_hf_model, get_preset
+    from trainlab.gpt.model import build_hf_model
+    from trainlab.gpt.shape import get_preset
 
     assert build_hf_model(get_preset("tiny"), seed=0).config._attn_implementation == "sdpa"

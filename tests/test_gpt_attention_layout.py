@@ -14,9 +14,7 @@ from trainlab.distributed.launch import DistInfo
 from trainlab.errors import ConfigError
 from trainlab.gpt.engine import GPTEngine
 from trainlab.gpt.model import (
-    GPTConfig,
     build_gpt,
-    get_preset,
     gpt_state_dict_from_hf,
     gpt_state_dict_to_hf,
     lm_loss,
@@ -25,6 +23,7 @@ from trainlab.gpt.model import (
 )
 from trainlab.gpt.plan import GPTPlan, Machine
 from trainlab.gpt.planner import predict_memory, predict_plan
+from trainlab.gpt.shape import GPTConfig, get_preset
 
 # head_dim 10: not a multiple of 8, as GPT-2 1.6B's 50 is not
 ODD = GPTConfig(vocab_size=500, n_positions=32, n_embd=40, n_layer=2, n_head=4)

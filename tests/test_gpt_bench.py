@@ -19,7 +19,7 @@ from trainlab.gpt.flops import (
     hardware_flops_per_token,
     mfu,
 )
-from trainlab.gpt.model import count_params, get_preset
+from trainlab.gpt.shape import count_params, get_preset
 
 TINY = [
     "--model",

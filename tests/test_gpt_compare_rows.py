@@ -11,10 +11,10 @@ import pytest
 
 from trainlab.errors import UserError
 from trainlab.gpt import compare
-from trainlab.gpt.compare import _check_same_start, default_matrix, plan_for_strategy, run_compare, run_one
-from trainlab.gpt.config import CompareConfig, GPTBenchConfig
-from trainlab.gpt.model import get_preset
+from trainlab.gpt.compare import _check_same_start, default_matrix, run_compare, run_one
+from trainlab.gpt.config import CompareConfig, GPTBenchConfig, plan_for_strategy
 from trainlab.gpt.plan import Machine
+from trainlab.gpt.shape import get_preset
 from trainlab.gpt.strategy import mesh_rows
 
 TINY = dict(model="tiny", device="cpu", seq=16, global_batch=8)

@@ -13,9 +13,10 @@ from gpt_plans import make_plan
 from trainlab.distributed.launch import DistInfo
 from trainlab.errors import ConfigError
 from trainlab.gpt.engine import GPTEngine
-from trainlab.gpt.model import GPTConfig, LayerNorm, build_gpt, cast_weights_once, get_preset, lm_loss
+from trainlab.gpt.model import LayerNorm, build_gpt, cast_weights_once, lm_loss
 from trainlab.gpt.plan import Machine
 from trainlab.gpt.planner import format_plan, predict_memory, predict_plan
+from trainlab.gpt.shape import GPTConfig, get_preset
 
 ODD = GPTConfig(vocab_size=500, n_positions=32, n_embd=40, n_layer=3, n_head=4)
 TOKENS = torch.randint(500, (3, 16), generator=torch.Generator().manual_seed(0))

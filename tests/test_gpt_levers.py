@@ -12,17 +12,10 @@ from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.config import GPTBenchConfig
 from trainlab.gpt.engine import GPTEngine
 from trainlab.gpt.loss import chunked_lm_loss
-from trainlab.gpt.model import (
-    GPTConfig,
-    build_gpt,
-    build_hf_model,
-    get_preset,
-    gpt_state_dict_from_hf,
-    gpt_state_dict_to_hf,
-    lm_loss,
-)
+from trainlab.gpt.model import build_gpt, build_hf_model, gpt_state_dict_from_hf, gpt_state_dict_to_hf, lm_loss
 from trainlab.gpt.plan import Machine
 from trainlab.gpt.planner import predict_memory, predict_plan
+from trainlab.gpt.shape import GPTConfig, get_preset
 
 # a vocabulary that is not a multiple of 64, as GPT-2's 50257 is not
 ODD = GPTConfig(vocab_size=500, n_positions=32, n_embd=32, n_layer=2, n_head=4)

@@ -7,11 +7,8 @@ import torch.nn.functional as F
 from trainlab.errors import ConfigError
 from trainlab.gpt.model import (
     GPT,
-    PRESETS,
     build_gpt,
     build_hf_model,
-    count_params,
-    get_preset,
     gpt_state_dict_from_hf,
     gpt_state_dict_to_hf,
     hf_logits,
@@ -19,6 +16,7 @@ from trainlab.gpt.model import (
     lm_loss,
     set_activation_checkpointing,
 )
+from trainlab.gpt.shape import PRESETS, count_params, get_preset
 
 pytest.importorskip("transformers")
 

@@ -27,7 +27,8 @@ from gpt_plans import make_plan
 from trainlab.distributed.launch import DistInfo
 from trainlab.distributed.spawn import spawn_for_test
 from trainlab.gpt.engine import GPTEngine
-from trainlab.gpt.model import get_preset, initial_value
+from trainlab.gpt.model import initial_value
+from trainlab.gpt.shape import get_preset
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
 
@@ -169,7 +170,7 @@ def test_strategy_matches_single_process(spawned, name, optimizer):
 )
 def test_strategy_really_partitions_parameters(spawned, name, expected):
     """Guards against a strategy that silently falls back to full replication."""
-    from trainlab.gpt.model import count_params
+    from trainlab.gpt.shape import count_params
 
     cfg = get_preset(PRESET)
     full = 4 * count_params(cfg)

@@ -11,7 +11,6 @@ from trainlab.cli import main
 from trainlab.errors import ConfigError
 from trainlab.gpt.config import PlanConfig
 from trainlab.gpt.engine import GPTEngine
-from trainlab.gpt.model import GPTConfig, count_params, get_preset
 from trainlab.gpt.plan import Machine
 from trainlab.gpt.planner import (
     korthikanti_layer_bytes,
@@ -23,6 +22,7 @@ from trainlab.gpt.planner import (
     predict_memory,
     predict_plan,
 )
+from trainlab.gpt.shape import GPTConfig, count_params, get_preset
 
 GIB = 1024**3
 SMALL = GPTConfig(vocab_size=100, n_positions=16, n_embd=8, n_layer=2, n_head=2)

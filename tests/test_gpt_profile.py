@@ -71,7 +71,8 @@ def test_float8_block_linears_swaps_the_block_linears_and_keeps_the_loss():
     pytest.importorskip("torchao", reason="the fp8 extra (pip install 'trainlab[fp8]') is not installed")
     import torch
 
-    from trainlab.gpt.model import build_gpt, float8_block_linears, get_preset, lm_loss
+    from trainlab.gpt.model import build_gpt, float8_block_linears, lm_loss
+    from trainlab.gpt.shape import get_preset
 
     cfg = get_preset("tiny")
     plain, fp8 = build_gpt(cfg, 0), build_gpt(cfg, 0)

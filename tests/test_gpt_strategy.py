@@ -12,8 +12,9 @@ from gpt_plans import make_plan
 from trainlab.distributed.launch import DistInfo, init_distributed, needs_launch
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.engine import GPTEngine
-from trainlab.gpt.model import count_params, get_preset, initial_value
+from trainlab.gpt.model import initial_value
 from trainlab.gpt.plan import Machine
+from trainlab.gpt.shape import count_params, get_preset
 from trainlab.gpt.strategy import STRATEGY_NAMES, Degrees, parse_strategy, resolve_degrees, validate_strategy
 
 TINY = get_preset("tiny")  # 4 layers, 4 heads

@@ -14,8 +14,7 @@ import torch
 from trainlab.cli import build_parser, main
 from trainlab.flags import explicit_values
 from trainlab.gpt import planner
-from trainlab.gpt.compare import plan_for_strategy
-from trainlab.gpt.config import COMPARE_EXCLUDED_BENCH_FLAGS, CompareConfig, GPTBenchConfig
+from trainlab.gpt.config import COMPARE_EXCLUDED_BENCH_FLAGS, CompareConfig, GPTBenchConfig, plan_for_strategy
 from trainlab.gpt.plan import Machine
 from trainlab.gpt.strategy import parse_strategy
 from trainlab.lab.machine import detect_hardware, parse_sm

@@ -113,7 +113,7 @@ def test_one_node_two_gpu_sbatch_and_salloc_recipes(tmp_path, capsys, monkeypatc
     plan for that node (replayed through `trainlab lab --plan`) runs every step, each GPT row fitting."""
     from trainlab.cli import main
     from trainlab.gpt import planner
-    from trainlab.gpt.model import get_preset
+    from trainlab.gpt.shape import get_preset
 
     text = DOC.read_text()
     sbatch = next(b for b in _scripts() if "#SBATCH --gpus=2" in b)

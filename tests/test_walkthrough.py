@@ -507,7 +507,8 @@ def test_the_handout_numbers_quoted_in_the_walkthrough():
     import torch
 
     from trainlab.gpt.flops import attention_flops_per_token, flops_per_token, hardware_flops_per_token
-    from trainlab.gpt.model import GPT, count_params, get_preset
+    from trainlab.gpt.model import GPT
+    from trainlab.gpt.shape import count_params, get_preset
 
     cfg = get_preset("gpt2-1.6b")
     with torch.device("meta"):

@@ -28,16 +28,12 @@ from dataclasses import dataclass, replace
 
 from trainlab.errors import ConfigError, UserError
 from trainlab.flags import Config, opt, output_dir, positive
-from trainlab.gpt.compare import _row_line, run_one
 from trainlab.gpt.config import GPTBenchConfig
-from trainlab.gpt.model import get_preset
 from trainlab.gpt.plan import Machine, fp8_problem
-from trainlab.gpt.record import gpt_plan_record
+from trainlab.gpt.shape import get_preset
 from trainlab.gpt.strategy import parse_strategy
 from trainlab.io import read_json, refuse_foreign
 from trainlab.schema import INT, NUMBER, STR, Obj, Opt, check
-from trainlab.telemetry.env import collect_env, format_header
-from trainlab.telemetry.results import write_results
 
 
 def _strategy(cfg: GPTBenchConfig, add: str = "", drop: str = "") -> GPTBenchConfig:
@@ -328,6 +324,13 @@ def to_markdown(result: dict) -> str:
 
 def run_ablation(ac: AblationConfig, log=print, command: str = "trainlab gpt ablation") -> dict:
     """Run every row (each distinct setting once); write ablation.json/.md/.log under `ac.out`."""
+    # here, not at the top: `gpt ablation --help` and the lab's plan read this module's config and rows
+    # without the runner (torch, the launcher)
+    from trainlab.gpt.compare import _row_line, run_one
+    from trainlab.gpt.record import gpt_plan_record
+    from trainlab.telemetry.env import collect_env, format_header
+    from trainlab.telemetry.results import write_results
+
     ac.validate()
     get_preset(ac.bench.model)
     rows = rows_for(ac.bench, ac.change_list, ac.group_list, Machine.detect())

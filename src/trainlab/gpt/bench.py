@@ -45,10 +45,10 @@ from trainlab.errors import HardwareError, TrainingDiverged
 from trainlab.gpt.config import GPTBenchConfig
 from trainlab.gpt.engine import GPTEngine
 from trainlab.gpt.flops import flops_per_token, handout_param_count, handout_tflops, hardware_flops_per_token, mfu
-from trainlab.gpt.model import count_params
 from trainlab.gpt.plan import GPTPlan
 from trainlab.gpt.planner import measure_step_peak_bytes, memory_shortfall, out_of_memory_line
 from trainlab.gpt.record import stamp_bench
+from trainlab.gpt.shape import count_params
 from trainlab.hardware import is_out_of_memory
 from trainlab.io import write_json_output
 from trainlab.stats import format_spread, summarize

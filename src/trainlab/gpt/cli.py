@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 
 from trainlab.flags import add_command, add_flags, explicit_values
-from trainlab.gpt.config import COMPARE_EXCLUDED_BENCH_FLAGS, CompareConfig, GPTBenchConfig, PlanConfig
+from trainlab.gpt.config import (
+    COMPARE_EXCLUDED_BENCH_FLAGS,
+    PROFILE_EXCLUDED_BENCH_FLAGS,
+    CompareConfig,
+    GPTBenchConfig,
+    PlanConfig,
+    ProfileConfig,
+)
 from trainlab.io import write_json_output
 
 
@@ -16,8 +23,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from trainlab.gpt.model import get_preset
     from trainlab.gpt.planner import default_strategies, format_plan, parse_bytes, plan
+    from trainlab.gpt.shape import get_preset
     from trainlab.hardware import amp_for_sm
 
     pc = PlanConfig(**explicit_values(args, PlanConfig))
@@ -75,7 +82,7 @@ def _ablation(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from trainlab.gpt.profile import PROFILE_EXCLUDED_BENCH_FLAGS, ProfileConfig, profile_command
+    from trainlab.gpt.profile import profile_command
 
     bench = GPTBenchConfig(**explicit_values(args, GPTBenchConfig, exclude=PROFILE_EXCLUDED_BENCH_FLAGS))
     return profile_command(ProfileConfig(bench=bench, **explicit_values(args, ProfileConfig)))
@@ -101,7 +108,6 @@ def add_gpt(gpt: argparse.ArgumentParser) -> None:
         _ablation,
     )
     add_flags(a, GPTBenchConfig, exclude=ABLATION_EXCLUDED_BENCH_FLAGS)
-    from trainlab.gpt.profile import PROFILE_EXCLUDED_BENCH_FLAGS, ProfileConfig
 
     p = add_command(
         sub,

@@ -20,17 +20,15 @@ import tempfile
 import time
 from dataclasses import replace
 
-import torch
-
 from trainlab.distributed.launch import run_limited, worker_command, write_spec
 from trainlab.errors import ConfigError, HardwareError, UserError
-from trainlab.gpt.config import CompareConfig, GPTBenchConfig
-from trainlab.gpt.model import get_preset
+from trainlab.gpt.config import CompareConfig, GPTBenchConfig, plan_for_strategy
 from trainlab.gpt.parallel.nvme import NotInstalled
 from trainlab.gpt.plan import GPTPlan, Machine
 from trainlab.gpt.planner import memory_shortfall
 from trainlab.gpt.record import gpt_plan_record
-from trainlab.gpt.strategy import Degrees, mesh_rows, parse_strategy, resolve_degrees
+from trainlab.gpt.shape import get_preset
+from trainlab.gpt.strategy import mesh_rows
 from trainlab.hardware import OOM_MARKERS, matmul_precision
 from trainlab.io import atomic_write_text, read_json, record_written, refuse_foreign
 from trainlab.telemetry.env import collect_env, format_header
@@ -88,39 +86,6 @@ def _error_line(text: str) -> str:
         if line.startswith("trainlab: error:") or "Error" in line:
             return line[:200]
     return (text.strip().splitlines() or [""])[-1][:200]
-
-
-def plan_for_strategy(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
-    """The one per-strategy rule (`gpt compare`, the lab's planned rows): parallel strategies use all
-    `nproc` ranks, single-device ones one; accumulation gets a micro-batch half the per-rank batch; a
-    pipeline at least as many micro-batches as stages; --tp/--pp only where the strategy has them; the
-    tokens stay identical."""
-    spec = parse_strategy(strategy)
-    nproc = bench.nproc if spec.distributed else 1
-    tp, pp = (bench.tp if spec.tp else 1), (bench.pp if spec.pp else 1)
-    try:
-        deg = resolve_degrees(spec, nproc, tp, pp)
-    except ConfigError:  # the row's own check reports it as "invalid" (run_one)
-        deg = Degrees(dp=nproc if spec.data_parallel else 1, pp=pp, tp=tp)
-    per_rank = bench.global_batch // max(1, deg.dp)
-    micro = min(bench.micro_batch, max(1, per_rank))
-    if spec.pp and deg.pp > 1:
-        micro = min(micro, max(1, per_rank // deg.pp))  # 1F1B needs micro-batches >= stages
-    if spec.accum and micro >= per_rank:
-        micro = max(1, micro // 2)
-    # on CPU, RSS is mostly the runtime: count live tensor bytes too (one extra untimed step)
-    on_cpu = bench.device == "cpu" or (bench.device == "auto" and not torch.cuda.is_available())
-    return replace(
-        bench,
-        strategy=spec.text,
-        nproc=nproc,
-        tp=tp,
-        pp=pp,
-        micro_batch=micro,
-        json=None,
-        out=None,
-        track_memory=bench.track_memory or on_cpu,
-    )
 
 
 def _child_env(run: GPTPlan) -> dict:

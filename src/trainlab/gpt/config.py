@@ -12,10 +12,10 @@ from dataclasses import dataclass, replace
 
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, json_opt, one_of, opt, output_dir, positive, seed_value
-from trainlab.gpt.model import PRESETS
 from trainlab.gpt.plan import LOSS_CHOICES, GPTPlan, Machine, attention_layout_problem, resolve
 from trainlab.gpt.planner import Resolver, parse_bytes, predicted_peak, predicted_step_seconds, usable_bytes
-from trainlab.gpt.strategy import parse_strategy, resolve_degrees
+from trainlab.gpt.shape import PRESETS
+from trainlab.gpt.strategy import Degrees, parse_strategy, resolve_degrees
 from trainlab.hardware import KNOWN_SM, MATMUL_PRECISIONS, TF32_MODES
 
 MODEL_HELP = "preset: " + ", ".join(PRESETS)
@@ -220,3 +220,60 @@ class PlanConfig(Config):
             return p
 
         return plan_of
+
+
+@dataclass
+class ProfileConfig(Config):
+    """`gpt profile`'s own flags; the run is `gpt bench`'s (the same flags, `GPTBenchConfig`)."""
+
+    bench: GPTBenchConfig = opt(None, "the run to profile", cli=False)
+    profile_steps: int = opt(2, "optimizer steps under the profiler", check=at_least(1))
+    trace: str | None = opt(None, "also write a Chrome trace (chrome://tracing, Perfetto) to this file")
+    json: str | None = json_opt("write the profile as JSON to PATH ('-': print it instead of the table)")
+
+    def __post_init__(self):
+        if self.bench is None:
+            self.bench = GPTBenchConfig()
+
+
+# `gpt profile` takes the bench flags but these, which are the bench's outputs
+PROFILE_EXCLUDED_BENCH_FLAGS = ("json", "out", "overwrite", "track_memory", "steps")
+
+
+def plan_for_strategy(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
+    """The one per-strategy rule (`gpt compare`, the lab's planned rows): parallel strategies use all
+    `nproc` ranks, single-device ones one; accumulation gets a micro-batch half the per-rank batch; a
+    pipeline at least as many micro-batches as stages; --tp/--pp only where the strategy has them; the
+    tokens stay identical."""
+    spec = parse_strategy(strategy)
+    nproc = bench.nproc if spec.distributed else 1
+    tp, pp = (bench.tp if spec.tp else 1), (bench.pp if spec.pp else 1)
+    try:
+        deg = resolve_degrees(spec, nproc, tp, pp)
+    except ConfigError:  # the row's own check reports it as "invalid" (run_one)
+        deg = Degrees(dp=nproc if spec.data_parallel else 1, pp=pp, tp=tp)
+    per_rank = bench.global_batch // max(1, deg.dp)
+    micro = min(bench.micro_batch, max(1, per_rank))
+    if spec.pp and deg.pp > 1:
+        micro = min(micro, max(1, per_rank // deg.pp))  # 1F1B needs micro-batches >= stages
+    if spec.accum and micro >= per_rank:
+        micro = max(1, micro // 2)
+    # on CPU, RSS is mostly the runtime: count live tensor bytes too (one extra untimed step)
+    on_cpu = bench.device == "cpu" or (bench.device == "auto" and not _cuda_available())
+    return replace(
+        bench,
+        strategy=spec.text,
+        nproc=nproc,
+        tp=tp,
+        pp=pp,
+        micro_batch=micro,
+        json=None,
+        out=None,
+        track_memory=bench.track_memory or on_cpu,
+    )
+
+
+def _cuda_available() -> bool:
+    import torch  # here: flags and the lab's plan read this module without torch
+
+    return torch.cuda.is_available()

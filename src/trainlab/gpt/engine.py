@@ -46,8 +46,8 @@ from trainlab.gpt.parallel.mesh import average_gradients_before_step, build_mesh
 from trainlab.gpt.parallel.pipeline import PipelineRunner, split_stage
 from trainlab.gpt.parallel.tensor import apply_tensor_parallel
 from trainlab.gpt.parallel.zero1 import build_zero1_optimizer
-from trainlab.gpt.plan import LOSSES, GPTPlan
-from trainlab.gpt.step import make_step, train_step
+from trainlab.gpt.plan import GPTPlan
+from trainlab.gpt.step import LOSS_FUNCTIONS, make_step, train_step
 
 BETAS = (0.9, 0.95)
 EPS = 1e-8
@@ -148,7 +148,7 @@ class GPTEngine:
             self.mesh.tied_pairs(),
             self.plan.micro_steps,
             self.plan.pp_schedule,
-            loss_fn=LOSSES[self.plan.loss],
+            loss_fn=LOSS_FUNCTIONS[self.plan.loss],
             autocast_factory=self.precision.autocast,
         )
 

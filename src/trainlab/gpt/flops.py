@@ -18,7 +18,7 @@ it shares weights with is not; the position embedding adds a negligible T×C).
 
 from __future__ import annotations
 
-from trainlab.gpt.model import GPTConfig, count_params
+from trainlab.gpt.shape import GPTConfig, count_params
 
 
 def attention_flops_per_token(cfg: GPTConfig, seq_len: int) -> float:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trainlab.gpt.shape import CHUNK_TOKENS
+
 IGNORE = -100
 # Tokens per chunk: 4096 × 50304 fp32 logits are 0.8 GiB of temporaries instead of 3.1 GiB per 16K
 # tokens for the whole logits and their gradient; big enough that each chunk's GEMMs fill an H100.
-CHUNK_TOKENS = 4096
 
 
 def shifted_targets(tokens: torch.Tensor) -> torch.Tensor:

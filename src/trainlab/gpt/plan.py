@@ -24,22 +24,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.attention_backend import AttentionChoice, choose
-from trainlab.gpt.loss import chunked_lm_loss
-from trainlab.gpt.model import GPTConfig, get_preset, lm_loss
 from trainlab.gpt.parallel.nvme import check_nvme_available
+from trainlab.gpt.shape import GPTConfig, get_preset
 from trainlab.gpt.strategy import Degrees, StrategySpec, parse_strategy, validate_strategy
 from trainlab.hardware import matmul_precision
 
 OPTIMIZERS = ("adamw", "sgd")  # sgd: the equivalence tests' linear update (engine._build_optimizer)
 OPTIMIZER_KERNELS = ("fused", "foreach", "forloop")
-# plan.loss → the step's loss, (logits [B, T, V], tokens [B, T]) → mean next-token loss; those in
-# HIDDEN_STATE_LOSSES take (hidden [B, T, C], LM-head weight, pad mask, tokens) instead and run inside
-# the model's forward (gpt.step.HiddenLossStep), so the whole logits never exist.
-LOSSES: dict[str, Callable] = {"cross_entropy": lm_loss, "chunked": chunked_lm_loss}
+# plan.loss: the step's loss (gpt.step.LOSS_FUNCTIONS), (logits [B, T, V], tokens [B, T]) → mean
+# next-token loss; those in HIDDEN_STATE_LOSSES take (hidden [B, T, C], LM-head weight, pad mask, tokens)
+# instead and run inside the model's forward (gpt.step.HiddenLossStep), so the whole logits never exist.
+LOSSES = ("cross_entropy", "chunked")
 HIDDEN_STATE_LOSSES = frozenset({"chunked"})
 # --loss auto: the planner's choice, resolved into one of LOSSES (`choose_loss`)
 LOSS_CHOICES = ("auto", *LOSSES)
@@ -96,6 +93,8 @@ class Machine:
 
     @classmethod
     def detect(cls) -> Machine:
+        import torch  # here, not at the top: flags and `gpt plan` read this module without torch
+
         if not torch.cuda.is_available():
             try:
                 host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -42,9 +42,8 @@ from dataclasses import dataclass
 
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.attention_backend import AttentionChoice, choose
-from trainlab.gpt.loss import CHUNK_TOKENS
-from trainlab.gpt.model import GPTConfig, count_params
 from trainlab.gpt.plan import GPTPlan
+from trainlab.gpt.shape import CHUNK_TOKENS, GPTConfig, count_params
 from trainlab.gpt.strategy import StrategySpec, mesh_rows, parse_strategy, resolve_degrees
 
 GiB = 1024**3

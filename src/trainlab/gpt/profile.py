@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
 
 import torch
 
 from trainlab.errors import ConfigError
-from trainlab.flags import Config, at_least, json_opt, opt
-from trainlab.gpt.config import GPTBenchConfig
+from trainlab.gpt.config import ProfileConfig
 from trainlab.gpt.flops import attention_flops_per_token, hardware_flops_per_token
 from trainlab.gpt.plan import GPTPlan
 
@@ -87,20 +85,6 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
         total += e - max(s, end)
         end = e
     return total
-
-
-@dataclass
-class ProfileConfig(Config):
-    """`gpt profile`'s own flags; the run is `gpt bench`'s (the same flags, `GPTBenchConfig`)."""
-
-    bench: GPTBenchConfig = opt(None, "the run to profile", cli=False)
-    profile_steps: int = opt(2, "optimizer steps under the profiler", check=at_least(1))
-    trace: str | None = opt(None, "also write a Chrome trace (chrome://tracing, Perfetto) to this file")
-    json: str | None = json_opt("write the profile as JSON to PATH ('-': print it instead of the table)")
-
-    def __post_init__(self):
-        if self.bench is None:
-            self.bench = GPTBenchConfig()
 
 
 def kernel_table(events, device_type: str) -> tuple[dict[str, float], float, list[str]]:
@@ -217,10 +201,6 @@ def format_profile(p: dict) -> str:
         "(hardware FLOPs of gpt.flops over the category's time)"
     )
     return "\n".join(lines)
-
-
-# `gpt profile` takes the bench flags but these, which are the bench's outputs
-PROFILE_EXCLUDED_BENCH_FLAGS = ("json", "out", "overwrite", "track_memory", "steps")
 
 
 def profile_command(pc: ProfileConfig, log=print) -> int:

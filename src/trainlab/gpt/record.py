@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from trainlab.gpt.model import GPTConfig, get_preset
+from trainlab.gpt.shape import GPTConfig, get_preset
 from trainlab.results.kinds import plan_record, stamp
 
 

@@ -12,7 +12,7 @@ then one `optimizer_step`. Which class runs a step is decided once, from the pla
   DeepSpeedStep DeepSpeed's engine scales, syncs and steps on its own (nvme)
 
 A new lever is a plan field and a class or a table entry here, not an `if` in the engine, the bench and
-the planner: a loss is one more entry in `plan.LOSSES` (`HiddenLossStep` if it needs the hidden states
+the planner: a loss is one more entry in `plan.LOSSES` and `LOSS_FUNCTIONS` (`HiddenLossStep` if it needs the hidden states
 rather than the logits), a CUDA-graph wrapper would wrap `EagerStep.forward_backward_step` as
 torchtitan's wraps its own. None is written for GPT (issue 30): the 1.6B step is GEMM-bound (~0.5 s of
 GPU work per optimizer step at micro-batch 16) and the host queues its few thousand launches ahead of the
@@ -28,8 +28,14 @@ import torch
 import torch.nn as nn
 
 from trainlab.distributed.wrappers import gradient_sync
+from trainlab.gpt.loss import chunked_lm_loss
+from trainlab.gpt.model import lm_loss
 from trainlab.gpt.parallel.amp import Precision
 from trainlab.gpt.plan import HIDDEN_STATE_LOSSES, LOSSES, GPTPlan
+
+# plan.loss (one of plan.LOSSES) → its function
+LOSS_FUNCTIONS: dict[str, Callable] = {"cross_entropy": lm_loss, "chunked": chunked_lm_loss}
+assert tuple(LOSS_FUNCTIONS) == LOSSES
 
 
 def logits_of(impl: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
@@ -44,7 +50,7 @@ class EagerStep:
 
     def __init__(self, plan: GPTPlan, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision):
         self.model, self.optimizer, self.precision = model, optimizer, precision
-        self.loss_fn, self.logits = LOSSES[plan.loss], logits_of(plan.impl)
+        self.loss_fn, self.logits = LOSS_FUNCTIONS[plan.loss], logits_of(plan.impl)
         self.micro_batch, self.micro_steps = plan.micro_batch, plan.micro_steps
 
     def micro_batches(self, local: torch.Tensor):
@@ -94,7 +100,7 @@ class DeepSpeedStep(EagerStep):
 
     def __init__(self, plan: GPTPlan, ds_engine):
         self.ds_engine, self.micro_batch, self.micro_steps = ds_engine, plan.micro_batch, plan.micro_steps
-        self.loss_fn, self.logits = LOSSES[plan.loss], logits_of(plan.impl)
+        self.loss_fn, self.logits = LOSS_FUNCTIONS[plan.loss], logits_of(plan.impl)
 
     def forward_backward_step(self, tokens: torch.Tensor, last: bool) -> torch.Tensor:
         loss = self.loss_fn(self.logits(self.ds_engine, tokens), tokens)

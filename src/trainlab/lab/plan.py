@@ -17,7 +17,7 @@ For N GPUs of M bytes and compute capability sm, `plan_gpt` picks:
 - gpt_best: the fastest single-GPU setting with issue 30's levers, at the largest micro-batch the planner
   fits with them: the micro-batch printed is the one the step runs.
 
-Every row is the run `gpt compare` starts (`gpt.compare.plan_for_strategy`, the one per-strategy rule).
+Every row is the run `gpt compare` starts (`gpt.config.plan_for_strategy`, the one per-strategy rule).
 Every prediction is `gpt.planner.predict_plan` of the run's resolved plan (`gpt.plan.resolve` on a
 described `Machine`: the plan `gpt compare` starts, with its per-rank batch, micro-batch, accumulation
 and pipeline micro-batches), against `planner.usable_bytes` of the device.
@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.gpt.compare import plan_for_strategy
-from trainlab.gpt.config import GPTBenchConfig
-from trainlab.gpt.model import get_preset
+from trainlab.gpt.config import GPTBenchConfig, plan_for_strategy
 from trainlab.gpt.plan import GPTPlan, Machine, resolve
 from trainlab.gpt.planner import GiB, predict_plan, usable_bytes
+from trainlab.gpt.shape import get_preset
 from trainlab.gpt.strategy import mesh_rows, parse_strategy
 from trainlab.hardware import amp_for_sm
 

@@ -29,45 +29,23 @@ with the error, and the others are still timed.
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from trainlab.device import synchronize
 from trainlab.errors import ConfigError, UserError
 from trainlab.ops import registry
+from trainlab.ops.choices import DEFAULT_BATCHES, DEFAULT_SIZES, canonical_impls, format_size
 from trainlab.ops.gelu import APPROXIMATIONS, gelu
-from trainlab.ops.ladder import DTYPES, Layer, canonical_impls
+from trainlab.ops.ladder import DTYPES, Layer
 from trainlab.results.kinds import plan_record
 from trainlab.stats import time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
 
-DEFAULT_SIZES = [2**10, 2**14, 2**18, 2**20, 2**22, 2**24, 2**26]  # 1K … 64M elements
-QUICK_SIZES = [2**10, 2**16, 2**20]
-DEFAULT_BATCHES = (256, 4096)
 CPP_ON_CUDA = (
     "on CUDA tensors impl='cpp' dispatches to the same CUDA kernel as impl='cuda' "
     "(the op's CUDA key): timed once, as 'cuda'"
 )
-
-
-def parse_size(text: str) -> int:
-    """'1K' -> 1024, '16M' -> 16777216, '1000' -> 1000 (binary K/M/G)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", text)
-    if not m:
-        raise ConfigError(f"--sizes {text!r}: expected a number with an optional K/M/G suffix, e.g. 1K,16M")
-    n = int(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2).lower()]
-    if n <= 0:
-        raise ConfigError(f"--sizes {text!r}: sizes must be positive")
-    return n
-
-
-def format_size(n: int) -> str:
-    for unit, v in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if n >= v and n % v == 0:
-            return f"{n // v}{unit}"
-    return str(n)
 
 
 def available_impls(device: torch.device) -> tuple[list[str], dict]:

@@ -38,10 +38,10 @@ import torch
 
 from trainlab.errors import ConfigError, UserError
 from trainlab.ops import registry
+from trainlab.ops.choices import IMPLS
 from trainlab.ops.ladder import (
     DEFAULT_DTYPES,
     DTYPES,
-    IMPLS,
     REDUCED,
     TOLERANCES,
     Case,

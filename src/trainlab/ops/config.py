@@ -6,14 +6,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from trainlab.device import resolve_device, total_memory_bytes
 from trainlab.errors import ConfigError
 from trainlab.flags import Config, at_least, one_of, opt, output_dir, positive, thread_count
-from trainlab.ops.bench import DEFAULT_BATCHES, DEFAULT_SIZES, LAYER_NAMES, QUICK_SIZES, format_size, parse_size
-from trainlab.ops.gelu import APPROXIMATIONS
-from trainlab.ops.ladder import DTYPES, canonical_impls
+from trainlab.ops.choices import (
+    APPROXIMATIONS,
+    DEFAULT_BATCHES,
+    DEFAULT_SIZES,
+    DTYPE_BYTES,
+    QUICK_SIZES,
+    canonical_impls,
+    format_size,
+    parse_size,
+)
 from trainlab.ops.registry import OPS
 
 BENCH_COPIES = 8  # tensors of --sizes elements alive at once in the GELU bench (x, grad, per-impl inputs, outputs)
@@ -45,8 +49,10 @@ def parse_ops(ops: list[str] | None) -> list[str]:
 def gelu_bench_sizes(sizes: str | None, quick: bool, dtype: str, device: str) -> list[int]:
     """The element counts of the GELU bench: --sizes parsed, and checked to fit the device."""
     chosen = [parse_size(s) for s in sizes.split(",")] if sizes else (QUICK_SIZES if quick else DEFAULT_SIZES)
+    from trainlab.device import resolve_device, total_memory_bytes  # torch: only when a bench is run
+
     where = resolve_device(device)
-    need = max(chosen) * torch.finfo(DTYPES[dtype]).bits // 8 * BENCH_COPIES
+    need = max(chosen) * DTYPE_BYTES[dtype] * BENCH_COPIES
     have = total_memory_bytes(where)
     if have is not None and need > have:
         raise ConfigError(
@@ -64,7 +70,7 @@ class CheckConfig(Config):
     json: bool = opt(False, "print one JSON document instead of the table")
     impl: list[str] | None = opt(None, "only these rungs (repeatable): aten, python, cpp, triton, cuda (default: all)")
     approximate: list[str] | None = opt(None, "only these approximations (repeatable)", choices=APPROXIMATIONS)
-    dtype: list[str] | None = opt(None, "only these dtypes (repeatable)", choices=tuple(DTYPES))
+    dtype: list[str] | None = opt(None, "only these dtypes (repeatable)", choices=tuple(DTYPE_BYTES))
     n: int = opt(
         4096,
         "random elements per row besides the edge values",
@@ -86,7 +92,7 @@ class OpsCheckConfig(CheckConfig):
     dtype: list[str] | None = opt(
         None,
         "only these dtypes (repeatable; default: float32 and bfloat16, and float64 for gelu)",
-        choices=tuple(DTYPES),
+        choices=tuple(DTYPE_BYTES),
     )
     case: list[str] | None = opt(
         None, "only these shape cases, e.g. lenet-conv1, batch1 (repeatable; gelu's one case is 'elementwise')"
@@ -139,7 +145,7 @@ class OpsBenchConfig(BenchConfig):
     impl: list[str] | None = opt(
         None, "only these rungs (repeatable; aten is always included; cuda-atomic: the naive pool backward, GPU only)"
     )
-    layer: list[str] | None = opt(None, f"only these layers: {' '.join(LAYER_NAMES)}")
+    layer: list[str] | None = opt(None, "only these LeNet-5 layers, e.g. conv1 (an unknown name lists them)")
     threads: int | None = opt(
         None, "torch CPU threads (default: torch's choice; at most this machine's CPUs)", check=thread_count
     )

@@ -23,11 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from trainlab.errors import ConfigError
+from trainlab.ops.choices import DTYPE_BYTES, IMPLS
 
-IMPLS = ("aten", "python", "cpp", "triton", "cuda")
-# Older spellings accepted on the command line (`trainlab gelu check --impl torch`, in earlier docs).
-IMPL_ALIASES = {"torch": "aten"}
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}  # checked in
+DTYPES = {name: getattr(torch, name) for name in DTYPE_BYTES}  # checked in
 DEFAULT_DTYPES = ("float32", "bfloat16")  # `ops check`'s default for an operator without DTYPES of its own
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # what every rung accepts
 REDUCED = (torch.bfloat16, torch.float16)
@@ -91,17 +89,6 @@ TOLERANCES = {
 def check_impl(op: str, impl: str) -> None:
     if impl not in IMPLS:
         raise ConfigError(f"{op} impl={impl!r}: unknown implementation; choose one of {', '.join(IMPLS)}")
-
-
-def canonical_impls(names, flag: str = "--impl", extra: tuple[str, ...] = ()) -> list[str]:
-    """Command-line rung names, aliases resolved; ConfigError (one line) for an unknown one."""
-    out = []
-    for name in names or []:
-        name = IMPL_ALIASES.get(name, name)
-        if name not in IMPLS + extra:
-            raise ConfigError(f"{flag} {name!r}: unknown implementation; choose one of {', '.join(IMPLS + extra)}")
-        out.append(name)
-    return out
 
 
 def availability(impl: str) -> tuple[str | None, torch.device]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-
-import torch
+from typing import TYPE_CHECKING
 
 from trainlab.errors import HardwareError
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_NVME_PATH = os.environ.get("TRAINLAB_NVME_PATH", "/tmp/trainlab_nvme")
 
@@ -30,6 +32,8 @@ def check_nvme_available(device_type: str = "cuda") -> None:
     """NotInstalled unless deepspeed is importable; HardwareError unless a CUDA GPU is the training device."""
     if importlib.util.find_spec("deepspeed") is None:
         raise NotInstalled(f"--strategy nvme: deepspeed is not installed (the optional extra: {INSTALL_HINT})")
+    import torch  # here: the plan checks this before anything imports torch
+
     if device_type != "cuda" or not torch.cuda.is_available():
         raise HardwareError("--strategy nvme needs a CUDA GPU (DeepSpeed's NVMe offload swaps to it from NVMe)")
 
@@ -89,7 +93,7 @@ def gathered_state_dict(engine) -> dict[str, torch.Tensor]:
     named = dict(module.named_parameters())
     with deepspeed.zero.GatheredParameters(list(named.values()), modifier_rank=None):
         for name, p in named.items():
-            out[name] = p.detach().to("cpu", torch.float32).clone()
+            out[name] = p.detach().float().cpu().clone()
     if "wte.weight" in out and "lm_head.weight" not in out:
         out["lm_head.weight"] = out["wte.weight"]
     return out

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from trainlab.gpt.ablation import ABLATION_EXCLUDED_BENCH_FLAGS, CHANGES, GLUE, AblationConfig
 from trainlab.gpt.config import COMPARE_EXCLUDED_BENCH_FLAGS, CompareConfig, GPTBenchConfig, PlanConfig
-from trainlab.gpt.model import count_params, get_preset
+from trainlab.gpt.shape import count_params, get_preset
 from trainlab.lab.machine import Hardware
 from trainlab.lab.plan import HANDOUT_MODEL, LEVERS, OPTIMIZER, LabGptRows, plan_gpt
 from trainlab.lab.steps.base import Step, pick, script, trainlab

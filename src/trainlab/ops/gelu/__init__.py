@@ -35,11 +35,10 @@ import torch.nn as nn
 
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.ops.build import Extension
+from trainlab.ops.choices import APPROXIMATIONS as APPROXIMATIONS  # re-exported, as IMPLS
+from trainlab.ops.choices import IMPLS as IMPLS
 from trainlab.ops.gelu import gelu_math
 from trainlab.ops.ladder import FLOAT_DTYPES, check_impl, dtype_kind, widen
-from trainlab.ops.ladder import IMPLS as IMPLS  # re-exported: `from trainlab.ops.gelu import IMPLS`
-
-APPROXIMATIONS = gelu_math.APPROXIMATIONS
 
 
 def validate_options(impl: str, approximate: str) -> None:

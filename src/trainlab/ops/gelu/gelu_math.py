@@ -57,7 +57,6 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 BETA = math.sqrt(2.0 / math.pi)
 KAPPA = 0.044715
 SIGMOID_K = 1.702
-APPROXIMATIONS = ("none", "tanh", "sigmoid")  # exact, tanh form, report 000's x sigmoid(1.702 x)
 
 
 def sech2(u: torch.Tensor) -> torch.Tensor:
