@@ -5,10 +5,14 @@
 #                    row is conv1 with the ReLU in the Triton GEMM's epilogue, then the pool);
 #   2. gelu_bench.*  GELU fp32 at 256M elements, aten / cuda / triton beside a device copy (goal: Triton
 #                    forward >= 95 % of copy);
-#   3. lenet_time_to_99_cuda.*  the `fast` preset over 20 seeds beside the seed-style loop (2 seeds; goal:
-#                    20/20 reach 99 %, median <= 0.2 s, >= 80x). LOOPS adds rows: a candidate recipe of
+#   3. lenet_time_to_99_cuda.*  the `fast` preset over 20 seeds beside `fast=fast-ema` (the same recipe with
+#                    an EMA of the weights, updated inside the CUDA graph: what it costs per step, and
+#                    whether it lifts the seeds that miss) and the seed-style loop (2 seeds; goal: 20/20
+#                    reach 99 %, median <= 0.2 s, >= 80x). LOOPS changes the rows: a candidate recipe of
 #                    benchmarks/lenet_accuracy.py as fast=VARIANT (timed beside the preset, in one run);
-#   4. ops_check.*   the compiled Triton kernels against ATen (the autotuned configs, at batch 64).
+#   4. ops_check.*   the compiled Triton kernels against ATen (the autotuned configs, at batch 64);
+#   5. graph_check.console  the GPU tests of the captured step (tests/test_lenet_step.py -m gpu): graph vs
+#                    eager, the EMA's average included, and no host sync per step with the EMA in the graph.
 # Triton tunes each kernel once per shape at its first call (outside every timing: `ops bench` runs
 # each rung once before timing it) and caches the choice on disk.
 #
@@ -24,7 +28,7 @@ DRY=0
 PY=${PY:-python3}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
-LOOPS=${LOOPS:-fast,seed-style}
+LOOPS=${LOOPS:-fast,fast=fast-ema,seed-style}
 if [ $DRY = 1 ]; then
   DEV=cpu; BATCH=8; SIZES=1K; IMPLS=(--impl cpp); BUDGET=0.05; SEEDS=0; BASE=0; EXTRA=(--train-subset 512 --max-epochs 1)
   CHECK=(env TRITON_INTERPRET=1 "$PY" -m trainlab ops check --impl triton --op relu --batch 2 --out "$OUT")
@@ -51,4 +55,5 @@ step gelu_bench "$PY" -m trainlab ops bench --op gelu --device $DEV --sizes $SIZ
 step time_to_99 "$PY" benchmarks/lenet_time_to_99.py --device $DEV --loops "$LOOPS" --seeds $SEEDS \
   --baseline-seeds $BASE "${EXTRA[@]}" --out "$OUT" --force
 step ops_check timeout $([ $DRY = 1 ] && echo 900 || echo 120) "${CHECK[@]}"
+[ $DRY = 1 ] || step graph_check timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_lenet_step.py
 echo "done: $OUT"

@@ -132,11 +132,13 @@ def test_summary_records_the_resolved_plan(tmp_path):
 
 
 def _run(plan: LeNetPlan, batches, steps_per_epoch: int) -> tuple[list[float], dict]:
-    """Train `plan`'s model through the library's step on `batches` → (per-step losses, final weights)."""
+    """Train `plan`'s model through the library's step on `batches` → (per-step losses, final weights and,
+    under `ema.` keys, their EMA: in a captured graph it moves inside the graph)."""
     model = build_model(plan)
     optimizer = build_optimizer(plan, model)
     scheduler = build_scheduler(plan, optimizer, plan.lr, steps_per_epoch)
-    step = make_step(plan, model, optimizer)
+    ema = EMA(model, 0.9)
+    step = make_step(plan, model, optimizer, ema=ema)
     step.prepare(*batches[0])
     losses, correct = [], []
     for x, y in batches:
@@ -144,7 +146,9 @@ def _run(plan: LeNetPlan, batches, steps_per_epoch: int) -> tuple[list[float], d
         scheduler.step()
         losses.append(loss)
         correct.append(n)
-    return [float(v) for v in losses], {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    states = {**model.state_dict(), **{f"ema.{k}": v for k, v in ema.module.state_dict().items()}}
+    assert ema.updates == len(batches) == int(ema._count)
+    return [float(v) for v in losses], {k: v.detach().float().cpu() for k, v in states.items()}
 
 
 def _batches(device, n: int, batch: int, channels_last: bool):
