@@ -14,11 +14,11 @@ mode here, not another copy of the loop body:
   state and learning rate live on the device (the scheduler writes the lr tensor in place), and the
   loss and correct count left in static outputs. LeNet-5's step is launch-bound on a GPU, ~100 small
   kernels; replaying them as one graph measured 5.0x faster on an H100 (benchmarks/dp_compile.py).
-  The EMA's update is in the graph too (`lenet.ema`: its decay is computed on the device from a device
-  count), so averaging the weights adds no launch per step. Under OneCycle (the default recipe) the graph holds forward + backward only, and the fused AdamW
-  step runs after each replay as in eager mode (`LeNetPlan.optimizer_in_graph`: OneCycle's beta1 is
-  a host float the fused kernel takes as an argument) and the EMA after it; its host work overlapping
-  the replay.
+  The EMA's update (`--ema`) is in the graph too: its decay is computed on the device from a device
+  count (`lenet.ema`), so averaging the weights adds no launch of its own per step.
+  Under OneCycle (the default recipe) the graph holds forward + backward only, and the fused AdamW
+  step and the EMA run after each replay as in eager mode (`LeNetPlan.optimizer_in_graph`: OneCycle's
+  beta1 is a host float the fused kernel takes as an argument), their host work overlapping the replay.
   Only batches of the captured shape replay the graph: a shorter last batch runs the same step
   eagerly (same optimizer, same lr tensor), so every image is trained on and the result is the eager
   run's; dropping it would change the recipe, padding it would change the loss.
