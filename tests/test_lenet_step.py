@@ -333,7 +333,9 @@ class _WholeStepReplayOnCPU:
 
     def replay(self):
         s = self.step
-        s.static_loss, s.static_correct = s.eager(s.static_x, s.static_y, ema=False)
+        s.optimizer.zero_grad(set_to_none=True)
+        s.static_loss, s.static_correct = s.forward_backward(s.static_x, s.static_y)
+        s.optimizer.step()
         s.ema.advance()
         self.replays += 1
 

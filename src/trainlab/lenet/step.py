@@ -85,9 +85,8 @@ class Step:
         (term if self.scaler is None else self.scaler.scale(term)).backward()
         return loss.detach(), (logits.detach().argmax(1) == y).sum()
 
-    def eager(self, x, y, scale=None, ema: bool = True):
-        """One step, op by op (the eager and compile modes, and a graph's odd-shaped batch); `ema=False`:
-        the EMA left alone (the warm-up before a capture)."""
+    def eager(self, x, y, scale=None):
+        """One step, op by op (the eager and compile modes, and a graph's odd-shaped batch)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss, correct = self.forward_backward(x, y, scale)
         if self.after_backward is not None:
@@ -97,7 +96,7 @@ class Step:
         else:  # unscales, and skips the step if a gradient overflowed
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        if ema and self.ema is not None:
+        if self.ema is not None:
             self.ema.update()
         return loss, correct
 
@@ -166,6 +165,7 @@ class Step:
             if not torch.is_tensor(group["lr"]) or group["lr"].device.type != "cuda":
                 group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=self.device)
         saved_model = copy.deepcopy(self.module.state_dict())
+        saved_ema = copy.deepcopy(self.ema.state_dict()) if self.ema is not None else None
         saved_state = {
             p: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
             for p, s in self.optimizer.state.items()
@@ -174,12 +174,14 @@ class Step:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph requires
             for _ in range(GRAPH_WARMUP_STEPS):
-                self.eager(self.static_x, self.static_y, ema=False)
+                self.eager(self.static_x, self.static_y)  # the EMA's kernels too, before the capture
         torch.cuda.current_stream().wait_stream(side)
         # Undo the warm-up IN PLACE: the graph will read and write these very tensors. Optimizer state
         # the warm-up created (a fresh run) goes back to its initial zeros, as if it had never stepped.
         with torch.no_grad():
             self.module.load_state_dict(saved_model)  # copies into the existing parameters and buffers
+            if saved_ema is not None:
+                self.ema.load_state_dict(saved_ema)  # in place too, its device count included
             for p, state in self.optimizer.state.items():
                 for k, v in state.items():
                     if torch.is_tensor(v) and p in saved_state:
