@@ -395,7 +395,9 @@ def _assemble(cfg: TrainConfig, plan: LeNetPlan, model, resume, par, run: RunDir
     steps_per_epoch = len(train_batches)  # after the split: a weighted split may drop a short last batch
     total_steps = train_batches.total_steps(cfg.epochs) if cfg.warmup_batch_size else None  # device loader (validate)
     scheduler = build_scheduler(plan, optimizer, plan.lr, steps_per_epoch, total_steps)
-    ema = EMA(model, cfg.ema) if cfg.ema else None  # evaluated and checkpointed in place of the live weights
+    ema = (
+        EMA(model, cfg.ema, cfg.ema_warmup) if cfg.ema else None
+    )  # evaluated and checkpointed in place of the live weights
     s = _Parts(
         device,
         data,
