@@ -7,8 +7,9 @@
 #                    forward >= 95 % of copy);
 #   3. lenet_time_to_99_cuda.*  the `fast` preset over 20 seeds beside `fast=fast-ema-w1` (the same recipe
 #                    with an EMA of the weights, 0.99 with --ema-warmup 1, updated inside the CUDA graph:
-#                    what it costs per step, and whether it lifts the seeds that miss; chosen on the
-#                    validation split, benchmarks/results/lenet_fast_validation_ema.md) and the
+#                    what it costs per step, and what it does to the test split's seeds; on the
+#                    validation split it moved seeds by +-0.07 % and missed 99 % on 2 of 4,
+#                    benchmarks/results/lenet_fast_validation_ema.md) and the
 #                    seed-style loop (2 seeds; goal: 20/20 reach 99 %, median <= 0.2 s, >= 80x). LOOPS changes the rows: a candidate recipe of
 #                    benchmarks/lenet_accuracy.py as fast=VARIANT (timed beside the preset, in one run);
 #   4. ops_check.*   the compiled Triton kernels against ATen (the autotuned configs, at batch 64);
