@@ -46,6 +46,8 @@ UNCITED = {
     "lenet_time_to_99_parts": "per-seed parts merged into the lenet_time_to_99_cpu* tables",
     "lenet_fast_validation_parts": "per-candidate and per-seed parts merged into lenet_fast_validation",
     "lenet_fast_validation": "issue 40's validation screen of fewer-step `fast` candidates (for docs/results.md)",
+    "lenet_fast_validation_ema_parts": "per-candidate parts merged into lenet_fast_validation_ema",
+    "lenet_fast_validation_ema": "issue 40 round 2's validation screen of EMA `fast` candidates (none reached 99 % on every seed)",
     "lenet_models": "architectures compared (--model), the walkthrough's overfitting table source",
     "worker_end_stress_*": "the DataLoader worker-shutdown stress test before and after its fix",
     "dp_shard_weights": "`--shard-weights` on devices of unequal speed (docs/beyond-lenet.md runs its script)",

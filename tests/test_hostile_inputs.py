@@ -632,6 +632,7 @@ CASES = [
     Case("name-escapes", f"train {RUN_ARGS} --name ../escape", r"--name '../escape': expected a plain name"),
     Case("ema-one", f"{NEW} --ema 1", r"--ema 1: expected a finite number >= 0 and < 1"),
     Case("ema-nan", f"{NEW} --ema nan", r"--ema nan: expected a finite number >= 0 and < 1"),
+    Case("ema-warmup-zero", f"{NEW} --ema 0.99 --ema-warmup 0", r"--ema-warmup 0: expected an integer >= 1"),
     Case("elastic-alpha-negative", f"{NEW} --elastic-alpha -3", r"--elastic-alpha -3: expected a finite number >= 0"),
     Case("elastic-sigma-zero", f"{NEW} --elastic-sigma 0", r"--elastic-sigma 0: expected a finite number > 0"),
     Case(

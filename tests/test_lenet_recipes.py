@@ -29,17 +29,20 @@ def quiet(*_a, **_k):
 # ----------------------------------------------------------------------------- EMA
 
 
-def test_ema_follows_the_formula_with_its_warm_up_ramp():
+@pytest.mark.parametrize("warmup", [10, 1, 4])
+def test_ema_follows_the_formula_with_its_warm_up_ramp(warmup):
+    """d_t = min(decay, (1 + t)/(N + t)), N = --ema-warmup: 10 (the default) and 1 (a mean of every weight
+    so far until the decay is reached) both cross the cap of 0.9 within the 30 updates."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
-    ema = EMA(model, decay=0.9)
+    ema = EMA(model, decay=0.9, warmup=warmup)
     expected = {k: v.double().clone() for k, v in model.state_dict().items()}
     for t in range(30):
         with torch.no_grad():  # the "optimizer step": new live weights and BatchNorm statistics
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
             model(torch.randn(8, 3))
-        d = min(0.9, (1 + t) / (10 + t))
+        d = min(0.9, (1 + t) / (warmup + t))
         assert ema.current_decay() == pytest.approx(d)
         ema.update()
         for k, live in model.state_dict().items():
@@ -77,6 +80,23 @@ def test_ema_state_dict_round_trip_continues_identically():
 def test_ema_rejects_decays_outside_0_1(decay):
     with pytest.raises(ValueError, match="decay"):
         EMA(nn.Linear(2, 2), decay)
+
+
+def test_ema_warmup_reaches_the_runs_average(tmp_path):
+    """--ema-warmup 1 over a run shorter than the cap (4 steps, decay 0.95): the EMA is the plain mean of
+    the initial weights and the 4 after each step, so it differs from N = 10's, which weighs the latest most."""
+    runs = {}
+    for n in (1, 10):
+        cfg = TrainConfig(**dict(SMALL, ema=0.95, ema_warmup=n, test_subset=100), out=str(tmp_path / f"n{n}"))
+        train(cfg, log=quiet)
+        runs[n] = torch.load(tmp_path / f"n{n}" / "checkpoint.pt", weights_only=False)
+    assert all(torch.equal(runs[1]["model"][k], runs[10]["model"][k]) for k in runs[1]["model"])  # same training
+    w1, w10, live = (runs[1]["ema"]["model"], runs[10]["ema"]["model"], runs[1]["model"])
+    key = "classifier.7.weight"  # fc3 of the plain LeNet-5
+    # N = 1: d_t = (1+t)/(2+t) → after 4 updates every state weighs 1/5, the last one included; N = 10:
+    # d_3 = 4/13, so the last live weights weigh 9/13
+    assert not torch.allclose(w1[key], w10[key])
+    assert (w10[key] - live[key]).abs().sum() < (w1[key] - live[key]).abs().sum()
 
 
 def test_resume_with_ema_equals_uninterrupted(tmp_path):

@@ -17,6 +17,7 @@ import torch
 from trainlab.cli import main
 from trainlab.errors import ConfigError
 from trainlab.lenet.config import TrainConfig, apply_preset
+from trainlab.lenet.ema import EMA
 from trainlab.lenet.plan import LeNetPlan, resolve
 from trainlab.lenet.setup import build_model, build_optimizer, build_scheduler
 from trainlab.lenet.step import Step, make_step
@@ -131,11 +132,13 @@ def test_summary_records_the_resolved_plan(tmp_path):
 
 
 def _run(plan: LeNetPlan, batches, steps_per_epoch: int) -> tuple[list[float], dict]:
-    """Train `plan`'s model through the library's step on `batches` → (per-step losses, final weights)."""
+    """Train `plan`'s model through the library's step on `batches` → (per-step losses, final weights and,
+    under `ema.` keys, their EMA: in a captured graph it moves inside the graph)."""
     model = build_model(plan)
     optimizer = build_optimizer(plan, model)
     scheduler = build_scheduler(plan, optimizer, plan.lr, steps_per_epoch)
-    step = make_step(plan, model, optimizer)
+    ema = EMA(model, 0.9)
+    step = make_step(plan, model, optimizer, ema=ema)
     step.prepare(*batches[0])
     losses, correct = [], []
     for x, y in batches:
@@ -143,7 +146,9 @@ def _run(plan: LeNetPlan, batches, steps_per_epoch: int) -> tuple[list[float], d
         scheduler.step()
         losses.append(loss)
         correct.append(n)
-    return [float(v) for v in losses], {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    states = {**model.state_dict(), **{f"ema.{k}": v for k, v in ema.module.state_dict().items()}}
+    assert ema.updates == len(batches) == int(ema._count)
+    return [float(v) for v in losses], {k: v.detach().float().cpu() for k, v in states.items()}
 
 
 def _batches(device, n: int, batch: int, channels_last: bool):
@@ -213,13 +218,17 @@ def test_eager_step_equals_the_written_out_step():
 def test_prepare_leaves_model_and_optimizer_as_they_were():
     plan = resolve(TrainConfig(device="cpu", step_mode="compile", batchnorm=True, amp="off", channels_last="off"), CPU)
     model = build_model(plan)
-    step = make_step(plan, model, build_optimizer(plan, model))
+    ema = EMA(model, 0.9)
+    step = make_step(plan, model, build_optimizer(plan, model), ema=ema)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with step.preserved():  # what prepare() wraps its warm-up in, here around full optimizer steps
+    with step.preserved():  # what prepare() and the plan line's timing wrap steps in, here full optimizer steps
         for x, y in _batches(CPU, 64, 32, channels_last=False):
             step.eager(x, y)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not step.optimizer.state and all(p.grad is None for p in model.parameters())
+    # the EMA too: its average, its host count and its device count (which the next update reads)
+    assert all(torch.equal(before[k], v) for k, v in ema.module.state_dict().items())
+    assert ema.updates == 0 and float(ema._count) == 0
 
 
 class _ReplayOnCPU:
@@ -276,6 +285,59 @@ def test_onecycle_graph_step_runs_the_optimizer_after_each_replay_like_eager():
     assert runs["graphed"][1] == runs["eager"][1] and len(set(runs["eager"][1])) > 3  # beta1 cycled, same values
     for a, b in zip(runs["graphed"][2], runs["eager"][2]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _hand_ema(expected: dict, model, d: float) -> None:
+    """One EMA update written out in float64: floating tensors averaged, integer buffers copied."""
+    for k, live in model.state_dict().items():
+        expected[k] = d * expected[k] + (1 - d) * live.double() if live.dtype.is_floating_point else live.double()
+
+
+@pytest.mark.parametrize("mode", ["eager", "graphed"])
+def test_the_step_moves_the_ema_after_each_optimizer_step_as_written_out(mode):
+    """`--ema` through the step: after every optimizer step (replayed or eager, a short batch between
+    replays included) the average is the hand-computed one of the live weights and BatchNorm statistics,
+    d_t = min(decay, (1 + t)/(10 + t)), and the host's count equals the device's. `graphed`: a stand-in
+    for a captured graph holding the whole step (fast's linear schedule) runs the step and the EMA's
+    device work (`advance`), as the capture records them; the step must then only count it."""
+    cfg = TrainConfig(device="cpu", batchnorm=True, schedule="linear", amp="off", channels_last="off", epochs=1)
+    plan = resolve(cfg, CPU)
+    if mode == "graphed":
+        plan = dataclasses.replace(plan, step_mode="cudagraph", capturable=True)
+        assert plan.optimizer_in_graph
+    batches = _batches(CPU, 10 * 16 + 8, 16, channels_last=False)
+    batches = batches[:4] + batches[-1:] + batches[4:-1]  # a short batch between full ones
+    model = build_model(plan)
+    ema = EMA(model, decay=0.5)  # the ramp reaches 0.5 at t = 8: both regimes within the 11 steps
+    step = Step(plan, model, build_optimizer(plan, model), ema=ema)  # make_step refuses cudagraph on a CPU
+    if mode == "graphed":
+        step.static_x, step.static_y = batches[0][0].clone(), batches[0][1].clone()
+        step.graph = _WholeStepReplayOnCPU(step)
+    expected = {k: v.double().clone() for k, v in model.state_dict().items()}
+    for t, (x, y) in enumerate(batches):
+        step(x, y)
+        _hand_ema(expected, model, min(0.5, (1 + t) / (10 + t)))
+    assert ema.updates == len(batches) == int(ema._count)
+    assert mode == "eager" or step.graph.replays == len(batches) - 1  # all but the short batch replayed
+    for k, v in ema.module.state_dict().items():
+        torch.testing.assert_close(v.double(), expected[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert not torch.equal(ema.module.classifier[-1].weight, model.classifier[-1].weight)  # an average, not a copy
+
+
+class _WholeStepReplayOnCPU:
+    """Stands in for a captured graph that holds the whole step (optimizer and EMA inside): `replay()`
+    runs what `Step._capture` records, on the static buffers."""
+
+    def __init__(self, step):
+        self.step, self.replays = step, 0
+
+    def replay(self):
+        s = self.step
+        s.optimizer.zero_grad(set_to_none=True)
+        s.static_loss, s.static_correct = s.forward_backward(s.static_x, s.static_y)
+        s.optimizer.step()
+        s.ema.advance()
+        self.replays += 1
 
 
 # A CUDA graph replays the eager step's kernels: the same arithmetic, so the results agree to float32
@@ -381,7 +443,7 @@ def test_graphed_steps_never_sync_the_host(preset):
     model = build_model(plan)
     optimizer = build_optimizer(plan, model)
     scheduler = build_scheduler(plan, optimizer, plan.lr, len(batches))
-    step = make_step(plan, model, optimizer)
+    step = make_step(plan, model, optimizer, ema=EMA(model, 0.99))  # its update too: in the graph, or after it
     step.prepare(*batches[0])
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any synchronizing call below raises

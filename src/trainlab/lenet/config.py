@@ -183,6 +183,12 @@ class TrainConfig(Config):
         "evaluate/checkpoint it; 0 = off",
         check=between(0, 1, hi_open=True),
     )
+    ema_warmup: int = opt(
+        10,
+        "EMA warm-up N: after t updates the decay is min(--ema, (1 + t)/(N + t)); 10 keeps the first steps "
+        "out, and caps a short run's decay (one epoch of `fast`: 0.983); 1 lets it reach --ema",
+        check=at_least(1),
+    )
     scale_lr: str = opt(
         "none",
         "linear | sqrt | none: multiply lr by (global batch / 128) or its sqrt",

@@ -117,7 +117,7 @@ def _train(cfg: TrainConfig, plan: LeNetPlan, model, resume, log, par, run: RunD
     log(f"data: {s.data_line}")  # a run on altered data is never silent
     tel = Telemetry(cfg, s, par, run, env, log)
 
-    step = make_step(plan, par.wrap(s.model), s.optimizer, after_backward=par.after_backward)
+    step = make_step(plan, par.wrap(s.model), s.optimizer, after_backward=par.after_backward, ema=s.ema)
     if s.resumed:
         restore_grad_scaler(step.scaler, s.grad_scaler, run.checkpoint, log)
     model = step.model  # what the step runs: wrapped for data parallelism, compiled in the compile mode
@@ -395,7 +395,9 @@ def _assemble(cfg: TrainConfig, plan: LeNetPlan, model, resume, par, run: RunDir
     steps_per_epoch = len(train_batches)  # after the split: a weighted split may drop a short last batch
     total_steps = train_batches.total_steps(cfg.epochs) if cfg.warmup_batch_size else None  # device loader (validate)
     scheduler = build_scheduler(plan, optimizer, plan.lr, steps_per_epoch, total_steps)
-    ema = EMA(model, cfg.ema) if cfg.ema else None  # evaluated and checkpointed in place of the live weights
+    ema = (
+        EMA(model, cfg.ema, cfg.ema_warmup) if cfg.ema else None
+    )  # evaluated and checkpointed in place of the live weights
     s = _Parts(
         device,
         data,
@@ -441,8 +443,6 @@ def _train_epoch(
     for i, (x, y) in enumerate(par.timer.batches(bar, lambda b: to_device(*b, s.device, s.channels_last))):
         loss, correct = step(x, y, scale=None if weights is None else weights[i])
         s.scheduler.step()  # under cudagraph: fills the optimizer's lr tensor in place, read by the next replay
-        if s.ema is not None:
-            s.ema.update()
         par.timer.step_done()
         step_losses.append(loss)
         step_correct.append(correct)  # stays on the device
