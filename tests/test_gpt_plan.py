@@ -105,18 +105,21 @@ def test_damaged_spec_is_one_error(damage, message):
 
 
 def test_a_loss_is_a_plan_field_and_a_table_entry(monkeypatch):
-    """The step seam: a new loss is one entry in `plan.LOSSES` named by the plan; the engine, its micro-steps and
-    the pipeline use it with no other change (here: twice the cross-entropy doubles the reported loss)."""
+    """The step seam: a new loss is one name in `plan.LOSSES` and its function in `step.LOSS_FUNCTIONS`; the
+    engine, its micro-steps and the pipeline use it with no other change (here: twice the cross-entropy doubles
+    the reported loss)."""
     from dataclasses import replace
 
     import torch
 
     from trainlab.distributed.launch import DistInfo
     from trainlab.gpt import plan as plan_module
+    from trainlab.gpt import step as step_module
     from trainlab.gpt.engine import GPTEngine
     from trainlab.gpt.model import lm_loss
 
-    monkeypatch.setitem(plan_module.LOSSES, "double", lambda logits, tokens: 2 * lm_loss(logits, tokens))
+    monkeypatch.setattr(plan_module, "LOSSES", (*plan_module.LOSSES, "double"))
+    monkeypatch.setitem(step_module.LOSS_FUNCTIONS, "double", lambda logits, tokens: 2 * lm_loss(logits, tokens))
     base = GPTBenchConfig(model="tiny", strategy="accum", device="cpu", global_batch=4, micro_batch=2, seq=16).plan(
         Machine()
     )

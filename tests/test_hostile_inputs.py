@@ -1542,7 +1542,7 @@ CASES = [
     Case(
         "ops-bench-layer-not-of-op",
         "ops bench --op conv2d --layer pool1 --quick",
-        r"--layer pool1: not a layer of the chosen operators \(conv2d: conv1, conv2\)",
+        r"--layer pool1: not a layer of the chosen operators \(conv2d: conv1, conv1\+relu, conv2, conv2\+relu\)",
     ),
     Case(
         "ops-check-bf16-skipped-by-design",

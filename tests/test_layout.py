@@ -2,7 +2,7 @@
 
 Layers, bottom to top (a module may import its own layer's modules and anything lower):
   0  errors, stats
-  1  io, device, flags
+  1  io, device, hardware, flags
   2  data, telemetry, distributed
   3  ops
   4  lenet, gpt         (neither imports the other)
@@ -29,6 +29,7 @@ LAYER = {
     "signals": 2,
     "io": 1,
     "device": 1,
+    "hardware": 1,  # the machine facts that need no torch (data sheets, cores)
     "flags": 1,
     "__init__": 0,
     "__main__": 5,
