@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import re
 import shlex
 import sys
@@ -204,11 +205,17 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return parser._subparsers._group_actions[0].choices if parser._subparsers else {}
 
 
+@functools.cache
+def _full_parser() -> argparse.ArgumentParser:
+    """Every command's parser, built once: `signature` reads its actions for each of hundreds of argvs."""
+    return cli.build_parser()
+
+
 def signature(
     argv: list[str], parser: argparse.ArgumentParser | None = None
 ) -> tuple[tuple[str, ...], dict[str, list]]:
     """(subcommand path, {dest: [values]}) of an argv, read with the real parser's actions."""
-    parser = parser or cli.build_parser()
+    parser = parser or _full_parser()
     path, i = [], 0
     while i < len(argv) and argv[i] in _subparsers(parser):
         parser = _subparsers(parser)[argv[i]]
