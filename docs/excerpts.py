@@ -125,7 +125,7 @@ def _plan_gib(strategy: str) -> str:
 
 def _dp(mode: str, loader: str = "device") -> list[dict]:
     name = "dp_compare.json" if loader == "device" else "dp_compare.loaders.json"
-    return [r for r in _json(RESULTS / name) if r["mode"] == mode and r["loader"] == loader]
+    return [r for r in _json(RESULTS / name)["rows"] if r["mode"] == mode and r["loader"] == loader]
 
 
 def _span(values) -> tuple[float, float]:

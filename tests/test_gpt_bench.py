@@ -20,6 +20,7 @@ from trainlab.gpt.flops import (
     mfu,
 )
 from trainlab.gpt.shape import count_params, get_preset
+from trainlab.report.sections.gpt import BENCH_KEYS
 
 TINY = [
     "--model",
@@ -75,17 +76,7 @@ def test_bench_json_contract_and_run_dir(tmp_path, capsys):
     assert text.startswith("== trainlab") and "config:" in text  # header first
     assert "step 1/2" in text and "summary none" in text
     s = json.loads(out_json.read_text())
-    for key in (
-        "strategy",
-        "world_size",
-        "params",
-        "step_seconds_median",
-        "tokens_per_s",
-        "tflops_per_device",
-        "mfu",
-        "peak_memory_bytes",
-        "losses",
-    ):
+    for key in (*BENCH_KEYS, "losses"):  # every key the report's bench table reads
         assert key in s, key
     assert s["strategy"] == "none" and s["world_size"] == 1 and s["params"] == 236_928
     assert len(s["losses"]) == 3 and all(math.isfinite(x) for x in s["losses"])

@@ -36,6 +36,7 @@ from trainlab import cli
 from trainlab.data.mnist import IDX_STEMS
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
+from trainlab.results.kinds import plan_record, stamp
 from trainlab.telemetry.rundir import RunDir
 
 # ----------------------------------------------------------------------------- the table
@@ -158,14 +159,18 @@ def _gpt_run(ws: Path) -> None:
     (ws / "runs" / "gpt").mkdir(parents=True)
     (ws / "runs" / "gpt" / "summary.json").write_text(
         json.dumps(
-            {
-                "strategy": "none",
-                "world_size": 1,
-                "tokens_per_s": 123.0,
-                "params": 1000,
-                "step_seconds_median": 0.5,
-                "losses": [6.0, 5.9],
-            }
+            stamp(
+                "gpt_bench",
+                {
+                    "strategy": "none",
+                    "world_size": 1,
+                    "tokens_per_s": 123.0,
+                    "params": 1000,
+                    "step_seconds_median": 0.5,
+                    "losses": [6.0, 5.9],
+                },
+                plan_record("cpu"),
+            )
         )
     )
     (ws / "runs" / "gpt" / "config.json").write_text(json.dumps({"model": "tiny"}))

@@ -23,12 +23,13 @@ from test_report_facts import check_lab_report_facts
 
 from trainlab.cli import main
 from trainlab.data.mnist import default_cache_dir
+from trainlab.hardware import Machine
 from trainlab.lab import run as lab_run
 from trainlab.lab import steps as lab_steps_mod
-from trainlab.lab.steps import PARTS, Command, Hardware, Step, lab_steps
+from trainlab.lab.steps import PARTS, Command, Step, lab_steps
 
 ROOT = Path(__file__).resolve().parent.parent
-CPU = Hardware("cpu", 0, "cpu", cpus=2)
+CPU = Machine(cpus=2)
 
 
 def _py(code: str, *args: str) -> Command:
@@ -45,8 +46,8 @@ WRITE = "import json, sys, pathlib; p = pathlib.Path(sys.argv[1]); p.mkdir(paren
 
 
 def test_every_part_has_steps_on_every_hardware_and_size():
-    gpu = Hardware("cuda", 1, "NVIDIA H100 80GB HBM3", 989.0, 80 * 2**30, 90, 16)
-    many = Hardware("cuda", 4, "NVIDIA H100 80GB HBM3", 989.0, 80 * 2**30, 90, 64)
+    gpu = Machine(1, 90, memory_bytes=80 * 2**30, name="NVIDIA H100 80GB HBM3", peak_tflops=989.0, cpus=16)
+    many = Machine(4, 90, memory_bytes=80 * 2**30, name="NVIDIA H100 80GB HBM3", peak_tflops=989.0, cpus=64)
     for hw, size in ((CPU, "tiny"), (CPU, "small"), (gpu, "full"), (many, "full")):
         steps = lab_steps(hw, size)
         assert {s.part for s in steps} == set(PARTS)
@@ -98,7 +99,7 @@ def test_plan_for_an_h100_from_a_cpu_fits_the_gpu_lease(capsys, tmp_path):
             root.mkdir()
         done = {n: {"status": "ok", "seconds": 1.0} for n in planned}
         (root / "results.json").write_text(json.dumps({"version": 1, "steps": done, "calls": []}))
-    assert sorted(planned) == sorted(s.name for s in lab_steps(Hardware("cuda", 1, "x"), "full"))
+    assert sorted(planned) == sorted(s.name for s in lab_steps(Machine(1, name="x"), "full"))
     assert planned.index("gpt_plan") == 0  # the scarce part first
 
 
@@ -157,12 +158,13 @@ def test_sigkill_loses_nothing_finished_and_the_next_call_reruns_the_killed_step
     script = f"""
 import sys
 from trainlab.lab import run, steps
-from trainlab.lab.steps import Command, Hardware, Step
+from trainlab.hardware import Machine
+from trainlab.lab.steps import Command, Step
 fake = [Step("first", "lenet", "first", 1.0, Command(("python", "-c", {WRITE!r}, "{{out}}/res"))),
         Step("second", "gelu", "second", 1.0, Command(("python", "-c",
              "import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(600)")))]
 run.lab_steps = steps.lab_steps = lambda hw, size: fake
-run.run_lab(__import__("pathlib").Path({str(root)!r}), Hardware("cpu", 0, "cpu"), "tiny", 300.0, ["lenet", "gelu"], "t")
+run.run_lab(__import__("pathlib").Path({str(root)!r}), Machine(), "tiny", 300.0, ["lenet", "gelu"], "t")
 """
     proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     deadline = time.monotonic() + 120
@@ -194,7 +196,7 @@ run.run_lab(__import__("pathlib").Path({str(root)!r}), Hardware("cpu", 0, "cpu")
             Step("second", "gelu", "second", 1.0, _py(WRITE, "{out}/res")),
         ],
     )
-    state = lab_run.run_lab(root, Hardware("cpu", 0, "cpu"), "tiny", 60.0, ["lenet", "gelu"], "t2", log=lambda _: None)
+    state = lab_run.run_lab(root, Machine(), "tiny", 60.0, ["lenet", "gelu"], "t2", log=lambda _: None)
     assert state["steps"]["first"]["status"] == "ok"  # kept: not run again (its stand-in now would fail)
     assert state["steps"]["second"]["status"] == "ok" and not list((root / "steps").glob(".*partial"))
     assert len(state["calls"]) == 2

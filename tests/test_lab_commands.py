@@ -15,13 +15,14 @@ import pytest
 
 from trainlab.cli import build_parser
 from trainlab.flags import Config, Parser, add_flags, explicit_values, flag_name, to_argv
-from trainlab.lab.machine import Hardware, from_table
+from trainlab.hardware import Machine
+from trainlab.lab.machine import from_table
 from trainlab.lab.steps import SIZES, lab_steps
 from trainlab.lab.steps.scripts import SCRIPTS
 from trainlab.lenet.config import TrainConfig, apply_preset
 
 ROOT = Path(__file__).resolve().parents[1]
-CPU = Hardware("cpu", 0, "cpu", cpus=2)
+CPU = Machine(cpus=2)
 MACHINES = {
     "cpu": CPU,
     "1xH100": from_table("NVIDIA H100 80GB HBM3", 1, 16),

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from trainlab.lab.steps import Hardware, lab_steps
+from trainlab.hardware import Machine
+from trainlab.lab.steps import lab_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 H100_RESULTS = ROOT / "benchmarks" / "results" / "gpu" / "h100" / "lab" / "results.json"
-H100 = Hardware("cuda", 1, "NVIDIA H100 80GB HBM3", 989.0, 85017493504, 90, 16)
+H100 = Machine(1, 90, memory_bytes=85017493504, name="NVIDIA H100 80GB HBM3", peak_tflops=989.0, cpus=16)
 CALL_S = 9 * 60
 # Steps whose command changed after that run, so its time is not theirs any more: estimated from it and
 # from what was added, and checked against the run's time only to within a factor of two.

@@ -11,6 +11,7 @@ import torch
 from trainlab.cli import main
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
+from trainlab.results.kinds import plan_record, stamp
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -214,7 +215,8 @@ def test_report_shows_gelu_rows_that_could_not_run_as_skipped(runs, tmp_path):
     }
     older = {k: v for k, v in {**skipped, "impl": "cuda-old", "ok": True}.items() if k != "status"}
     path = tmp_path / "gelu_check.json"
-    path.write_text(json.dumps({"rows": [ran, skipped, older], "tolerances": {}, "reference": "float64"}))
+    data = {"rows": [ran, skipped, older], "tolerances": {}, "reference": "float64"}
+    path.write_text(json.dumps(stamp("gelu_check", data, plan_record("cpu"))))
     out = tmp_path / "report"
     assert main(["report", str(runs[0]), str(path), "-o", str(out)]) == 0
     text = " ".join(check_page(out).text)

@@ -16,6 +16,7 @@ import pytest
 from trainlab.cli import main
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
+from trainlab.results.kinds import plan_record, stamp
 
 HOSTILE = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>&amp;"
 # a directory name cannot hold "/": the same attack without it
@@ -142,7 +143,7 @@ def _result_files(folder: Path) -> dict[str, Path]:
     out = {}
     for kind, data in kinds.items():
         p = folder / f"{kind}.json"
-        p.write_text(json.dumps(data))
+        p.write_text(json.dumps(stamp(kind, data, plan_record(h, device_name=h, precision=h, model={"name": h}))))
         out[kind] = p
     return out
 
@@ -163,20 +164,20 @@ def test_every_field_of_every_input_kind_is_escaped(hostile_run, tmp_path):
 
 
 def test_the_lab_report_escapes_its_state_and_step_outputs(tmp_path):
+    from trainlab.hardware import Machine
     from trainlab.lab.run import write_outputs
-    from trainlab.lab.steps import Hardware
 
     root = tmp_path / "lab"
     (root / "steps" / "dp_compile").mkdir(parents=True)
     (root / "steps" / "dp_compile" / "dp_compile.json").write_text(
-        json.dumps({"rows": [{"variant": HOSTILE, HOSTILE: 1.0}]})
+        json.dumps(stamp("dp_compile", {"rows": [{"variant": HOSTILE, HOSTILE: 1.0}]}, plan_record(HOSTILE)))
     )
     (root / "steps" / "gelu_check").mkdir(parents=True)
     (root / "steps" / "gelu_check" / "log.txt").write_text(HOSTILE)
     state = {
         "version": 1,
         "size": "tiny",
-        "hardware": Hardware("cpu", 0, HOSTILE).to_dict(),
+        "hardware": Machine(name=HOSTILE).to_dict(),
         "calls": [{"command": HOSTILE, "started_utc": HOSTILE, "budget_s": 60, "used_s": 1}],
         "steps": {
             "dp_compile": {"status": "ok", "title": HOSTILE, "command": HOSTILE, "seconds": 1.0, "estimate_s": 1.0},

@@ -22,6 +22,7 @@ from trainlab.cli import main
 from trainlab.io import atomic_write_json
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.loop import train
+from trainlab.results.kinds import plan_record, stamp
 
 IDLE_SMI = "| N/A   40C    P0   119W /  700W |  995MiB /  81559MiB |      2%      Default |  (at start-up)"
 BUSY_SMI = "| N/A   41C    P0   160W /  700W | 1596MiB /  81559MiB |     17%      Default |  (during training)"
@@ -53,8 +54,11 @@ def _bench(strategy, tps, step_s, timed_steps, peak_bytes, impl="ours"):
     }
 
 
-def _write(path: Path, data) -> None:
+def _write(path: Path, data, kind: str | None = None) -> None:
+    """A file as its step leaves it; `kind`: a result, stamped as its producer stamps it (on the H100)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if kind is not None:
+        data = stamp(kind, data, plan_record("cuda", device_name="NVIDIA H100 80GB HBM3"))
     path.write_text(data if isinstance(data, str) else json.dumps(data))
 
 
@@ -148,6 +152,7 @@ def make_lab(root: Path, run_template: Path) -> Path:
                 for dtype in ("float32", "float64", "bfloat16")
             ]
         },
+        "gelu_check",
     )
     step("gelu_bench", "gelu", "GELU speed: forward and backward against F.gelu")
     _write(
@@ -172,6 +177,7 @@ def make_lab(root: Path, run_template: Path) -> Path:
                 for p in ("fwd", "fwd+bwd")
             ]
         },
+        "gelu_bench",
     )
     step("ops_check", "ops", "Own conv2d / max-pool / linear / ReLU against ATen", status="failed")
     _write(steps / "ops_check" / "log.txt", f"ops check: 159 rows\n{OPS_ERROR}\n12 of 159 row(s) failed\n")
@@ -194,13 +200,18 @@ def make_lab(root: Path, run_template: Path) -> Path:
                 for v, med, queued, synced in (("eager", 2.203, 2.4076, 2.408), ("cudagraph", 0.4374, 0.245, 0.404))
             ]
         },
+        "dp_compile",
     )
     step("gpt_baseline", "gpt", "GPT-2: the handout's baseline")
-    _write(steps / "gpt_baseline" / "bench.json", _bench("ckpt", 2678.0, 6.12, 4, 32_530_000_000, impl="hf"))
+    _write(
+        steps / "gpt_baseline" / "bench.json", _bench("ckpt", 2678.0, 6.12, 4, 32_530_000_000, impl="hf"), "gpt_bench"
+    )
     step("gpt_best", "gpt", "GPT-2: our fastest single-device configuration")
-    _write(steps / "gpt_best" / "bench.json", _bench("amp+accum+compile", 31964.0, 0.513, 8, 55_606_583_296))
+    _write(
+        steps / "gpt_best" / "bench.json", _bench("amp+accum+compile", 31964.0, 0.513, 8, 55_606_583_296), "gpt_bench"
+    )
     step("gpt_strategies", "gpt", "GPT-2: parallel and memory strategies side by side")
-    _write(steps / "gpt_strategies" / "amp.json", _bench("amp", 26647.0, 0.615, 3, 56_900_000_000))
+    _write(steps / "gpt_strategies" / "amp.json", _bench("amp", 26647.0, 0.615, 3, 56_900_000_000), "gpt_bench")
     _write(
         steps / "gpt_strategies" / "compare.json",
         {
@@ -225,6 +236,7 @@ def make_lab(root: Path, run_template: Path) -> Path:
                 },
             ]
         },
+        "gpt_compare",
     )
     step("gpt_ablation", "gpt", "GPT-2: the ablation", status="not run", reason="budget (needs ≈400 s, 12 s left)")
     state = {
@@ -384,8 +396,6 @@ def test_gpt_rows_and_references_used(built):
 
 
 def test_the_ablation_file_is_rendered_when_present(run_template, tmp_path):
-    from trainlab.report.legacy import legacy_kind
-
     def row(label, group, tps, tokens=262144):
         return {
             "label": label,
@@ -413,10 +423,9 @@ def test_the_ablation_file_is_rendered_when_present(run_template, tmp_path):
             {"label": "FP8", "group": "separate", "status": "Transformer Engine not installed"},
         ],
     }
-    assert legacy_kind(ablation) == "gpt_ablation"  # a file from before records named their kind
     lab = make_lab(tmp_path / "lab", run_template)
     path = lab / "steps" / "gpt_ablation" / "ablation.json"
-    _write(path, ablation)
+    _write(path, ablation, "gpt_ablation")
     state = json.loads((lab / "results.json").read_text())
     state["steps"]["gpt_ablation"].update(status="ok", reason=None)
     (lab / "results.json").write_text(json.dumps(state))

@@ -12,6 +12,7 @@ import pytest
 from browser import overflow
 
 from trainlab.cli import main
+from trainlab.results.kinds import plan_record, stamp
 
 LONG = "/very/long/path/" + "x" * 150 + "/result.json"
 
@@ -59,8 +60,8 @@ def _wide_inputs(folder):
             for s in ("none", "ddp", "zero1", "zero2", "zero3", "zero3+amp+ckpt+offload", "tp+pp", "pp+amp")
         ]
     }
-    (folder / "dp_compare.json").write_text(json.dumps(dp))
-    (folder / "gpt_compare.json").write_text(json.dumps(gpt))
+    (folder / "dp_compare.json").write_text(json.dumps(stamp("dp_compare", dp, plan_record("cpu"))))
+    (folder / "gpt_compare.json").write_text(json.dumps(stamp("gpt_compare", gpt, plan_record("cpu"))))
     return [folder / "dp_compare.json", folder / "gpt_compare.json"]
 
 

@@ -1,10 +1,12 @@
 """The machine's facts that need no torch: the one data-sheet table of GPUs (memory, peak FLOP/s per
 precision, bandwidth) that MFU and planning for a GPU from elsewhere both read, the CPU cores a flag may
-ask processes of, and the matmul-precision names. Flag parsing and planning import this module, never
+ask processes of, the matmul-precision names, and the one machine type (`Machine`) that the GPT
+planner and the lab both plan for. Flag parsing and planning import this module, never
 torch (`trainlab X --help` stays instant: tests/test_cli.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -100,16 +102,84 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 
-def gpu_spec(name: str) -> GpuSpec | None:
-    return GPUS.get(name)
-
-
 def unknown_gpu_line(name: str) -> str:
     """The one line for a --device-name the table does not hold: what to pass instead."""
     return (
         f"--device-name {name!r}: not in trainlab's data-sheet table (trainlab.hardware.GPUS, exact names as "
         f"nvidia-smi prints them: {', '.join(GPUS)}); describe it instead with --sm, --gpu-mem and --peak-tflops"
     )
+
+
+# The GPU every `full` lab estimate was measured on (benchmarks/results/gpu/h100/lab/results.json).
+CALIBRATED = GPUS["NVIDIA H100 80GB HBM3"]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a run uses, or what a plan is made for: CUDA GPUs (count, compute capability × 10, cuDNN, one
+    GPU's memory) and the facts the lab plans with (name, peaks, bandwidth, CPU cores). `detect()` reads
+    this process's machine; the lab fills one from the data-sheet table (`lab.machine.from_table`), and
+    the planner and tests describe one by hand. Fields nobody knows stay None."""
+
+    gpus: int = 0  # CUDA GPUs (0: a CPU machine)
+    sm: int | None = None  # compute capability × 10
+    cudnn_version: int | None = None
+    memory_bytes: int | None = None  # one GPU's memory (CUDA) or the host's (no GPU): --micro-batch-auto's budget
+    name: str = "cpu"
+    peak_tflops: float | None = None  # dense 16-bit tensor-core peak per device (bf16, or fp16 below sm80)
+    cpus: int = 1
+    bandwidth_gbs: float | None = None  # memory bandwidth per device (data sheet)
+    fp32_tflops: float | None = None  # per device, without tensor cores (the fp32 baseline's rate)
+
+    @classmethod
+    def detect(cls) -> Machine:
+        import torch  # here only: planning for a described machine imports no torch
+
+        if not torch.cuda.is_available():
+            try:
+                host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (ValueError, OSError, AttributeError):
+                host = None
+            return cls(memory_bytes=host)
+        major, minor = torch.cuda.get_device_capability(0)
+        return cls(
+            torch.cuda.device_count(),
+            10 * major + minor,
+            torch.backends.cudnn.version(),
+            torch.cuda.get_device_properties(0).total_memory,
+        )
+
+    @property
+    def kind(self) -> str:
+        return "cuda" if self.gpus else "cpu"
+
+    @property
+    def device(self) -> str:
+        return self.kind
+
+    @property
+    def gpu(self) -> bool:
+        return self.gpus > 0
+
+    @property
+    def half(self) -> str | None:
+        """The 16-bit type this GPU trains in: bf16 from sm80, fp16 (with a GradScaler) below; None on a CPU."""
+        return amp_for_sm(self.sm or 90) if self.gpu else None
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+    def scale(self, seconds: float, bound: str = "compute") -> float:
+        """`seconds` measured on `CALIBRATED` (a GPU step), on this machine: × the ratio of 16-bit peaks
+        (`compute`), of fp32 rates (`fp32`) or of memory bandwidths (`memory`); unchanged where the table
+        has no number (a CPU, a GPU given by hand) or the machine is faster (an estimate never shrinks
+        below what was measured: a budget must not start what cannot finish)."""
+        ours, theirs = {
+            "compute": (self.peak_tflops, CALIBRATED.bf16),
+            "fp32": (self.fp32_tflops, CALIBRATED.fp32),
+            "memory": (self.bandwidth_gbs, CALIBRATED.bandwidth_gbs),
+        }[bound]
+        return seconds * max(1.0, theirs / ours) if self.gpu and ours else seconds
 
 
 # Processes (ranks, DataLoader workers) per CPU core that a flag may ask for: past this each one only

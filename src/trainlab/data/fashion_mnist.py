@@ -26,7 +26,6 @@ from trainlab.io import user_path
 DEFAULT_DIR = FASHION_DEBIAN_DIR
 DEBIAN_PACKAGE = "dataset-fashion-mnist"
 TORCHVISION_NAME = "FashionMNIST"
-CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 
 # md5 of the decompressed upstream files (zalandoresearch/fashion-mnist), keyed like IDX_STEMS.
 DECOMPRESSED_MD5 = {key: FASHION_CONTENT_MD5[stem + ".gz"] for key, stem in IDX_STEMS.items()}

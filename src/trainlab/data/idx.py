@@ -112,13 +112,6 @@ def _read_gzip(f, name: str) -> np.ndarray:
 _MAX_HEADER = 4 + 4 * max(_SUPPORTED_NDIM)
 
 
-def parse_idx(data: bytes, name: str = "<bytes>") -> np.ndarray:
-    """Decode IDX bytes into a uint8 array, validating magic, dims and payload length."""
-    dims, header = _parse_header(data[:_MAX_HEADER], len(data), name)
-    # bytearray → writable array (torch.from_numpy warns on read-only buffers)
-    return np.frombuffer(bytearray(data[header:]), dtype=np.uint8).reshape(dims)
-
-
 def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Read an IDX file (raw or gzip, detected by content) into a writable uint8 array of its declared shape.
 

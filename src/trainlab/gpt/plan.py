@@ -19,7 +19,6 @@ only checks that its names are ones the engine knows (a spec file is data). This
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ from trainlab.gpt.attention_backend import AttentionChoice, choose
 from trainlab.gpt.parallel.nvme import check_nvme_available
 from trainlab.gpt.shape import GPTConfig, get_preset
 from trainlab.gpt.strategy import Degrees, StrategySpec, parse_strategy, validate_strategy
-from trainlab.hardware import matmul_precision
+from trainlab.hardware import Machine, matmul_precision
 
 OPTIMIZERS = ("adamw", "sgd")  # sgd: the equivalence tests' linear update (engine._build_optimizer)
 OPTIMIZER_KERNELS = ("fused", "foreach", "forloop")
@@ -79,35 +78,6 @@ def head_dim_padded(text: str, head_dim: int, spec: StrategySpec, device: str, s
     if width < head_dim:
         raise ConfigError(f"--attention {text}: narrower than the model's head_dim {head_dim}")
     return 0 if width == head_dim else width
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What a run can use: CUDA GPUs (count, compute capability × 10, cuDNN version); a CPU always.
-    `detect()` reads this process's machine; the planner and tests describe one by hand."""
-
-    gpus: int = 0
-    sm: int | None = None
-    cudnn_version: int | None = None
-    memory_bytes: int | None = None  # one GPU's memory (CUDA) or the host's (no GPU): --micro-batch-auto's budget
-
-    @classmethod
-    def detect(cls) -> Machine:
-        import torch  # here, not at the top: flags and `gpt plan` read this module without torch
-
-        if not torch.cuda.is_available():
-            try:
-                host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            except (ValueError, OSError, AttributeError):
-                host = None
-            return cls(memory_bytes=host)
-        major, minor = torch.cuda.get_device_capability(0)
-        return cls(
-            torch.cuda.device_count(),
-            10 * major + minor,
-            torch.backends.cudnn.version(),
-            torch.cuda.get_device_properties(0).total_memory,
-        )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ import time
 
 from trainlab.errors import ConfigError, UserError
 from trainlab.flags import check_value, output_dir
-from trainlab.lab.machine import Hardware, detect_hardware, parse_sm
+from trainlab.hardware import Machine
+from trainlab.lab.machine import detect_hardware, parse_sm
 from trainlab.lab.steps import PARTS, SIZES
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|m|min|s)?\s*$")
@@ -38,7 +39,7 @@ def parse_parts(text: str) -> list[str]:
     return parts
 
 
-def format_sizes(steps, hw: Hardware) -> str:
+def format_sizes(steps, hw: Machine) -> str:
     """What --plan chose for a GPU machine beside the steps: the GPT rows (the planner's) and the LeNet
     data-parallel scaling runs."""
     from trainlab.lab.plan import format_gpt_plan, plan_gpt

@@ -1,89 +1,38 @@
-"""What the lab runs on, or plans for: one `Hardware`, filled from this machine or from the data-sheet
-table (`trainlab.hardware.GPUS`) by `--device-name`, and how a step's time scales to it.
+"""What the lab runs on, or plans for: one `trainlab.hardware.Machine`, filled from this machine or from the
+data-sheet table (`trainlab.hardware.GPUS`) by `--device-name`, and how a step's time scales to it.
 
-Step estimates are calibrated on one machine each (`CALIBRATED`): the GPU ones on an H100 SXM, the CPU
-ones on the 2-core development box. `Hardware.scale` turns a calibrated time into this machine's from
+Step estimates are calibrated on one machine each (`hardware.CALIBRATED`): the GPU ones on an H100 SXM,
+the CPU ones on the 2-core development box. `Machine.scale` turns a calibrated time into this machine's from
 the table's ratio of peaks (compute-bound work) or of memory bandwidths (memory- and launch-bound work),
 so a slower card gets longer estimates, and the limits (3× the estimate) follow.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass
 
 from trainlab.errors import ConfigError
-from trainlab.hardware import GPUS, KNOWN_SM, amp_for_sm, unknown_gpu_line
-
-# The GPU every `full` estimate was measured on (benchmarks/results/gpu/h100/lab/results.json).
-CALIBRATED = GPUS["NVIDIA H100 80GB HBM3"]
+from trainlab.hardware import GPUS, KNOWN_SM, Machine, amp_for_sm, unknown_gpu_line
 
 
-@dataclass(frozen=True)
-class Hardware:
-    """What the lab runs on. Everything but `kind`, `gpus` and `cpus` may come from the data-sheet table
-    (`--device-name`) or be given by hand (`--sm`, `--gpu-mem`, `--peak-tflops`) to plan a GPU run from a
-    machine without one."""
-
-    kind: str  # cpu | cuda
-    gpus: int = 0
-    name: str = "cpu"
-    peak_tflops: float | None = None  # dense 16-bit tensor-core peak per device (bf16, or fp16 below sm80)
-    memory_bytes: int | None = None  # per device
-    sm: int | None = None  # compute capability × 10
-    cpus: int = 1
-    bandwidth_gbs: float | None = None  # memory bandwidth per device (data sheet)
-    fp32_tflops: float | None = None  # per device, without tensor cores (the fp32 baseline's rate)
-
-    @property
-    def device(self) -> str:
-        return "cuda" if self.kind == "cuda" else "cpu"
-
-    @property
-    def gpu(self) -> bool:
-        return self.kind == "cuda"
-
-    @property
-    def half(self) -> str | None:
-        """The 16-bit type this GPU trains in: bf16 from sm80, fp16 (with a GradScaler) below; None on a CPU."""
-        return amp_for_sm(self.sm or 90) if self.gpu else None
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def scale(self, seconds: float, bound: str = "compute") -> float:
-        """`seconds` measured on `CALIBRATED` (a GPU step), on this machine: × the ratio of 16-bit peaks
-        (`compute`), of fp32 rates (`fp32`) or of memory bandwidths (`memory`); unchanged where the table
-        has no number (a CPU, a GPU given by hand) or the machine is faster (an estimate never shrinks
-        below what was measured: a budget must not start what cannot finish)."""
-        ours, theirs = {
-            "compute": (self.peak_tflops, CALIBRATED.bf16),
-            "fp32": (self.fp32_tflops, CALIBRATED.fp32),
-            "memory": (self.bandwidth_gbs, CALIBRATED.bandwidth_gbs),
-        }[bound]
-        return seconds * max(1.0, theirs / ours) if self.gpu and ours else seconds
-
-
-def from_table(name: str, gpus: int, cpus: int, sm=None, memory=None, peak=None) -> Hardware:
+def from_table(name: str, gpus: int, cpus: int, sm=None, memory=None, peak=None) -> Machine:
     """A GPU machine of `gpus` × `name` from the table; --sm/--gpu-mem/--peak-tflops override a row, and
     describe a GPU the table does not hold (all three needed, else one line saying so)."""
     spec = GPUS.get(name)
     if spec is None and None in (sm, memory, peak):
         raise ConfigError(unknown_gpu_line(name))
     if spec is None:
-        return Hardware("cuda", gpus, name, peak, memory, sm, cpus)
+        return Machine(gpus, sm, memory_bytes=memory, name=name, peak_tflops=peak, cpus=cpus)
     half = amp_for_sm(sm or spec.sm)
-    return Hardware(
-        "cuda",
+    return Machine(
         gpus,
-        name,
-        peak if peak is not None else spec.peak(half),
-        memory if memory is not None else spec.memory_bytes,
         sm or spec.sm,
-        cpus,
-        spec.bandwidth_gbs,
-        spec.fp32,
+        memory_bytes=memory if memory is not None else spec.memory_bytes,
+        name=name,
+        peak_tflops=peak if peak is not None else spec.peak(half),
+        cpus=cpus,
+        bandwidth_gbs=spec.bandwidth_gbs,
+        fp32_tflops=spec.fp32,
     )
 
 
@@ -95,7 +44,7 @@ def detect_hardware(
     gpu_mem: str | None,
     plan_only: bool,
     sm: int | None = None,
-) -> Hardware:
+) -> Machine:
     """The machine, or — with --device-name and/or --sm, for --plan — the GPU machine being planned for."""
     import torch
 
@@ -112,14 +61,14 @@ def detect_hardware(
         if not plan_only and not torch.cuda.is_available():
             raise ConfigError("--device-name: only with --plan on a machine without a GPU (it plans for that GPU)")
         if device_name is None:  # hypothetical hardware: a compute capability, memory 80 GiB unless given
-            return Hardware("cuda", gpus or 1, f"a GPU of compute capability {sm / 10:.1f}", peak_tflops,
-                            mem or 80 * 2**30, sm, cpus)  # fmt: skip
+            name = f"a GPU of compute capability {sm / 10:.1f}"
+            return Machine(gpus or 1, sm, memory_bytes=mem or 80 * 2**30, name=name, peak_tflops=peak_tflops, cpus=cpus)
         return from_table(device_name, gpus or 1, cpus, sm, mem, peak_tflops)
     use_cuda = device == "cuda" or (device == "auto" and resolve_device("auto").type == "cuda")  # says why not
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA GPU on this machine (use --device cpu, or --plan with --device-name)")
     if not use_cuda:
-        return Hardware("cpu", 0, "cpu", peak_tflops, None, None, cpus)
+        return Machine(peak_tflops=peak_tflops, cpus=cpus)
     n = torch.cuda.device_count()
     if gpus is not None and gpus > n:
         raise ConfigError(f"--gpus {gpus}: this machine has {n} GPU(s)")
@@ -128,7 +77,7 @@ def detect_hardware(
     name = torch.cuda.get_device_name(0)
     if name in GPUS:
         return from_table(name, gpus or n, cpus, 10 * major + minor, mem, peak_tflops)
-    return Hardware("cuda", gpus or n, name, peak_tflops, mem, 10 * major + minor, cpus)
+    return Machine(gpus or n, 10 * major + minor, memory_bytes=mem, name=name, peak_tflops=peak_tflops, cpus=cpus)
 
 
 def parse_sm(value: str | None) -> int | None:

@@ -32,11 +32,11 @@ from types import SimpleNamespace
 
 from trainlab.errors import ConfigError, HardwareError
 from trainlab.gpt.config import GPTBenchConfig, plan_for_strategy
-from trainlab.gpt.plan import GPTPlan, Machine, resolve
+from trainlab.gpt.plan import resolve
 from trainlab.gpt.planner import GiB, predict_plan, usable_bytes
 from trainlab.gpt.shape import get_preset
 from trainlab.gpt.strategy import mesh_rows, parse_strategy
-from trainlab.hardware import amp_for_sm
+from trainlab.hardware import Machine, amp_for_sm
 
 HANDOUT_MODEL = "gpt2-1.6b"
 # the handout's model first; the smaller presets only where its single-GPU row does not fit
@@ -90,76 +90,54 @@ class LabGptRows:
         return dataclasses.asdict(self)
 
 
-def row_plan(
-    model: str,
-    strategy: str,
-    gpus: int,
-    global_batch: int,
-    micro_batch: int,
-    sm: int,
-    optimizer: str = OPTIMIZER,
-    levers: dict | None = None,
-) -> GPTPlan:
-    """The resolved plan of one `gpt compare` row on `gpus` GPUs of compute capability `sm`/10 (a
-    described `Machine`: every check `gpt bench` makes there, bf16 below sm80 included), through
-    `gpt compare`'s own per-strategy rule."""
+def _prediction(model, strategy, gpus, global_batch, micro, sm, optimizer=OPTIMIZER) -> dict:
+    """The planner's per-device prediction (`planner.predict_plan`, the one translation of a plan into the
+    planner) for one `gpt compare` row: its resolved plan on `gpus` GPUs of compute capability `sm`/10 (a
+    described `Machine`: every check `gpt bench` makes there, bf16 below sm80 included), through `gpt
+    compare`'s own per-strategy rule. ConfigError where `gpt bench` refuses that run."""
     bench = GPTBenchConfig(
         model=model,
         nproc=gpus,
         global_batch=global_batch,
-        micro_batch=micro_batch,
+        micro_batch=micro,
         device="cuda",
         fused_optimizer=optimizer == "fused",
-        **(levers or {}),
     )
-    return resolve(plan_for_strategy(bench, strategy), Machine(gpus=gpus, sm=sm))
-
-
-def predict_row(*args, **kwargs) -> dict:
-    """The planner's per-device prediction for one `gpt compare` row (`row_plan`'s arguments;
-    `planner.predict_plan`, the one translation of a plan into the planner)."""
-    plan = row_plan(*args, **kwargs)
+    plan = resolve(plan_for_strategy(bench, strategy), Machine(gpus=gpus, sm=sm))
     return {"nproc": plan.world_size, "micro_batch": plan.micro_batch, **predict_plan(plan)}
 
 
-def _row(model, strategy, gpus, global_batch, micro, sm, budget, optimizer=OPTIMIZER, levers=None) -> LabGptRow | None:
+def _as_row(strategy: str, pred: dict, note: str = "") -> LabGptRow:
+    numbers = (pred["nproc"], pred["micro_batch"], pred["total_bytes"])
+    return LabGptRow(parse_strategy(strategy).text, *numbers, pred["attention"]["label"], note)
+
+
+def _row(model, strategy, gpus, global_batch, micro, sm, budget, optimizer=OPTIMIZER) -> LabGptRow | None:
+    """The row if `gpt bench` runs it and it fits `budget`, else None."""
     try:
-        pred = predict_row(model, strategy, gpus, global_batch, micro, sm, optimizer, levers)
+        pred = _prediction(model, strategy, gpus, global_batch, micro, sm, optimizer)
     except ConfigError:
         return None
-    if pred["total_bytes"] > budget:
-        return None
-    return LabGptRow(
-        parse_strategy(strategy).text,
-        pred["nproc"],
-        pred["micro_batch"],
-        pred["total_bytes"],
-        pred["attention"]["label"],
-    )
+    return _as_row(strategy, pred) if pred["total_bytes"] <= budget else None
 
 
 def _fitting(model, strategy, gpus, global_batch, micro, sm, budget) -> tuple[LabGptRow | None, str]:
     """The row as it is, else with ckpt; (None, why) when neither fits."""
-    row = _row(model, strategy, gpus, global_batch, micro, sm, budget)
-    if row is not None:
-        return row, ""
     try:
-        need = predict_row(model, strategy, gpus, global_batch, micro, sm)["total_bytes"]
+        plain = _prediction(model, strategy, gpus, global_batch, micro, sm)
     except ConfigError as e:  # a run gpt bench itself refuses here (e.g. 1F1B with fewer micro-batches than stages)
         return None, f"at micro-batch {micro}: {e}"
-    ckpt = _row(model, strategy + "+ckpt", gpus, global_batch, micro, sm, budget)
-    if ckpt is not None:
-        return dataclasses.replace(ckpt, note=f"ckpt: {strategy} alone needs {need / GiB:.1f} GiB"), ""
+    if plain["total_bytes"] <= budget:
+        return _as_row(strategy, plain), ""
+    need = f"{plain['total_bytes'] / GiB:.1f} GiB"
     try:
-        with_ckpt = (
-            f"{predict_row(model, strategy + '+ckpt', gpus, global_batch, micro, sm)['total_bytes'] / GiB:.1f} GiB"
-        )
+        ckpt = _prediction(model, strategy + "+ckpt", gpus, global_batch, micro, sm)
     except ConfigError:
-        with_ckpt = "not runnable"
-    return (
-        None,
-        f"needs {need / GiB:.1f} GiB, {with_ckpt} with ckpt, at micro-batch {micro}; {budget / GiB:.1f} GiB usable",
-    )
+        ckpt = None
+    if ckpt and ckpt["total_bytes"] <= budget:
+        return _as_row(strategy + "+ckpt", ckpt, f"ckpt: {strategy} alone needs {need}"), ""
+    with_ckpt = f"{ckpt['total_bytes'] / GiB:.1f} GiB" if ckpt else "not runnable"
+    return None, f"needs {need}, {with_ckpt} with ckpt, at micro-batch {micro}; {budget / GiB:.1f} GiB usable"
 
 
 def wanted_rows(gpus: int, sm: int, n_head: int, n_layer: int = 48) -> list[str]:
@@ -197,7 +175,7 @@ def plan_gpt(gpus: int, gpu_mem: int, sm: int) -> LabGptRows:
         if model == HANDOUT_MODEL
         else (
             f"{HANDOUT_MODEL} does not fit one GPU with {single} at micro-batch 1 "
-            f"({predict_row(HANDOUT_MODEL, single, 1, GLOBAL_BATCH, 1, sm)['total_bytes'] / GiB:.1f} GiB, "
+            f"({_prediction(HANDOUT_MODEL, single, 1, GLOBAL_BATCH, 1, sm)['total_bytes'] / GiB:.1f} GiB, "
             f"{budget / GiB:.1f} GiB usable): {model}, the largest GPT-2 that does"
         )
     )

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from trainlab.distributed.launch import start_process, stop_tree
 from trainlab.errors import UserError
+from trainlab.hardware import Machine
 from trainlab.io import MANIFEST, atomic_write_bytes, atomic_write_json, contained, owned_files, read_capped, read_json
-from trainlab.lab.machine import Hardware
 from trainlab.lab.steps import PARTS, Step, lab_steps, repo_root
 from trainlab.report.lab_folder import LAB_STATE
 from trainlab.schema import check
@@ -138,7 +138,7 @@ def calls_needed(estimates: list[float], budget_s: float) -> int | None:
     return calls
 
 
-def format_plan(rows: list[dict], hw: Hardware, size: str, budget_s: float) -> str:
+def format_plan(rows: list[dict], hw: Machine, size: str, budget_s: float) -> str:
     from trainlab.report.format import seconds
 
     total = sum(r["estimate_s"] for r in rows if r["plan"].startswith("runs"))
@@ -200,7 +200,7 @@ def _kill_group(pgid: int) -> None:
             time.sleep(0.2)
 
 
-def step_env(root: Path, hw: Hardware, mnist_cache: Path | None = None) -> dict:
+def step_env(root: Path, hw: Machine, mnist_cache: Path | None = None) -> dict:
     env = dict(os.environ)
     src = str(repo_root() / "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -373,7 +373,7 @@ def _children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def load_factor(hw: Hardware) -> float:
+def load_factor(hw: Machine) -> float:
     """How much slower than quiet this machine runs now: its 1-minute load over its cores (at least 1). A
     step's limit is 3× its quiet estimate times this, so a busy machine does not cut a step that is only
     slow; the budget of the call stays a hard wall."""
@@ -460,7 +460,7 @@ def member_name(top: str, rel: Path) -> str:
 
 def run_lab(
     root: Path,
-    hw: Hardware,
+    hw: Machine,
     size: str,
     budget_s: float,
     parts: list[str],
@@ -536,7 +536,7 @@ def _begin_call(root, state, hw, size, budget_s, parts, command, mnist_pack, dat
 def _run_locked(
     root: Path,
     state: dict,
-    hw: Hardware,
+    hw: Machine,
     size: str,
     budget_s: float,
     parts: list[str],

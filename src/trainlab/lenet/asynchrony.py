@@ -403,7 +403,8 @@ def cpu_and_gpu(cfg: AsyncConfig, device: torch.device) -> dict:
 
 
 def run_experiments(cfg: AsyncConfig, log=print) -> dict:
-    """Every experiment on `cfg.device` → the result (kind, schema, config, device, rows)."""
+    """Every experiment on `cfg.device` → the result: kind, schema, the plan (device, its name, threads,
+    the resolved config) and the rows."""
     cfg.validate()
     device = resolve_device(cfg.device)
     if cfg.threads:
@@ -423,15 +424,8 @@ def run_experiments(cfg: AsyncConfig, log=print) -> dict:
             rows.append(row)
             log(f"   {row['setting']}: {row['bought']}")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    body = {
-        "device": str(device),
-        "device_name": name,
-        "torch_threads": torch.get_num_threads(),
-        "config": cfg.to_dict(),
-        "rows": rows,
-    }
     plan = plan_record(str(device), device_name=name, threads=torch.get_num_threads(), resolved=cfg.to_dict())
-    return stamp(KIND, body, plan)
+    return stamp(KIND, {"rows": rows}, plan)
 
 
 def _ms(v) -> str:
@@ -439,9 +433,10 @@ def _ms(v) -> str:
 
 
 def markdown(result: dict) -> str:
+    plan = result["plan"]
     lines = [
-        f"Asynchronous execution and automatic parallelism on {result['device_name']} ({result['device']}, "
-        f"torch threads {result['torch_threads']}); medians of {result['config']['repeats']} repeats.",
+        f"Asynchronous execution and automatic parallelism on {plan['device_name']} ({plan['device']}, "
+        f"torch threads {plan['threads']}); medians of {plan['resolved']['repeats']} repeats.",
         "",
         "| experiment | setting | without overlap (ms) | with overlap (ms) | what the overlap bought |",
         "| --- | --- | ---: | ---: | --- |",

@@ -86,7 +86,3 @@ def convert_sync_batchnorm(model: nn.Module) -> nn.Module:
         else:
             convert_sync_batchnorm(child)
     return model
-
-
-def has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

@@ -12,7 +12,7 @@ from trainlab.errors import ConfigError, HardwareError
 from trainlab.flags import add_command, explicit_values
 from trainlab.ops import registry
 from trainlab.ops.config import BenchConfig, CheckConfig, OpsBenchConfig, OpsCheckConfig
-from trainlab.results.kinds import plan_record
+from trainlab.results.kinds import plan_record, stamp
 
 
 def add_ops(p) -> None:
@@ -81,10 +81,9 @@ def run_check_cmd(args) -> int:
         progress=None if cc.json else _progress,
     )
     table = check.format_table(result)
-    if getattr(cc, "out", None):
+    kind = "gelu_check" if list(ops) == ["gelu"] else "ops_check"
+    if getattr(cc, "out", None) or cc.json:  # a result written or printed carries its record (results.kinds)
         env = collect_env("cpu")
-        text = f"{format_header({'command': args.command_line}, env)}\n\n{table}"
-        kind = "gelu_check" if list(ops) == ["gelu"] else "ops_check"
         plan = plan_record(
             "cpu" if not env["gpus"] else "cpu+cuda",
             device_name=", ".join([env["cpu"], *env["gpus"]]),
@@ -92,6 +91,8 @@ def run_check_cmd(args) -> int:
             threads=torch.get_num_threads(),
             resolved={"ops": list(ops), "impls": list(cc.impl or check.IMPLS), "n": cc.n},
         )
+    if getattr(cc, "out", None):
+        text = f"{format_header({'command': args.command_line}, env)}\n\n{table}"
         write_results(
             cc.out,
             "ops_check",
@@ -103,7 +104,7 @@ def run_check_cmd(args) -> int:
             plan=plan,
             env=env,
         )
-    print(json.dumps(result, indent=2) if cc.json else table)
+    print(json.dumps(stamp(kind, result, plan), indent=2) if cc.json else table)
     # the case rows are what was asked for (the autograd table is float64 whatever --dtype says)
     nothing_ran(
         result["rows"], "checked", "ask for rungs and dtypes that can run here, e.g. --impl cpp --dtype float32"

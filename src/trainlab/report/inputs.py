@@ -1,9 +1,8 @@
 """Read the report's inputs: training run directories and trainlab's result JSONs.
 
 A result names its kind (`results.kinds`: every file trainlab writes carries `kind`, `schema` and the
-`plan` it ran); a file written before that is recognised by the one fallback, `report.legacy`, and
-its section says what it lacks. The values the report reads are type-checked on the way
-in: a hand-edited or damaged file is one line naming the file and the key (or line), never a
+`plan` it ran); a JSON that names none is not a trainlab result. The values the report reads are
+type-checked on the way in: a hand-edited or damaged file is one line naming the file and the key (or line), never a
 traceback from a plot. An input named on the command line that cannot be used is an error; a run
 found by scanning a folder (`trainlab report runs/`) that cannot be used is skipped with a note, so
 one bad run never costs the whole report. A `gpt bench --out` run directory is rendered as the
@@ -20,7 +19,6 @@ from typing import Any
 
 from trainlab.errors import UserError
 from trainlab.io import check_input, read_capped, read_json, read_jsonl
-from trainlab.report.legacy import lacks, legacy_kind, rows_of
 from trainlab.results.kinds import SCHEMA, kind_of
 from trainlab.schema import MAX_JSON_BYTES, STR, DictOf, ListOf, Obj, Opt, Spec, _is_number, check
 from trainlab.telemetry.rundir import GPU_RANK_FILE
@@ -41,43 +39,37 @@ class TrainingRun:
 
     @property
     def plan(self) -> dict | None:
-        """The plan record (`results.kinds.plan_record`) the run's summary carries; None before it did."""
-        plan = self.summary.get("plan") if self.summary.get("kind") == "lenet_train" else None
+        """The plan record (`results.kinds.plan_record`) the run's summary carries."""
+        plan = self.summary.get("plan")
         return plan if isinstance(plan, dict) else None
-
-    @property
-    def lacks(self) -> str | None:
-        return None if self.plan is not None else lacks(f"{self.name}/summary.json")
 
 
 @dataclass
 class ResultFile:
     path: Path
     kind: str  # a key of results.kinds.KINDS
-    data: Any
-    lacks: str | None = None  # a file from before the record: what it lacks (report.legacy)
+    data: dict  # the stamped record
 
     @property
-    def rows(self) -> list[dict]:
-        return rows_of(self.data)
+    def rows(self) -> list:
+        """The record's rows (a plan's: its strategies); [] where it has none."""
+        rows = self.data.get("rows", self.data.get("strategies"))
+        return rows if isinstance(rows, list) else []
 
     @property
     def plan(self) -> dict | None:
-        plan = self.data.get("plan") if isinstance(self.data, dict) else None
+        plan = self.data.get("plan")
         return plan if isinstance(plan, dict) else None
 
 
 def identify(path: Path, data: Any) -> ResultFile | None:
-    """The result a JSON is: by the kind it names, else by the legacy fallback; None: not a result."""
+    """The result a JSON is, by the kind it names; None: not a result (a training summary is a run's)."""
     kind = kind_of(data)
-    if kind is not None:
-        if isinstance(data.get("schema"), int) and data["schema"] > SCHEMA:
-            raise UserError(f"{path}: schema {data['schema']} is newer than this trainlab reads ({SCHEMA}): upgrade it")
-        return ResultFile(path, kind, data)
-    kind = legacy_kind(data)
-    if kind == "dp_compare" and path.name.endswith(".loaders.json"):
-        kind = "dp_loaders"  # the sweep's file was told apart by its name only
-    return None if kind in (None, "lenet_train") else ResultFile(path, kind, data, lacks(path.name))
+    if kind in (None, "lenet_train"):
+        return None
+    if isinstance(data.get("schema"), int) and data["schema"] > SCHEMA:
+        raise UserError(f"{path}: schema {data['schema']} is newer than this trainlab reads ({SCHEMA}): upgrade it")
+    return ResultFile(path, kind, data)
 
 
 # The values of a training run that the report reads (`trainlab.schema`): types, and bounds a real run
@@ -187,12 +179,12 @@ def load_run(path: Path, summary: dict | None = None, inside=lambda p: True) -> 
 def _load_run_dir(path: Path, runs: list, results: list) -> None:
     """A training run, or another command's run directory whose summary is a result we render."""
     summary = read_json(path / "summary.json")
-    if isinstance(summary, dict) and (kind_of(summary) == "lenet_train" or legacy_kind(summary) == "lenet_train"):
+    if kind_of(summary) == "lenet_train":
         runs.append(load_run(path, summary))
         return
     res = identify(path / "summary.json", summary)
     if res is None:
-        raise UserError(f"{path / 'summary.json'}: neither a training summary (no test_accuracy) nor a trainlab result")
+        raise UserError(f"{path / 'summary.json'}: neither a training summary nor a trainlab result (it names no kind)")
     results.append(res)
 
 

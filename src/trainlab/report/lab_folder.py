@@ -13,6 +13,7 @@ from trainlab.report import format as fmt
 from trainlab.report.inputs import ResultFile, TrainingRun, identify, load_run
 from trainlab.report.lab_text import STRATEGY_WORDS
 from trainlab.report.sections.common import figure
+from trainlab.results.kinds import kind_of
 from trainlab.schema import INT, NUMBER, STR, DictOf, ListOf, Obj, Opt, check
 
 # The lab folder's results.json, which the lab writes and resumes from and the report reads: what it
@@ -153,7 +154,7 @@ def results_in(root: Path, folder: Path) -> tuple[list[TrainingRun], list[Result
     for p in sorted(filter(ok, folder.rglob("summary.json"))):
         try:
             s = read_json(p)
-            if isinstance(s, dict) and "test_accuracy" in s:
+            if kind_of(s) == "lenet_train":
                 runs.append(load_run(p.parent, s, inside=ok))
         except UserError:
             continue  # a damaged run costs its own section only

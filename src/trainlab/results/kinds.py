@@ -4,8 +4,8 @@
 `report/sections/<family>.py`) and title. A writer stamps its record once (`stamp`), with the plan the
 run resolved (`plan_record`: device, precision, threads, the dataset and its sizes, the model's shape,
 and the workload's whole resolved plan), so a reader never guesses a file's kind from its keys and
-never restates a fact it could read. Files written before the stamp still render through the
-report's one fallback (`report.legacy`), which says what they lack.
+never restates a fact it could read. A JSON without the stamp is not a trainlab result (the files
+committed before the stamp existed were stamped once, with the facts they recorded).
 
 Sits below every workload and the report: it imports nothing of trainlab's.
 """

@@ -19,22 +19,22 @@ than on the quiet box, as that file records), so the whole hand-in plans into on
 not yet run end to end on a quiet machine; every run records each step's seconds, CPU seconds and load
 (results.json) to recalibrate from. `tiny` = the tiny lab of `tests/test_lab.py`; `full` = measured on one
 H100 (benchmarks/results/gpu/h100/lab/results.json, "seconds"; `tests/test_lab_estimates.py` keeps them
-within ±30 % of it) and scaled to other GPUs by the data-sheet table (`lab.machine.Hardware.scale`).
+within ±30 % of it) and scaled to other GPUs by the data-sheet table (`hardware.Machine.scale`).
 On a loaded machine a step's limit grows with the load (`run.load_factor`), so a slow step is not cut.
 """
 
 from __future__ import annotations
 
-from trainlab.lab.machine import Hardware
+from trainlab.hardware import Machine
 from trainlab.lab.steps import dp, gelu, gpt, lenet, ops
 from trainlab.lab.steps.base import SIZES, Command, Step, repo_root
 
 PARTS = ("lenet", "gelu", "ops", "dp", "gpt")
 MODULES = {"lenet": lenet, "gelu": gelu, "ops": ops, "dp": dp, "gpt": gpt}
 
-__all__ = ["PARTS", "SIZES", "Command", "Hardware", "Step", "lab_steps", "repo_root"]
+__all__ = ["PARTS", "SIZES", "Command", "Step", "lab_steps", "repo_root"]
 
 
-def lab_steps(hw: Hardware, size: str) -> list[Step]:
+def lab_steps(hw: Machine, size: str) -> list[Step]:
     """Every step of the lab for `hw` at `size`, in priority order (the order they run in)."""
     return [step for part in PARTS for step in MODULES[part].steps(hw, size)]

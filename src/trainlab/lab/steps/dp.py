@@ -3,7 +3,7 @@ scaling; on several GPUs also weak), the DataLoader-workers study, compile/CUDA 
 
 from __future__ import annotations
 
-from trainlab.lab.machine import Hardware
+from trainlab.hardware import Machine
 from trainlab.lab.steps.base import Step, pick, script, trainlab
 from trainlab.lab.steps.scripts import CompileBreaksConfig, CompileConfig
 from trainlab.lenet.config import AsyncConfig, CompareConfig
@@ -12,7 +12,7 @@ GPU_ONLY = "not applicable on a CPU: "  # a step the lab lists on a CPU only to 
 DP_BATCH = 128  # LeNet-5's global batch in the data-parallel comparison (`dp compare`'s default)
 
 
-def steps(hw: Hardware, size: str) -> list[Step]:
+def steps(hw: Machine, size: str) -> list[Step]:
     dev = hw.device
     ranks = max(1, hw.gpus) if hw.gpu else max(2, hw.gpus)
     backend = "nccl" if hw.gpu else "gloo"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from trainlab.lab.machine import Hardware
+from trainlab.hardware import Machine
 from trainlab.lab.steps.base import Step, pick, trainlab
 from trainlab.lenet.config import TrainConfig
 from trainlab.ops.config import BenchConfig, CheckConfig
 
 
-def steps(hw: Hardware, size: str) -> list[Step]:
+def steps(hw: Machine, size: str) -> list[Step]:
     dev = hw.device
     check = CheckConfig(json=True, **pick(size, dict(impl=["aten", "python"], dtype=["float32"], n=256), {}, {}))
     # full: up to 256M elements, where issue 29's bandwidth goal is set (far above the 50 MB L2)

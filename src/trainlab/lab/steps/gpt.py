@@ -9,7 +9,7 @@ from dataclasses import replace
 from trainlab.gpt.ablation import ABLATION_EXCLUDED_BENCH_FLAGS, CHANGES, GLUE, AblationConfig
 from trainlab.gpt.config import COMPARE_EXCLUDED_BENCH_FLAGS, CompareConfig, GPTBenchConfig, PlanConfig
 from trainlab.gpt.shape import count_params, get_preset
-from trainlab.lab.machine import Hardware
+from trainlab.hardware import Machine
 from trainlab.lab.plan import HANDOUT_MODEL, LEVERS, OPTIMIZER, LabGptRows, plan_gpt
 from trainlab.lab.steps.base import Step, pick, script, trainlab
 from trainlab.lab.steps.dp import GPU_ONLY
@@ -21,17 +21,17 @@ _NESTED = {"bench": COMPARE_EXCLUDED_BENCH_FLAGS}
 CPU_MODEL = "tiny"  # the tiny preset on a CPU; the planner's model (the handout's 1.6B where it fits) on a GPU
 
 
-def rows_for(hw: Hardware) -> LabGptRows:
+def rows_for(hw: Machine) -> LabGptRows:
     return plan_gpt(max(1, hw.gpus), hw.memory_bytes or 80 * 2**30, hw.sm or 90)
 
 
-def _gpu_seconds(hw: Hardware, seconds: float, model: str, bound: str = "compute") -> float:
+def _gpu_seconds(hw: Machine, seconds: float, model: str, bound: str = "compute") -> float:
     """`seconds` measured on the H100 with the handout's model, for `model` on this GPU (work ∝ parameters)."""
     share = count_params(get_preset(model)) / count_params(get_preset(HANDOUT_MODEL))
     return round(hw.scale(seconds * max(share, 0.1), bound))
 
 
-def steps(hw: Hardware, size: str) -> list[Step]:
+def steps(hw: Machine, size: str) -> list[Step]:
     gp = rows_for(hw) if hw.gpu else None
     model = gp.model if gp else CPU_MODEL
     shape = dict(model=model, device=hw.device, global_batch=gp.global_batch if gp else 8)
@@ -67,7 +67,7 @@ def steps(hw: Hardware, size: str) -> list[Step]:
     ]
 
 
-def _plan(hw: Hardware, gp: LabGptRows | None, size: str) -> Step:
+def _plan(hw: Machine, gp: LabGptRows | None, size: str) -> Step:
     mem = f"{hw.memory_bytes}B" if hw.memory_bytes else "80GiB"  # --gpu-mem needs a unit
     cfg = PlanConfig(
         model=HANDOUT_MODEL,
@@ -88,7 +88,7 @@ def _plan(hw: Hardware, gp: LabGptRows | None, size: str) -> Step:
     )
 
 
-def _best(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, timed: dict, estimate: float) -> Step:
+def _best(hw: Machine, gp: LabGptRows | None, common: GPTBenchConfig, timed: dict, estimate: float) -> Step:
     """The planner's fastest single-GPU row with issue 30's levers, at the micro-batch it fits with them
     (lab.plan: the row `--plan` prints is this step's)."""
     if gp:
@@ -114,7 +114,7 @@ def _best(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, timed: di
     )
 
 
-def _baselines(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, size: str, t) -> list[Step]:
+def _baselines(hw: Machine, gp: LabGptRows | None, common: GPTBenchConfig, size: str, t) -> list[Step]:
     """The handout's baseline (HF GPT2LMHeadModel, fp32, checkpointing), TF32 off, and on beside it (report
     000's trick). Its limit is generous: fp32 on the GPU is ~6x slower per step than bf16, and the old
     suite's 150 s cut it off (issue 18); 51 s on an H100, an A100's fp32 rate is a third of it."""
@@ -144,7 +144,7 @@ def _baselines(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, size
     return out
 
 
-def _strategies(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, size: str, t) -> Step:
+def _strategies(hw: Machine, gp: LabGptRows | None, common: GPTBenchConfig, size: str, t) -> Step:
     strategies = gp.strategies if gp else pick(size, "none,ddp", "none,ckpt,ddp,zero3,tp,pp", "")
     nproc = (hw.gpus if hw.gpus > 1 else 1) if gp else 2
     timed = dict(steps=3, warmup=1) if gp else dict(steps=pick(size, 2, 5, 5), warmup=1)
@@ -179,7 +179,7 @@ def _strategies(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, siz
     )
 
 
-def ablation_changes(hw: Hardware, size: str) -> tuple[str, str]:
+def ablation_changes(hw: Machine, size: str) -> tuple[str, str]:
     """(changes, groups) of `gpt ablation` here: in fp16 with a GradScaler below sm80, without TF32 (none
     there) and the peer row (bf16); tiny and small: a few changes on the tiny model."""
     if size != "full":
@@ -194,7 +194,7 @@ def ablation_changes(hw: Hardware, size: str) -> tuple[str, str]:
     return ",".join(names), "baseline,cumulative,peer,separate"
 
 
-def _ablation(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, size: str, t) -> Step:
+def _ablation(hw: Machine, gp: LabGptRows | None, common: GPTBenchConfig, size: str, t) -> Step:
     """Issue 30: from the handout's baseline to gpt_best, each change alone and cumulatively, and the peer
     row, every row on the same tokens (issue 35's glue levers not here: benchmarks/gpu_gpt.py --parts glue
     measures them). full: the baseline, the 10 cumulative rows and the peer, ~12 runs
@@ -219,7 +219,7 @@ def _ablation(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig, size:
     )
 
 
-def _offload(hw: Hardware, gp: LabGptRows | None, common: GPTBenchConfig) -> Step:
+def _offload(hw: Machine, gp: LabGptRows | None, common: GPTBenchConfig) -> Step:
     """Issue 30, goal 4: CPU offload on one GPU, its CPU AdamW step the fused (vectorised, multi-threaded)
     kernel, on the handout's model where the planner fits it; NVMe through DeepSpeed (bf16), or the one
     line why not (a row of its own)."""

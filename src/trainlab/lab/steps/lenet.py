@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainlab.lab.machine import Hardware
+from trainlab.hardware import Machine
 from trainlab.lab.steps.base import Step, pick, script, trainlab
 from trainlab.lab.steps.scripts import TF32Config, TimeTo99Config
 from trainlab.lenet.config import TrainConfig
@@ -10,7 +10,7 @@ from trainlab.lenet.config import TrainConfig
 TF32_CPU = "not applicable: TF32 is a tensor-core mode of NVIDIA GPUs (Ampere+), not of a CPU"
 
 
-def no_tf32(hw: Hardware) -> str | None:
+def no_tf32(hw: Machine) -> str | None:
     """Why TF32 does not apply here, or None."""
     if not hw.gpu:
         return TF32_CPU
@@ -19,7 +19,7 @@ def no_tf32(hw: Hardware) -> str | None:
     return None
 
 
-def steps(hw: Hardware, size: str) -> list[Step]:
+def steps(hw: Machine, size: str) -> list[Step]:
     dev = hw.device
     # tiny: 2,048 images, seconds; small (the CPU hand-in) and full: the default recipe, 5 epochs (≥ 99 %)
     tiny = dict(epochs=1, train_subset=2048, test_subset=1024) if size == "tiny" else {}

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from trainlab.lab.machine import Hardware
+from trainlab.hardware import Machine
 from trainlab.lab.steps.base import Step, pick, trainlab
 from trainlab.lenet.config import TrainConfig
 from trainlab.ops.config import OpsBenchConfig, OpsCheckConfig
 
 
-def steps(hw: Hardware, size: str) -> list[Step]:
+def steps(hw: Machine, size: str) -> list[Step]:
     dev = hw.device
     check = OpsCheckConfig(
         gelu=False,

@@ -108,9 +108,8 @@ def plan_facts(plan: dict | None) -> list[str]:
     return facts
 
 
-def record_blocks(path: Path, data: dict | None, ctx: Ctx, lacks: str | None) -> list[Block]:
-    """Under a result's heading: its source file, the facts its plan records, a busy machine, and —
-    for a file written before records carried their kind and plan — what it lacks."""
+def record_blocks(path: Path, data: dict | None, ctx: Ctx) -> list[Block]:
+    """Under a result's heading: its source file, the facts its plan records, and a busy machine."""
     blocks = [para("Source: ", code(ctx.shown(path)))]
     facts = plan_facts((data or {}).get("plan") if isinstance(data, dict) else None)
     if facts:
@@ -118,6 +117,4 @@ def record_blocks(path: Path, data: dict | None, ctx: Ctx, lacks: str | None) ->
     busy = busy_reason(((data or {}).get("env") or {}).get("load") if isinstance(data, dict) else None)
     if busy:
         blocks.append(Block("note", f"Timed on a busy machine ({busy}): its times are not a quiet machine's."))
-    if lacks:
-        blocks.append(Block("note", lacks))
     return blocks

@@ -85,7 +85,7 @@ def _compare(res: ResultFile, ctx: Ctx) -> list[Block]:
 
 
 def render(res: ResultFile, ctx: Ctx) -> list[Block]:
-    blocks = record_blocks(res.path, res.data, ctx, res.lacks)
+    blocks = record_blocks(res.path, res.data, ctx)
     if res.kind == "dp_compile":
         return blocks + [Block("table", rows=compile_table(res.rows)), para(COMPILE_NOTE)]
     return blocks + _compare(res, ctx)

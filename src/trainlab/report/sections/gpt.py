@@ -120,4 +120,4 @@ KINDS = {
 
 
 def render(res: ResultFile, ctx: Ctx) -> list[Block]:
-    return record_blocks(res.path, res.data, ctx, res.lacks) + KINDS[res.kind](res, ctx)
+    return record_blocks(res.path, res.data, ctx) + KINDS[res.kind](res, ctx)

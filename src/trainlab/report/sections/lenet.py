@@ -143,8 +143,6 @@ def run_section(run: TrainingRun, ctx: Ctx, curves: bool = True) -> list[Block]:
     facts = plan_facts(run.plan)
     if facts:
         blocks.append(para("Ran with " + "; ".join(facts) + "."))
-    if run.lacks:
-        blocks.append(Block("note", run.lacks))
     busy = busy_reason(run.env.get("load"))
     if busy:
         blocks.append(Block("note", f"Trained on a busy machine ({busy}): its times are not a quiet machine's."))
@@ -183,7 +181,7 @@ PROFILE_COLUMNS = [
 def render(res: ResultFile, ctx: Ctx) -> list[Block]:
     """lenet_profile: ms per training step, medians; rows = variant × part."""
     d = res.data
-    return record_blocks(res.path, d, ctx, res.lacks) + [
+    return record_blocks(res.path, d, ctx) + [
         para(f"{d.get('steps')} profiled steps per variant (interleaved), batch {d.get('batch_size')}."),
         Block("table", rows=table_from_rows(res.rows, PROFILE_COLUMNS)),
     ]

@@ -129,4 +129,4 @@ KINDS = {"gelu_check": _gelu_check, "gelu_bench": _gelu_bench, "ops_check": _ops
 
 
 def render(res: ResultFile, ctx: Ctx) -> list[Block]:
-    return record_blocks(res.path, res.data, ctx, res.lacks) + KINDS[res.kind](res)
+    return record_blocks(res.path, res.data, ctx) + KINDS[res.kind](res)

@@ -19,6 +19,4 @@ def scalar_table(rows: list[dict], preferred: list[str] | None = None) -> list[l
 
 def render(res: ResultFile, ctx: Ctx) -> list[Block]:
     rows = [r for r in res.rows if isinstance(r, dict)]
-    return record_blocks(res.path, res.data, ctx, res.lacks) + (
-        [Block("table", rows=scalar_table(rows))] if rows else []
-    )
+    return record_blocks(res.path, res.data, ctx) + ([Block("table", rows=scalar_table(rows))] if rows else [])
