@@ -53,7 +53,7 @@ from trainlab.lenet.plan import resolve
 from trainlab.lenet.setup import build_model, build_optimizer
 from trainlab.lenet.step import make_step
 from trainlab.ops.conv_relu_pool2d import ConvReluPool2d
-from trainlab.results.kinds import plan_record
+from trainlab.results.kinds import plan_record, stamp
 from trainlab.stats import summarize, time_interleaved
 from trainlab.telemetry.env import collect_env, format_header
 from trainlab.telemetry.results import write_results
@@ -397,6 +397,13 @@ def run_profile(cfg: ProfileConfig, command: str = "trainlab profile", log=print
             "settings": {res["variant"]: res["settings"] for res in result["variants"]},
             "wall_ms_per_step": {res["variant"]: res["wall_ms_per_step"] for res in result["variants"]},
         }
+        plan = plan_record(
+            str(device),
+            device_name=env["gpus"][0] if device.type == "cuda" and env["gpus"] else env["cpu"],
+            threads=torch.get_num_threads(),
+            model={"name": "lenet5"},
+            resolved=cfg.to_dict(),
+        )
         write_results(
             run.path,
             "profile",
@@ -405,16 +412,15 @@ def run_profile(cfg: ProfileConfig, command: str = "trainlab profile", log=print
             [header, "", table],
             command,
             kind="lenet_profile",
-            plan=plan_record(
-                str(device),
-                device_name=env["gpus"][0] if device.type == "cuda" and env["gpus"] else env["cpu"],
-                threads=torch.get_num_threads(),
-                model={"name": "lenet5"},
-                resolved=cfg.to_dict(),
-            ),
+            plan=plan,
             env=env,
         )
-    return {**payload, "table": table, "run_dir": str(run.path)}
+    # the --json copy is the record the run folder holds (stamped: `trainlab report` reads either)
+    return {
+        **stamp("lenet_profile", {"command": command, "env": env, **payload}, plan),
+        "table": table,
+        "run_dir": str(run.path),
+    }
 
 
 def run_profile_cmd(cfg: ProfileConfig, command: str) -> int:

@@ -420,6 +420,18 @@ def format_layer_table(result: dict) -> str:
 def write_bench_results(out_dir, result: dict, table: str, command: str, stem: str = "gelu_bench") -> dict:
     """<stem>.json/.md/.log through the shared result writer: the table, headed by config and machine."""
     env = collect_env(result["device"])
+    plan = bench_plan(result, command, env)
+    config = plan["resolved"]
+    title = "GELU benchmark" if "sizes" in result else "LeNet-5 layer benchmark"
+    text = f"{format_header(config, env)}\n\n{table}"
+    return write_results(
+        out_dir, stem, result, f"# {title}\n\n```\n{text}\n```", [text], command, kind=stem, plan=plan, env=env
+    )
+
+
+def bench_plan(result: dict, command: str, env: dict | None = None) -> dict:
+    """The record's plan of a bench result (the files under --out and the --json copy carry the same)."""
+    env = env if env is not None else collect_env(result["device"])
     config = {"command": command, "device": result["device"], "torch_threads": result["torch_threads"]}
     if "sizes" in result:
         config.update(
@@ -427,18 +439,12 @@ def write_bench_results(out_dir, result: dict, table: str, command: str, stem: s
             approximate=result["approximate"],
             sizes=",".join(format_size(s) for s in result["sizes"]),
         )
-        title = "GELU benchmark"
     else:
         config["batches"] = ",".join(map(str, result["batches"]))
-        title = "LeNet-5 layer benchmark"
-    text = f"{format_header(config, env)}\n\n{table}"
-    plan = plan_record(
+    return plan_record(
         str(result["device"]),
         device_name=env["gpus"][0] if str(result["device"]).startswith("cuda") and env["gpus"] else env["cpu"],
         precision=result.get("dtype"),
         threads=result["torch_threads"],
         resolved=config,
-    )
-    return write_results(
-        out_dir, stem, result, f"# {title}\n\n```\n{text}\n```", [text], command, kind=stem, plan=plan, env=env
     )

@@ -203,7 +203,8 @@ def run_bench_cmd(args) -> int:
             bench.write_bench_results(bc.out, result, table, command=args.command_line, stem=stem)
         tables.append(table)
     if quiet:
-        docs = {k: r for k, (r, _, _) in results.items()}
+        # stamped as the files under --out are (results.kinds): `trainlab report` reads the copy too
+        docs = {k: stamp(stem, r, bench.bench_plan(r, args.command_line)) for k, (r, _, stem) in results.items()}
         print(json.dumps(next(iter(docs.values())) if len(docs) == 1 else docs, indent=2))
     else:
         print("\n\n".join(tables))
