@@ -40,8 +40,6 @@ HIDDEN_STATE_LOSSES = frozenset({"chunked"})
 # --loss auto: the planner's choice, resolved into one of LOSSES (`choose_loss`)
 LOSS_CHOICES = ("auto", *LOSSES)
 IMPLS = ("ours", "hf")
-# --attention: how heads are laid out for SDPA (GPTConfig.head_dim_padded); "padN" for any multiple of 8
-ATTENTION_LAYOUTS = ("auto", "plain", "pad56", "pad64")
 MAX_HEAD_WIDTH = 256  # flash's and cuDNN's limit (attention_backend)
 
 
