@@ -98,6 +98,7 @@ def problem(ex: Excerpt, root: Path = ROOT) -> str | None:
 RESULTS = ROOT / "benchmarks" / "results"
 H100 = RESULTS / "gpu" / "h100" / "lab"
 H200 = RESULTS / "gpu" / "h200"
+CPU_LAB = RESULTS / "lab_cpu_quiet"
 
 
 def _json(path: Path):
@@ -210,6 +211,9 @@ FIGURES = {
     "h200.peer_tokens": lambda: f"{_h200_peer()['tokens_per_s']:,.0f}",
     "h200.gpt_vs_peer": lambda: f"{_json(_H200_GPT)['tokens_per_s'] / _h200_peer()['tokens_per_s']:.2f}×",
     "h100.steps_ok": lambda: _lab_ok(H100 / "results.json"),
+    # the 2-core CPU box, quiet: one call of the README's lab command (benchmarks/lab_cpu.md)
+    "cpu_lab.steps_ok": lambda: _lab_ok(CPU_LAB / "results.json"),
+    "cpu_lab.minutes": lambda: _lab_minutes(CPU_LAB / "results.json"),
     "h100.minutes": lambda: _lab_minutes(H100 / "results.json"),
     "h100.t99_s": lambda: f"{_t99(_H100_T99)['median_s']:.1f} s",
     "h100.t99_ratio": lambda: f"{_t99(_H100_T99)['speedup_vs_seed_style']['median']:.1f}×",
