@@ -259,7 +259,7 @@ def plan_for_strategy(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
     if spec.accum and micro >= per_rank:
         micro = max(1, micro // 2)
     # on CPU, RSS is mostly the runtime: count live tensor bytes too (one extra untimed step)
-    on_cpu = bench.device == "cpu" or (bench.device == "auto" and not _cuda_available())
+    on_cpu = bench.device == "cpu" or (bench.device == "auto" and Machine.detect().gpus == 0)
     return replace(
         bench,
         strategy=spec.text,
@@ -271,9 +271,3 @@ def plan_for_strategy(bench: GPTBenchConfig, strategy: str) -> GPTBenchConfig:
         out=None,
         track_memory=bench.track_memory or on_cpu,
     )
-
-
-def _cuda_available() -> bool:
-    import torch  # here: flags and the lab's plan read this module without torch
-
-    return torch.cuda.is_available()
