@@ -52,3 +52,17 @@ def test_dead_rank_fails_the_run():
     with pytest.raises(SpawnError):
         spawn_for_test(_one_rank_dies, 2, timeout_s=50, pg_timeout_s=3)
     assert time.monotonic() - t0 < 45
+
+
+def _what_the_rank_sees(info: DistInfo):
+    return os.environ.get("TRAINLAB_SPAWN_PROBE"), os.getcwd(), info.rank
+
+
+def test_ranks_see_the_callers_environment_and_folder_at_the_call(monkeypatch, tmp_path):
+    """The ranks fork from a forkserver started once per process (distributed.spawn): what the caller sets
+    after it started must still reach them, as it reaches a freshly spawned process."""
+    spawn_for_test(_what_the_rank_sees, 2)  # the server is running before the caller changes anything
+    for probe in ("first", "second"):
+        monkeypatch.setenv("TRAINLAB_SPAWN_PROBE", probe)
+        monkeypatch.chdir(tmp_path)
+        assert spawn_for_test(_what_the_rank_sees, 2) == [(probe, str(tmp_path), 0), (probe, str(tmp_path), 1)]
