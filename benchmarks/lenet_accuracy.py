@@ -48,6 +48,7 @@ OLD_BEST = dict(
     weight_decay=5e-4,
     ema=0.999,
 )
+ADAMW = {"optimizer": "adamw"}  # `fast` before issue 40's round 3 (its Muon: lenet/muon.py)
 # Candidates scored with --holdout on the validation split (benchmarks/results/best_validation/).
 VARIANTS: dict[str, tuple[str, dict]] = {
     "preset": ("the old `best` recipe (60 epochs, batch 256, label smoothing 0.05, augment-p 0.75)", OLD_BEST),
@@ -74,29 +75,37 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         "the `best` preset at 60 epochs (measured after its test run, not used to choose it)",
         {**OLD_BEST, "epochs": 60, "batch_size": 128, "label_smoothing": 0.1, "augment_p": 0.5},
     ),
+    # The `fast` rows below ran over the preset when it stepped every weight with AdamW: each sets the optimizer
+    # so it means the same run now that the preset's is Muon.
+    "fast-adamw": ("the `fast` preset before issue 40, round 3: AdamW for every weight", ADAMW),
     # Issue 29: the `fast` preset (batch 96, 625 steps) with fewer, larger steps for a GPU, where a step of
     # LeNet-5 costs about the same at batch 96 and 384 (launch-bound). The lr grows with the square root of
     # the batch. Screened for issue 40 (`--preset fast --holdout 10000 --stop-below 99`,
     # benchmarks/results/lenet_fast_validation.md): each missed 99 % on its first seed (98.94 / 98.85 /
     # 98.78 / 98.50 %), so none replaced the preset.
-    "fast-b192": ("fast, batch 192, peak lr 4.2e-2", {"batch_size": 192, "lr": 4.2e-2}),
-    "fast-b384": ("fast, batch 384, peak lr 6e-2", {"batch_size": 384, "lr": 6e-2}),
-    "fast-b384-lr3e-2": ("fast, batch 384, peak lr 3e-2 (the preset's)", {"batch_size": 384, "lr": 3e-2}),
-    "fast-b768": ("fast, batch 768, peak lr 8.5e-2", {"batch_size": 768, "lr": 8.5e-2}),
+    "fast-b192": ("fast, batch 192, peak lr 4.2e-2", {**ADAMW, "batch_size": 192, "lr": 4.2e-2}),
+    "fast-b384": ("fast, batch 384, peak lr 6e-2", {**ADAMW, "batch_size": 384, "lr": 6e-2}),
+    "fast-b384-lr3e-2": ("fast, batch 384, peak lr 3e-2 (the preset's)", {**ADAMW, "batch_size": 384, "lr": 3e-2}),
+    "fast-b768": ("fast, batch 768, peak lr 8.5e-2", {**ADAMW, "batch_size": 768, "lr": 8.5e-2}),
     # Issue 40, round 2: an EMA of the weights (in the training step, inside the CUDA graph on a GPU) and more,
     # smaller steps. Screened on the seeds where `fast` scored lowest (14, 1, 2, 3; --stop-below 99),
     # benchmarks/results/lenet_fast_validation_ema.md: each missed 99 % on one of them, so none replaced `fast`.
-    "fast-ema": ("fast, EMA of the weights 0.99 (evaluated)", {"ema": 0.99}),
-    "fast-b64-ema": ("fast, batch 64 (peak lr 3e-2), EMA 0.99", {"batch_size": 64, "ema": 0.99}),
+    "fast-ema": ("fast, EMA of the weights 0.99 (evaluated)", {**ADAMW, "ema": 0.99}),
+    "fast-b64-ema": ("fast, batch 64 (peak lr 3e-2), EMA 0.99", {**ADAMW, "batch_size": 64, "ema": 0.99}),
     "fast-ema-lr5e-2": (
         "fast, EMA 0.99, peak lr 5e-2 (the average tames the noisier steps?)",
-        {"ema": 0.99, "lr": 5e-2},
+        {**ADAMW, "ema": 0.99, "lr": 5e-2},
     ),
-    "fast-ema-ls0.2": ("fast, EMA 0.99, label smoothing 0.2", {"ema": 0.99, "label_smoothing": 0.2}),
+    "fast-ema-ls0.2": ("fast, EMA 0.99, label smoothing 0.2", {**ADAMW, "ema": 0.99, "label_smoothing": 0.2}),
     # The EMA's default warm-up caps its decay at 0.983 after 521 steps (lenet/ema.py); N = 1 lets it reach 0.99.
     "fast-ema-w1": (
         "fast, EMA 0.99 with --ema-warmup 1 (a 100-step window at the end)",
-        {"ema": 0.99, "ema_warmup": 1},
+        {**ADAMW, "ema": 0.99, "ema_warmup": 1},
+    ),
+    # Issue 40, round 3: other levers than the step count (benchmarks/results/lenet_fast_validation_r3.md).
+    "fast-muon": (
+        "fast, Muon for the hidden weight matrices (AdamW for the rest), peak lr 3e-2: the preset since",
+        {"optimizer": "muon"},
     ),
 }
 

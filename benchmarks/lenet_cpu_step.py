@@ -10,6 +10,7 @@ A variant is a '+'-joined list of settings, e.g. `bn+bf16+cl+compile@1`:
     bn        LeNet-5 with BatchNorm (best)         compile  torch.compile the model (inductor, C++ on CPU)
     bn234     BatchNorm after conv2, fc1, fc2 only (--no-batchnorm-conv1; the fast preset)
     fused     AdamW(fused=True)                     foreach  AdamW(foreach=True) (the default is chosen by torch)
+    muon      --optimizer muon (Muon for the hidden weight matrices, AdamW for the rest; lenet.muon)
     actpool   the classic order ReLU → max-pool (LeNet5 pools first since issue 23: the same numbers, cheaper)
     fused1    conv1 → ReLU → max-pool as our one fused C++ operator (--ops fused; trainlab.ops.conv_relu_pool),
               and conv2 computed in NCHW (lenet.model.NCHWConv2d)
@@ -35,11 +36,12 @@ from _common import add_output_args, check_output, save
 
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.model import LeNet5
+from trainlab.lenet.muon import MuonAdamW, muon_groups
 from trainlab.lenet.plan import resolve
 from trainlab.lenet.step import make_step
 from trainlab.stats import time_interleaved
 
-SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach", "actpool", "fused1", "cl2"}
+SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach", "actpool", "fused1", "cl2", "muon"}
 
 
 def parse_variant(spec: str, batch_size: int) -> dict:
@@ -103,7 +105,11 @@ class Variant:
             self.model = self.model.to(memory_format=torch.channels_last)
             self.x = self.x.contiguous(memory_format=torch.channels_last)  # as trainlab's loader does
         kw = {"fused": True} if v.get("fused") else {"foreach": True} if v.get("foreach") else {}
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=plan.lr, **kw)
+        self.optimizer = (
+            MuonAdamW(muon_groups(self.model), lr=plan.lr, weight_decay=plan.weight_decay)
+            if v.get("muon")
+            else torch.optim.AdamW(self.model.parameters(), lr=plan.lr, **kw)
+        )
         self.training_step = make_step(plan, self.model, self.optimizer)
         t0 = time.perf_counter()
         for _ in range(3):  # compilation, oneDNN primitive creation, allocator warm-up

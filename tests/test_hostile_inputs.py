@@ -575,6 +575,11 @@ CASES = [
     Case("seed-negative", f"{NEW} --seed -1", r"--seed -1: expected an integer >= 0"),
     Case("dist-timeout-zero", f"{NEW} --dist-timeout 0", r"--dist-timeout 0: expected a finite number > 0"),
     Case("optimizer-unknown", f"{NEW} --optimizer lion", r"--optimizer 'lion': expected one of adamw, adam, sgd"),
+    Case(
+        "optimizer-muon-capitalized",
+        f"{NEW} --optimizer Muon",
+        r"--optimizer 'Muon': expected one of adamw, adam, sgd, manual-sgd, manual-adamw, muon",
+    ),
     Case("rank-devices-one", f"{NEW} --rank-devices cpu", r"--rank-devices 'cpu': expected one device per rank"),
     Case(
         "rank-devices-tpu", f"{NEW} --rank-devices cpu,tpu", r"--rank-devices 'cpu,tpu': expected one device per rank"

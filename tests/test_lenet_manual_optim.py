@@ -151,4 +151,4 @@ def test_the_flag_choices_name_every_hand_written_optimizer():
     from trainlab.lenet.config import OPTIMIZERS
     from trainlab.lenet.manual_optim import MANUAL_OPTIMIZERS
 
-    assert OPTIMIZERS == ("adamw", "adam", "sgd", *MANUAL_OPTIMIZERS)
+    assert OPTIMIZERS == ("adamw", "adam", "sgd", *MANUAL_OPTIMIZERS, "muon")  # muon: lenet.muon

@@ -54,7 +54,7 @@ class LeNetPlan:
     # the optimization
     batch_size: int  # global
     epochs: int
-    optimizer: str  # adamw | adam | sgd | manual-sgd | manual-adamw
+    optimizer: str  # adamw | adam | sgd | manual-sgd | manual-adamw | muon
     lr: float  # the peak lr after --scale-lr
     weight_decay: float
     momentum: float
@@ -130,8 +130,9 @@ def resolve(cfg, device: torch.device) -> LeNetPlan:
         lr=lr,
         weight_decay=cfg.weight_decay,
         momentum=cfg.momentum,
-        fused_optimizer=device.type in ("cuda", "cpu") and not cfg.optimizer.startswith("manual-"),
-        capturable=step_mode == "cudagraph" and cfg.schedule != "onecycle",
+        fused_optimizer=device.type in ("cuda", "cpu") and cfg.optimizer in ("adamw", "adam", "sgd"),
+        # Muon (lenet.muon) is written out over a host step count: the graph holds forward + backward
+        capturable=step_mode == "cudagraph" and cfg.schedule != "onecycle" and cfg.optimizer != "muon",
         schedule=cfg.schedule,
         warmup_epochs=cfg.warmup_epochs,
         label_smoothing=cfg.label_smoothing,

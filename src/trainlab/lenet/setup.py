@@ -15,6 +15,7 @@ from trainlab.errors import HardwareError, UserError
 from trainlab.lenet.config import TrainConfig
 from trainlab.lenet.manual_optim import build_manual
 from trainlab.lenet.models import make_model
+from trainlab.lenet.muon import MuonAdamW, muon_groups
 from trainlab.lenet.plan import LeNetPlan
 from trainlab.lenet.plan import scaled_lr as _scaled_lr
 
@@ -70,6 +71,8 @@ def build_optimizer(plan: LeNetPlan, model: torch.nn.Module, lr: float | None = 
     if plan.capturable:
         lr = torch.tensor(lr, dtype=torch.float32, device=params[0].device)
         fused["capturable"] = True
+    if plan.optimizer == "muon":  # Muon for the hidden weight matrices, AdamW for the rest (lenet.muon)
+        return MuonAdamW(muon_groups(model), lr=lr, weight_decay=plan.weight_decay)
     if plan.optimizer.startswith("manual-"):  # written out over the parameter list (lenet.manual_optim)
         return build_manual(plan.optimizer, params, lr, plan.weight_decay, plan.momentum)
     if plan.optimizer == "adamw":

@@ -18,7 +18,8 @@ mode here, not another copy of the loop body:
   count (`lenet.ema`), so averaging the weights adds no launch of its own per step.
   Under OneCycle (the default recipe) the graph holds forward + backward only, and the fused AdamW
   step and the EMA run after each replay as in eager mode (`LeNetPlan.optimizer_in_graph`: OneCycle's
-  beta1 is a host float the fused kernel takes as an argument), their host work overlapping the replay.
+  beta1 is a host float the fused kernel takes as an argument), their host work overlapping the replay;
+  so does `--optimizer muon` (written out in Python over a host step count, lenet.muon).
   Only batches of the captured shape replay the graph: a shorter last batch runs the same step
   eagerly (same optimizer, same lr tensor), so every image is trained on and the result is the eager
   run's; dropping it would change the recipe, padding it would change the loss.
