@@ -7,13 +7,13 @@
 #                    own=triton` runs), the pools and fc3; `stage1` is conv1+relu then the pool;
 #   2. gelu_bench.*  GELU fp32 at 256M elements, aten / cuda / triton beside a device copy (goal: Triton
 #                    forward >= 95 % of copy);
-#   3. lenet_time_to_99_cuda.*  the `fast` preset over 20 seeds beside `fast=fast-ema-w1` (the same recipe
-#                    with an EMA of the weights, 0.99 with --ema-warmup 1, updated inside the CUDA graph:
-#                    what it costs per step, and what it does to the test split's seeds; on the
-#                    validation split it moved seeds by +-0.07 % and missed 99 % on 2 of 4,
-#                    benchmarks/results/lenet_fast_validation_ema.md) and the
-#                    seed-style loop (2 seeds; goal: 20/20 reach 99 %, median <= 0.2 s, >= 80x). LOOPS changes the rows: a candidate recipe of
-#                    benchmarks/lenet_accuracy.py as fast=VARIANT (timed beside the preset, in one run);
+#   3. lenet_time_to_99_cuda.*  the `fast` preset (Muon for the hidden weight matrices: 20/20 validation
+#                    seeds >= 99 % on the CPU, benchmarks/results/lenet_fast_validation_r3.md) over 20 seeds
+#                    beside `fast=fast-adamw` (the recipe before it, its optimizer step inside the CUDA graph;
+#                    Muon steps after each replay: what that costs per step is this row's question) and the
+#                    seed-style loop (2 seeds; goal: 20/20 reach 99 %, median <= 0.2 s, >= 80x). LOOPS changes
+#                    the rows: a candidate recipe of benchmarks/lenet_accuracy.py as fast=VARIANT (timed beside
+#                    the preset, in one run);
 #   4. ops_check.*   the compiled Triton kernels against ATen (the autotuned configs, at batch 64), the
 #                    conv2d/linear `relu-epilogue` cases included;
 #   5. graph_check.console  the GPU tests of the captured step (tests/test_lenet_step.py -m gpu): graph vs
@@ -33,7 +33,7 @@ DRY=0
 PY=${PY:-python3}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
-LOOPS=${LOOPS:-fast,fast=fast-ema-w1,seed-style}
+LOOPS=${LOOPS:-fast,fast=fast-adamw,seed-style}
 if [ $DRY = 1 ]; then
   DEV=cpu; BATCH=8; SIZES=1K; IMPLS=(--impl cpp); BUDGET=0.05; SEEDS=0; BASE=0; EXTRA=(--train-subset 512 --max-epochs 1)
   CHECK=(env TRITON_INTERPRET=1 "$PY" -m trainlab ops check --impl triton --op relu --batch 2 --out "$OUT")
