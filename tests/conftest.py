@@ -9,11 +9,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Tests are deterministic and small; more threads than cores only adds noise on the 2-core CI box (the
-# same 2 threads under `make test`'s parallel workers: test_lenet_step's tolerances were set with them).
-# Each pytest-xdist worker gets its own range of TCP ports for the gloo tests' MASTER_PORT (`distributed.spawn.free_port`; 500 ports per worker from 20000, below Linux's
-# ephemeral range), so two workers never draw the same port.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# One intra-op thread per test process: `make test` runs 4 of them on the 2-core CI box, so a second
+# thread only adds synchronisation (the same five files: 91 s of CPU and 50 s of wall time with 2 threads,
+# 78 s and 41 s with 1; test_lenet_step's tolerances hold with either). The processes a test launches
+# keep torch's default.
+# Each pytest-xdist worker gets its own range of TCP ports for the gloo tests' MASTER_PORT
+# (`distributed.spawn.free_port`; 500 ports per worker from 20000, below Linux's ephemeral range), so two
+# workers never draw the same port.
+torch.set_num_threads(1)
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw") and _worker[2:].isdigit():
     _lo = 20000 + 500 * (int(_worker[2:]) % 24)
