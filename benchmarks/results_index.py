@@ -58,8 +58,8 @@ def entries(results: Path = RESULTS) -> dict[str, list[Path]]:
     """entry name -> its files."""
     out: dict[str, list[Path]] = {}
     for path in sorted(results.rglob("*")):
-        if not path.is_file() or path == INDEX:
-            continue
+        if not path.is_file() or path == INDEX or path.name.startswith("."):
+            continue  # (a dotfile is local: trainlab's record of the files it wrote there, git-ignored)
         rel = path.relative_to(results).as_posix()
         folder = next((f for f in FOLDERS if rel.startswith(f + "/")), None)
         if folder is None and "/" in rel:
