@@ -21,6 +21,7 @@ import traceback
 import torch
 
 from trainlab.distributed.launch import end_worker, init_distributed
+from trainlab.io import atomic_torch_save  # whole or absent: the harness stops the other ranks when one fails
 
 PORTS_ENV = "TRAINLAB_TEST_PORTS"  # "LO-HI": this process's own ports (tests/conftest.py, one range per xdist worker)
 _next_port = 0
@@ -60,12 +61,6 @@ class SpawnError(RuntimeError):
     """A spawned rank failed (the message carries its traceback) or the run exceeded its timeout."""
 
 
-def _save(path: str, record: dict) -> None:
-    """Whole or not at all: the harness terminates the other ranks as soon as one fails, maybe mid-write."""
-    torch.save(record, path + ".part")
-    os.replace(path + ".part", path)
-
-
 def _spawn_entry(rank, fn, world_size, port, result_dir, pg_timeout_s, threads, args, environ):
     os.environ.clear()  # the forkserver's environment is the one of its start: the caller's is this call's
     os.environ.update(environ)
@@ -77,10 +72,10 @@ def _spawn_entry(rank, fn, world_size, port, result_dir, pg_timeout_s, threads, 
     try:
         info = init_distributed(backend="gloo", timeout_s=pg_timeout_s, device="cpu")
         out = fn(info, *args)
-        _save(path, {"ok": True, "value": out})
+        atomic_torch_save(path, {"ok": True, "value": out})
         code = 0
     except BaseException:
-        _save(path, {"ok": False, "error": traceback.format_exc()})
+        atomic_torch_save(path, {"ok": False, "error": traceback.format_exc()})
         code = 1
     end_worker(code)  # as every worker ends: the result is saved; barrier (on success); no destructors
 
