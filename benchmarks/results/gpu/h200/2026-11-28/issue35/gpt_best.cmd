@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -m trainlab gpt bench --model gpt2-1.6b --device cuda --global-batch 16 --steps 5 --warmup 2 --strategy amp+accum+compile --micro-batch-auto --fused-optimizer --tf32 on --vocab-multiple 64 --fused-qkv --loss chunked --json /root/out/issue35/gpt_best.json

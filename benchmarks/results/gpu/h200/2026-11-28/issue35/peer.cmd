@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -m trainlab gpt bench --model gpt2-1.6b --device cuda --global-batch 16 --steps 5 --warmup 2 --impl hf --strategy amp+compile --tf32 on --fused-optimizer --micro-batch-auto --json /root/out/issue35/peer.json

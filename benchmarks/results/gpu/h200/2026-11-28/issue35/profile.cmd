@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -m trainlab gpt profile --model gpt2-1.6b --device cuda --global-batch 16 --warmup 2 --strategy amp+accum+compile --micro-batch-auto --fused-optimizer --tf32 on --vocab-multiple 64 --fused-qkv --loss chunked --profile-steps 2 --json /root/out/issue35/profile.json

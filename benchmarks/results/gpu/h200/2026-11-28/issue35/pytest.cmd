@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -m pytest -q -m gpu tests/test_gpt_levers.py tests/test_gpt_attention_layout.py tests/test_gpt_plan.py tests/test_gpt_planner.py tests/test_gpt_profile.py tests/test_lenet_step.py -k 'not lenet_step or cudagraph_steps'
