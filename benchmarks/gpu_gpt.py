@@ -7,10 +7,12 @@ log beside it (`<step>.cmd`, `<step>.log`), after `env.txt` (the command, versio
                 layouts plain (head_dim 50, views of a fused projection), pad56 and pad64 (contiguous heads
                 already that wide, scale 1/√50), each under flash and cuDNN (refused: said so)
   gpt_best      the lab's gpt_best at global batch 16 (amp+accum+compile, --micro-batch-auto, fused AdamW,
-                TF32, vocabulary 64, fused QKV, chunked loss; --attention auto → pad56)
+                TF32, vocabulary 64, fused QKV; issue 35's glue: residual in bf16, fused boundary, cast once,
+                --loss auto; --attention auto → pad56)
   gpt_plain     the same with --attention plain (the layout lever alone, same run)
   peer          the ablation's peer row: HF GPT2LMHeadModel + SDPA + bf16 + compile + fused AdamW, same tokens
-  fp8           gpt_best with --fp8 (torchao float8 block Linears) beside the headline, or why not
+  fp8           gpt_best with --fp8 (torchao float8 block Linears; without --cast-once, which FP8 refuses)
+                beside the headline, or why not
   profile       `trainlab gpt profile` of gpt_best: kernel time by category, busy vs wall, SDPA backend, TFLOP/s
   pytest        `pytest -m gpu` of the GPT tests and the cudagraph LeNet test issue 35 fixed
   summary.md    the table: ms/step, tok/s, MFU (FP8 row also against the FP8 peak), ours/peer, the goals
@@ -18,7 +20,7 @@ log beside it (`<step>.cmd`, `<step>.log`), after `env.txt` (the command, versio
 
 `--parts glue` (a second ≤ 8-minute call) measures issue 35's glue levers instead, each a `gpt bench` row on
 top of gpt_best at a fixed 8 × 2 (accumulation on, so --cast-once has a recast to save), same tokens:
-  glue_base        gpt_best at micro-batch 8 (8 × 2), --loss chunked
+  glue_base        gpt_best without the glue (issue 30's levers, --loss chunked) at micro-batch 8 (8 × 2)
   glue_residual    + --residual-16bit (the residual stream in bf16, LayerNorm statistics fp32)
   glue_boundary    + --fused-boundary (the last residual add and the next LayerNorm in one compiled function)
   glue_cast_once   + --cast-once (the blocks' bf16 weights made once per optimizer step, not per micro-step)
@@ -46,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-BEST = [  # lab/steps.py's gpt_best on a GPU, at the issue's global batch
+LEVERS_30 = [  # lab/steps.py's gpt_best before issue 35's glue: the glue rows' base
     "--strategy",
     "amp+accum+compile",
     "--micro-batch-auto",
@@ -59,6 +61,9 @@ BEST = [  # lab/steps.py's gpt_best on a GPU, at the issue's global batch
     "--loss",
     "chunked",
 ]
+GLUE_ALL = ["--residual-16bit", "--fused-boundary", "--cast-once", "--loss", "auto"]
+# lab/plan.py's gpt_best on a bf16 GPU (best_levers): issue 30's levers and issue 35's glue (the later --loss wins)
+BEST = [*LEVERS_30, *GLUE_ALL]
 PEER = ["--impl", "hf", "--strategy", "amp+compile", "--tf32", "on", "--fused-optimizer", "--micro-batch-auto"]
 MFU_GOAL, PEER_GOAL = 0.46, 1.2
 GLUE = {
@@ -67,7 +72,7 @@ GLUE = {
     "glue_boundary": ["--fused-boundary"],
     "glue_cast_once": ["--cast-once"],
     "glue_loss_auto": ["--loss", "auto"],
-    "glue_all": ["--residual-16bit", "--fused-boundary", "--cast-once", "--loss", "auto"],
+    "glue_all": GLUE_ALL,
 }
 
 
@@ -305,13 +310,13 @@ def main(argv: list[str] | None = None) -> int:
             "--warmup",
             "1",
         ]
-        best, peer = _cpu(BEST), _cpu(PEER)
+        best, base30, peer = _cpu(BEST), _cpu(LEVERS_30), _cpu(PEER)
     else:
         shape = ["--model", "gpt2-1.6b", "--device", "cuda", "--global-batch", "16", "--steps", "5", "--warmup", "2"]
-        best, peer = BEST, PEER
+        best, base30, peer = BEST, LEVERS_30, PEER
     env = {"PYTHONPATH": str(ROOT / "src")}
     if args.parts == "glue":
-        base = [*_without(best, "--micro-batch-auto", 0), "--micro-batch", "2" if args.dry_run else "8"]
+        base = [*_without(base30, "--micro-batch-auto", 0), "--micro-batch", "2" if args.dry_run else "8"]
         for name, extra in GLUE.items():
             r.run(name, [*py, "bench", *shape, *base, *extra, "--json", str(out / f"{name}.json")], 150, env)
         text = glue_summary(out, r.status)
@@ -343,7 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     r.run("profile", profile, 120, env)
     fp8_why = fp8_problem(Machine() if args.dry_run else Machine.detect())
     if fp8_why is None:
-        r.run("fp8", [*py, "bench", *shape, *best, "--fp8", "--json", str(out / "fp8.json")], 150, env)
+        r.run(
+            "fp8",
+            [*py, "bench", *shape, *_without(best, "--cast-once", 0), "--fp8", "--json", str(out / "fp8.json")],
+            150,
+            env,
+        )
     else:
         r.status["fp8"] = f"not measured: {fp8_why}"
         (out / "fp8.log").write_text(r.status["fp8"] + "\n")

@@ -149,24 +149,25 @@ _T99, _T99_RERUN = RESULTS / "lenet_time_to_99_cpu.json", RESULTS / "lenet_time_
 _H100_T99 = H100 / "steps" / "lenet_time_to_99" / "lenet_time_to_99_cuda.json"
 _H100_GELU, _H100_GPT = H100 / "steps" / "gelu_bench" / "gelu_bench.json", H100 / "steps" / "gpt_best" / "bench.json"
 
-_H200_T99, _H200_GPT = H200 / "lenet_t99" / "lenet_time_to_99_cuda.json", H200 / "gpt_best" / "bench.json"
-_H200_GELU, _H200_PEER = H200 / "gelu256m" / "gelu_bench.json", H200 / "peer" / "ablation.json"
+# one H200, the code of 9ee1111 (2026-11-28): README.md there gives the commands
+H200_RUN = H200 / "2026-11-28"
+_H200_T99, _H200_GELU = H200_RUN / "issue40" / "lenet_time_to_99_cuda.json", H200_RUN / "issue40" / "gelu_bench.json"
+_H200_GPT, _H200_PEER = H200_RUN / "gpt_best_glue" / "best_glue.json", H200_RUN / "gpt_best_glue" / "peer.json"
+_H200_NOGLUE, _H200_NOGLUE_PEER = H200_RUN / "issue35" / "gpt_best.json", H200_RUN / "issue35" / "peer.json"
 
 
-def _h200_peer() -> dict:
-    return next(r for r in _json(_H200_PEER)["rows"] if r["group"] == "peer" and r["status"] == "ok")
+def _h200_t99(loop: str = "fast") -> dict:
+    return _json(_H200_T99)["summary"][loop]
 
 
 def _h200_layers(impl: str) -> float:
-    """Total (forward + backward) of the own LeNet layers at batch 4096 over ATen's, from the table in the
-    run's README: that `ops bench` printed to the console and its JSON was not kept (the README says so)."""
-    section = (H200 / "README.md").read_text().split("## Own LeNet layers", 1)[1].split("\n## ", 1)[0]
-    totals = {}
-    for line in section.splitlines():
-        cells = [c.strip(" *") for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and cells[0] in ("aten", "cuda", "triton"):
-            totals[cells[0]] = float(cells[3])
-    return totals[impl] / totals["aten"]
+    """Total (forward + backward) of the own LeNet layers at batch 4096 over ATen's (`ops bench`'s totals)."""
+    totals = [t for t in _json(H200_RUN / "issue40" / "ops_bench.json")["totals"] if t["step"] == "layers"]
+    return next(t["ratio_to_aten"] for t in totals if t["impl"] == impl)
+
+
+def _ratio(a: Path, b: Path) -> str:
+    return f"{_json(a)['tokens_per_s'] / _json(b)['tokens_per_s']:.2f}×"
 
 
 # name -> the figure as the docs print it, computed from committed results
@@ -191,10 +192,16 @@ FIGURES = {
     "cpu.dataloader_ms": lambda: "{:.1f}–{:.1f} ms".format(*_span(r["data_ms"] for r in _dp("none", "dataloader"))),
     "cpu.plan_fp32": lambda: _plan_gib("none"),
     "cpu.plan_amp_ckpt": lambda: _plan_gib("amp+ckpt"),
-    "h200.t99_s": lambda: f"{_t99(_H200_T99)['median_s']:.3f} s",
-    "h200.t99_seeds": lambda: f"{_t99(_H200_T99)['reached']} of {_t99(_H200_T99)['of']}",
-    "h200.t99_ratio": lambda: f"{_t99(_H200_T99)['speedup_vs_seed_style']['median']:.0f}×",
-    "h200.t99_ms_step": lambda: f"{_t99(_H200_T99)['ms_per_step_median']:.2f} ms",
+    "h200.t99_s": lambda: f"{_h200_t99()['median_s']:.2f} s",
+    "h200.t99_seeds": lambda: f"{_h200_t99()['reached']} of {_h200_t99()['of']}",
+    "h200.t99_ratio": lambda: f"{_h200_t99()['speedup_vs_seed_style']['median']:.0f}×",
+    "h200.t99_ms_step": lambda: f"{_h200_t99()['ms_per_step_median']:.2f} ms",
+    "h200.t99_adamw_s": lambda: f"{_h200_t99('fast=fast-adamw')['median_s']:.3f} s",
+    "h200.t99_adamw_seeds": lambda: (
+        f"{_h200_t99('fast=fast-adamw')['reached']} of {_h200_t99('fast=fast-adamw')['of']}"
+    ),
+    "h200.t99_adamw_ratio": lambda: f"{_h200_t99('fast=fast-adamw')['speedup_vs_seed_style']['median']:.0f}×",
+    "h200.t99_adamw_ms_step": lambda: f"{_h200_t99('fast=fast-adamw')['ms_per_step_median']:.2f} ms",
     "h200.gelu_size": lambda: f"{max(r['size'] for r in _json(_H200_GELU)['rows']) // 2**20}M",
     "h200.gelu_cuda_copy": lambda: f"{_gelu(_H200_GELU, 'cuda', 'fwd', 'pct_of_copy_bw') * 100:.0f} %",
     "h200.gelu_triton_copy": lambda: f"{_gelu(_H200_GELU, 'triton', 'fwd', 'pct_of_copy_bw') * 100:.0f} %",
@@ -207,9 +214,11 @@ FIGURES = {
     ),
     "h200.gpt_tokens": lambda: f"{_json(_H200_GPT)['tokens_per_s']:,.0f}",
     "h200.gpt_mfu": lambda: f"{_json(_H200_GPT)['mfu'] * 100:.1f} %",
-    "h200.peer_mfu": lambda: f"{_h200_peer()['mfu'] * 100:.1f} %",
-    "h200.peer_tokens": lambda: f"{_h200_peer()['tokens_per_s']:,.0f}",
-    "h200.gpt_vs_peer": lambda: f"{_json(_H200_GPT)['tokens_per_s'] / _h200_peer()['tokens_per_s']:.2f}×",
+    "h200.peer_mfu": lambda: f"{_json(_H200_PEER)['mfu'] * 100:.1f} %",
+    "h200.peer_tokens": lambda: f"{_json(_H200_PEER)['tokens_per_s']:,.0f}",
+    "h200.gpt_vs_peer": lambda: _ratio(_H200_GPT, _H200_PEER),
+    "h200.noglue_mfu": lambda: f"{_json(_H200_NOGLUE)['mfu'] * 100:.1f} %",
+    "h200.noglue_vs_peer": lambda: _ratio(_H200_NOGLUE, _H200_NOGLUE_PEER),
     "h100.steps_ok": lambda: _lab_ok(H100 / "results.json"),
     # the 2-core CPU box, quiet: one call of the README's lab command (benchmarks/lab_cpu.md)
     "cpu_lab.steps_ok": lambda: _lab_ok(CPU_LAB / "results.json"),

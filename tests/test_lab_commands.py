@@ -113,3 +113,16 @@ def test_script_configs_are_the_scripts_own_flags(cls):
         assert flag in declared, f"{SCRIPTS[cls]} takes no {flag}"
         if declared[flag] is not ...:
             assert f.default == declared[flag], (flag, f.default, declared[flag])
+
+
+@pytest.mark.parametrize("machine", ["1xH100", "2xA100-80G", "2xRTX2080Ti", "cpu"])
+def test_gpt_best_runs_the_glue_levers_only_where_bf16_measured_them(machine):
+    """Issue 35's glue (residual in bf16, fused boundary, cast once, loss auto) joined gpt_best after the
+    H200 measured it there; fp16 (sm75) and the CPU keep issue 30's levers, which the command says."""
+    size = "full" if machine != "cpu" else "tiny"
+    cfg = STEPS[f"{machine}-{size}-gpt_best"].config
+    line = STEPS[f"{machine}-{size}-gpt_best"].command.words()
+    glue = (cfg.residual_16bit, cfg.fused_boundary, cfg.cast_once, cfg.loss)
+    bf16 = machine in ("1xH100", "2xA100-80G")
+    assert glue == ((True, True, True, "auto") if bf16 else (False, False, False, "chunked")), glue
+    assert ("--residual-16bit" in line) == bf16 and cfg.vocab_multiple == 64 and cfg.fused_qkv

@@ -90,8 +90,9 @@ CHANGES: tuple[Change, ...] = (
         ("ours",),
     ),
 )
-# issue 35's glue levers: in the command's default list; the lab's timed ablation stops at gpt_best
-# (its 9-minute call holds no more rows) and benchmarks/gpu_gpt.py measures these on top of gpt_best
+# issue 35's glue levers: in the command's default list and in the lab's gpt_best under bf16; the lab's
+# timed ablation stops before them (its 9-minute call holds no more rows): benchmarks/gpu_gpt.py --parts
+# glue measures them on top of issue 30's levers
 GLUE = ("residual-16bit", "fused-boundary", "cast-once", "loss-auto")
 # Below sm80 (the course's RTX 2080 Ti: no bf16) in place of "bf16", by name (`--changes ...,fp16,...`): fp16
 # autocast with a GradScaler. Not in the default list, which adds bf16.

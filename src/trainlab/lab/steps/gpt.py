@@ -10,7 +10,7 @@ from trainlab.gpt.ablation import ABLATION_EXCLUDED_BENCH_FLAGS, CHANGES, GLUE, 
 from trainlab.gpt.config import COMPARE_EXCLUDED_BENCH_FLAGS, CompareConfig, GPTBenchConfig, PlanConfig
 from trainlab.gpt.shape import count_params, get_preset
 from trainlab.hardware import Machine
-from trainlab.lab.plan import HANDOUT_MODEL, LEVERS, OPTIMIZER, LabGptRows, plan_gpt
+from trainlab.lab.plan import HANDOUT_MODEL, LEVERS, OPTIMIZER, LabGptRows, best_levers, plan_gpt
 from trainlab.lab.steps.base import Step, pick, script, trainlab
 from trainlab.lab.steps.dp import GPU_ONLY
 from trainlab.lab.steps.lenet import no_tf32
@@ -94,7 +94,7 @@ def _best(hw: Machine, gp: LabGptRows | None, common: GPTBenchConfig, timed: dic
     if gp:
         tf32 = "on" if not no_tf32(hw) else "off"
         cfg = replace(common, strategy=gp.best.strategy, micro_batch=gp.best.micro_batch, fused_optimizer=True,
-                      tf32=tf32, **LEVERS, **timed, json="{out}/bench.json")  # fmt: skip
+                      tf32=tf32, **best_levers(gp.precision), **timed, json="{out}/bench.json")  # fmt: skip
     else:
         cfg = replace(common, strategy="none", micro_batch=4, **LEVERS, **timed, json="{out}/bench.json")
     return Step(
@@ -187,7 +187,9 @@ def ablation_changes(hw: Machine, size: str) -> tuple[str, str]:
         return pick(size, "ours,vocab-pad", "ours,bf16,vocab-pad,chunked-ce,max-micro-batch", ""), pick(
             size, "baseline,cumulative", AblationConfig().groups, ""
         )
-    names = [c.name for c in CHANGES if c.name not in GLUE]  # to gpt_best (GLUE: benchmarks/gpu_gpt.py)
+    # to gpt_best's issue-30 levers: the glue (in gpt_best under bf16) is 4 rows more than the step's
+    # 9-minute call holds; benchmarks/gpu_gpt.py --parts glue measures those rows
+    names = [c.name for c in CHANGES if c.name not in GLUE]
     if hw.half == "fp16":
         names = [{"bf16": "fp16"}.get(n, n) for n in names if n != "tf32"]
         return ",".join(names), "baseline,cumulative,separate"
@@ -196,8 +198,8 @@ def ablation_changes(hw: Machine, size: str) -> tuple[str, str]:
 
 def _ablation(hw: Machine, gp: LabGptRows | None, common: GPTBenchConfig, size: str, t) -> Step:
     """Issue 30: from the handout's baseline to gpt_best, each change alone and cumulatively, and the peer
-    row, every row on the same tokens (issue 35's glue levers not here: benchmarks/gpu_gpt.py --parts glue
-    measures them). full: the baseline, the 10 cumulative rows and the peer, ~12 runs
+    row, every row on the same tokens (issue 35's glue levers, the last of gpt_best's, not here:
+    benchmarks/gpu_gpt.py --parts glue measures them). full: the baseline, the 10 cumulative rows and the peer, ~12 runs
     of 25-60 s on an H100 (estimated, not yet measured; compile rows reuse inductor's on-disk cache)."""
     changes, groups = ablation_changes(hw, size)
     timed = dict(steps=4, warmup=1) if gp else dict(steps=pick(size, 2, 5, 5), warmup=1)
