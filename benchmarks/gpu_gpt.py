@@ -335,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     r.run("peer", [*py, "bench", *shape, *peer, "--json", str(out / "peer.json")], 150, env)
     tests = [
         "tests/test_gpt_levers.py",
+        "tests/test_gpt_glue.py",
         "tests/test_gpt_attention_layout.py",
         "tests/test_gpt_plan.py",
         "tests/test_gpt_planner.py",

@@ -198,6 +198,30 @@ def test_residual_16bit_plan_trains_within_bf16_of_the_fp32_plan():
         assert abs(got - ref) <= abs(amp - ref) + tol * ref
 
 
+GPT_BEST_GLUE = dict(
+    vocab_multiple=64, fused_qkv=True, loss="auto", residual_16bit=True, fused_boundary=True, cast_once=True
+)
+
+
+def _glue_within_bf16(device: str, compiled: str) -> None:
+    """gpt_best's levers (lab.plan.best_levers under bf16) train within bf16 rounding of the fp32 plan, as
+    far from it as the plain amp plan is, plus the residual's rounding."""
+    ref_losses, _ = _trained(make_plan(ODD, "accum", device=device, **ACCUM))
+    amp_losses, _ = _trained(make_plan(ODD, "amp+accum" + compiled, device=device, **ACCUM))
+    losses, _ = _trained(make_plan(ODD, "amp+accum" + compiled, device=device, **ACCUM, **GPT_BEST_GLUE))
+    tol = (2 * ODD.n_layer + 1) * U
+    for got, amp, ref in zip(losses, amp_losses, ref_losses):
+        assert abs(got - ref) <= abs(amp - ref) + tol * ref, (got, amp, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+def test_gpt_best_levers_on_cuda_compiled_train_within_bf16_of_fp32():
+    """What the H200 ran as gpt_best (2026-11-28): every lever together, compiled, on the GPU."""
+    torch._dynamo.reset()
+    _glue_within_bf16("cuda", "+compile")
+
+
 # ---------------------------------------------------------------------------------------------- refusals
 
 
