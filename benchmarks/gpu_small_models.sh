@@ -9,15 +9,15 @@
 #                    forward >= 95 % of copy);
 #   3. lenet_time_to_99_cuda.*  the `fast` preset (Muon for the hidden weight matrices: 20/20 validation
 #                    seeds >= 99 % on the CPU, benchmarks/results/lenet_fast_validation_r3.md) over 20 seeds
-#                    beside `fast=fast-adamw` (the recipe before it, its optimizer step inside the CUDA graph;
-#                    Muon steps after each replay: what that costs per step is this row's question) and the
+#                    beside `fast=fast-adamw` (the recipe before it; both with the optimizer step inside the
+#                    CUDA graph, Muon's as one batched Newton–Schulz: what Muon costs per step) and the
 #                    seed-style loop (2 seeds; goal: 20/20 reach 99 %, median <= 0.2 s, >= 80x). LOOPS changes
 #                    the rows: a candidate recipe of benchmarks/lenet_accuracy.py as fast=VARIANT (timed beside
 #                    the preset, in one run);
 #   4. ops_check.*   the compiled Triton kernels against ATen (the autotuned configs, at batch 64), the
 #                    conv2d/linear `relu-epilogue` cases included;
 #   5. graph_check.console  the GPU tests of the captured step (tests/test_lenet_step.py -m gpu): graph vs
-#                    eager, the EMA's average included, and no host sync per step with the EMA in the graph.
+#                    eager (the `fast` preset's Muon step included), the EMA's average included, and no host sync per step with the EMA in the graph.
 # Triton tunes each kernel once per shape at its first call (outside every timing: `ops bench` runs
 # each rung once before timing it) and caches the choice on disk.
 #

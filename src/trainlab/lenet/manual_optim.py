@@ -68,10 +68,7 @@ class ManualAdamW(torch.optim.Optimizer):
         return loss
 
     def _update(self) -> None:
-        self._adamw_update(self.param_groups)
-
-    def _adamw_update(self, groups) -> None:
-        for group in groups:
+        for group in self.param_groups:
             lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             for p in group["params"]:
                 if p.grad is None:

@@ -130,9 +130,9 @@ def resolve(cfg, device: torch.device) -> LeNetPlan:
         lr=lr,
         weight_decay=cfg.weight_decay,
         momentum=cfg.momentum,
-        fused_optimizer=device.type in ("cuda", "cpu") and cfg.optimizer in ("adamw", "adam", "sgd"),
-        # Muon (lenet.muon) is written out over a host step count: the graph holds forward + backward
-        capturable=step_mode == "cudagraph" and cfg.schedule != "onecycle" and cfg.optimizer != "muon",
+        # muon: its AdamW half (lenet.muon)
+        fused_optimizer=device.type in ("cuda", "cpu") and cfg.optimizer in ("adamw", "adam", "sgd", "muon"),
+        capturable=step_mode == "cudagraph" and cfg.schedule != "onecycle",
         schedule=cfg.schedule,
         warmup_epochs=cfg.warmup_epochs,
         label_smoothing=cfg.label_smoothing,
@@ -181,7 +181,7 @@ def _graph_blockers(cfg, ops: str, precision: str) -> list[str]:
     if cfg.parallel != "none":
         why.append(f"--parallel {cfg.parallel} (collectives and hooks outside the graph)")
     if cfg.optimizer in ("sgd", "manual-sgd", "manual-adamw"):
-        why.append(f"--optimizer {cfg.optimizer} (only torch's Adam/AdamW are capturable here)")
+        why.append(f"--optimizer {cfg.optimizer} (only torch's Adam/AdamW and muon are capturable here)")
     if cfg.warmup_batch_size is not None:
         why.append("--warmup-batch-size (one graph has one batch shape)")
     if cfg.compile:

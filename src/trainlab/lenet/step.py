@@ -10,16 +10,15 @@ mode here, not another copy of the loop body:
 - `eager`: the step as written, one kernel launch per op.
 - `compile`: the model through `torch.compile` (inductor; compile time is paid in `prepare`).
 - `cudagraph` (CUDA only): forward, backward and the optimizer step captured once into one CUDA graph
-  and replayed: static input buffers (each batch is copied in), a capturable fused AdamW/Adam whose
-  state and learning rate live on the device (the scheduler writes the lr tensor in place), and the
-  loss and correct count left in static outputs. LeNet-5's step is launch-bound on a GPU, ~100 small
+  and replayed: static input buffers (each batch is copied in), a capturable optimizer (the fused
+  AdamW/Adam, or `--optimizer muon`: lenet.muon) whose state and learning rate live on the device
+  (the scheduler writes the lr tensor in place), and the loss and correct count left in static outputs. LeNet-5's step is launch-bound on a GPU, ~100 small
   kernels; replaying them as one graph measured 5.0x faster on an H100 (benchmarks/dp_compile.py).
   The EMA's update (`--ema`) is in the graph too: its decay is computed on the device from a device
   count (`lenet.ema`), so averaging the weights adds no launch of its own per step.
   Under OneCycle (the default recipe) the graph holds forward + backward only, and the fused AdamW
   step and the EMA run after each replay as in eager mode (`LeNetPlan.optimizer_in_graph`: OneCycle's
-  beta1 is a host float the fused kernel takes as an argument), their host work overlapping the replay;
-  so does `--optimizer muon` (written out in Python over a host step count, lenet.muon).
+  beta1 is a host float the fused kernel takes as an argument), their host work overlapping the replay.
   Only batches of the captured shape replay the graph: a shorter last batch runs the same step
   eagerly (same optimizer, same lr tensor), so every image is trained on and the result is the eager
   run's; dropping it would change the recipe, padding it would change the loss.
