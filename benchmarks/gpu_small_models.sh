@@ -8,7 +8,7 @@
 #   2. gelu_bench.*  GELU fp32 at 256M elements, aten / cuda / triton beside a device copy (goal: Triton
 #                    forward >= 95 % of copy);
 #   3. lenet_time_to_99_cuda.*  the `fast` preset (Muon for the hidden weight matrices: 20/20 validation
-#                    seeds >= 99 % on the CPU, benchmarks/results/lenet_fast_validation_r3.md) over 20 seeds
+#                    seeds >= 99 % on the CPU, benchmarks/results/lenet_fast_validation_r6_parts/lenet_fast_validation_r6.md) over 20 seeds
 #                    beside `fast=fast-adamw` (the recipe before it; both with the optimizer step inside the
 #                    CUDA graph, Muon's as one batched Newton–Schulz: what Muon costs per step) and the
 #                    seed-style loop (2 seeds; goal: 20/20 reach 99 %, median <= 0.2 s, >= 80x). LOOPS changes

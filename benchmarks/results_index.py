@@ -47,6 +47,7 @@ UNCITED = {
     "lenet_fast_validation_parts": "per-candidate and per-seed parts merged into lenet_fast_validation",
     "lenet_fast_validation_ema_parts": "per-candidate parts merged into lenet_fast_validation_ema",
     "lenet_fast_validation_r3_parts": "per-candidate parts merged into lenet_fast_validation_r3",
+    "lenet_fast_validation_r6_parts": "the fast preset re-validated on 20 seeds after its step became capturable",
     "lenet_models": "architectures compared (--model), the walkthrough's overfitting table source",
     "worker_end_stress_*": "the DataLoader worker-shutdown stress test before and after its fix",
     "dp_shard_weights": "`--shard-weights` on devices of unequal speed (docs/beyond-lenet.md runs its script)",
