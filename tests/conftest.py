@@ -5,6 +5,13 @@ import os
 # barrier) then burns the cores that the other threads wait for: measured on five CPU-bound test files
 # under `-n 4`, 175-240 s of CPU and 143-225 s of wall time by default, 90-97 s and 85-96 s passive.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Inductor compiles serially in the process that compiles. Its default on a 2-core box is a pool of 2 compile
+# workers, fresh interpreters that each import torch and inductor again, started by every test process and
+# every command a test launches that compiles (the lab's steps, `gpt bench --compile`...): measured on
+# test_lenet_step's compile case with a cold cache, 37 s of CPU with the pool, 29 s without (four compile-heavy
+# files together: 195 s, 190 s). The kernels
+# compiled are the same either way. The environment carries it into the processes the tests launch.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -46,6 +46,7 @@ def test_make_test_runs_the_suite_in_parallel_and_ci_runs_make_test():
     assert re.search(r"(?m)^TEST_WORKERS \?= \d+", make)
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert ci[-1].strip() == "make test"
+    assert "unset PYTHONDONTWRITEBYTECODE" in ci  # the ~300 processes the suite starts reuse compiled bytecode
     assert "make test" in (ROOT / "README.md").read_text()
     assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()
     assert re.search(r"(?m)^pytest-xdist==[\d.]+$", (ROOT / "requirements" / "constraints.txt").read_text())

@@ -210,6 +210,23 @@ def test_cache_dir_honours_trainlab_cache(monkeypatch, tmp_path):
     assert cache_dir().parent == tmp_path / "torch_extensions"
 
 
+def test_the_cpp_sources_build_as_one_unit_rewritten_only_when_they_change(tmp_path):
+    """The layer extension's C++ files compile as one translation unit (its headers parsed once); an
+    unchanged unit keeps its time stamp, so ninja finds the built library up to date."""
+    import os
+
+    from trainlab.ops.build import OPS_DIR, unity_source
+    from trainlab.ops.layers.layers_cpp import EXTENSION
+
+    unit = unity_source(tmp_path, EXTENSION.cpu_sources)
+    includes = [line.split('"')[1] for line in open(unit).read().splitlines()]
+    assert includes == [str(OPS_DIR / s) for s in EXTENSION.cpu_sources] and all(map(os.path.isfile, includes))
+    os.utime(unit, (1, 1))
+    assert unity_source(tmp_path, EXTENSION.cpu_sources) == unit and os.stat(unit).st_mtime == 1
+    unity_source(tmp_path, EXTENSION.cpu_sources[:1])
+    assert open(unit).read().count("#include") == 1 and os.stat(unit).st_mtime > 1
+
+
 # ---- CUDA kernel (needs a GPU) -------------------------------------------------------------------
 
 

@@ -117,9 +117,9 @@ def build_extension(
     name = f"trainlab_{stem}_{cap.lower()}" + ("_cuda" if with_cuda else "")
     build_dir = cache_dir() / name
     build_dir.mkdir(parents=True, exist_ok=True)
-    sources = [str(OPS_DIR / s) for s in cpu_sources + (cuda_sources if with_cuda else ())]
     try:
         with build_lock(build_dir, what):
+            sources = [unity_source(build_dir, cpu_sources)] + [str(OPS_DIR / s) for s in cuda_sources if with_cuda]
             cpp_extension.load(
                 name=name,
                 sources=sources,
@@ -139,6 +139,23 @@ def build_extension(
             "rerun with TRAINLAB_VERBOSE_BUILD=1 for the compiler log, or use impl='python'"
         ) from e
     return {"name": name, "build_dir": str(build_dir), "cuda": with_cuda, "cpu_capability": cap}
+
+
+UNITY = "cpu_sources.cpp"  # in the build folder: the one translation unit of an extension's C++ sources
+
+
+def unity_source(build_dir: Path, cpu_sources: tuple[str, ...]) -> str:
+    """BUILD_DIR/cpu_sources.cpp, which #includes every C++ source (by absolute path): compiled as one
+    translation unit, the torch headers they all include (torch/library.h alone is ~9 s of CPU) are parsed
+    once. The layer extension's two files: 65 s of CPU as two units, 36 s as one (g++ -O3, AVX2). Its
+    sources therefore share one namespace scope: no two may define the same static or anonymous-namespace
+    name. ninja still rebuilds when an included file changes (its depfile lists them). Rewritten only when
+    its text changes, so an unchanged build stays up to date."""
+    path = build_dir / UNITY
+    text = "".join(f'#include "{OPS_DIR / s}"\n' for s in cpu_sources)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return str(path)
 
 
 @contextlib.contextmanager
