@@ -298,9 +298,13 @@ def test_tiny_lab_end_to_end_killed_mid_step_resumed_and_reported(tmp_path):
     assert "kept (ok" in done.stdout and "lenet_train" in done.stdout
     statuses = {name: s["status"] for name, s in state["steps"].items()}
     assert statuses["gelu_check"] == "ok"  # the killed step ran again
-    assert set(statuses.values()) <= {"ok", "not run"}, statuses
+    # A loaded box (CI's) can carry the step running at the wall past the budget: the lab stops it and
+    # says so (a step started on its quiet-box estimate); at most that one step, and only for the budget.
+    assert set(statuses.values()) <= {"ok", "not run", "stopped"}, statuses
+    assert list(statuses.values()).count("stopped") <= 1, statuses
     for s in state["steps"].values():
-        assert s["status"] == "ok" or s["reason"].startswith(("budget (needs ≈", "trains to 99 %", "not applicable")), s
+        why = ("budget (needs ≈", "trains to 99 %", "not applicable", "budget ran out after")
+        assert s["status"] == "ok" or s["reason"].startswith(why), s
     page = html.unescape((out / "report" / "index.html").read_text())  # the page's text, entities decoded
     from trainlab.report.lab_text import TOC
 
@@ -308,7 +312,9 @@ def test_tiny_lab_end_to_end_killed_mid_step_resumed_and_reported(tmp_path):
         assert heading in page
     for step in lab_steps(CPU, "tiny"):  # every step: its measurement, or the line that says why not
         assert step.title in page
-        assert statuses[step.name] == "ok" or f"{step.name}: not run: " in page
+        assert (
+            statuses[step.name] == "ok" or f"{step.name}: not run: " in page or f"{step.name}: not finished (" in page
+        )
     with tarfile.open(out / "lab.tar.gz") as tar:
         assert "lab/results.json" in tar.getnames()
     assert (out / "lab.tar.gz").stat().st_size <= 16 * 2**20
