@@ -52,12 +52,12 @@ LEVERS = dict(vocab_multiple=64, fused_qkv=True, loss="chunked")
 # together took gpt_best from 45.0 % to 49.2 % MFU, 1.31× the HF peer in the same call
 # (benchmarks/results/gpu/h200/2026-11-28/). fp16 (sm75) keeps issue 30's levers: a 16-bit residual
 # stream was never run there, and fp16's range is the GradScaler's concern, not this row's.
-GLUE = dict(loss="auto", residual_16bit=True, fused_boundary=True, cast_once=True)
+GLUE_LEVERS = dict(loss="auto", residual_16bit=True, fused_boundary=True, cast_once=True)
 
 
 def best_levers(precision: str) -> dict:
     """The model levers gpt_best runs with under `precision` (bf16 | fp16 | fp32)."""
-    return {**LEVERS, **GLUE} if precision == "bf16" else LEVERS
+    return {**LEVERS, **GLUE_LEVERS} if precision == "bf16" else LEVERS
 
 
 @dataclass(frozen=True)

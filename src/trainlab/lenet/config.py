@@ -372,12 +372,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 20 validation seeds, mean 99.13 %, min 99.01 (both in lenet_fast_validation_r3.md); re-validated after
     # its step became capturable (the AdamW half now torch's fused kernel, which rounds differently): 20 of
     # 20, mean 99.13 %, min 99.02 (lenet_fast_validation_r6_parts/lenet_fast_validation_r6.md). Then once on
-    # the test set (lenet_accuracy_fast_relu.md): 99.26 ± 0.08 %, min 99.17 over 10 seeds. Its price on a CPU: five fp32 Newton–Schulz iterations per hidden matrix and step (fc1's
-    # 120×400 most), 1.06× the AdamW step's CPU time at batch 96 on one thread of the loaded 2-core box
+    # the test set (lenet_accuracy_fast_relu.md): 99.26 ± 0.08 %, min 99.17 over 10 seeds. Its price on a
+    # CPU: five fp32 Newton–Schulz iterations per hidden matrix and step (fc1's 120×400 most), 1.06× the
+    # AdamW step's CPU time at batch 96 on one thread of the loaded 2-core box
     # (benchmarks/results/lenet_cpu_step_muon.md), so an epoch costs ~6 % more than before (issue 40 asked
-    # for no more; open). Fewer, larger steps under Muon (lenet_fast_validation_r4_parts/lenet_fast_validation_r4.md):
-    # batch 192 missed 99 % on a validation seed; batch 128 kept 20 of 20 (min 99.00, on the bar) at 0.97× the
-    # AdamW step's images/s (lenet_cpu_step_muon_b128.md): not adopted.
+    # for no more; open). Fewer, larger steps under Muon
+    # (lenet_fast_validation_r4_parts/lenet_fast_validation_r4.md): batch 192 missed 99 % on a validation
+    # seed; batch 128 kept 20 of 20 (min 99.00, on the bar) at 0.97× the AdamW step's images/s
+    # (lenet_cpu_step_muon_b128.md): not adopted.
     # On a GPU the whole step, Muon's included, is one CUDA graph (lenet.step; lenet.muon batches its matrices).
     # bf16 autocast runs the convolutions on the CPU's bf16 units (AMX/AVX512-BF16; oneDNN) and
     # channels-last speeds them up further. conv1's BatchNorm is left out: on 6×28×28 channels-last
