@@ -6,9 +6,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
-# `make test` runs the tests in parallel (pytest-xdist): TEST_WORKERS processes, each taking the next test
-# when it finishes one (worksteal), the `slow` end-to-end cases first (tests/conftest.py). Many tests wait
-# (gloo ranks, timeouts, subprocesses), so 4 workers beat 2 on the 2-core CI box; TEST_WORKERS=0 runs serially.
+# `make test` runs the tests in parallel (pytest-xdist): TEST_WORKERS processes, each taking a whole test file
+# (loadscope) when it finishes one, the files with `slow` end-to-end cases first (tests/conftest.py). A whole
+# file per worker computes each module fixture once: spread test by test (worksteal), every worker that ran a
+# test of e.g. test_gpt_parallel.py trained all its strategies on gloo ranks again. Many tests wait (gloo
+# ranks, timeouts, subprocesses), so 4 workers beat 2 on the 2-core CI box; TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 4
 
 .PHONY: setup train test test-gpu check-install report-screenshot clean
@@ -47,7 +49,7 @@ train: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)

@@ -12,18 +12,19 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # files together: 195 s, 190 s). The kernels
 # compiled are the same either way. The environment carries it into the processes the tests launch.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# One intra-op thread in every test process and every process a test launches: `make test` runs 4 pytest
+# workers on the 2-core CI box, and each launched command (the lab's steps, `trainlab train`, torchrun's
+# ranks) is one more; a second thread per process only adds synchronisation (five CPU-bound files in-process:
+# 91 s of CPU and 50 s of wall time with 2 threads, 78 s and 41 s with 1; test_lenet_step's tolerances hold
+# with either). Set before torch loads, so torch's default is 1 everywhere; a test may still ask for more.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# One intra-op thread per test process: `make test` runs 4 of them on the 2-core CI box, so a second
-# thread only adds synchronisation (the same five files: 91 s of CPU and 50 s of wall time with 2 threads,
-# 78 s and 41 s with 1; test_lenet_step's tolerances hold with either). The processes a test launches
-# keep torch's default.
 # Each pytest-xdist worker gets its own range of TCP ports for the gloo tests' MASTER_PORT
 # (`distributed.spawn.free_port`; 500 ports per worker from 20000, below Linux's ephemeral range), so two
 # workers never draw the same port.
-torch.set_num_threads(1)
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw") and _worker[2:].isdigit():
     _lo = 20000 + 500 * (int(_worker[2:]) % 24)
@@ -31,7 +32,8 @@ if _worker.startswith("gw") and _worker[2:].isdigit():
 
 
 def pytest_collection_modifyitems(config, items):
-    # the slow end-to-end cases start first: run in parallel, they would otherwise be the tail of the run
+    # the slow end-to-end cases start first: run in parallel, they would otherwise be the tail of the run.
+    # `make test` hands whole files to its workers in this order (loadscope), so their files go first.
     items.sort(key=lambda item: "slow" not in item.keywords)  # stable: the order is kept otherwise
     if torch.cuda.is_available():
         return

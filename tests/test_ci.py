@@ -42,7 +42,8 @@ def test_the_workers_of_a_parallel_run_have_disjoint_port_ranges():
 def test_make_test_runs_the_suite_in_parallel_and_ci_runs_make_test():
     make = (ROOT / "Makefile").read_text()
     recipe = re.search(r"(?ms)^test: .*?(?=^\S)", make).group(0)
-    assert "-m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)" in recipe
+    # whole files per worker, in the suite's order (the files with slow cases first: tests/conftest.py)
+    assert "-m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)" in recipe
     assert re.search(r"(?m)^TEST_WORKERS \?= \d+", make)
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert ci[-1].strip() == "make test"

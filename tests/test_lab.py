@@ -167,7 +167,7 @@ run.lab_steps = steps.lab_steps = lambda hw, size: fake
 run.run_lab(__import__("pathlib").Path({str(root)!r}), Machine(), "tiny", 300.0, ["lenet", "gelu"], "t")
 """
     proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 240  # a wait bound: the budget is the lab's
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marker.exists(), "the second step never started"
@@ -268,12 +268,14 @@ def test_archive_holds_results_and_report_and_stays_under_its_cap(monkeypatch, t
 
 @pytest.mark.slow
 def test_tiny_lab_end_to_end_killed_mid_step_resumed_and_reported(tmp_path):
-    """What CI runs: `trainlab lab --budget 4m` on tiny sizes, SIGKILLed mid-step, resumed, finished."""
+    """What CI runs: `trainlab lab --budget 2m` on tiny sizes, SIGKILLed mid-step, resumed, finished. Two minutes
+    run the first tiny steps (fewer on a loaded box) and the rest say "not run: budget": the kill, the resume,
+    the budget and the report are the subject, and each step's command has tests of its own (issue 37: CI time)."""
     out = tmp_path / "lab"
-    cmd = [sys.executable, "-m", "trainlab", "lab", "--out", str(out), "--size", "tiny", "--budget", "4m"]
+    cmd = [sys.executable, "-m", "trainlab", "lab", "--out", str(out), "--size", "tiny", "--budget", "2m"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TRAINLAB_CACHE": str(default_cache_dir().parent)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 240  # a wait bound: the budget is the lab's
     try:
         while time.monotonic() < deadline:  # kill it while the second real step runs
             try:
@@ -293,7 +295,7 @@ def test_tiny_lab_end_to_end_killed_mid_step_resumed_and_reported(tmp_path):
     t0 = time.monotonic()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert time.monotonic() - t0 < 240 + 60  # the budget holds (plus start-up and the last report)
+    assert time.monotonic() - t0 < 120 + 60  # the budget holds (plus start-up and the last report)
     state = json.loads((out / "results.json").read_text())
     assert "kept (ok" in done.stdout and "lenet_train" in done.stdout
     statuses = {name: s["status"] for name, s in state["steps"].items()}
