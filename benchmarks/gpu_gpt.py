@@ -48,22 +48,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-LEVERS_30 = [  # lab/steps.py's gpt_best before issue 35's glue: the glue rows' base
-    "--strategy",
-    "amp+accum+compile",
-    "--micro-batch-auto",
-    "--fused-optimizer",
-    "--tf32",
-    "on",
-    "--vocab-multiple",
-    "64",
-    "--fused-qkv",
-    "--loss",
-    "chunked",
-]
-GLUE_ALL = ["--residual-16bit", "--fused-boundary", "--cast-once", "--loss", "auto"]
-# lab/plan.py's gpt_best on a bf16 GPU (best_levers): issue 30's levers and issue 35's glue (the later --loss wins)
-BEST = [*LEVERS_30, *GLUE_ALL]
+from trainlab.flags import to_argv  # noqa: E402  (src/ on the path first)
+from trainlab.gpt.config import GPTBenchConfig  # noqa: E402
+from trainlab.lab.plan import GLUE_LEVERS, LEVERS, best_levers  # noqa: E402
+
+
+def lever_flags(levers: dict, over: dict | None = None) -> list[str]:
+    """The `gpt bench` flags that set `levers` (on top of the levers `over`, or of the defaults), read from the
+    lab's own plan (lab.plan) so that this script and the lab cannot drift."""
+    return to_argv(GPTBenchConfig(**{**(over or {}), **levers}), defaults=GPTBenchConfig(**(over or {})))
+
+
+# the lab's gpt_best on a GPU: amp+accum+compile at the planner's micro-batch, fused AdamW, TF32
+GPT_BEST_RUN = ["--strategy", "amp+accum+compile", "--micro-batch-auto", "--fused-optimizer", "--tf32", "on"]
+LEVERS_30 = [*GPT_BEST_RUN, *lever_flags(LEVERS)]  # before issue 35's glue: the glue rows' base
+GLUE_ALL = lever_flags(GLUE_LEVERS, over=LEVERS)  # after LEVERS_30 on a command line
+BEST = [*GPT_BEST_RUN, *lever_flags(best_levers("bf16"))]  # lab.plan's gpt_best on a bf16 GPU
 PEER = ["--impl", "hf", "--strategy", "amp+compile", "--tf32", "on", "--fused-optimizer", "--micro-batch-auto"]
 MFU_GOAL, PEER_GOAL = 0.46, 1.2
 GLUE = {

@@ -17,6 +17,7 @@ from trainlab.cli import build_parser
 from trainlab.flags import Config, Parser, add_flags, explicit_values, flag_name, to_argv
 from trainlab.hardware import Machine
 from trainlab.lab.machine import from_table
+from trainlab.lab.plan import LEVERS, best_levers
 from trainlab.lab.steps import SIZES, lab_steps
 from trainlab.lab.steps.scripts import SCRIPTS
 from trainlab.lenet.config import TrainConfig, apply_preset
@@ -126,3 +127,35 @@ def test_gpt_best_runs_the_glue_levers_only_where_bf16_measured_them(machine):
     bf16 = machine in ("1xH100", "2xA100-80G")
     assert glue == ((True, True, True, "auto") if bf16 else (False, False, False, "chunked")), glue
     assert ("--residual-16bit" in line) == bf16 and cfg.vocab_multiple == 64 and cfg.fused_qkv
+
+
+def test_the_gpu_gpt_benchmark_runs_the_labs_gpt_best():
+    """benchmarks/gpu_gpt.py (issue 35's measuring script) reads its levers from lab.plan: its gpt_best row
+    parses to the lab's bf16 gpt_best (amp, compile, fused AdamW, TF32 and the model levers), its glue rows' base
+    to issue 30's levers, and that base with all the glue to gpt_best again."""
+    import importlib.util
+
+    from trainlab.gpt.config import GPTBenchConfig
+
+    spec = importlib.util.spec_from_file_location("gpu_gpt", ROOT / "benchmarks" / "gpu_gpt.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def parsed(argv):
+        return explicit_values(_parser().parse_args(["gpt", "bench", *argv]), GPTBenchConfig)
+
+    def levers(argv):
+        run = ("strategy", "micro_batch_auto", "fused_optimizer", "tf32")
+        return GPTBenchConfig(**{k: v for k, v in parsed(argv).items() if k not in run})
+
+    lab = STEPS["1xH100-full-gpt_best"].config
+    best = parsed(bench.BEST)
+    # the lab runs the planner's micro-batch (no accumulation at the H100's), the script accumulates to its
+    # global batch at the micro-batch --micro-batch-auto picks
+    assert set(lab.strategy.split("+")) <= set(best["strategy"].split("+")) and lab.fused_optimizer
+    assert (best["fused_optimizer"], best["tf32"]) == (True, lab.tf32)
+    assert levers(bench.BEST) == GPTBenchConfig(**best_levers("bf16"))
+    assert levers(bench.LEVERS_30) == GPTBenchConfig(**LEVERS)
+    assert levers([*bench.LEVERS_30, *bench.GLUE_ALL]) == GPTBenchConfig(**best_levers("bf16"))
+    for name, value in best_levers("bf16").items():
+        assert getattr(lab, name) == value, name
