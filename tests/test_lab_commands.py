@@ -138,8 +138,8 @@ def test_the_gpu_gpt_benchmark_runs_the_labs_gpt_best():
     from trainlab.gpt.config import GPTBenchConfig
 
     spec = importlib.util.spec_from_file_location("gpu_gpt", ROOT / "benchmarks" / "gpu_gpt.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    gpu_gpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_gpt)
 
     def parsed(argv):
         return explicit_values(_parser().parse_args(["gpt", "bench", *argv]), GPTBenchConfig)
@@ -149,13 +149,13 @@ def test_the_gpu_gpt_benchmark_runs_the_labs_gpt_best():
         return GPTBenchConfig(**{k: v for k, v in parsed(argv).items() if k not in run})
 
     lab = STEPS["1xH100-full-gpt_best"].config
-    best = parsed(bench.BEST)
+    best = parsed(gpu_gpt.BEST)
     # the lab runs the planner's micro-batch (no accumulation at the H100's), the script accumulates to its
     # global batch at the micro-batch --micro-batch-auto picks
     assert set(lab.strategy.split("+")) <= set(best["strategy"].split("+")) and lab.fused_optimizer
     assert (best["fused_optimizer"], best["tf32"]) == (True, lab.tf32)
-    assert levers(bench.BEST) == GPTBenchConfig(**best_levers("bf16"))
-    assert levers(bench.LEVERS_30) == GPTBenchConfig(**LEVERS)
-    assert levers([*bench.LEVERS_30, *bench.GLUE_ALL]) == GPTBenchConfig(**best_levers("bf16"))
+    assert levers(gpu_gpt.BEST) == GPTBenchConfig(**best_levers("bf16"))
+    assert levers(gpu_gpt.LEVERS_30) == GPTBenchConfig(**LEVERS)
+    assert levers([*gpu_gpt.LEVERS_30, *gpu_gpt.GLUE_ALL]) == GPTBenchConfig(**best_levers("bf16"))
     for name, value in best_levers("bf16").items():
         assert getattr(lab, name) == value, name
