@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # files together: 195 s, 190 s). The kernels
 # compiled are the same either way. The environment carries it into the processes the tests launch.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-# One intra-op thread in every test process and every process a test launches: `make test` runs 4 pytest
+# One intra-op thread in every test process and every process a test launches: `make test` runs 3 pytest
 # workers on the 2-core CI box, and each launched command (the lab's steps, `trainlab train`, torchrun's
 # ranks) is one more; a second thread per process only adds synchronisation (five CPU-bound files in-process:
 # 91 s of CPU and 50 s of wall time with 2 threads, 78 s and 41 s with 1; test_lenet_step's tolerances hold
