@@ -10,9 +10,10 @@ PYTEST_ARGS ?=
 # (loadscope) when it finishes one, the files with `slow` end-to-end cases first (tests/conftest.py). A whole
 # file per worker computes each module fixture once: spread test by test (worksteal), every worker that ran a
 # test of e.g. test_gpt_parallel.py trained all its strategies on gloo ranks again. Many tests wait (gloo
-# ranks, timeouts, subprocesses), so more workers than cores: on the 2-core box, fresh clones, cold caches,
-# pytest took 8 min 51 s with 4 workers and 8 min 39 s with 3 (one fewer collection and less time-slicing);
-# an earlier suite ran 2 workers slower than 4. TEST_WORKERS=0 runs serially.
+# ranks, timeouts, subprocesses), so more workers than cores. On the 2-core box (fresh clones, cold caches)
+# pytest took 8 min 51 s with 4 workers and 8 min 39 s with 3, within the spread of one commit's runs there
+# (up to a minute); 3 spares one worker's collection (14 s of CPU); an earlier suite ran 2 workers slower
+# than 4. TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 3
 
 .PHONY: setup train test test-gpu check-install report-screenshot clean
