@@ -375,7 +375,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the test set (lenet_accuracy_fast_relu.md): 99.26 ± 0.08 %, min 99.17 over 10 seeds. Its price on a
     # CPU: five fp32 Newton–Schulz iterations per hidden matrix and step (fc1's 120×400 most), 1.06× the
     # AdamW step's CPU time at batch 96 on one thread of the loaded 2-core box
-    # (benchmarks/results/lenet_cpu_step_muon.md), so an epoch costs ~6 % more than before (issue 40 asked
+    # (benchmarks/results/lenet_cpu_step_muon.md), 1.07× on the quiet box (lenet_cpu_step_muon_quiet.md;
+    # Newton–Schulz on fc1's 120×400 is most of it), so an epoch costs ~6-7 % more than before (issue 40 asked
     # for no more; open). Fewer, larger steps under Muon
     # (lenet_fast_validation_r4_parts/lenet_fast_validation_r4.md): batch 192 missed 99 % on a validation
     # seed; batch 128 kept 20 of 20 (min 99.00, on the bar) at 0.97× the AdamW step's images/s

@@ -13,7 +13,8 @@ mode here, not another copy of the loop body:
   and replayed: static input buffers (each batch is copied in), a capturable optimizer (the fused
   AdamW/Adam, or `--optimizer muon`: lenet.muon) whose state and learning rate live on the device
   (the scheduler writes the lr tensor in place), and the loss and correct count left in static outputs.
-  LeNet-5's step is launch-bound on a GPU, ~100 small kernels; replaying them as one graph measured 5.0x faster on an H100 (benchmarks/dp_compile.py).
+  LeNet-5's step is launch-bound on a GPU, ~100 small kernels; replaying them as one graph measured 5.0x
+  faster on an H100 (benchmarks/dp_compile.py).
   The EMA's update (`--ema`) is in the graph too: its decay is computed on the device from a device
   count (`lenet.ema`), so averaging the weights adds no launch of its own per step.
   Under OneCycle (the default recipe) the graph holds forward + backward only, and the fused AdamW
