@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import json
 import re
 import sys
@@ -118,16 +119,19 @@ def citers(root: Path = ROOT) -> dict[str, str]:
     return texts
 
 
+@functools.cache
+def _glob_stems(text: str) -> tuple[str, ...]:
+    """The glob citations of one text (`lenet_fast_validation_r*`), as the stems a result's name must match:
+    read once per text, not once per result (the index is rebuilt by two tests)."""
+    return tuple(g.split("/")[-1].split(".")[0] for g in re.findall(r"[\w./-]*\*[\w.*{},-]*", text) if "_" in g)
+
+
 def cited_in(name: str, texts: dict[str, str]) -> list[str]:
     base = name.rsplit("/", 1)[-1]
     exact = re.compile(rf"(?<![\w-]){re.escape(base)}(?![\w-])(?!\.(?:py|sh)\b)")
     where = []
     for doc, text in texts.items():
-        if exact.search(text) or any(
-            fnmatch.fnmatch(base, g.split("/")[-1].split(".")[0])
-            for g in re.findall(r"[\w./-]*\*[\w.*{},-]*", text)
-            if "_" in g
-        ):
+        if (base in text and exact.search(text)) or any(fnmatch.fnmatch(base, g) for g in _glob_stems(text)):
             where.append(doc)
     return where
 

@@ -58,7 +58,7 @@ def load_ext(load):
 
 
 def load_gelu_ext():
-    """The GELU extension (see `load_ext`)."""
+    """trainlab's compiled library, with GELU's kernels (see `load_ext`)."""
     from trainlab.ops.gelu import load
 
     return load_ext(load)

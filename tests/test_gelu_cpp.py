@@ -211,12 +211,19 @@ def test_cache_dir_honours_trainlab_cache(monkeypatch, tmp_path):
 
 
 def test_the_cpp_sources_build_as_one_unit_rewritten_only_when_they_change(tmp_path):
-    """The layer extension's C++ files compile as one translation unit (its headers parsed once); an
-    unchanged unit keeps its time stamp, so ninja finds the built library up to date."""
+    """The library's C++ files (GELU's, the layers', the fused first stage's) compile as one translation unit
+    (the torch headers parsed once); an unchanged unit keeps its time stamp, so ninja finds the built
+    library up to date. GELU and the layers are one library: both modules hold it."""
     import os
 
-    from trainlab.ops.build import OPS_DIR, unity_source
+    from trainlab.ops.build import LIBRARY, OPS_DIR, unity_source
+    from trainlab.ops.gelu import EXTENSION as GELU
     from trainlab.ops.layers.layers_cpp import EXTENSION
+
+    assert EXTENSION is LIBRARY and GELU is LIBRARY
+    assert {"gelu/gelu_cpu.cpp", "layers/layers_cpu.cpp", "conv_relu_pool2d/conv_relu_pool_cpu.cpp"} == set(
+        EXTENSION.cpu_sources
+    )
 
     unit = unity_source(tmp_path, EXTENSION.cpu_sources)
     includes = [line.split('"')[1] for line in open(unit).read().splitlines()]

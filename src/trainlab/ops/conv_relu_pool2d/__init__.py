@@ -97,7 +97,7 @@ class ConvReluPool2d(Conv2d):
         return super().extra_repr() + f", relu, max_pool 2x2, impl={self.impl!r}"
 
 
-# ---- registration of the fused C++ ops (compiled into the layer extension, ops/layers) ----------------
+# ---- registration of the fused C++ ops (compiled into trainlab's one library, ops/build.py) ---------------
 
 
 def fused_output_channels_last(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -108,7 +108,7 @@ def fused_output_channels_last(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def register_fused() -> None:
     """Fakes + autograd for `trainlab::conv_relu_pool2d_fwd` and its two backward ops (schemas in
-    conv_relu_pool_cpu.cpp); called once the layer extension is loaded."""
+    conv_relu_pool_cpu.cpp); called once the library is loaded."""
     ns = torch.ops.trainlab
 
     def fwd_fake(x, weight, bias, padding):

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.ops.build import Extension
+from trainlab.ops.build import LIBRARY
 from trainlab.ops.choices import APPROXIMATIONS as APPROXIMATIONS  # re-exported, as IMPLS
 from trainlab.ops.choices import IMPLS as IMPLS
 from trainlab.ops.gelu import gelu_math
@@ -92,8 +92,9 @@ def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 
 # ---- cpp / cuda: the C++ extension ------------------------------------------------------------
 #
-# `EXTENSION` (built by ops/build.py) is gelu_cpu.cpp, plus gelu_cuda.cpp (ATen glue) and
-# gelu_cuda_kernels.cu (CUDA-only kernels), all in this folder, on a CUDA machine. It defines, with CPU/CUDA kernels,
+# `EXTENSION` is trainlab's one compiled library (ops/build.py); GELU's part is gelu_cpu.cpp, plus
+# gelu_cuda.cpp (ATen glue) and gelu_cuda_kernels.cu (CUDA-only kernels) on a CUDA machine, all in this
+# folder. It defines, with CPU/CUDA kernels,
 #
 #     trainlab::gelu_fwd(Tensor x, str approximate)                          y = GELU(x)
 #     trainlab::gelu_bwd(Tensor grad, Tensor x, str approximate)             grad * GELU'(x)
@@ -103,17 +104,11 @@ def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 # traces the ops and `torch.library.opcheck` passes. Each op's autograd formula uses the next op, so
 # every order is exact: gelu_fwd → gelu_bwd → (gelu_bwd, gelu_bwd2) → torch ops (gelu_math.bwd2_backward).
 
-EXTENSION = Extension(
-    "gelu",
-    "GELU",
-    ("gelu/gelu_cpu.cpp",),
-    ("gelu/gelu_cuda.cpp", "gelu/gelu_cuda_kernels.cu"),
-    register=lambda with_cuda: _register(with_cuda),
-)
+EXTENSION = LIBRARY
 
 
 def load(verbose: bool = False) -> dict:
-    """Build (once) and load the GELU extension; returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
+    """Build (once) and load the library with GELU's kernels; returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
     return EXTENSION.load(verbose)
 
 
@@ -143,6 +138,9 @@ def _register(with_cuda: bool) -> None:
         return (*gelu_math.bwd2_backward(ggg, *ctx.saved_tensors, ctx.approximate), None)
 
     torch.library.register_autograd("trainlab::gelu_bwd2", _bwd2_backward, setup_context=_save_inputs)
+
+
+EXTENSION.also_register(_register)
 
 
 def gelu_cpp(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""The C++ (and, with a GPU, CUDA) layer extension: conv2d, max_pool2d, linear, relu as `trainlab::` ops.
+"""The C++ (and, with a GPU, CUDA) layer kernels: conv2d, max_pool2d, linear, relu as `trainlab::` ops.
 
-`EXTENSION.load()` JIT-builds `layers_cpu.cpp` (+ `layers_cuda.cu` and its ATen glue
-`layers_cuda_glue.cpp` when torch has CUDA and a GPU is visible) through ops/build.py, as the
-library `trainlab_layers_<capability>[_cuda]`. After loading, `register` (below) adds what C++
+`EXTENSION.load()` JIT-builds trainlab's one library through ops/build.py (`trainlab_ops_<capability>
+[_cuda]`); the layers' part is `layers_cpu.cpp` (+ `layers_cuda.cu` and its ATen glue
+`layers_cuda_glue.cpp` when torch has CUDA and a GPU is visible). After loading, `register` (below) adds what C++
 cannot: the autograd formulas and the fake kernels, so that `torch.library.opcheck` passes and
 `torch.compile(fullgraph=True)` traces through the ops. The Triton rung (layers_triton.py) defines
 the same nine ops as `trainlab::triton_*` and registers them with the same `register`.
@@ -29,23 +29,18 @@ from types import ModuleType
 
 import torch
 
-from trainlab.ops.build import Extension
+from trainlab.ops.build import LIBRARY
 from trainlab.ops.ladder import check_impl
 from trainlab.ops.layers.layer_args import register
 
-# conv_relu_pool2d's C++ file is compiled into this library (one build, the layers' headers); its
-# folder registers its ops' fakes and autograd with EXTENSION.also_register.
-EXTENSION = Extension(
-    "layers",
-    "layer",
-    ("layers/layers_cpu.cpp", "conv_relu_pool2d/conv_relu_pool_cpu.cpp"),
-    ("layers/layers_cuda.cu", "layers/layers_cuda_glue.cpp"),
-    register=lambda with_cuda: register("", with_atomic_pool=with_cuda),
-)
+# conv_relu_pool2d's C++ file uses the layers' headers; its folder registers its ops' fakes and autograd
+# with EXTENSION.also_register too.
+EXTENSION = LIBRARY
+EXTENSION.also_register(lambda with_cuda: register("", with_atomic_pool=with_cuda))
 
 
 def load(verbose: bool = False) -> dict:
-    """Build (once) and load the extension; returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
+    """Build (once) and load the library with the layer kernels; returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
     return EXTENSION.load(verbose)
 
 
