@@ -1,8 +1,8 @@
 """Render a report page in headless Chromium (Debian's `chromium`) and measure what overflows the page.
 
-Shared by the report and lab tests. `chromium_or_skip` installs Chromium with apt-get where it is
-missing and that is possible (root, a package index, network), and otherwise skips the test, saying
-why. The measuring script goes into a copy of the page, never into the report itself."""
+Shared by the report and lab tests. `chromium_or_skip` waits for the install `.ci/run` runs in the
+background, installs Chromium with apt-get where it is still missing and that is possible (root, a
+package index, network), and otherwise skips the test, saying why. The measuring script goes into a copy of the page, never into the report itself."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,14 @@ window.addEventListener('load', () => {
 </script>"""
 
 
+CI_INSTALL_WAIT_S = 900.0  # .ci/run's background `apt-get install chromium` took 2 min 22 s on the 2-core box
+
+
 def chromium_or_skip() -> str:
+    done = os.environ.get("TRAINLAB_CI_CHROMIUM_DONE")  # .ci/run installs Chromium in the background
+    deadline = time.monotonic() + CI_INSTALL_WAIT_S
+    while done and not os.path.exists(done) and time.monotonic() < deadline:
+        time.sleep(1)
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe:
         return exe
