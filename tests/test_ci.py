@@ -46,7 +46,7 @@ def test_make_test_runs_the_suite_in_parallel_and_ci_runs_make_test():
     assert "-m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)" in recipe
     assert re.search(r"(?m)^TEST_WORKERS \?= \d+", make)
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith("#")]
-    assert ci[-2:] == ["make test", ci[-1]] and ci[-1].startswith("wait")  # then the background install, if any
+    assert ci[-2:] == ["make test", ci[-1]] and ci[-1].startswith("wait")  # then the background apt-get job, if any
     assert "unset PYTHONDONTWRITEBYTECODE" in ci  # the ~300 processes the suite starts reuse compiled bytecode
     assert "make test" in (ROOT / "README.md").read_text()
     assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()
