@@ -108,7 +108,8 @@ EXTENSION = LIBRARY
 
 
 def load(verbose: bool = False) -> dict:
-    """Build (once) and load the library with GELU's kernels; returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
+    """Build (once) and load the library with GELU's kernels;
+    returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
     return EXTENSION.load(verbose)
 
 

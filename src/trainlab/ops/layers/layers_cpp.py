@@ -1,10 +1,10 @@
 """The C++ (and, with a GPU, CUDA) layer kernels: conv2d, max_pool2d, linear, relu as `trainlab::` ops.
 
-`EXTENSION.load()` JIT-builds trainlab's one library through ops/build.py (`trainlab_ops_<capability>
-[_cuda]`); the layers' part is `layers_cpu.cpp` (+ `layers_cuda.cu` and its ATen glue
-`layers_cuda_glue.cpp` when torch has CUDA and a GPU is visible). After loading, `register` (below) adds what C++
-cannot: the autograd formulas and the fake kernels, so that `torch.library.opcheck` passes and
-`torch.compile(fullgraph=True)` traces through the ops. The Triton rung (layers_triton.py) defines
+`EXTENSION.load()` JIT-builds trainlab's one library through ops/build.py, as
+`trainlab_ops_<capability>[_cuda]`; the layers' part is `layers_cpu.cpp` (+ `layers_cuda.cu` and its
+ATen glue `layers_cuda_glue.cpp` when torch has CUDA and a GPU is visible). After loading, `register`
+(below) adds what C++ cannot: the autograd formulas and the fake kernels, so that
+`torch.library.opcheck` passes and `torch.compile(fullgraph=True)` traces through the ops. The Triton rung (layers_triton.py) defines
 the same nine ops as `trainlab::triton_*` and registers them with the same `register`.
 
 The ops (schemas in layers_cpu.cpp):
@@ -40,7 +40,8 @@ EXTENSION.also_register(lambda with_cuda: register("", with_atomic_pool=with_cud
 
 
 def load(verbose: bool = False) -> dict:
-    """Build (once) and load the library with the layer kernels; returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
+    """Build (once) and load the library with the layer kernels;
+    returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
     return EXTENSION.load(verbose)
 
 
