@@ -10,7 +10,7 @@ so `torch.library.opcheck` passes and `torch.compile(fullgraph=True)` traces thr
 One library, not one per operator: its C++ sources are one translation unit (`unity_source`), so the
 torch headers they all include are parsed once. GELU's and the layers' libraries built apart took 29 s
 and 38 s of CPU (g++ -O3, AVX2, the 2-core box); together 46 s. The lab, `ops check` and the test suite
-build both; `train`'s fused first stage alone pays ~8 s more at its first build.
+build both; `train --preset fast` on a CPU (its fused first stage) pays ~8 s more at the first build.
 
 Build cache: `$TRAINLAB_CACHE/torch_extensions/<torch version>/<name>` if `TRAINLAB_CACHE` is set,
 else `$XDG_CACHE_HOME/trainlab/...` (default `~/.cache/trainlab/...`; `io.cache_root`). The name is
