@@ -2,7 +2,8 @@
 
 Shared by the report and lab tests. `chromium_or_skip` waits for the install `.ci/run` runs in the
 background, installs Chromium with apt-get where it is still missing and that is possible (root, a
-package index, network), and otherwise skips the test, saying why. The measuring script goes into a copy of the page, never into the report itself."""
+package index, network), and otherwise skips the test, saying why. The measuring script goes into a
+copy of the page, never into the report itself."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 time it is called on a machine and reuses the shared library afterwards (ninja rebuilds only when a
 source or flag changed). The CUDA sources are added when torch has CUDA, a GPU is visible and
 CUDA_HOME is set. The library registers `trainlab::` ops (no Python module); each operator's folder
-adds what C++ cannot — autograd formulas and fake (shape-only) kernels — with `LIBRARY.also_register`,
+adds what C++ cannot — autograd formulas and fake (shape-only) kernels — with `LIBRARY.on_load`,
 so `torch.library.opcheck` passes and `torch.compile(fullgraph=True)` traces through the ops.
 
 One library, not one per operator: its C++ sources are one translation unit (`unity_source`), so the
@@ -214,7 +214,7 @@ def _builder(fd: int, path: Path) -> str:
 
 class Extension:
     """One extension, loaded at most once per process. Each operator whose kernels it holds adds its
-    `register(with_cuda)` with `also_register` (autograd formulas, fakes); they run after the first
+    `register(with_cuda)` with `on_load` (autograd formulas, fakes); they run after the first
     successful load."""
 
     def __init__(self, stem: str, what: str, cpu_sources: tuple[str, ...], cuda_sources: tuple[str, ...]):
@@ -223,9 +223,8 @@ class Extension:
         self.loaded: dict | None = None
         self._lock = threading.Lock()
 
-    def also_register(self, register: Callable[[bool], None]) -> None:
-        """The registration of one operator whose kernels are compiled into this library from its own
-        folder: run after loading, or now if already loaded."""
+    def on_load(self, register: Callable[[bool], None]) -> None:
+        """Run one operator's `register(with_cuda)` after loading, or now if already loaded."""
         with self._lock:
             self.registrations.append(register)
             if self.loaded is not None:

@@ -146,7 +146,7 @@ def register_fused() -> None:
     torch.library.register_autograd("trainlab::conv_relu_pool2d_fwd", backward, setup_context=setup)
 
 
-EXTENSION.also_register(lambda with_cuda: register_fused())
+EXTENSION.on_load(lambda with_cuda: register_fused())
 
 
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------

@@ -100,8 +100,9 @@ def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 #     trainlab::gelu_bwd(Tensor grad, Tensor x, str approximate)             grad * GELU'(x)
 #     trainlab::gelu_bwd2(Tensor grad_grad, Tensor grad, Tensor x, str a)    grad_grad * grad * GELU''(x)
 #
-# with their autograd formulas (C++, except gelu_bwd2's), and `_register` adds the rest and the fakes (shape-only), so `torch.compile(fullgraph=True)`
-# traces the ops and `torch.library.opcheck` passes. Each op's autograd formula uses the next op, so
+# with their autograd formulas (C++, except gelu_bwd2's), and `_register` (run by `EXTENSION.on_load`)
+# adds the rest and the fakes (shape-only), so `torch.compile(fullgraph=True)` traces the ops and
+# `torch.library.opcheck` passes. Each op's autograd formula uses the next op, so
 # every order is exact: gelu_fwd → gelu_bwd → (gelu_bwd, gelu_bwd2) → torch ops (gelu_math.bwd2_backward).
 
 EXTENSION = LIBRARY
@@ -141,7 +142,7 @@ def _register(with_cuda: bool) -> None:
     torch.library.register_autograd("trainlab::gelu_bwd2", _bwd2_backward, setup_context=_save_inputs)
 
 
-EXTENSION.also_register(_register)
+EXTENSION.on_load(_register)
 
 
 def gelu_cpp(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:

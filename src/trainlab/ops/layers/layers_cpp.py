@@ -4,8 +4,9 @@
 `trainlab_ops_<capability>[_cuda]`; the layers' part is `layers_cpu.cpp` (+ `layers_cuda.cu` and its
 ATen glue `layers_cuda_glue.cpp` when torch has CUDA and a GPU is visible). After loading, `register`
 (below) adds what C++ cannot: the autograd formulas and the fake kernels, so that
-`torch.library.opcheck` passes and `torch.compile(fullgraph=True)` traces through the ops. The Triton rung (layers_triton.py) defines
-the same nine ops as `trainlab::triton_*` and registers them with the same `register`.
+`torch.library.opcheck` passes and `torch.compile(fullgraph=True)` traces through the ops. The Triton
+rung (layers_triton.py) defines the same nine ops as `trainlab::triton_*` and registers them with the
+same `register`.
 
 The ops (schemas in layers_cpu.cpp):
     conv2d_fwd(x, weight, bias?, padding)                         -> out
@@ -34,9 +35,9 @@ from trainlab.ops.ladder import check_impl
 from trainlab.ops.layers.layer_args import register
 
 # conv_relu_pool2d's C++ file uses the layers' headers; its folder registers its ops' fakes and autograd
-# with EXTENSION.also_register too.
+# with EXTENSION.on_load too.
 EXTENSION = LIBRARY
-EXTENSION.also_register(lambda with_cuda: register("", with_atomic_pool=with_cuda))
+EXTENSION.on_load(lambda with_cuda: register("", with_atomic_pool=with_cuda))
 
 
 def load(verbose: bool = False) -> dict:
