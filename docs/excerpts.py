@@ -113,6 +113,11 @@ def _step_ms(variant: str) -> float:
     return {r["variant"]: r for r in _json(RESULTS / "lenet_cpu_step_nchw2.json")["steps"]}[variant]["median_ms"]
 
 
+def _fp32_step_ms(variant: str) -> float:
+    """lenet_cpu_step_fp32: the fast preset's step with and without bf16 autocast on a CPU without bf16 units."""
+    return {r["variant"]: r for r in _json(RESULTS / "lenet_cpu_step_fp32.json")["rows"]}[variant]["median_ms"]
+
+
 def _gelu(path: Path, impl: str, pass_: str, key: str) -> float:
     rows = _json(path)["rows"]
     size = max(r["size"] for r in rows)
@@ -185,6 +190,22 @@ FIGURES = {
     "cpu.t99_rerun_worst": lambda: f"{_t99(_T99_RERUN)['speedup_vs_seed_style']['min']:.1f}×",
     "cpu.step_ms": lambda: f"{_step_ms(_FAST):.1f} ms",
     "cpu.step_ratio": lambda: f"{_step_ms(_BASE) / _step_ms(_FAST):.2f}×",
+    "cpu.avx2_bf16_step_ratio": lambda: (
+        f"{_fp32_step_ms('bn234+bf16+cl+fused1+muon@1') / _fp32_step_ms('bn234+cl+fused1+muon@1'):.1f}×"
+    ),
+    "cpu.bf16_peak_ratio": lambda: "{:.1f}×".format(
+        (lambda r: r["bf16_peak_gflops"] / r["fp32_peak_gflops"])(
+            _json(RESULTS / "lenet_cpu_step_fast.json")["roofline"][0]
+        )
+    ),
+    "cpu.fast_fp32_val": lambda: "{} of {} seeds, min {:.2f} %".format(
+        *(lambda acc: (sum(a >= 99.0 for a in acc), len(acc), min(acc)))(
+            [
+                r["test_accuracy"]
+                for r in _json(RESULTS / "lenet_fast_validation_r7_parts" / "lenet_fast_validation_r7.json")["rows"]
+            ]
+        )
+    ),
     "cpu.gelu_fwd": lambda: f"{_gelu(RESULTS / 'gelu_bench_16M.json', 'cpp', 'fwd', 'ratio_to_torch'):.2f}×",
     "cpu.gelu_fwdbwd": lambda: f"{_gelu(RESULTS / 'gelu_bench_16M.json', 'cpp', 'fwd+bwd', 'ratio_to_torch'):.2f}×",
     "cpu.ddp_comm_ms": lambda: f"{_dp('ddp')[0]['comm_ms']:.2f} ms",

@@ -47,7 +47,21 @@ def test_lenet_amp_is_fp16_on_a_2080ti(monkeypatch):
     assert amp_dtype(TrainConfig(amp="auto"), cuda) is torch.bfloat16
     assert amp_dtype(TrainConfig(amp="fp16"), cuda) is torch.float16
     assert amp_dtype(TrainConfig(amp="auto"), torch.device("cpu")) is None
-    assert amp_dtype(TrainConfig(amp="bf16"), torch.device("cpu")) is torch.bfloat16  # the fast preset on a CPU
+
+
+@pytest.mark.parametrize("units", [True, False])
+def test_bf16_on_a_cpu_is_bf16_only_where_the_cpu_has_bf16_units(monkeypatch, units):
+    """The fast preset's bf16 on a CPU: its bf16 units where it has them (AVX512-BF16/AMX), else fp32, which
+    was 3.7x faster than emulated bf16 on an AVX2-only box. `auto` stays fp32 on every CPU."""
+    monkeypatch.setattr("trainlab.lenet.plan.cpu_has_bf16", lambda: units)
+    cpu = torch.device("cpu")
+    assert amp_dtype(TrainConfig(amp="bf16"), cpu) is (torch.bfloat16 if units else None)
+    assert amp_dtype(TrainConfig(amp="auto"), cpu) is None and amp_dtype(TrainConfig(amp="fp16"), cpu) is torch.float16
+
+
+def test_the_cpu_bf16_check_is_onednns():
+    """hardware.cpu_has_bf16 is oneDNN's own answer, not a guess from /proc/cpuinfo."""
+    assert hardware.cpu_has_bf16() is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def test_gpt_bf16_strategy_is_refused_below_sm80():

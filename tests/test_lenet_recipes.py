@@ -215,14 +215,16 @@ def test_presets_resolve_and_explicit_flags_win():
     assert best.ema > 0 and best.augment  # the accuracy recipe: averaged weights, augmentation
 
 
-def test_fast_preset_trains_in_bf16_on_the_cpu(tmp_path):
+@pytest.mark.parametrize("units", [True, False], ids=["bf16-units", "avx2-only"])
+def test_fast_preset_trains_in_bf16_on_a_cpu_with_bf16_units_else_fp32(tmp_path, monkeypatch, units):
     from trainlab.lenet.config import apply_preset
 
+    monkeypatch.setattr("trainlab.lenet.plan.cpu_has_bf16", lambda: units)  # (emulated where it has none)
     cfg = apply_preset(TrainConfig(**dict(SMALL, out=str(tmp_path / "f"))), "fast", explicit={"epochs"})
     summary = train(cfg, log=quiet)
     # LeNet-5 + BatchNorm after conv2, fc1, fc2 (scale and shift per channel; their layers' biases dropped)
     assert summary["epochs"] == 1 and summary["params"] == 61_706 + (16 + 120 + 84) == 61_926
-    assert (summary["amp"], summary["channels_last"]) == ("bfloat16", True)
+    assert (summary["amp"], summary["channels_last"]) == ("bfloat16" if units else "off", True)
     assert 10.0 < summary["test_accuracy"] <= 100.0
 
 

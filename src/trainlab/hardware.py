@@ -232,6 +232,18 @@ def amp_for_sm(sm: int | None) -> str | None:
     return "bf16" if sm >= 80 else "fp16"
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX: oneDNN's own check). Without such
+    units bf16 autocast converts around fp32 arithmetic: LeNet's `fast` step took 3.7x as long as in fp32
+    on an AVX2-only AMD EPYC (benchmarks/results/lenet_cpu_step_fp32.md)."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return False
+
+
 def cpu_model() -> str | None:
     try:
         with open("/proc/cpuinfo") as f:

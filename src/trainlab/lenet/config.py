@@ -201,7 +201,7 @@ class TrainConfig(Config):
     amp: str = opt(
         "auto",
         "auto (CUDA: bf16 autocast on sm80+, fp16 with a GradScaler below; CPU: off) | bf16 "
-        "(fp16 on a GPU without bf16, below sm80) | fp16 | off",
+        "(fp16 on a GPU without bf16, below sm80; fp32 on a CPU without bf16 units) | fp16 | off",
         check=one_of(("auto", "bf16", "fp16", "off")),
     )
     channels_last: str = opt("auto", "auto (on CUDA) | on | off", check=one_of(("auto", "on", "off")))
@@ -277,7 +277,7 @@ class TrainConfig(Config):
     stop_after: int | None = opt(None, "stop after N epochs as if interrupted (to try --resume)", check=at_least(1))
     preset: str = opt(
         "default",
-        "default | fast (time-to-99% on a CPU: BatchNorm, Muon, bf16, 1 epoch) | best (~99.55%: "
+        "default | fast (time-to-99%: BatchNorm, Muon, bf16 where the device has it, 1 epoch) | best (~99.55%: "
         "BatchNorm, augmentation, EMA, 30 epochs)",
         choices=("default", "fast", "best"),
     )
@@ -383,9 +383,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (lenet_cpu_step_muon_b128.md): not adopted.
     # On a GPU the whole step, Muon's included, is one CUDA graph (lenet.step; lenet.muon batches its matrices).
     # bf16 autocast runs the convolutions on the CPU's bf16 units (AMX/AVX512-BF16; oneDNN) and
-    # channels-last speeds them up further. conv1's BatchNorm is left out: on 6×28×28 channels-last
-    # activations it costs more than all the convolutions it would help (`trainlab profile --variant ...`,
-    # benchmarks/results/lenet_cpu_profile.md).
+    # channels-last speeds them up further. A CPU without them (the same 2-core box on 11-28 exposed AVX2
+    # only) trains in fp32 (lenet.plan): emulated bf16 made its step 3.7x longer there
+    # (lenet_cpu_step_fp32.md); in fp32 the recipe kept 20 of 20 validation seeds at 99 % or more, mean
+    # 99.14 %, min 99.00 (lenet_fast_validation_r7_parts/lenet_fast_validation_r7.md). conv1's BatchNorm is
+    # left out: on 6×28×28 channels-last activations it costs more than all the convolutions it would help
+    # (`trainlab profile --variant ...`, benchmarks/results/lenet_cpu_profile.md).
     # On a CPU the first stage (conv1 → ReLU → max-pool) runs as our fused C++ operator (`ops="auto"`,
     # trainlab.ops.conv_relu_pool) and conv2 computes in NCHW: with AdamW's fused CPU kernel, 1.74× the
     # step of the same recipe on PyTorch's layers at batch 256 (benchmarks/results/lenet_cpu_step_nchw2.md);

@@ -20,7 +20,7 @@ import torch
 
 from trainlab.device import AMP_DTYPES, cuda_sm
 from trainlab.errors import ConfigError, HardwareError
-from trainlab.hardware import amp_for_sm, matmul_precision
+from trainlab.hardware import amp_for_sm, cpu_has_bf16, matmul_precision
 from trainlab.lenet.model import parse_ops, resolve_ops
 from trainlab.ops.build import check_toolchain
 
@@ -162,9 +162,12 @@ def _ops(cfg, device: torch.device, batchnorm: bool) -> str:
 
 def _precision(amp: str, device: torch.device) -> str:
     """--amp resolved: `auto` on a GPU is its 16-bit type (`hardware.amp_for_sm`: bf16 from sm80 on, fp16
-    below, e.g. the RTX 2080 Ti's sm75), off on the CPU. `bf16` (also the `fast` preset's) on a GPU
-    below sm80, which has none, is fp16 too: summary.json's plan records the type that ran."""
+    below, e.g. the RTX 2080 Ti's sm75), off on the CPU. `bf16` (also the `fast` preset's) is the device's
+    own 16-bit type where it has no bf16: fp16 on a GPU below sm80, fp32 on a CPU without bf16 units
+    (emulated bf16 there is slower than fp32 and no more exact). summary.json's plan records what ran."""
     if amp == "off" or (amp == "auto" and device.type != "cuda"):
+        return "fp32"
+    if device.type == "cpu" and amp == "bf16" and not cpu_has_bf16():
         return "fp32"
     if device.type == "cuda" and amp in ("auto", "bf16"):
         # a CUDA plan made where no GPU is visible (tests, planning) assumes an sm80+ GPU: bf16
