@@ -158,3 +158,29 @@ def test_gpu_run_records_busy_nvidia_smi_and_samples_its_own_gpu(tmp_path):
     if shutil.which("nvidia-smi"):
         env = json.loads((run / "env.json").read_text())
         assert env["nvidia_smi"] and env["nvidia_smi_busy"]["text"] == (run / "nvidia-smi-busy.txt").read_text()
+
+
+def test_the_digit_grid_draws_each_image_in_its_own_tile_under_its_caption():
+    """One mosaic in one axes: each image scaled to its own range (as imshow of it alone would), found once
+    in the mosaic, with its caption centred above it; the blank rest is masked (drawn white)."""
+    import numpy as np
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from trainlab.telemetry.figures import digit_grid_figure
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (5, 28, 28)).astype(np.uint8)
+    images[3] //= 4  # a dim image still fills the gray range of its tile
+    fig = digit_grid_figure(images, [f"{i}→{i + 1}" for i in range(5)], ncol=3, title="t")
+    (ax,) = fig.axes
+    mosaic = ax.images[0].get_array()
+    windows = sliding_window_view(mosaic.filled(np.nan), (28, 28))
+    captions = {t.get_text(): t.get_position() for t in ax.texts}
+    assert list(captions) == [f"{i}→{i + 1}" for i in range(5)]
+    for i, image in enumerate(images):
+        scaled = (image - image.min()) / (image.max() - image.min())
+        hits = np.argwhere(np.all(np.isclose(windows, scaled), axis=(2, 3)))
+        assert len(hits) == 1, i
+        (top, left), (x, y) = hits[0], captions[f"{i}→{i + 1}"]
+        assert left < x < left + 28 and top - 12 < y < top  # centred over its tile, just above it
+    assert mosaic.mask.sum() == mosaic.size - 5 * 28 * 28  # nothing else drawn
