@@ -1,9 +1,10 @@
-"""`trainlab lab`: the plan, the budget's hard wall, resuming after SIGKILL, the archive, and the whole
-lab on tiny sizes end to end — killed mid-step, resumed, finished, every part in the report.
+"""`trainlab lab`: the plan, the budget's hard wall, resuming after SIGKILL, the archive, and the lab on
+tiny sizes end to end — killed mid-step, resumed, finished, every step it ran in the report.
 
 The runner tests use stand-in steps (short Python one-liners) so they take seconds; the end-to-end test
-runs the real steps at `--size tiny` in a subprocess, as CI does (it replaced the GPU shell suites'
-CPU dry runs: the same commands now run through the lab on every CI run)."""
+runs real steps at `--size tiny` in a subprocess: the LeNet, GELU and own-operator parts, every one of
+their steps to the end. Each step's command line is parsed back to its config in test_lab_commands.py,
+and the commands themselves have tests of their own."""
 
 from __future__ import annotations
 
@@ -268,11 +269,15 @@ def test_archive_holds_results_and_report_and_stays_under_its_cap(monkeypatch, t
 
 @pytest.mark.slow
 def test_tiny_lab_end_to_end_killed_mid_step_resumed_and_reported(tmp_path):
-    """What CI runs: `trainlab lab --budget 2m` on tiny sizes, SIGKILLed mid-step, resumed, finished. Two minutes
-    run the first tiny steps (fewer on a loaded box) and the rest say "not run: budget": the kill, the resume,
-    the budget and the report are the subject, and each step's command has tests of its own (issue 37: CI time)."""
+    """`trainlab lab` on tiny sizes, SIGKILLed mid-step, resumed, finished: the LeNet, GELU and own-operator
+    parts (7 steps that ran, about 30 s on the quiet 2-core box) under a budget they fit even on a loaded box,
+    so the same steps run on every machine. It ran every part under a 2-minute budget before, which is what
+    the test cost (~100 s of CPU), and how many steps got to run depended on the box's load (issue 37: CI
+    time). The budget's wall is test_budget_is_a_hard_wall_and_a_step_that_does_not_fit_says_so's subject."""
     out = tmp_path / "lab"
-    cmd = [sys.executable, "-m", "trainlab", "lab", "--out", str(out), "--size", "tiny", "--budget", "2m"]
+    parts = ("lenet", "gelu", "ops")
+    cmd = [sys.executable, "-m", "trainlab", "lab", "--out", str(out), "--size", "tiny", "--parts", ",".join(parts)]
+    cmd += ["--budget", "5m"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TRAINLAB_CACHE": str(default_cache_dir().parent)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240  # a wait bound: the budget is the lab's
@@ -295,24 +300,30 @@ def test_tiny_lab_end_to_end_killed_mid_step_resumed_and_reported(tmp_path):
     t0 = time.monotonic()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert time.monotonic() - t0 < 120 + 60  # the budget holds (plus start-up and the last report)
+    assert time.monotonic() - t0 < 300 + 60  # the budget holds (plus start-up and the last report)
     state = json.loads((out / "results.json").read_text())
     assert "kept (ok" in done.stdout and "lenet_train" in done.stdout
     statuses = {name: s["status"] for name, s in state["steps"].items()}
     assert statuses["gelu_check"] == "ok"  # the killed step ran again
-    # A loaded box (CI's) can carry the step running at the wall past the budget: the lab stops it and
-    # says so (a step started on its quiet-box estimate); at most that one step, and only for the budget.
-    assert set(statuses.values()) <= {"ok", "not run", "stopped"}, statuses
-    assert list(statuses.values()).count("stopped") <= 1, statuses
-    for s in state["steps"].values():
-        why = ("budget (needs ≈", "trains to 99 %", "not applicable", "budget ran out after")
-        assert s["status"] == "ok" or s["reason"].startswith(why), s
+    ran = [step for step in lab_steps(CPU, "tiny") if step.part in parts]
+    assert list(statuses) == [step.name for step in ran]  # the parts asked for, no other
+    assert [n for n, status in statuses.items() if status == "ok"] == [
+        "lenet_train",
+        "gelu_check",
+        "gelu_bench",
+        "gelu_train",
+        "ops_check",
+        "ops_bench",
+        "ops_train",
+    ]
+    for s in state["steps"].values():  # the two that cannot run on a CPU at this size say why
+        assert s["status"] == "ok" or s["reason"].startswith(("trains to 99 %", "not applicable")), s
     page = html.unescape((out / "report" / "index.html").read_text())  # the page's text, entities decoded
     from trainlab.report.lab_text import TOC
 
     for _, heading in TOC:  # the handout's §6, in its order, and what the lab does beyond it
         assert heading in page
-    for step in lab_steps(CPU, "tiny"):  # every step: its measurement, or the line that says why not
+    for step in ran:  # every step: its measurement, or the line that says why not
         assert step.title in page
         assert (
             statuses[step.name] == "ok" or f"{step.name}: not run: " in page or f"{step.name}: not finished (" in page
