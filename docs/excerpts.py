@@ -151,6 +151,7 @@ def _lab_ok(results: Path) -> str:
 _BASE, _FAST = "bn234+bf16+cl@1", "bn234+bf16+cl+fused1+fused@1"
 _DEFAULT, _BEST = RESULTS / "lenet_accuracy_default_relu.json", RESULTS / "lenet_accuracy_best_relu.json"
 _T99, _T99_RERUN = RESULTS / "lenet_time_to_99_cpu.json", RESULTS / "lenet_time_to_99_cpu_rerun.json"
+_T99_AVX2 = RESULTS / "lenet_time_to_99_cpu_avx2.json"  # the same box type without bf16 units, fp32
 _H100_T99 = H100 / "steps" / "lenet_time_to_99" / "lenet_time_to_99_cuda.json"
 _H100_GELU, _H100_GPT = H100 / "steps" / "gelu_bench" / "gelu_bench.json", H100 / "steps" / "gpt_best" / "bench.json"
 
@@ -185,6 +186,9 @@ FIGURES = {
     "cpu.t99_ratio": lambda: f"{_t99(_T99)['speedup_vs_seed_style']['median']:.1f}×",
     "cpu.t99_worst": lambda: f"{_t99(_T99)['speedup_vs_seed_style']['min']:.1f}×",
     "cpu.t99_seeds": lambda: f"{_t99(_T99)['reached']}/{_t99(_T99)['of']}",
+    "cpu.t99_avx2_s": lambda: f"{_t99(_T99_AVX2)['median_s']:.1f} s",
+    "cpu.t99_avx2_seeds": lambda: f"{_t99(_T99_AVX2)['reached']}/{_t99(_T99_AVX2)['of']}",
+    "cpu.t99_avx2_ratio": lambda: f"{_t99(_T99_AVX2)['speedup_vs_seed_style']['median']:.1f}×",
     "cpu.t99_rerun_s": lambda: f"{_t99(_T99_RERUN)['median_s']:.1f} s",
     "cpu.t99_rerun_ratio": lambda: f"{_t99(_T99_RERUN)['speedup_vs_seed_style']['median']:.1f}×",
     "cpu.t99_rerun_worst": lambda: f"{_t99(_T99_RERUN)['speedup_vs_seed_style']['min']:.1f}×",
