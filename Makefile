@@ -40,10 +40,16 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	@$(if $(TORCH_CUDA),true,$(PY) -c "import sys; from trainlab.ops.kernel_check import find_nvcc; sys.exit(find_nvcc() is None)") || { \
 	  echo "no nvcc found: installing it from PyPI (.[nvcc])"; \
 	  $(PY) -m pip install -q --no-compile -c requirements/constraints.txt -e '.[dev,nvcc]'; }
-	# --no-compile above: Python writes a module's bytecode the first time a process imports it. Compiling the
-	# whole install up front (12,900 modules: torch, transformers, ...) took 37 s of the 61 s pip's install took
-	# on the 2-core box, or 53 s of CPU with compileall; everything the test suite imports is ~3,200 of them,
-	# 12.6 s of CPU.
+	# --no-compile above, then the same bytecode compiled on every core: pip compiles each installed module in
+	# its one process (37 s of the 61 s its install took on the 2-core box). Compiled up front, not left to the
+	# first import: where PYTHONDONTWRITEBYTECODE is set (many container images) no process would ever write
+	# it, and each would compile what it imports again (+7 s of CPU per process for torch and its compiler;
+	# `make test` with it set and nothing precompiled: 1,268 s of CPU; all of .ci/run, which unsets it, install
+	# included: 874 s). transformers' ~2,500 other model folders are left
+	# out (trainlab imports GPT-2's): 23 s of wall, 42 s of CPU instead of 27 and 51. A file written for a
+	# newer Python fails to compile (torch ships one for 3.12's syntax), which pip ignores too.
+	$(PY) -m compileall -qq -j 0 -x 'transformers/models/(?!gpt2/|auto/|__init__\.py)' \
+	  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
 	touch $(STAMP)
 
 setup: $(STAMP)
