@@ -44,10 +44,10 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	# its one process (37 s of the 61 s its install took on the 2-core box). Compiled up front, not left to the
 	# first import: where PYTHONDONTWRITEBYTECODE is set (many container images) no process would ever write
 	# it, and each would compile what it imports again (+7 s of CPU per process for torch and its compiler;
-	# `make test` with it set and nothing precompiled: 1,268 s of CPU; all of .ci/run, which unsets it, install
-	# included: 874 s). transformers' ~2,500 other model folders are left
-	# out (trainlab imports GPT-2's): 23 s of wall, 42 s of CPU instead of 27 and 51. A file written for a
-	# newer Python fails to compile (torch ships one for 3.12's syntax), which pip ignores too.
+	# `make test` in a shell that sets it, fresh clone: 1,268 s of CPU with nothing precompiled, 888 s with this
+	# step). transformers' ~2,500 other model folders are left out (trainlab imports GPT-2's): 23 s
+	# of wall, 42 s of CPU instead of 27 and 51. A file written for a newer Python fails to compile (torch
+	# ships one for 3.12's syntax), which pip ignores too.
 	$(PY) -m compileall -qq -j 0 -x 'transformers/models/(?!gpt2/|auto/|__init__\.py)' \
 	  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
 	touch $(STAMP)
