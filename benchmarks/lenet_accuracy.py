@@ -119,8 +119,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     ),
     # Issue 40, round 4: the preset in fp32 on a CPU. Its bf16 autocast was measured where the CPU exposed
     # bf16 units; on an AVX2-only CPU (the same 2-core box on 11-28) emulated bf16 made the step 3.7x slower
-    # than fp32 (lenet_cpu_step_fp32.md), so the preset's `amp` became `auto` (fp32 on a CPU). Validated again, since fp32 rounds
-    # differently from the bf16 runs above.
+    # than fp32 (lenet_cpu_step_fp32.md), so on a CPU without bf16 units its `bf16` now trains in fp32
+    # (lenet.plan). Validated again, since fp32 rounds differently from the bf16 runs above.
     "fast-muon-fp32": (
         "fast (Muon) in fp32 (--amp off): the preset on a CPU since",
         {"optimizer": "muon", "amp": "off"},
