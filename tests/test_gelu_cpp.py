@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from trainlab.errors import HardwareError
+from trainlab.ops.build import LIBRARY
 from trainlab.ops.gelu import gelu, gelu_math
 
 APPROX = ["none", "tanh"]
@@ -154,7 +155,7 @@ def test_missing_compiler_is_one_clear_error(monkeypatch, module):
     import importlib
 
     loader = importlib.import_module(f"trainlab.ops.{module}")
-    monkeypatch.setattr(loader.EXTENSION, "loaded", None)
+    monkeypatch.setattr(LIBRARY, "loaded", None)
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     with pytest.raises(HardwareError, match=r"no C\+\+ compiler.*impl='python'"):
         loader.load()
@@ -173,7 +174,7 @@ def test_build_failure_is_one_clear_error(monkeypatch, tmp_path, module):
             "Error building extension 'x':\nfoo.cpp:1:1: error: expected unqualified-id\nninja: build stopped"
         )
 
-    monkeypatch.setattr(loader.EXTENSION, "loaded", None)
+    monkeypatch.setattr(LIBRARY, "loaded", None)
     monkeypatch.setenv("TRAINLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(cpp_extension, "load", failing_load)
     with pytest.raises(
@@ -213,24 +214,21 @@ def test_cache_dir_honours_trainlab_cache(monkeypatch, tmp_path):
 def test_the_cpp_sources_build_as_one_unit_rewritten_only_when_they_change(tmp_path):
     """The library's C++ files (GELU's, the layers', the fused first stage's) compile as one translation unit
     (the torch headers parsed once); an unchanged unit keeps its time stamp, so ninja finds the built
-    library up to date. GELU and the layers are one library: both modules hold it."""
+    library up to date."""
     import os
 
-    from trainlab.ops.build import LIBRARY, OPS_DIR, unity_source
-    from trainlab.ops.gelu import EXTENSION as GELU
-    from trainlab.ops.layers.layers_cpp import EXTENSION
+    from trainlab.ops.build import OPS_DIR, unity_source
 
-    assert EXTENSION is LIBRARY and GELU is LIBRARY
     assert {"gelu/gelu_cpu.cpp", "layers/layers_cpu.cpp", "conv_relu_pool2d/conv_relu_pool_cpu.cpp"} == set(
-        EXTENSION.cpu_sources
+        LIBRARY.cpu_sources
     )
 
-    unit = unity_source(tmp_path, EXTENSION.cpu_sources)
+    unit = unity_source(tmp_path, LIBRARY.cpu_sources)
     includes = [line.split('"')[1] for line in open(unit).read().splitlines()]
-    assert includes == [str(OPS_DIR / s) for s in EXTENSION.cpu_sources] and all(map(os.path.isfile, includes))
+    assert includes == [str(OPS_DIR / s) for s in LIBRARY.cpu_sources] and all(map(os.path.isfile, includes))
     os.utime(unit, (1, 1))
-    assert unity_source(tmp_path, EXTENSION.cpu_sources) == unit and os.stat(unit).st_mtime == 1
-    unity_source(tmp_path, EXTENSION.cpu_sources[:1])
+    assert unity_source(tmp_path, LIBRARY.cpu_sources) == unit and os.stat(unit).st_mtime == 1
+    unity_source(tmp_path, LIBRARY.cpu_sources[:1])
     assert open(unit).read().count("#include") == 1 and os.stat(unit).st_mtime > 1
 
 

@@ -279,9 +279,9 @@ def run_layer_bench(
     device = torch.device(device)
     impls, skipped = _impls(impls, device, extra=("cuda-atomic",))
     if "cuda-atomic" in impls:
-        from trainlab.ops.layers.layers_cpp import EXTENSION
+        from trainlab.ops.build import LIBRARY  # the layer ops register when their rung is first used
 
-        EXTENSION.require_cuda()
+        LIBRARY.require_cuda()
     names = [layer.name for layer in LAYERS]
     unknown = set(layers or ()) - set(names)
     if unknown:

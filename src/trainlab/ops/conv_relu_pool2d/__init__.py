@@ -36,11 +36,12 @@ import math
 import torch
 import torch.nn.functional as F
 
+from trainlab.ops.build import LIBRARY
 from trainlab.ops.conv2d import Conv2d, conv2d_relu, gradcheck_inputs, random_conv_inputs
 from trainlab.ops.conv2d import bench_layer as bench_conv_layer
 from trainlab.ops.ladder import Case, Layer, check_impl, every_other_column
 from trainlab.ops.layers.layer_args import OpInputError, check_conv2d, check_device, conv2d_output_hw
-from trainlab.ops.layers.layers_cpp import EXTENSION, compiled_rung
+from trainlab.ops.layers.layers_cpp import compiled_rung
 from trainlab.ops.max_pool2d import max_pool2d
 
 REGISTERED = ("cpp",)  # the rungs with a registered trainlab:: operator of their own (opcheck)
@@ -146,7 +147,7 @@ def register_fused() -> None:
     torch.library.register_autograd("trainlab::conv_relu_pool2d_fwd", backward, setup_context=setup)
 
 
-EXTENSION.on_load(lambda with_cuda: register_fused())
+LIBRARY.on_load(lambda with_cuda: register_fused())
 
 
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------

@@ -92,7 +92,7 @@ def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 
 # ---- cpp / cuda: the C++ extension ------------------------------------------------------------
 #
-# `EXTENSION` is trainlab's one compiled library (ops/build.py); GELU's part is gelu_cpu.cpp, plus
+# `LIBRARY` is trainlab's one compiled library (ops/build.py); GELU's part is gelu_cpu.cpp, plus
 # gelu_cuda.cpp (ATen glue) and gelu_cuda_kernels.cu (CUDA-only kernels) on a CUDA machine, all in this
 # folder. It defines, with CPU/CUDA kernels,
 #
@@ -100,18 +100,16 @@ def gelu_python(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 #     trainlab::gelu_bwd(Tensor grad, Tensor x, str approximate)             grad * GELU'(x)
 #     trainlab::gelu_bwd2(Tensor grad_grad, Tensor grad, Tensor x, str a)    grad_grad * grad * GELU''(x)
 #
-# with their autograd formulas (C++, except gelu_bwd2's), and `_register` (run by `EXTENSION.on_load`)
+# with their autograd formulas (C++, except gelu_bwd2's), and `_register` (run by `LIBRARY.on_load`)
 # adds the rest and the fakes (shape-only), so `torch.compile(fullgraph=True)` traces the ops and
 # `torch.library.opcheck` passes. Each op's autograd formula uses the next op, so
 # every order is exact: gelu_fwd → gelu_bwd → (gelu_bwd, gelu_bwd2) → torch ops (gelu_math.bwd2_backward).
-
-EXTENSION = LIBRARY
 
 
 def load(verbose: bool = False) -> dict:
     """Build (once) and load the library with GELU's kernels;
     returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
-    return EXTENSION.load(verbose)
+    return LIBRARY.load(verbose)
 
 
 def _register(with_cuda: bool) -> None:
@@ -142,7 +140,7 @@ def _register(with_cuda: bool) -> None:
     torch.library.register_autograd("trainlab::gelu_bwd2", _bwd2_backward, setup_context=_save_inputs)
 
 
-EXTENSION.on_load(_register)
+LIBRARY.on_load(_register)
 
 
 def gelu_cpp(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
@@ -152,7 +150,7 @@ def gelu_cpp(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     in `load`). The first call must happen outside the compiled region (or call `load()` first, as
     `GELU(impl="cpp")` does in its constructor): building takes a lock Dynamo cannot trace.
     """
-    EXTENSION.ensure()  # outside any lock when loaded, so torch.compile never traces the build lock
+    LIBRARY.ensure()  # outside any lock when loaded, so torch.compile never traces the build lock
     return torch.ops.trainlab.gelu_fwd(x, approximate)
 
 
@@ -167,7 +165,7 @@ def gelu_cuda(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
             f"impl='cuda': input is on {x.device}, expected a CUDA tensor; move it with "
             "x.cuda() or use impl='cpp' for CPU tensors"
         )
-    EXTENSION.require_cuda()
+    LIBRARY.require_cuda()
     return torch.ops.trainlab.gelu_fwd(x, approximate)
 
 
@@ -208,7 +206,7 @@ class GELU(nn.Module):
         if impl == "cpp" or (impl == "cuda" and torch.cuda.is_available()):
             # Build/load the extension now, outside any torch.compile region: the first load takes
             # a lock and may run the compiler, which Dynamo cannot trace (fullgraph would fail).
-            EXTENSION.load()
+            LIBRARY.load()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu(x, impl=self.impl, approximate=self.approximate)

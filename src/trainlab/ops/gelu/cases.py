@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from trainlab.ops.gelu import APPROXIMATIONS, EXTENSION, gelu, gelu_math
+from trainlab.ops.gelu import APPROXIMATIONS, gelu, gelu_math, load
 from trainlab.ops.ladder import TOLERANCES, Case
 
 DTYPES = ("float32", "float64", "bfloat16")  # checked by default
@@ -147,7 +147,7 @@ def gradcheck_case(g: torch.Generator):
 
 def opcheck(impl: str, device: torch.device) -> bool:
     """torch.library.opcheck of the three registered ops (forward, backward, double backward)."""
-    EXTENSION.load()
+    load()
     ok = True
     for dtype in (torch.float32, torch.float64):
         for a in APPROXIMATIONS:

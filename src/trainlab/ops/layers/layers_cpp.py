@@ -1,6 +1,6 @@
 """The C++ (and, with a GPU, CUDA) layer kernels: conv2d, max_pool2d, linear, relu as `trainlab::` ops.
 
-`EXTENSION.load()` JIT-builds trainlab's one library through ops/build.py, as
+`load()` JIT-builds trainlab's one library through ops/build.py, as
 `trainlab_ops_<capability>[_cuda]`; the layers' part is `layers_cpu.cpp` (+ `layers_cuda.cu` and its
 ATen glue `layers_cuda_glue.cpp` when torch has CUDA and a GPU is visible). After loading, `register`
 (below) adds what C++ cannot: the autograd formulas and the fake kernels, so that
@@ -35,15 +35,14 @@ from trainlab.ops.ladder import check_impl
 from trainlab.ops.layers.layer_args import register
 
 # conv_relu_pool2d's C++ file uses the layers' headers; its folder registers its ops' fakes and autograd
-# with EXTENSION.on_load too.
-EXTENSION = LIBRARY
-EXTENSION.on_load(lambda with_cuda: register("", with_atomic_pool=with_cuda))
+# with LIBRARY.on_load too.
+LIBRARY.on_load(lambda with_cuda: register("", with_atomic_pool=with_cuda))
 
 
 def load(verbose: bool = False) -> dict:
     """Build (once) and load the library with the layer kernels;
     returns {'name', 'build_dir', 'cuda', 'cpu_capability'}."""
-    return EXTENSION.load(verbose)
+    return LIBRARY.load(verbose)
 
 
 # ---- dispatch to a compiled rung ---------------------------------------------------------------------
@@ -59,7 +58,7 @@ def compiled_rung(impl: str) -> ModuleType:
 
         return layers_triton
     if impl == "cuda":
-        EXTENSION.require_cuda()
+        LIBRARY.require_cuda()
     return sys.modules[__name__]
 
 
@@ -68,7 +67,7 @@ def prepare(layer: str, impl: str) -> str:
     torch.compile region (the build takes a lock Dynamo cannot trace) and before training starts."""
     check_impl(layer, impl)
     if impl in ("cpp", "cuda"):
-        EXTENSION.load()
+        LIBRARY.load()
     return impl
 
 
@@ -76,25 +75,25 @@ def prepare(layer: str, impl: str) -> str:
 
 
 def conv2d(x, weight, bias, padding) -> torch.Tensor:
-    EXTENSION.ensure()
+    LIBRARY.ensure()
     return torch.ops.trainlab.conv2d_fwd(x, weight, bias, list(padding))
 
 
 def max_pool2d(x, kernel, stride, padding) -> torch.Tensor:
-    EXTENSION.ensure()
+    LIBRARY.ensure()
     return torch.ops.trainlab.max_pool2d_fwd(x, list(kernel), list(stride), list(padding))[0]
 
 
 def linear(x, weight, bias) -> torch.Tensor:
-    EXTENSION.ensure()
+    LIBRARY.ensure()
     return torch.ops.trainlab.linear_fwd(x, weight, bias)
 
 
 def relu(x) -> torch.Tensor:
-    EXTENSION.ensure()
+    LIBRARY.ensure()
     return torch.ops.trainlab.relu_fwd(x)
 
 
 def conv_relu_pool2d(x, weight, bias, padding) -> torch.Tensor:
-    EXTENSION.ensure()
+    LIBRARY.ensure()
     return torch.ops.trainlab.conv_relu_pool2d_fwd(x, weight, bias, list(padding))[0]
