@@ -33,7 +33,7 @@ DRY=0
 PY=${PY:-python3}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
-LOOPS=${LOOPS:-fast,fast=fast-adamw,seed-style}
+LOOPS=${LOOPS:-fast,fast=fast-muon,fast=fast-adamw,seed-style}  # fast-muon: the preset at batch 96
 if [ $DRY = 1 ]; then
   DEV=cpu; BATCH=8; SIZES=1K; IMPLS=(--impl cpp); BUDGET=0.05; SEEDS=0; BASE=0; EXTRA=(--train-subset 512 --max-epochs 1)
   CHECK=(env TRITON_INTERPRET=1 "$PY" -m trainlab ops check --impl triton --op relu --batch 2 --out "$OUT")

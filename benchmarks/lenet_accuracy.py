@@ -48,7 +48,8 @@ OLD_BEST = dict(
     weight_decay=5e-4,
     ema=0.999,
 )
-ADAMW = {"optimizer": "adamw"}  # `fast` before issue 40's round 3 (its Muon: lenet/muon.py)
+B96 = {"batch_size": 96, "lr": 3e-2}  # `fast`'s batch and peak lr before issue 40's round 5 (625 steps)
+ADAMW = {"optimizer": "adamw", **B96}  # `fast` before issue 40's round 3 (its Muon: lenet/muon.py)
 # Candidates scored with --holdout on the validation split (benchmarks/results/best_validation/).
 VARIANTS: dict[str, tuple[str, dict]] = {
     "preset": ("the old `best` recipe (60 epochs, batch 256, label smoothing 0.05, augment-p 0.75)", OLD_BEST),
@@ -75,8 +76,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         "the `best` preset at 60 epochs (measured after its test run, not used to choose it)",
         {**OLD_BEST, "epochs": 60, "batch_size": 128, "label_smoothing": 0.1, "augment_p": 0.5},
     ),
-    # The `fast` rows below ran over the preset when it stepped every weight with AdamW: each sets the optimizer
-    # so it means the same run now that the preset's is Muon.
+    # The `fast` rows below ran over the preset when it stepped every weight with AdamW at batch 96: each sets
+    # the optimizer, batch and lr, so it means the same run now that the preset is Muon at batch 128.
     "fast-adamw": ("the `fast` preset before issue 40, round 3: AdamW for every weight", ADAMW),
     # Issue 29: the `fast` preset (batch 96, 625 steps) with fewer, larger steps for a GPU, where a step of
     # LeNet-5 costs about the same at batch 96 and 384 (launch-bound). The lr grows with the square root of
@@ -104,11 +105,13 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     ),
     # Issue 40, round 3: other levers than the step count (benchmarks/results/lenet_fast_validation_r3.md).
     "fast-muon": (
-        "fast, Muon for the hidden weight matrices (AdamW for the rest), peak lr 3e-2: the preset since",
-        {"optimizer": "muon"},
+        "fast, Muon for the hidden weight matrices (AdamW for the rest), batch 96, peak lr 3e-2: the preset "
+        "from round 3 to round 4",
+        {"optimizer": "muon", **B96},
     ),
     # Fewer, larger steps with Muon (the lr grows with the square root of the batch, as for fast-b192 above):
-    # would they keep every seed at 99 % and cost less per epoch than batch 96?
+    # would they keep every seed at 99 % and cost less per epoch than batch 96? Batch 128 did, in bf16 (round 4)
+    # and in fp32 (round 5, lenet_fast_validation_r8_parts/): the preset since.
     "fast-muon-b128": (
         "fast (Muon), batch 128, peak lr 3.5e-2",
         {"optimizer": "muon", "batch_size": 128, "lr": 3.5e-2},
@@ -122,8 +125,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     # than fp32 (lenet_cpu_step_fp32.md), so on a CPU without bf16 units its `bf16` now trains in fp32
     # (lenet.plan). Validated again, since fp32 rounds differently from the bf16 runs above.
     "fast-muon-fp32": (
-        "fast (Muon) in fp32 (--amp off): the preset on a CPU since",
-        {"optimizer": "muon", "amp": "off"},
+        "fast (Muon) at batch 96 in fp32 (--amp off): the preset on an AVX2-only CPU in round 4",
+        {"optimizer": "muon", "amp": "off", **B96},
     ),
 }
 
@@ -160,6 +163,12 @@ def main() -> None:
         "seed; the seeds not run are not in the table)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument(
+        "--emulated-bf16",
+        action="store_true",
+        help="bf16 autocast even on a CPU without bf16 units, where trainlab's plan trains in fp32: oneDNN emulates "
+        "it (the rounding of a GPU's or a bf16 CPU's run, several times slower)",
+    )
     ap.add_argument("--note", default=None, help="a line put above the table (e.g. how busy the machine was)")
     ap.add_argument("--name", default=None, help="result file stem (default lenet_accuracy_<preset>_<act>)")
     add_output_args(ap)
@@ -173,6 +182,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from trainlab.lenet.loop import train
+
+    if args.emulated_bf16:  # the plan's one question about the CPU (lenet.plan._precision), answered "yes"
+        import trainlab.lenet.plan
+
+        trainlab.lenet.plan.cpu_has_bf16 = lambda: True
 
     name = args.name or f"lenet_accuracy_{args.preset}_{args.act}"
     check_output(args.out, name + (f".{args.part}" if args.part else ""), force=args.force)
@@ -224,6 +238,7 @@ def main() -> None:
                 "train_seconds": s["train_seconds"],
                 "time_to_99_s": s["time_to_99_seconds"],
                 "device": s["device"],
+                "precision": s["plan"]["precision"],  # what ran (a CPU without bf16 units trains `bf16` in fp32)
                 "config": cfg.to_dict(),
             }
         )
@@ -274,19 +289,25 @@ def _validation_table(rows: list[dict]) -> list[str]:
         "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for v in [*VARIANTS, None]:
-        rs = sorted((r for r in rows if r.get("holdout") and r.get("variant") == v), key=lambda r: r["seed"])
-        if not rs:
-            continue
-        accs = [r["test_accuracy"] for r in rs]
-        live = [r["live_test_accuracy"] for r in rs if r.get("live_test_accuracy") is not None]
-        held = "/".join(str(h) for h in sorted({r["holdout"] for r in rs}))
-        md.append(
-            f"| {v or '—'} | {VARIANTS[v][0] if v else 'the preset as it stands'} | last {held} training images | "
-            f"{','.join(str(r['seed']) for r in rs)} | {' / '.join(f'{a:.2f}' for a in accs)} | "
-            f"{statistics.mean(accs):.3f} | {min(accs):.2f} | {_pct(statistics.mean(live) if live else None)} | "
-            f"{statistics.mean(r['train_seconds'] for r in rs):.0f} |"
-        )
+        # one line per precision that ran (recorded since round 5; older rows have none)
+        for precision in dict.fromkeys(r.get("precision") for r in rows if r.get("variant") == v):
+            rs = [r for r in rows if r.get("holdout") and r.get("variant") == v and r.get("precision") == precision]
+            if rs:
+                md.append(_validation_row(v, precision, sorted(rs, key=lambda r: r["seed"])))
     return md
+
+
+def _validation_row(v: str | None, precision: str | None, rs: list[dict]) -> str:
+    accs = [r["test_accuracy"] for r in rs]
+    live = [r["live_test_accuracy"] for r in rs if r.get("live_test_accuracy") is not None]
+    held = "/".join(str(h) for h in sorted({r["holdout"] for r in rs}))
+    what = (VARIANTS[v][0] if v else "the preset as it stands") + (f", ran in {precision}" if precision else "")
+    return (
+        f"| {v or '—'} | {what} | last {held} training images | "
+        f"{','.join(str(r['seed']) for r in rs)} | {' / '.join(f'{a:.2f}' for a in accs)} | "
+        f"{statistics.mean(accs):.3f} | {min(accs):.2f} | {_pct(statistics.mean(live) if live else None)} | "
+        f"{statistics.mean(r['train_seconds'] for r in rs):.0f} |"
+    )
 
 
 def _pct(v) -> str:

@@ -105,8 +105,8 @@ def _json(path: Path):
     return json.loads(path.read_text())
 
 
-def _t99(path: Path) -> dict:
-    return _json(path)["summary"]["fast"]
+def _t99(path: Path, loop: str = "fast") -> dict:
+    return _json(path)["summary"][loop]
 
 
 def _step_ms(variant: str) -> float:
@@ -152,6 +152,22 @@ _BASE, _FAST = "bn234+bf16+cl@1", "bn234+bf16+cl+fused1+fused@1"
 _DEFAULT, _BEST = RESULTS / "lenet_accuracy_default_relu.json", RESULTS / "lenet_accuracy_best_relu.json"
 _T99, _T99_RERUN = RESULTS / "lenet_time_to_99_cpu.json", RESULTS / "lenet_time_to_99_cpu_rerun.json"
 _T99_AVX2 = RESULTS / "lenet_time_to_99_cpu_avx2.json"  # the same box type without bf16 units, fp32
+_T99_R5 = RESULTS / "lenet_time_to_99_cpu_r5.json"  # the preset at batch 128 beside batch 96 (fast=fast-muon)
+_TEST_B128 = RESULTS / "lenet_accuracy_fast_b128.json"
+_STEP_B128 = RESULTS / "lenet_cpu_step_fp32_b128.json"
+_R8 = RESULTS / "lenet_fast_validation_r8_parts" / "lenet_fast_validation_r8.json"
+
+
+def _val(path: Path, precision: str | None = None) -> str:
+    """A validation screen's verdict: how many seeds reached 99 % (of those that ran in `precision`)."""
+    acc = [r["test_accuracy"] for r in _json(path)["rows"] if precision in (None, r.get("precision"))]
+    return f"{sum(a >= 99.0 for a in acc)} of {len(acc)} seeds, min {min(acc):.2f} %"
+
+
+def _images_per_s(path: Path, variant: str) -> float:
+    return {r["variant"]: r for r in _json(path)["rows"]}[variant]["images_per_s"]
+
+
 _H100_T99 = H100 / "steps" / "lenet_time_to_99" / "lenet_time_to_99_cuda.json"
 _H100_GELU, _H100_GPT = H100 / "steps" / "gelu_bench" / "gelu_bench.json", H100 / "steps" / "gpt_best" / "bench.json"
 
@@ -160,10 +176,6 @@ H200_RUN = H200 / "2026-11-28"
 _H200_T99, _H200_GELU = H200_RUN / "issue40" / "lenet_time_to_99_cuda.json", H200_RUN / "issue40" / "gelu_bench.json"
 _H200_GPT, _H200_PEER = H200_RUN / "gpt_best_glue" / "best_glue.json", H200_RUN / "gpt_best_glue" / "peer.json"
 _H200_NOGLUE, _H200_NOGLUE_PEER = H200_RUN / "issue35" / "gpt_best.json", H200_RUN / "issue35" / "peer.json"
-
-
-def _h200_t99(loop: str = "fast") -> dict:
-    return _json(_H200_T99)["summary"][loop]
 
 
 def _h200_layers(impl: str) -> float:
@@ -202,14 +214,19 @@ FIGURES = {
             _json(RESULTS / "lenet_cpu_step_fast.json")["roofline"][0]
         )
     ),
-    "cpu.fast_fp32_val": lambda: "{} of {} seeds, min {:.2f} %".format(
-        *(lambda acc: (sum(a >= 99.0 for a in acc), len(acc), min(acc)))(
-            [
-                r["test_accuracy"]
-                for r in _json(RESULTS / "lenet_fast_validation_r7_parts" / "lenet_fast_validation_r7.json")["rows"]
-            ]
-        )
+    "cpu.fast_fp32_val": lambda: _val(RESULTS / "lenet_fast_validation_r7_parts" / "lenet_fast_validation_r7.json"),
+    "cpu.b128_val_fp32": lambda: _val(_R8, "fp32"),
+    "cpu.b128_val_bf16": lambda: _val(_R8, "bf16"),
+    "cpu.b128_imgs_ratio": lambda: "{:.2f}×".format(
+        _images_per_s(_STEP_B128, "bn234+cl+fused1+muon+bs128@1") / _images_per_s(_STEP_B128, "bn234+cl+fused1+muon@1")
     ),
+    "cpu.b128_test": lambda: f"{_json(_TEST_B128)['mean']:.2f} ± {_json(_TEST_B128)['sd']:.2f} %",
+    "cpu.b128_test_min": lambda: f"{_json(_TEST_B128)['min']:.2f}",
+    "cpu.t99_r5_s": lambda: f"{_t99(_T99_R5)['median_s']:.1f} s",
+    "cpu.t99_r5_seeds": lambda: f"{_t99(_T99_R5)['reached']}/{_t99(_T99_R5)['of']}",
+    "cpu.t99_r5_ratio": lambda: f"{_t99(_T99_R5)['speedup_vs_seed_style']['median']:.1f}×",
+    "cpu.t99_r5_b96_s": lambda: f"{_t99(_T99_R5, 'fast=fast-muon')['median_s']:.1f} s",
+    "cpu.t99_r5_b96_seeds": lambda: "{reached}/{of}".format(**_t99(_T99_R5, "fast=fast-muon")),
     "cpu.gelu_fwd": lambda: f"{_gelu(RESULTS / 'gelu_bench_16M.json', 'cpp', 'fwd', 'ratio_to_torch'):.2f}×",
     "cpu.gelu_fwdbwd": lambda: f"{_gelu(RESULTS / 'gelu_bench_16M.json', 'cpp', 'fwd+bwd', 'ratio_to_torch'):.2f}×",
     "cpu.ddp_comm_ms": lambda: f"{_dp('ddp')[0]['comm_ms']:.2f} ms",
@@ -217,16 +234,16 @@ FIGURES = {
     "cpu.dataloader_ms": lambda: "{:.1f}–{:.1f} ms".format(*_span(r["data_ms"] for r in _dp("none", "dataloader"))),
     "cpu.plan_fp32": lambda: _plan_gib("none"),
     "cpu.plan_amp_ckpt": lambda: _plan_gib("amp+ckpt"),
-    "h200.t99_s": lambda: f"{_h200_t99()['median_s']:.2f} s",
-    "h200.t99_seeds": lambda: f"{_h200_t99()['reached']} of {_h200_t99()['of']}",
-    "h200.t99_ratio": lambda: f"{_h200_t99()['speedup_vs_seed_style']['median']:.0f}×",
-    "h200.t99_ms_step": lambda: f"{_h200_t99()['ms_per_step_median']:.2f} ms",
-    "h200.t99_adamw_s": lambda: f"{_h200_t99('fast=fast-adamw')['median_s']:.3f} s",
+    "h200.t99_s": lambda: f"{_t99(_H200_T99)['median_s']:.2f} s",
+    "h200.t99_seeds": lambda: f"{_t99(_H200_T99)['reached']} of {_t99(_H200_T99)['of']}",
+    "h200.t99_ratio": lambda: f"{_t99(_H200_T99)['speedup_vs_seed_style']['median']:.0f}×",
+    "h200.t99_ms_step": lambda: f"{_t99(_H200_T99)['ms_per_step_median']:.2f} ms",
+    "h200.t99_adamw_s": lambda: f"{_t99(_H200_T99, 'fast=fast-adamw')['median_s']:.3f} s",
     "h200.t99_adamw_seeds": lambda: (
-        f"{_h200_t99('fast=fast-adamw')['reached']} of {_h200_t99('fast=fast-adamw')['of']}"
+        f"{_t99(_H200_T99, 'fast=fast-adamw')['reached']} of {_t99(_H200_T99, 'fast=fast-adamw')['of']}"
     ),
-    "h200.t99_adamw_ratio": lambda: f"{_h200_t99('fast=fast-adamw')['speedup_vs_seed_style']['median']:.0f}×",
-    "h200.t99_adamw_ms_step": lambda: f"{_h200_t99('fast=fast-adamw')['ms_per_step_median']:.2f} ms",
+    "h200.t99_adamw_ratio": lambda: f"{_t99(_H200_T99, 'fast=fast-adamw')['speedup_vs_seed_style']['median']:.0f}×",
+    "h200.t99_adamw_ms_step": lambda: f"{_t99(_H200_T99, 'fast=fast-adamw')['ms_per_step_median']:.2f} ms",
     "h200.gelu_size": lambda: f"{max(r['size'] for r in _json(_H200_GELU)['rows']) // 2**20}M",
     "h200.gelu_cuda_copy": lambda: f"{_gelu(_H200_GELU, 'cuda', 'fwd', 'pct_of_copy_bw') * 100:.0f} %",
     "h200.gelu_triton_copy": lambda: f"{_gelu(_H200_GELU, 'triton', 'fwd', 'pct_of_copy_bw') * 100:.0f} %",

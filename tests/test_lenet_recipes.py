@@ -205,9 +205,9 @@ def test_presets_resolve_and_explicit_flags_win():
         "bf16",
         "on",
         0.1,
-        3e-2,
+        3.5e-2,
     )
-    assert (fast.batch_size, fast.schedule, fast.warmup_epochs) == (96, "linear", 0.2)  # one epoch, linear to 0
+    assert (fast.batch_size, fast.schedule, fast.warmup_epochs) == (128, "linear", 0.2)  # one epoch, linear to 0
     assert config_from_args(parser.parse_args(["--preset", "fast"])).epochs == 1
     best = config_from_args(parser.parse_args(["--preset", "best"]))
     for key, value in PRESETS["best"].items():

@@ -8,9 +8,9 @@ statistics) moves towards the live model's:
 where t counts the updates so far. The ramp d_t keeps the first steps from averaging in the random
 initialization: N = 10 (`--ema-warmup`'s default) is TensorFlow's `ExponentialMovingAverage(num_updates=…)`
 and timm's warm-up. It also caps the decay at (1 + T)/(N + T) after T updates: 0.983 after one epoch of
-`fast` (521 steps at batch 96 on 50,000 images), a window of ~58 steps whatever `decay` asks. N = 1 makes
-the average a plain mean of every weight so far until it reaches `decay`'s window (1/(1 − decay) steps). Integer
-buffers (BatchNorm's `num_batches_tracked`) are copied. An average over the last ~1/(1 − decay) steps
+50,000 images at batch 96 (521 steps, the `fast` EMA screen's), a window of ~58 steps whatever `decay`
+asks. N = 1 makes the average a plain mean of every weight so far until it reaches `decay`'s window
+(1/(1 − decay) steps). Integer buffers (BatchNorm's `num_batches_tracked`) are copied. An average over the last ~1/(1 − decay) steps
 smooths the noise of the final, low-learning-rate phase.
 
 The update is device work only (`advance`): the count t lives in a device tensor and d_t is computed
