@@ -120,6 +120,15 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         "fast (Muon), batch 192, peak lr 4.2e-2",
         {"optimizer": "muon", "batch_size": 192, "lr": 4.2e-2},
     ),
+    # Round 5, between them: batch 160 (375 steps) at the square-root lr, and batch 192 at batch 128's lr.
+    "fast-muon-b160": (
+        "fast (Muon), batch 160, peak lr 3.9e-2",
+        {"optimizer": "muon", "batch_size": 160, "lr": 3.9e-2},
+    ),
+    "fast-muon-b192-lr3.5e-2": (
+        "fast (Muon), batch 192, peak lr 3.5e-2",
+        {"optimizer": "muon", "batch_size": 192, "lr": 3.5e-2},
+    ),
     # Issue 40, round 4: the preset in fp32 on a CPU. Its bf16 autocast was measured where the CPU exposed
     # bf16 units; on an AVX2-only CPU (the same 2-core box on 11-28) emulated bf16 made the step 3.7x slower
     # than fp32 (lenet_cpu_step_fp32.md), so on a CPU without bf16 units its `bf16` now trains in fp32
