@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # Issue 40's GPU measurements in one command (about 4 minutes on one H100/H200), every result in OUT:
-#   1. ops_bench.*   `trainlab ops bench`: LeNet-5's layers at batch 4096, forward and backward, aten vs our
+#   1. lenet_time_to_99_cuda.*  the `fast` preset (Muon for the hidden weight matrices, batch 128: 20/20
+#                    validation seeds >= 99 % on the CPU in bf16 and fp32,
+#                    benchmarks/results/lenet_fast_validation_r8_parts/) over 20 seeds beside `fast=fast-muon`
+#                    (the same at batch 96, the preset before: what the step count buys) and
+#                    `fast=fast-adamw` (the recipe before Muon: what Muon costs per step; every optimizer step
+#                    inside the CUDA graph, Muon's as one batched Newton–Schulz) and the seed-style loop
+#                    (2 seeds; goal: 20/20 reach 99 %, median <= 0.2 s, >= 80x). LOOPS changes the rows: a
+#                    candidate recipe of benchmarks/lenet_accuracy.py as fast=VARIANT (timed beside the
+#                    preset, in one run);
+#   2. gelu_bench.*  GELU fp32 at 256M elements, aten / cuda / triton beside a device copy (goal: Triton
+#                    forward >= 95 % of copy);
+#   3. ops_bench.*   `trainlab ops bench`: LeNet-5's layers at batch 4096, forward and backward, aten vs our
 #                    CUDA rung vs the autotuned Triton rung (goal: Triton total <= 1.3x aten), and the
 #                    `relu-epilogue` step total: conv1+relu, conv2+relu, fc1+relu, fc2+relu (on Triton one
 #                    kernel each, the ReLU's mask read inside the backward GEMMs: what `train --ops
 #                    own=triton` runs), the pools and fc3; `stage1` is conv1+relu then the pool;
-#   2. gelu_bench.*  GELU fp32 at 256M elements, aten / cuda / triton beside a device copy (goal: Triton
-#                    forward >= 95 % of copy);
-#   3. lenet_time_to_99_cuda.*  the `fast` preset (Muon for the hidden weight matrices: 20/20 validation
-#                    seeds >= 99 % on the CPU, benchmarks/results/lenet_fast_validation_r6_parts/lenet_fast_validation_r6.md) over 20 seeds
-#                    beside `fast=fast-adamw` (the recipe before it; both with the optimizer step inside the
-#                    CUDA graph, Muon's as one batched Newton–Schulz: what Muon costs per step) and the
-#                    seed-style loop (2 seeds; goal: 20/20 reach 99 %, median <= 0.2 s, >= 80x). LOOPS changes
-#                    the rows: a candidate recipe of benchmarks/lenet_accuracy.py as fast=VARIANT (timed beside
-#                    the preset, in one run);
 #   4. ops_check.*   the compiled Triton kernels against ATen (the autotuned configs, at batch 64), the
 #                    conv2d/linear `relu-epilogue` cases included;
 #   5. graph_check.console  the GPU tests of the captured step (tests/test_lenet_step.py -m gpu): graph vs
-#                    eager (the `fast` preset's Muon step included), the EMA's average included, and no host sync per step with the EMA in the graph.
+#                    eager (the `fast` preset's Muon step included), the EMA's average included, and no host
+#                    sync per step with the EMA in the graph.
 # Triton tunes each kernel once per shape at its first call (outside every timing: `ops bench` runs
 # each rung once before timing it) and caches the choice on disk.
 #
@@ -54,11 +57,12 @@ step() {  # step NAME CMD...: run it, its console output in OUT/NAME.console, it
 { echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || true) dry-run=$DRY"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"; } | tee "$OUT/machine.txt"
-step ops_bench "$PY" -m trainlab ops bench --device $DEV --batch $BATCH "${IMPLS[@]}" --budget $BUDGET --out "$OUT"
-step gelu_bench "$PY" -m trainlab ops bench --op gelu --device $DEV --sizes $SIZES --dtype float32 "${IMPLS[@]}" \
-  --budget $BUDGET --out "$OUT"
+# time_to_99 first: on the H200 (2026-11-28) ops_bench's first Triton autotuning took 214 s of a call cut at 280 s
 step time_to_99 "$PY" benchmarks/lenet_time_to_99.py --device $DEV --loops "$LOOPS" --seeds $SEEDS \
   --baseline-seeds $BASE "${EXTRA[@]}" --out "$OUT" --force
+step gelu_bench "$PY" -m trainlab ops bench --op gelu --device $DEV --sizes $SIZES --dtype float32 "${IMPLS[@]}" \
+  --budget $BUDGET --out "$OUT"
+step ops_bench "$PY" -m trainlab ops bench --device $DEV --batch $BATCH "${IMPLS[@]}" --budget $BUDGET --out "$OUT"
 step ops_check timeout $([ $DRY = 1 ] && echo 900 || echo 120) "${CHECK[@]}"
 [ $DRY = 1 ] || step graph_check timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_lenet_step.py
 echo "done: $OUT"

@@ -16,7 +16,7 @@ import torch
 
 from trainlab.cli import main
 from trainlab.errors import ConfigError
-from trainlab.lenet.config import TrainConfig, apply_preset
+from trainlab.lenet.config import PRESETS, TrainConfig, apply_preset
 from trainlab.lenet.ema import EMA
 from trainlab.lenet.plan import LeNetPlan, resolve
 from trainlab.lenet.setup import build_model, build_optimizer, build_scheduler
@@ -102,10 +102,11 @@ def test_cudagraph_on_a_cpu_is_one_line_and_no_run_directory(tmp_path, capsys):
 def test_summary_records_the_resolved_plan(tmp_path):
     from trainlab.lenet.loop import train
 
+    batch = PRESETS["fast"]["batch_size"]
     cfg = apply_preset(
         TrainConfig(
             device="cpu",
-            train_subset=192,
+            train_subset=2 * batch,
             test_subset=100,
             progress=False,
             tensorboard=False,
@@ -122,10 +123,10 @@ def test_summary_records_the_resolved_plan(tmp_path):
     assert "auto" not in resolved.values() and recorded["ops"] == resolved["ops"]
     assert recorded["kind"] == "lenet_train" and recorded["plan"]["dataset"] == {
         "name": "mnist",
-        "train": 96 * 2,
+        "train": 2 * batch,
         "test": 100,
     }
-    assert recorded["step_mode"] == "eager" and recorded["steps"] == 2 and recorded["batch_size"] == 96
+    assert recorded["step_mode"] == "eager" and recorded["steps"] == 2 and recorded["batch_size"] == batch
     # data loading, preparation and evaluation are reported apart from the timed training
     assert all(recorded[k] >= 0 for k in ("data_seconds", "warmup_seconds", "eval_seconds", "train_seconds"))
     assert recorded["ms_per_step"] == pytest.approx(1e3 * recorded["train_seconds"] / 2)
@@ -401,7 +402,7 @@ def test_fast_preset_on_cuda_trains_with_the_graphed_step(tmp_path):
     cfg = apply_preset(
         TrainConfig(
             device="cuda",
-            train_subset=96 * 20 + 40,
+            train_subset=PRESETS["fast"]["batch_size"] * 20 + 40,  # 20 full steps and a short last one
             test_subset=1000,
             progress=False,
             tensorboard=False,
