@@ -10,8 +10,8 @@ initialization: N = 10 (`--ema-warmup`'s default) is TensorFlow's `ExponentialMo
 and timm's warm-up. It also caps the decay at (1 + T)/(N + T) after T updates: 0.983 after one epoch of
 50,000 images at batch 96 (521 steps, the `fast` EMA screen's), a window of ~58 steps whatever `decay`
 asks. N = 1 makes the average a plain mean of every weight so far until it reaches `decay`'s window
-(1/(1 − decay) steps). Integer buffers (BatchNorm's `num_batches_tracked`) are copied. An average over the last ~1/(1 − decay) steps
-smooths the noise of the final, low-learning-rate phase.
+(1/(1 − decay) steps). Integer buffers (BatchNorm's `num_batches_tracked`) are copied. An average over
+the last ~1/(1 − decay) steps smooths the noise of the final, low-learning-rate phase.
 
 The update is device work only (`advance`): the count t lives in a device tensor and d_t is computed
 from it there, so the update can be captured inside the training step's CUDA graph (`lenet.step`) and
