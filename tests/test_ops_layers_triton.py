@@ -160,6 +160,33 @@ def test_fused_relu_epilogue_matches_aten_forward_and_backward(interpret, layer,
     assert launched == bwd, launched  # the mask is in the layer's kernels: no triton_relu_bwd
 
 
+@pytest.mark.parametrize("layer", ["conv", "linear"])
+def test_every_output_element_is_stored_by_a_kernel(interpret, monkeypatch, layer):
+    """The GEMM outputs and the split-K partial sums are allocated without a fill: a fresh tensor here
+    is all NaN, so an element no program stores would come out NaN (ATen's forward and gradients
+    have none)."""
+    import torch.nn.functional as F
+
+    from trainlab.ops.layers import layers_triton as lt
+
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+    g = torch.Generator().manual_seed(1)
+    # more than one row tile and one column tile (the interpreter's: 128 rows, 64 columns) in every GEMM
+    if layer == "conv":  # 162 output pixels; the weight gradient has 8 * 9 + 1 = 73 columns
+        shapes, ref = ((2, 8, 9, 9), (3, 8, 3, 3)), lambda x, w, b: F.conv2d(x, w, b, padding=1)
+        ours = lambda x, w, b: lt.conv2d(x, w, b, [1, 1])  # noqa: E731
+    else:  # 150 rows, 70 output features
+        shapes, ref, ours = ((150, 9), (70, 9)), F.linear, lt.linear
+    leaves = [torch.randn(s, generator=g, dtype=torch.float64).to(interpret).requires_grad_() for s in shapes]
+    leaves.append(torch.randn(shapes[1][0], generator=g, dtype=torch.float64).to(interpret).requires_grad_())
+    y, y_ref = ours(*leaves), ref(*leaves)
+    torch.testing.assert_close(y, y_ref)
+    dy = torch.randn(y.shape, generator=g, dtype=torch.float64).to(interpret)
+    for got, want in zip(torch.autograd.grad(y, leaves, dy), torch.autograd.grad(y_ref, leaves, dy), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_fused_relu_ops_pass_opcheck(interpret):
     from trainlab.ops.layers import layers_triton  # noqa: F401 - registers the ops
 

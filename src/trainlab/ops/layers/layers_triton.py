@@ -731,7 +731,9 @@ def conv2d_bwd_weight(
     ncol = ckk + int(bias)
     bm = 128 if interpreted else 16  # rows are output channels: 6 or 16 in LeNet
     splits, per = _splits(r, _SPLIT_MULTIPLE, -(-oc // bm) * -(-ncol // 32), interpreted)
-    parts = torch.zeros((splits, oc, ncol), dtype=_acc_dtype(x.dtype), device=x.device)
+    # every (split, channel, column) is stored by the one program whose tile holds it, so no fill (a memset
+    # launch per call on a GPU); with no rows there is no launch and the gradient is zero
+    parts = (torch.empty if r else torch.zeros)((splits, oc, ncol), dtype=_acc_dtype(x.dtype), device=x.device)
     if r:
         _launch(
             "_conv2d_bwd_weight_kernel",
@@ -787,7 +789,7 @@ def _matmul(
     splits, per = _splits(k, _SPLIT_MULTIPLE, -(-m // 64) * -(-ncol // bn), interpreted) if split else (1, max(1, k))
     assert not (relu and splits > 1), "a ReLU epilogue needs the whole sum in one program"
     out_dtype = _acc_dtype(a.dtype) if splits > 1 else a.dtype
-    c = torch.zeros((splits, m, ncol), dtype=out_dtype, device=a.device)
+    c = torch.empty((splits, m, ncol), dtype=out_dtype, device=a.device)  # each split's slice stored whole: no fill
     if m and ncol:
         _launch(
             "_matmul_kernel",
