@@ -173,7 +173,9 @@ _H100_GELU, _H100_GPT = H100 / "steps" / "gelu_bench" / "gelu_bench.json", H100 
 
 # one H200, the code of 9ee1111 (2026-11-28): README.md there gives the commands
 H200_RUN = H200 / "2026-11-28"
-_H200_T99, _H200_GELU = H200_RUN / "issue40" / "lenet_time_to_99_cuda.json", H200_RUN / "issue40" / "gelu_bench.json"
+_H200_GELU = H200_RUN / "issue40" / "gelu_bench.json"
+# the same H200 model in a later session, the code of 0c786db: `fast` at batch 128 with Muon's step captured
+_H200_T99 = H200_RUN / "issue40-b128" / "lenet_time_to_99_cuda.json"
 _H200_GPT, _H200_PEER = H200_RUN / "gpt_best_glue" / "best_glue.json", H200_RUN / "gpt_best_glue" / "peer.json"
 _H200_NOGLUE, _H200_NOGLUE_PEER = H200_RUN / "issue35" / "gpt_best.json", H200_RUN / "issue35" / "peer.json"
 
@@ -238,6 +240,8 @@ FIGURES = {
     "h200.t99_seeds": lambda: f"{_t99(_H200_T99)['reached']} of {_t99(_H200_T99)['of']}",
     "h200.t99_ratio": lambda: f"{_t99(_H200_T99)['speedup_vs_seed_style']['median']:.0f}×",
     "h200.t99_ms_step": lambda: f"{_t99(_H200_T99)['ms_per_step_median']:.2f} ms",
+    "h200.t99_b96_s": lambda: f"{_t99(_H200_T99, 'fast=fast-muon')['median_s']:.2f} s",
+    "h200.t99_b96_ms_step": lambda: f"{_t99(_H200_T99, 'fast=fast-muon')['ms_per_step_median']:.2f} ms",
     "h200.t99_adamw_s": lambda: f"{_t99(_H200_T99, 'fast=fast-adamw')['median_s']:.3f} s",
     "h200.t99_adamw_seeds": lambda: (
         f"{_t99(_H200_T99, 'fast=fast-adamw')['reached']} of {_t99(_H200_T99, 'fast=fast-adamw')['of']}"

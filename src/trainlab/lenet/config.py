@@ -369,7 +369,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # lenet_accuracy_fast_relu.md.
     # Batch 128, peak lr 3.5e-2 (469 steps; issue 40, round 5) are the fewest steps that kept every
     # validation seed at 99 % or more, in bf16 and in fp32 (lenet_fast_validation_r8_parts/); batch 160 and
-    # 192 each missed on a seed (r4, lenet_fast_validation_r9_parts/). Against batch 96 (625 steps, the
+    # 192 each missed on a seed (r4, lenet_fast_validation_r9_parts/; batch 176 and 192 with other lrs, smoothing,
+    # warm-up or an EMA too: r10). Against batch 96 (625 steps, the
     # preset until then): a quarter fewer steps of a GPU step that is launch-bound, and 1.14x the images/s
     # of one fp32 CPU thread, where Muon's five Newton–Schulz iterations per matrix are paid per step
     # (lenet_cpu_step_fp32_b128.md). Its test-set run: lenet_accuracy_fast_b128.md.
