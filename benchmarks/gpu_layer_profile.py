@@ -11,9 +11,9 @@ rung, in one process:
   kernels   the GPU kernels' own time per call (torch.profiler), each kernel named
   host      the host's time per call without any synchronize (CPU time of issuing the phase)
 
-Variants (`--variants`): `triton-tf32` runs the Triton GEMMs with TF32 products (input_precision "tf32"
-instead of "ieee"), `aten-ieee` runs ATen with cuDNN's TF32 off (ATen's convolutions use TF32 by default:
-torch.backends.cudnn.allow_tf32), so each precision is compared with its like. `--untuned` times every
+Every rung runs at torch's default precision switches (cuDNN's convolutions in TF32, cuBLAS's matmuls in
+IEEE float32; the Triton rung follows the same switches), and with `--ieee` once more with both off
+(rows `IMPL-ieee`), so each precision is compared with its like. `--untuned` times every
 Triton kernel at its first config (no autotuning: minutes less on a fresh machine).
 
     PYTHONPATH=src python3 benchmarks/gpu_layer_profile.py --out DIR [--batch 4096] [--untuned]
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--queued", type=int, default=50)
     p.add_argument("--impls", default="aten,cuda,triton")
-    p.add_argument("--variants", default="triton-tf32,aten-ieee")
+    p.add_argument("--ieee", action="store_true", help="each rung once more with TF32 off in cuDNN and cuBLAS")
     p.add_argument("--layers", default="")
     p.add_argument("--untuned", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU: checks that it runs")
@@ -184,9 +184,7 @@ def main(argv=None) -> int:
     device = torch.device("cpu" if a.dry_run else "cuda")
     layers = [la for la in bench.LAYERS if not a.layers or la.name in a.layers.split(",")]
     impls = [i for i in a.impls.split(",") if i]
-    variants = [v for v in a.variants.split(",") if v]
     rows = []
-    ieee = layers_triton._precision
 
     def run(label, impl):
         for layer in layers:
@@ -207,14 +205,12 @@ def main(argv=None) -> int:
 
     for impl in impls:
         run(impl, impl)
-    if "triton-tf32" in variants:
-        layers_triton._precision = lambda dtype: {"F64": dtype == torch.float64, "IEEE": False}
-        run("triton-tf32", "triton")
-        layers_triton._precision = ieee
-    if "aten-ieee" in variants:
-        torch.backends.cudnn.allow_tf32 = False
-        run("aten-ieee", "aten")
-        torch.backends.cudnn.allow_tf32 = True
+    if a.ieee:
+        from trainlab.device import ieee_float32
+
+        with ieee_float32():
+            for impl in impls:
+                run(f"{impl}-ieee", impl)
     extra = _launch_costs(device) if a.launch else {}
     (out / "layer_profile.json").write_text(
         json.dumps({"batch": a.batch, "untuned": a.untuned, "rows": rows, **extra}, indent=1)

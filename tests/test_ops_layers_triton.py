@@ -112,9 +112,8 @@ def test_autotune_sets_compiled_several_interpreted_one(monkeypatch):
 @pytest.mark.parametrize("layer", ["conv", "linear"])
 def test_fused_relu_epilogue_matches_aten_forward_and_backward(interpret, layer, x_grad):
     """relu(conv2d) and relu(linear) with the ReLU in the GEMM's epilogue, against autograd of ATen's
-    unfused ops in float64: outputs, NaN kept, and the gradients of x, W and b — computed by the layer's
-    backward kernels reading dy through ReLU's mask (no relu_bwd launched; dy a strided view, so the
-    kernels must read y at dy's offsets, not at its own)."""
+    unfused ops in float64: outputs, NaN kept, and the gradients of x, W and b — relu's backward kernel
+    masks dy (a strided view) once, then the layer's backward kernels run on it."""
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -157,7 +156,7 @@ def test_fused_relu_epilogue_matches_aten_forward_and_backward(interpret, layer,
         if layer == "linear"
         else {"triton_conv2d_bwd_weight"} | ({"triton_conv2d_bwd_input"} if x_grad else set())
     )
-    assert launched == bwd, launched  # the mask is in the layer's kernels: no triton_relu_bwd
+    assert launched == bwd | {"triton_relu_bwd"}, launched  # dy masked once, by relu's backward
 
 
 @pytest.mark.parametrize("layer", ["conv", "linear"])
@@ -222,12 +221,55 @@ def test_every_kernel_compiles_for_sm80_and_sm90(ptx):
             assert f".target sm_{arch}" in code and ".entry" in code, (name, arch)
 
 
+def test_fp32_gemms_with_tf32_use_tf32_tensor_cores():
+    # IEEE False (torch's TF32 switch on for the layer's ATen op): the products are TF32 mma, no FMA loop.
+    from trainlab.ops.layers import layers_triton
+
+    for name in ("_conv2d_fwd_kernel", "_conv2d_bwd_weight_kernel", "_matmul_kernel"):
+        sig, consts = layers_triton.aot_specs("fp32")[name]
+        code = triton_ptx(getattr(layers_triton, name), sig, {**consts, "IEEE": False}, 90)
+        assert ".f32.tf32.tf32" in code and "fma.rn.f32" not in code, name
+
+
 def test_bf16_gemms_use_tensor_cores_and_fp32_does_not(ptx):
     # bf16 tl.dot -> mma instructions; float32 with input_precision="ieee" -> plain FMAs (no TF32),
     # which is what lets the check hold float32 results to float32 tolerances.
     for name in ("_conv2d_fwd_kernel", "_conv2d_bwd_weight_kernel", "_matmul_kernel"):
         assert "mma" in ptx[(name, "bf16", 90)], name
         assert "mma" not in ptx[(name, "fp32", 90)] and "fma.rn.f32" in ptx[(name, "fp32", 90)], name
+
+
+def test_float32_products_follow_torchs_tf32_switches(monkeypatch):
+    """Compiled (the launch intercepted, so no GPU is needed), a float32 convolution's products are TF32
+    exactly when cuDNN's switch allows it and a linear layer's when cuBLAS's does, as ATen's ops of the
+    same layers; bf16 never asks for IEEE; interpreted, float32 is always IEEE; `ops check` turns both off."""
+    from trainlab.device import ieee_float32
+    from trainlab.ops.layers import layers_triton as lt
+
+    seen = []
+    monkeypatch.setattr(lt, "_launch", lambda name, interpreted, grid, *a, **meta: seen.append((name, meta["IEEE"])))
+    monkeypatch.setattr(lt, "run_mode", lambda x, interpret=None: False)
+    x, w, b = torch.randn(2, 1, 6, 6), torch.randn(3, 1, 3, 3), torch.randn(3)
+
+    def ieee_of(dtype, conv_tf32, matmul_tf32):
+        seen.clear()
+        torch.backends.cudnn.allow_tf32 = conv_tf32
+        torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
+        lt.conv2d_fwd(x.to(dtype), w.to(dtype), b.to(dtype), [1, 1])
+        lt.conv2d_bwd_weight(torch.randn(2, 3, 6, 6, dtype=dtype), x.to(dtype), w.to(dtype), [1, 1], True)
+        lt.linear_fwd(x.reshape(2, -1).to(dtype), torch.randn(4, 36, dtype=dtype), None)
+        return dict(seen)
+
+    conv, wgrad, mm = "_conv2d_fwd_kernel", "_conv2d_bwd_weight_kernel", "_matmul_kernel"
+    with ieee_float32():  # restores the switches the test sets
+        assert ieee_of(torch.float32, True, False) == {conv: False, wgrad: False, mm: True}  # torch's defaults
+        assert ieee_of(torch.float32, False, True) == {conv: True, wgrad: True, mm: False}
+        assert ieee_of(torch.bfloat16, False, False) == {conv: False, wgrad: False, mm: False}
+        torch.backends.cudnn.allow_tf32 = True
+        seen_in_check = []
+        check._guarded(check._new_row(), "aten", lambda row, dev: seen_in_check.append(torch.backends.cudnn.allow_tf32))
+        assert seen_in_check == [False] and torch.backends.cudnn.allow_tf32  # off inside the check, restored after
+    assert lt._precision(torch.float32, True, True)["IEEE"]  # the interpreter: IEEE whatever the switches
 
 
 # ---- compiled on a GPU -----------------------------------------------------------------------------

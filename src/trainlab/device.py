@@ -191,6 +191,19 @@ def set_matmul_precision(precision: str) -> dict:
     return tf32_state()
 
 
+@contextmanager
+def ieee_float32():
+    """float32 matmuls and convolutions in IEEE float32 (TF32 off in cuBLAS and cuDNN) for the duration,
+    the previous switches restored after: what a check that holds float32 to float32 tolerances needs."""
+    precision, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    set_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(precision)
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
 def tf32_state() -> dict:
     return {
         "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),

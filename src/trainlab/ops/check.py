@@ -36,6 +36,7 @@ import time
 
 import torch
 
+from trainlab.device import ieee_float32
 from trainlab.errors import ConfigError, UserError
 from trainlab.ops import registry
 from trainlab.ops.choices import IMPLS
@@ -125,7 +126,7 @@ def _guarded(row: dict, impl: str, body) -> dict:
     row.update(device=str(device), mode=mode(impl, device))
     t0 = time.perf_counter()
     try:
-        with triton_interpreter_if_cpu(impl):
+        with triton_interpreter_if_cpu(impl), ieee_float32():  # float32 tolerances: no TF32 (cuDNN's default)
             body(row, device)
     except UserError as e:  # the rung cannot run here although the machine claims it can (toolchain)
         row.update(ok=False, reason=str(e))

@@ -187,13 +187,12 @@ def register(prefix: str, with_atomic_pool: bool = False) -> None:
         oh, ow = conv2d_output_hw(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], padding)
         return x.new_empty((x.shape[0], weight.shape[0], oh, ow))
 
-    # relu_out: the Triton family's backward ops also take the ReLU epilogue's output (layers_triton).
-    def conv_bwd_input_fake(grad, weight, padding, relu_out=None):
+    def conv_bwd_input_fake(grad, weight, padding):
         h = grad.shape[2] - 2 * padding[0] + weight.shape[2] - 1  # stride 1: the input size is implied
         w = grad.shape[3] - 2 * padding[1] + weight.shape[3] - 1
         return grad.new_empty((grad.shape[0], weight.shape[1], h, w))
 
-    def conv_bwd_weight_fake(grad, x, weight, padding, bias, relu_out=None):
+    def conv_bwd_weight_fake(grad, x, weight, padding, bias):
         return weight.new_empty(weight.shape), weight.new_empty((weight.shape[0] if bias else 0,))
 
     def pool_fwd_fake(x, kernel, stride, padding):
@@ -206,7 +205,7 @@ def register(prefix: str, with_atomic_pool: bool = False) -> None:
     def linear_fwd_fake(x, weight, bias):
         return x.new_empty((x.shape[0], weight.shape[0]))
 
-    def linear_bwd_fake(grad, x, weight, bias, relu_out=None):
+    def linear_bwd_fake(grad, x, weight, bias):
         return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty((weight.shape[0] if bias else 0,))
 
     def same_shape_fake(t, *_):

@@ -9,11 +9,11 @@ What the Triton rung teaches that the C++ one does not:
     dx gathers dy with the kernel flipped; dW contracts over the N*OH*OW axis, split into SPLIT
     slices across programs (split-K) so that a 16 x 150 result still fills a GPU.
   * epilogue fusion: the bias is added in the GEMM's epilogue, and so is the ReLU where one follows
-    (`conv2d_relu`, `linear_relu`: y is written once, already rectified). Their backward is the
-    layer's own GEMMs reading dy through ReLU's mask as they load it (RELU_MASK: dy where y > 0, y
-    read at dy's offsets) — no relu backward pass, no masked copy of dy. The bias gradient is one
-    more column of the weight-gradient GEMM (a column of ones appended to its right operand, in
-    registers) — no extra pass over dy, no separate reduction.
+    (`conv2d_relu`, `linear_relu`: y is written once, already rectified). Their backward masks dy
+    once (relu's backward kernel) and runs the layer's backward GEMMs on it: a GEMM reading y through
+    the mask would read it once per use of dy (`_register_fused_relu` gives the measurement). The
+    bias gradient is one more column of the weight-gradient GEMM (a column of ones appended to its
+    right operand, in registers) — no extra pass over dy, no separate reduction.
   * autotuning: every kernel runs under `triton.autotune` over a small config set (TUNING), the
     fastest cached per shape — a handful of configs measured once, not block sizes reasoned out.
   * the pool backward as a gather: one program lane per *input* element visits the (at most
@@ -23,8 +23,10 @@ What the Triton rung teaches that the C++ one does not:
 Where the kernels run (as in gelu_triton.py): CUDA tensors → compiled with triton.jit; CPU tensors →
 Triton's interpreter when TRITON_INTERPRET=1 (slow; for tests); otherwise a HardwareError.
 
-Precision: float32 products use `input_precision="ieee"` (no TF32: the check compares with float64
-at float32 tolerances); bfloat16/float16 products accumulate in float32 and round once; float64 is
+Precision: float32 products are TF32 where torch lets ATen's op for the layer use TF32 (cuDNN's switch
+for the convolutions, on by default; cuBLAS's for the linear layers, off by default: `_precision`), else
+`input_precision="ieee"`; `ops check` turns both off, since it compares with float64 at float32
+tolerances. bfloat16/float16 products accumulate in float32 and round once; float64 is
 float64 throughout. Pooling and relu only select values: exact in any dtype. Triton's interpreter
 does not handle bfloat16 inside kernels faithfully (see _kernel_inputs), so interpreted runs widen
 bf16/fp16 to float32 first: the CPU tests check the kernels' logic and float32/float64 numerics,
@@ -56,7 +58,6 @@ if tl is not None:
         w_ptr,
         b_ptr,
         y_ptr,
-        m_ptr,
         N,
         C,
         H,
@@ -74,7 +75,6 @@ if tl is not None:
         PW: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         RELU: tl.constexpr,
-        RELU_MASK: tl.constexpr,
         F64: tl.constexpr,
         IEEE: tl.constexpr,
         BM: tl.constexpr,
@@ -107,9 +107,6 @@ if tl is not None:
             a_ok = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             a_off = x_base[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
             a = tl.load(x_ptr + a_off, mask=a_ok, other=0.0)
-            if RELU_MASK:  # dx of a ReLU-epilogue layer: x is dy, m its output y (same strides)
-                y = tl.load(m_ptr + a_off, mask=a_ok, other=0.0)
-                a = tl.where(y <= 0, tl.full((BM, BK), 0.0, a.dtype), a)  # NaN passes, as in relu's backward
             b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             if IEEE:
                 acc = tl.dot(a, b, acc, input_precision="ieee")
@@ -126,7 +123,6 @@ if tl is not None:
         g_ptr,
         x_ptr,
         dw_ptr,
-        m_ptr,
         N,
         C,
         H,
@@ -148,7 +144,6 @@ if tl is not None:
         PH: tl.constexpr,
         PW: tl.constexpr,
         BIAS_COL: tl.constexpr,
-        RELU_MASK: tl.constexpr,
         F64: tl.constexpr,
         IEEE: tl.constexpr,
         BM: tl.constexpr,
@@ -185,9 +180,6 @@ if tl is not None:
             ow = rk % OW
             a_off = img.to(tl.int64)[None, :] * sgn + rm[:, None] * sgc + (oh * sgh + ow * sgw)[None, :]
             a = tl.load(g_ptr + a_off, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            if RELU_MASK:  # the layer's ReLU epilogue, differentiated: m is its output y (dy's strides)
-                y = tl.load(m_ptr + a_off, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                a = tl.where(y <= 0, tl.full((BM, BK), 0.0, a.dtype), a)  # NaN passes, as in relu's backward
             ih = oh[:, None] + p[None, :] - PH
             iw = ow[:, None] + q[None, :] - PW
             b_ok = k_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
@@ -209,7 +201,6 @@ if tl is not None:
         b_ptr,
         c_ptr,
         bias_ptr,
-        m_ptr,
         M,
         N,
         K,
@@ -221,7 +212,6 @@ if tl is not None:
         HAS_BIAS: tl.constexpr,
         BIAS_COL: tl.constexpr,
         RELU: tl.constexpr,
-        RELU_MASK: tl.constexpr,
         F64: tl.constexpr,
         IEEE: tl.constexpr,
         BM: tl.constexpr,
@@ -248,9 +238,6 @@ if tl is not None:
             k_ok = (rk < K) & (rk < k_begin + K_PER_SPLIT)
             a_off = rm.to(tl.int64)[:, None] * sam + rk[None, :] * sak
             a = tl.load(a_ptr + a_off, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            if RELU_MASK:  # a is dy (or dy^T) of a ReLU-epilogue layer, m its output y by the same strides
-                y = tl.load(m_ptr + a_off, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                a = tl.where(y <= 0, tl.full((BM, BK), 0.0, a.dtype), a)  # NaN passes, as in relu's backward
             b = tl.load(
                 b_ptr + rk.to(tl.int64)[:, None] * sbk + rn[None, :] * sbn,
                 mask=k_ok[:, None] & n_ok[None, :],
@@ -429,11 +416,11 @@ def aot_specs(dtype: str = "fp32") -> dict:
     return {
         "_conv2d_fwd_kernel": (
             sig(
-                ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "m_ptr", *shape7, "sxn", "sxc", "sxh", "sxw"],
-                [ptr] * 5 + ["i32"] * 11,
+                ["x_ptr", "w_ptr", "b_ptr", "y_ptr", *shape7, "sxn", "sxc", "sxh", "sxw"],
+                [ptr] * 4 + ["i32"] * 11,
             )
-            | dict.fromkeys([*conv, "HAS_BIAS", "RELU", "RELU_MASK", "F64", "IEEE", *tiles], "constexpr"),
-            {**conv, "HAS_BIAS": True, "RELU": True, "RELU_MASK": True, **prec, **tiles},
+            | dict.fromkeys([*conv, "HAS_BIAS", "RELU", "F64", "IEEE", *tiles], "constexpr"),
+            {**conv, "HAS_BIAS": True, "RELU": True, **prec, **tiles},
         ),
         "_conv2d_bwd_weight_kernel": (
             sig(
@@ -441,7 +428,6 @@ def aot_specs(dtype: str = "fp32") -> dict:
                     "g_ptr",
                     "x_ptr",
                     "dw_ptr",
-                    "m_ptr",
                     *shape7,
                     "sgn",
                     "sgc",
@@ -453,10 +439,10 @@ def aot_specs(dtype: str = "fp32") -> dict:
                     "sxw",
                     "K_PER_SPLIT",
                 ],
-                [ptr, ptr, acc, ptr] + ["i32"] * 16,
+                [ptr, ptr, acc] + ["i32"] * 16,
             )
-            | dict.fromkeys([*conv, "BIAS_COL", "RELU_MASK", "F64", "IEEE", *tiles], "constexpr"),
-            {**conv, "BIAS_COL": True, "RELU_MASK": True, **prec, **tiles, "BM": 16},
+            | dict.fromkeys([*conv, "BIAS_COL", "F64", "IEEE", *tiles], "constexpr"),
+            {**conv, "BIAS_COL": True, **prec, **tiles, "BM": 16},
         ),
         "_matmul_kernel": (
             sig(
@@ -465,7 +451,6 @@ def aot_specs(dtype: str = "fp32") -> dict:
                     "b_ptr",
                     "c_ptr",
                     "bias_ptr",
-                    "m_ptr",
                     "M",
                     "N",
                     "K",
@@ -475,10 +460,10 @@ def aot_specs(dtype: str = "fp32") -> dict:
                     "sbn",
                     "K_PER_SPLIT",
                 ],
-                [ptr] * 5 + ["i32"] * 8,
+                [ptr] * 4 + ["i32"] * 8,
             )
-            | dict.fromkeys(["HAS_BIAS", "BIAS_COL", "RELU", "RELU_MASK", "F64", "IEEE", *tiles], "constexpr"),
-            {"HAS_BIAS": True, "BIAS_COL": True, "RELU": False, "RELU_MASK": True, **prec, **tiles},
+            | dict.fromkeys(["HAS_BIAS", "BIAS_COL", "RELU", "F64", "IEEE", *tiles], "constexpr"),
+            {"HAS_BIAS": True, "BIAS_COL": True, "RELU": False, **prec, **tiles},
         ),
         "_max_pool2d_fwd_kernel": (
             sig(
@@ -554,17 +539,17 @@ _SPLIT_MULTIPLE = 128  # split-K slices are a multiple of every BK above (whole 
 TUNING = {
     "_conv2d_fwd_kernel": (
         _CONV_FWD,
-        ["N", "C", "H", "W", "OC", "OH", "OW", "RELU", "RELU_MASK"],
+        ["N", "C", "H", "W", "OC", "OH", "OW", "RELU"],
         {"BM": 128, "BK": 64},
     ),
     "_conv2d_bwd_weight_kernel": (
         _CONV_BWD_WEIGHT,
-        ["N", "C", "H", "W", "OC", "OH", "OW", "K_PER_SPLIT", "RELU_MASK"],
+        ["N", "C", "H", "W", "OC", "OH", "OW", "K_PER_SPLIT"],
         {"BN": 64, "BK": 64},
     ),
     "_matmul_kernel": (
         _MATMUL,
-        ["M", "N", "K", "sam", "sak", "sbk", "sbn", "K_PER_SPLIT", "RELU", "RELU_MASK"],
+        ["M", "N", "K", "sam", "sak", "sbk", "sbn", "K_PER_SPLIT", "RELU"],
         {"BM": 128, "BK": 64},
     ),
     "_max_pool2d_fwd_kernel": (_POOL, ["TOTAL", "C", "H", "W", "OH", "OW"], {"BLOCK": 4096}),
@@ -584,8 +569,13 @@ def _launch(name: str, interpreted: bool, grid, *args, **meta) -> None:
     run_launch(tuned_kernel(name, interpreted), interpreted, grid, *args, **meta)
 
 
-def _precision(dtype: torch.dtype) -> dict:
-    return {"F64": dtype == torch.float64, "IEEE": dtype == torch.float32}
+def _precision(dtype: torch.dtype, interpreted: bool, tf32: bool) -> dict:
+    """The GEMM kernels' F64 and IEEE constexprs. float32 products are TF32 where torch lets ATen's op for
+    the same layer use TF32 (`tf32`: cuDNN's switch for a convolution, cuBLAS's for a linear layer; torch's
+    defaults: on and off), so the rung computes, and is timed, at the precision ATen runs that layer at;
+    IEEE float32 otherwise, and always in the interpreter (a CPU has no TF32). `ops check` holds float32 to
+    float32 tolerances with both switches off (device.ieee_float32)."""
+    return {"F64": dtype == torch.float64, "IEEE": dtype == torch.float32 and (interpreted or not tf32)}
 
 
 def _kernel_inputs(interpreted: bool, *tensors):
@@ -625,26 +615,16 @@ def _grid_1d(total: int):
 # ---- the ops: eager launchers registered as torch.library custom ops ----------------------------------
 
 
-def _relu_mask(grad: torch.Tensor, relu_out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dy, y) for a backward kernel that applies a ReLU epilogue's mask as it reads dy: the kernel
-    reads y at dy's offsets, so both are made contiguous (our forward's y already is; dy nearly always)."""
-    if relu_out is None:
-        return grad, None
-    return grad.contiguous(), relu_out.contiguous()
-
-
 def _conv2d(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     padding,
     relu: bool,
-    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """relu=True: the ReLU in the epilogue. mask (a tensor shaped like x, with x's strides): x is zeroed
-    where mask <= 0 as it is read — the input gradient of a ReLU-epilogue conv, x = dy, mask = y."""
+    """relu=True: the ReLU in the epilogue."""
     interpreted, dtype = run_mode(x), x.dtype
-    x, weight, bias, mask = _kernel_inputs(interpreted, x, weight, bias, mask)
+    x, weight, bias = _kernel_inputs(interpreted, x, weight, bias)
     n, c, h, w = x.shape
     oc, _, kh, kw = weight.shape
     oh, ow = conv2d_output_hw(h, w, kh, kw, padding)
@@ -659,7 +639,6 @@ def _conv2d(
             weight.contiguous(),
             bias if bias is not None else y,
             y,
-            mask if mask is not None else x,
             n,
             c,
             h,
@@ -674,8 +653,7 @@ def _conv2d(
             PW=padding[1],
             HAS_BIAS=bias is not None,
             RELU=relu,
-            RELU_MASK=mask is not None,
-            **_precision(x.dtype),
+            **_precision(x.dtype, interpreted, torch.backends.cudnn.allow_tf32),
             BN=bn,
         )
     return y.to(dtype)
@@ -694,22 +672,14 @@ def conv2d_relu_fwd(
     return _conv2d(x, weight, bias, padding, relu=True)
 
 
-# The backward ops take an optional `relu_out`: the output y of the ReLU-epilogue forward
-# (conv2d_relu_fwd, linear_relu_fwd). Given, dy is read through ReLU's mask — zero where y <= 0, NaN
-# passing, as relu's backward — inside the GEMM's operand load: no relu_bwd pass, no masked copy of dy.
-
-
 @torch.library.custom_op("trainlab::triton_conv2d_bwd_input", mutates_args=())
-def conv2d_bwd_input(
-    grad: torch.Tensor, weight: torch.Tensor, padding: list[int], relu_out: torch.Tensor | None = None
-) -> torch.Tensor:
+def conv2d_bwd_input(grad: torch.Tensor, weight: torch.Tensor, padding: list[int]) -> torch.Tensor:
     # For stride 1, dx[n, c, h, w] = sum_{o,p,q} dy[n, o, h+PH-p, w+PW-q] w[o, c, p, q] is itself a
     # convolution: of dy with the kernel flipped in space and transposed in channels, padded by
     # K-1-P. So the forward's implicit-GEMM kernel computes it, with no kernel of its own.
     kh, kw = weight.shape[2], weight.shape[3]
     flipped = weight.flip(2, 3).transpose(0, 1).contiguous()  # [C, OC, KH, KW]: 2.4k numbers for LeNet's conv2
-    grad, mask = _relu_mask(grad, relu_out)
-    return _conv2d(grad, flipped, None, [kh - 1 - padding[0], kw - 1 - padding[1]], relu=False, mask=mask)
+    return _conv2d(grad, flipped, None, [kh - 1 - padding[0], kw - 1 - padding[1]], relu=False)
 
 
 @torch.library.custom_op("trainlab::triton_conv2d_bwd_weight", mutates_args=())
@@ -719,11 +689,9 @@ def conv2d_bwd_weight(
     weight: torch.Tensor,
     padding: list[int],
     bias: bool,
-    relu_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     interpreted = run_mode(x)
-    grad, mask = _relu_mask(grad, relu_out)
-    grad, x, mask = _kernel_inputs(interpreted, grad, x, mask)
+    grad, x = _kernel_inputs(interpreted, grad, x)
     n, c, h, w = x.shape
     oc, _, kh, kw = weight.shape
     oh, ow = grad.shape[2], grad.shape[3]
@@ -742,7 +710,6 @@ def conv2d_bwd_weight(
             grad,
             x,
             parts,
-            mask if mask is not None else grad,
             n,
             c,
             h,
@@ -758,8 +725,7 @@ def conv2d_bwd_weight(
             PH=padding[0],
             PW=padding[1],
             BIAS_COL=bool(bias),
-            RELU_MASK=mask is not None,
-            **_precision(x.dtype),
+            **_precision(x.dtype, interpreted, torch.backends.cudnn.allow_tf32),
             BM=bm,
         )
     total = parts.sum(0)  # the split-K slices, added in order
@@ -776,12 +742,10 @@ def _matmul(
     interpreted: bool,
     split: bool,
     relu: bool = False,
-    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """a [M, K] @ b [K, N] (+ bias) (then ReLU), operands by strides; with `bias_col` the result has
     one more column, sum_k a[m, k]. With `split`, the K axis is split across programs and the partial
-    products are added by torch (in the accumulation dtype). `mask` (a's shape and strides): a is
-    zeroed where mask <= 0 as it is read."""
+    products are added by torch (in the accumulation dtype)."""
     m, k = a.shape
     n = b.shape[1]
     ncol = n + int(bias_col)
@@ -799,7 +763,6 @@ def _matmul(
             b,
             c,
             bias if bias is not None else c,
-            mask if mask is not None else a,
             m,
             n,
             k,
@@ -811,8 +774,7 @@ def _matmul(
             HAS_BIAS=bias is not None,
             BIAS_COL=bias_col,
             RELU=relu,
-            RELU_MASK=mask is not None,
-            **_precision(a.dtype),
+            **_precision(a.dtype, interpreted, torch.backends.cuda.matmul.allow_tf32),
             BN=bn,
         )
     return c.sum(0) if splits > 1 else c[0]
@@ -838,15 +800,13 @@ def linear_relu_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 @torch.library.custom_op("trainlab::triton_linear_bwd", mutates_args=())
 def linear_bwd(
-    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: bool, relu_out: torch.Tensor | None = None
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     interpreted, dtype = run_mode(x), x.dtype
-    grad, mask = _relu_mask(grad, relu_out)
-    grad, x, weight, mask = _kernel_inputs(interpreted, grad, x, weight, mask)
-    mask_t = mask.t() if mask is not None else None
+    grad, x, weight = _kernel_inputs(interpreted, grad, x, weight)
     fin = x.shape[1]
-    dx = _matmul(grad, weight, None, False, interpreted, split=False, mask=mask)  # dy W
-    dwb = _matmul(grad.t(), x, None, bias, interpreted, split=True, mask=mask_t)  # [dy^T x | dy^T 1]
+    dx = _matmul(grad, weight, None, False, interpreted, split=False)  # dy W
+    dwb = _matmul(grad.t(), x, None, bias, interpreted, split=True)  # [dy^T x | dy^T 1]
     db = dwb[:, fin].to(dtype).contiguous() if bias else torch.empty((0,), dtype=dtype, device=x.device)
     return dx.to(dtype).contiguous(), dwb[:, :fin].to(dtype).contiguous(), db
 
@@ -962,8 +922,11 @@ register("triton_")
 
 
 def _register_fused_relu() -> None:
-    """Fakes and autograd of the two ops with a ReLU epilogue. Their backward is the layer's own
-    backward ops given y: each applies ReLU's mask (dy where y > 0) as it loads dy."""
+    """Fakes and autograd of the two ops with a ReLU epilogue. Their backward is relu's backward kernel
+    (dy where y > 0, one pass) and then the layer's own backward ops on that masked dy. Reading y inside
+    the backward GEMMs instead (as this rung did until 2026-11-28) loads it once per use of dy — 25 times
+    per element in conv2's input gradient, where the H200 took 7.0 ms against 1.6 ms for the same kernel
+    without the mask (benchmarks/results/gpu/h200/2026-11-28/issue40-b128/layer_profile/)."""
     ns = torch.ops.trainlab
 
     def conv_fake(x, weight, bias, padding):
@@ -981,15 +944,16 @@ def _register_fused_relu() -> None:
     def conv_backward(ctx, grad):
         x, weight, y = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dx = ns.triton_conv2d_bwd_input(grad, weight, ctx.padding, y) if need_x else None
+        grad = ns.triton_relu_bwd(grad, y)
+        dx = ns.triton_conv2d_bwd_input(grad, weight, ctx.padding) if need_x else None
         dw = db = None
         if need_w or need_b:
-            dw, db = ns.triton_conv2d_bwd_weight(grad, x, weight, ctx.padding, ctx.has_bias, y)
+            dw, db = ns.triton_conv2d_bwd_weight(grad, x, weight, ctx.padding, ctx.has_bias)
         return dx, dw if need_w else None, db if (need_b and ctx.has_bias) else None, None
 
     def linear_backward(ctx, grad):
         x, weight, y = ctx.saved_tensors
-        dx, dw, db = ns.triton_linear_bwd(grad, x, weight, ctx.has_bias, y)
+        dx, dw, db = ns.triton_linear_bwd(ns.triton_relu_bwd(grad, y), x, weight, ctx.has_bias)
         return dx, dw, db if ctx.has_bias else None
 
     for op_name, fake, backward in (
