@@ -176,14 +176,25 @@ H200_RUN = H200 / "2026-11-28"
 _H200_GELU = H200_RUN / "issue40" / "gelu_bench.json"
 # the same H200 model in a later session, the code of 0c786db: `fast` at batch 128 with Muon's step captured
 _H200_T99 = H200_RUN / "issue40-b128" / "lenet_time_to_99_cuda.json"
+_TRITON_NOW = "issue40-triton/ops_bench/ops_bench.json"  # the Triton rung at 87a1bdf (TF32 as ATen, no mask in GEMMs)
 _H200_GPT, _H200_PEER = H200_RUN / "gpt_best_glue" / "best_glue.json", H200_RUN / "gpt_best_glue" / "peer.json"
 _H200_NOGLUE, _H200_NOGLUE_PEER = H200_RUN / "issue35" / "gpt_best.json", H200_RUN / "issue35" / "peer.json"
 
 
-def _h200_layers(impl: str) -> float:
-    """Total (forward + backward) of the own LeNet layers at batch 4096 over ATen's (`ops bench`'s totals)."""
-    totals = [t for t in _json(H200_RUN / "issue40" / "ops_bench.json")["totals"] if t["step"] == "layers"]
+def _h200_layers(impl: str, run: str = "issue40/ops_bench.json", step: str = "layers") -> float:
+    """Total (forward + backward) of the own LeNet layers at batch 4096 over ATen's (`ops bench`'s totals);
+    `run`: issue40/ at 9ee1111, issue40-triton/ops_bench/ at 87a1bdf (the Triton rung alone beside ATen)."""
+    totals = [t for t in _json(H200_RUN / run)["totals"] if t["step"] == step]
     return next(t["ratio_to_aten"] for t in totals if t["impl"] == impl)
+
+
+def _profile_ratio(key: str) -> float:
+    """gpu_layer_profile at 87a1bdf: the Triton rung's `key` (kernels or host time) over ATen's, summed over the
+    eleven layers of a LeNet-5 step, forward and backward, at torch's default TF32 switches."""
+    rows = _json(H200_RUN / "issue40-triton" / "layer_profile" / "layer_profile.json")["rows"]
+    layers = {"conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "fc1", "relu3", "fc2", "relu4", "fc3"}
+    total = {i: sum(r[key] for r in rows if r["impl"] == i and r["layer"] in layers) for i in ("aten", "triton")}
+    return total["triton"] / total["aten"]
 
 
 def _ratio(a: Path, b: Path) -> str:
@@ -254,6 +265,10 @@ FIGURES = {
     "h200.gelu_aten_copy": lambda: f"{_gelu(_H200_GELU, 'aten', 'fwd', 'pct_of_copy_bw') * 100:.0f} %",
     "h200.layers_cuda": lambda: f"{_h200_layers('cuda'):.2f}×",
     "h200.layers_triton": lambda: f"{_h200_layers('triton'):.2f}×",
+    "h200.layers_triton_now": lambda: f"{_h200_layers('triton', _TRITON_NOW):.2f}×",
+    "h200.triton_kernels_ratio": lambda: f"{_profile_ratio('kernels'):.2f}×",
+    "h200.triton_host_ratio": lambda: f"{_profile_ratio('host'):.1f}×",
+    "h200.relu_epilogue_triton_now": lambda: f"{_h200_layers('triton', _TRITON_NOW, 'relu-epilogue'):.2f}×",
     "h200.gpt_strategy": lambda: _json(_H200_GPT)["strategy"],
     "h200.gpt_micro": lambda: (
         f"{_json(_H200_GPT)['micro_batch']} × {_json(_H200_GPT)['global_batch'] // _json(_H200_GPT)['micro_batch']}"
