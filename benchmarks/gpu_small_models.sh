@@ -14,7 +14,7 @@
 #   3. ops_bench.*   `trainlab ops bench`: LeNet-5's layers at batch 4096, forward and backward, aten vs our
 #                    CUDA rung vs the autotuned Triton rung (goal: Triton total <= 1.3x aten), and the
 #                    `relu-epilogue` step total: conv1+relu, conv2+relu, fc1+relu, fc2+relu (on Triton one
-#                    kernel each, the ReLU's mask read inside the backward GEMMs: what `train --ops
+#                    forward kernel each, dy masked once before the backward GEMMs: what `train --ops
 #                    own=triton` runs), the pools and fc3; `stage1` is conv1+relu then the pool;
 #   4. ops_check.*   the compiled Triton kernels against ATen (the autotuned configs, at batch 64), the
 #                    conv2d/linear `relu-epilogue` cases included;

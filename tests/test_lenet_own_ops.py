@@ -140,8 +140,8 @@ def test_wrong_backward_is_detected(monkeypatch):
 
 
 def test_triton_rung_trains_like_aten_for_a_few_steps(monkeypatch):
-    """own=triton runs conv1, conv2, fc1 and fc2 with the ReLU in their kernels (forward epilogue,
-    masked backward loads): the curve of plain SGD follows ATen's, so every gradient does."""
+    """own=triton runs conv1, conv2, fc1 and fc2 with the ReLU in their forward kernels (the backward
+    masks dy once): the curve of plain SGD follows ATen's, so every gradient does."""
     pytest.importorskip("triton")
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")  # slow: 3 steps of batch 4

@@ -19,7 +19,7 @@ CASES = [
     c
     for c in (
         check.CASES["conv2d"][1:4]
-        + check.CASES["conv2d"][-1:]  # conv2d_relu: the ReLU epilogue and its masked backward
+        + check.CASES["conv2d"][-1:]  # conv2d_relu: the ReLU epilogue and its backward
         + check.CASES["max_pool2d"][2:]
         + check.CASES["linear"][2:]
         + check.CASES["relu"][1:]

@@ -29,8 +29,8 @@ DTYPES = {name: getattr(torch, name) for name in DTYPE_BYTES}  # checked in
 DEFAULT_DTYPES = ("float32", "bfloat16")  # `ops check`'s default for an operator without DTYPES of its own
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # what every rung accepts
 REDUCED = (torch.bfloat16, torch.float16)
-# The rungs whose conv2d_relu / linear_relu is one kernel (the ReLU in the GEMM's epilogue, its mask in
-# the backward GEMMs' loads of dy); every other rung runs its layer and then its relu.
+# The rungs whose conv2d_relu / linear_relu is one forward kernel (the ReLU in the GEMM's epilogue; the
+# backward masks dy once, then runs the layer's GEMMs); every other rung runs its layer and then its relu.
 RELU_EPILOGUE_IMPLS = ("triton",)
 
 

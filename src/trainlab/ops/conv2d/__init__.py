@@ -130,8 +130,8 @@ def conv2d(
 def conv2d_relu(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, padding=0, impl: str = "aten"
 ) -> torch.Tensor:
-    """relu(conv2d(x, weight, bias, padding)): on the triton rung one kernel each way (the ReLU in the
-    GEMM's epilogue; in the backward, its mask applied as the GEMMs load dy), elsewhere two ops."""
+    """relu(conv2d(x, weight, bias, padding)): on the triton rung one forward kernel (the ReLU in the
+    GEMM's epilogue; the backward masks dy once, then runs the conv's GEMMs), elsewhere two ops."""
     if impl not in RELU_EPILOGUE_IMPLS:
         return relu(conv2d(x, weight, bias, padding, impl=impl), impl=impl)
     pad = check_conv2d(x, weight, bias, padding)

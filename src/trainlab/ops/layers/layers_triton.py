@@ -500,8 +500,7 @@ def aot_specs(dtype: str = "fp32") -> dict:
 # (`ops bench` runs every rung once before timing it, so tuning is never timed). Each set holds the
 # config the kernel used before it was tuned, so tuning can only pick something at least as fast.
 # Interpreted: one config, never benchmarked (gelu_triton.tuned_object), so tests pay nothing for it.
-# The GEMMs' keys name their ReLU variants too: the masked backward loads twice the operand bytes, so
-# it is tuned on its own rather than handed the plain kernel's choice for the same shape.
+# The forward GEMMs' keys name their ReLU epilogue too, so it is tuned on its own.
 # The GEMMs' column tile BN follows the layer (6 … 120 channels or features, rounded up to tl.dot's 16),
 # so it is an argument; the weight-gradient GEMM's rows are output channels (6, 16): BM = 16.
 
