@@ -1,0 +1,1 @@
+python3 benchmarks/lenet_time_to_99.py --device cuda --loops fast,fast=fast-b128-fp32,fast=fast-b128-nchw,fast=fast-b128-fp32-nchw,seed-style --seeds 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19 --baseline-seeds 0 --max-epochs 8 --out t99
