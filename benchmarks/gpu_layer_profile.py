@@ -16,20 +16,20 @@ IEEE float32; the Triton rung follows the same switches), and with `--ieee` once
 (rows `IMPL-ieee`), so each precision is compared with its like. `--untuned` times every
 Triton kernel at its first config (no autotuning: minutes less on a fresh machine).
 
-    PYTHONPATH=src python3 benchmarks/gpu_layer_profile.py --out DIR [--batch 4096] [--untuned]
+    PYTHONPATH=src python3 benchmarks/gpu_layer_profile.py --out DIR [--batch 4096] [--untuned] [--ieee] [--launch]
+    PYTHONPATH=src python3 benchmarks/gpu_layer_profile.py --out DIR --dry-run   # on a CPU: toy sizes, checks it runs
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+from _common import add_output_args, check_output, save
 
 from trainlab.ops import bench
 from trainlab.ops.layers import layers_triton
@@ -59,7 +59,9 @@ def _phases(layer, batch: int, impl: str, device):
 
 
 def _kernels(fn, runs: int) -> tuple[float, dict]:
-    """(kernel seconds per call, {kernel name: seconds per call}) of `fn`, by torch.profiler."""
+    """(kernel seconds per call, {kernel name: seconds per call}) of `fn`, by torch.profiler (none on a CPU)."""
+    if not torch.cuda.is_available():
+        return 0.0, {}
     from torch.profiler import ProfilerActivity, profile
 
     _sync()
@@ -157,7 +159,7 @@ def _launch_costs(device) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
+    add_output_args(p)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--queued", type=int, default=50)
@@ -168,6 +170,16 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU: checks that it runs")
     p.add_argument("--launch", action="store_true", help="also GELU at 256M and the host cost of one launch")
     a = p.parse_args(argv)
+    for flag in ("batch", "runs", "queued"):
+        if getattr(a, flag) < 1:
+            p.error(f"--{flag} {getattr(a, flag)}: expected a positive integer")
+    names = {la.name for la in bench.LAYERS}
+    unknown = sorted(set(filter(None, a.layers.split(","))) - names)
+    if unknown:
+        p.error(f"--layers {unknown[0]!r}: choose from {', '.join(sorted(names))}")
+    bad = sorted(set(filter(None, a.impls.split(","))) - {"aten", "cuda", "triton"}) or not a.impls.strip(",")
+    if bad:
+        p.error(f"--impls {a.impls!r}: expected a comma-separated list of aten, cuda, triton")
     if not torch.cuda.is_available() and not a.dry_run:
         print(
             "gpu_layer_profile: needs a CUDA GPU (--dry-run: toy sizes on the CPU, Triton interpreted)", file=sys.stderr
@@ -179,8 +191,7 @@ def main(argv=None) -> int:
     if a.untuned:
         for name, (configs, key, interp) in list(layers_triton.TUNING.items()):
             layers_triton.TUNING[name] = (configs[:1], key, interp)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output(a.out, "layer_profile", force=a.force)
     device = torch.device("cpu" if a.dry_run else "cuda")
     layers = [la for la in bench.LAYERS if not a.layers or la.name in a.layers.split(",")]
     impls = [i for i in a.impls.split(",") if i]
@@ -212,9 +223,7 @@ def main(argv=None) -> int:
             for impl in impls:
                 run(f"{impl}-ieee", impl)
     extra = _launch_costs(device) if a.launch else {}
-    (out / "layer_profile.json").write_text(
-        json.dumps({"batch": a.batch, "untuned": a.untuned, "rows": rows, **extra}, indent=1)
-    )
+    data = {"batch": a.batch, "untuned": a.untuned, "rows": rows, **extra}
     lines = [
         f"# layer profile, batch {a.batch}{' (Triton untuned: first config)' if a.untuned else ''}",
         "",
@@ -242,8 +251,8 @@ def main(argv=None) -> int:
         f"| {i} | " + " | ".join(f"{t[k] * 1e3:.3f}" for k in ("wall", "queued", "kernels", "host")) + " |"
         for i, t in totals.items()
     ]
-    (out / "layer_profile.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[-len(totals) - 2 :]))
+    save("layer_profile", data, "\n".join(lines), lines, device, out)
     return 0
 
 

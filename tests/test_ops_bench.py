@@ -68,3 +68,35 @@ def test_the_relu_epilogue_step_sums_the_fused_layers_pools_and_fc3():
         {"device": "cuda", "torch_threads": 1, "rows": [], "skipped": {}, "totals": epilogue}
     )
     assert table.count("relu-epilogue") == 3 and "only)" not in table
+
+
+def test_gpu_layer_profile_runs_at_toy_sizes_and_refuses_bad_flags(tmp_path, monkeypatch, capsys):
+    """benchmarks/gpu_layer_profile.py --dry-run (the CPU, Triton interpreted): a row per rung and phase, the
+    TF32-off rows under --ieee, written once (a second run without --force refuses); bad flags: one line."""
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the dry run sets it: restored after the test
+    profile = importlib.import_module("gpu_layer_profile")
+    monkeypatch.setattr(sys, "argv", ["gpu_layer_profile.py"])
+    base = ["--out", str(tmp_path), "--dry-run"]
+    assert profile.main([*base, "--layers", "relu3", "--ieee"]) == 0
+    rows = json.loads((tmp_path / "layer_profile.json").read_text())["rows"]
+    assert {(r["impl"], r["phase"]) for r in rows} == {
+        (i, p) for i in ("aten", "triton", "aten-ieee", "triton-ieee") for p in ("fwd", "bwd")
+    }
+    assert all(r["layer"] == "relu3" and r["wall"] > 0 for r in rows)
+    for args, code, expected in (
+        (["--layers", "relu3"], None, "exists; pass --force"),  # benchmarks/_common.check_output: sys.exit(line)
+        (["--batch", "0"], 2, "--batch 0: expected a positive integer"),
+        (["--layers", "conv9"], 2, "--layers 'conv9': choose from"),
+        (["--impls", "foo"], 2, "--impls 'foo': expected"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            profile.main([*base, *args])
+        line = str(stop.value.code) if code is None else capsys.readouterr().err.strip().splitlines()[-1]
+        assert (code is None or stop.value.code == code) and expected in line, (args, line)
