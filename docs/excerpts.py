@@ -197,6 +197,17 @@ def _profile_ratio(key: str) -> float:
     return total["triton"] / total["aten"]
 
 
+def _gelu_vs_copy(key: str) -> float:
+    """gpu_layer_profile --launch at 0c786db: a 256M-element float32 copy's `key` time over Triton GELU's (wall:
+    a synchronize around each call; queued: back to back; kernels: the GPU's own time)."""
+    d = _json(H200_RUN / "issue40-b128" / "layer_profile" / "layer_profile.json")
+    return d["gelu256M copy"][key] / d["gelu256M triton gelu"][key]
+
+
+def _gelu_host_us(row: str) -> float:
+    return _json(H200_RUN / "issue40-b128" / "layer_profile" / "layer_profile.json")[row]["host"] * 1e6
+
+
 def _ratio(a: Path, b: Path) -> str:
     return f"{_json(a)['tokens_per_s'] / _json(b)['tokens_per_s']:.2f}×"
 
@@ -268,6 +279,11 @@ FIGURES = {
     "h200.layers_triton_now": lambda: f"{_h200_layers('triton', _TRITON_NOW):.2f}×",
     "h200.triton_kernels_ratio": lambda: f"{_profile_ratio('kernels'):.2f}×",
     "h200.triton_host_ratio": lambda: f"{_profile_ratio('host'):.1f}×",
+    "h200.gelu_triton_kernel_pct": lambda: f"{_gelu_vs_copy('kernels') * 100:.0f} %",
+    "h200.gelu_triton_queued_pct": lambda: f"{_gelu_vs_copy('queued') * 100:.1f} %",
+    "h200.gelu_triton_wall_pct": lambda: f"{_gelu_vs_copy('wall') * 100:.1f} %",
+    "h200.gelu_triton_host_us": lambda: f"{_gelu_host_us('gelu256M triton gelu'):.0f} µs",
+    "h200.gelu_copy_host_us": lambda: f"{_gelu_host_us('gelu256M copy'):.0f} µs",
     "h200.relu_epilogue_triton_now": lambda: f"{_h200_layers('triton', _TRITON_NOW, 'relu-epilogue'):.2f}×",
     "h200.gpt_strategy": lambda: _json(_H200_GPT)["strategy"],
     "h200.gpt_micro": lambda: (
