@@ -41,21 +41,13 @@ def _sync():
 
 
 def _phases(layer, batch: int, impl: str, device):
+    """`ops bench`'s forward and backward of the layer (bench.layer_phases), its inputs drawn as there."""
     gen = torch.Generator().manual_seed(0)
-    tensors = {
-        k: v.to(device).requires_grad_(k != "x" or layer.input_needs_grad) for k, v in layer.inputs(batch, gen).items()
-    }
-    out = bench._call(layer, tensors, impl)
-    dy = torch.randn(out.shape, generator=gen).to(device)
-    state = {}
-
-    def forward():
-        state["out"] = bench._call(layer, tensors, impl)
-
-    def backward():
-        torch.autograd.grad(state.pop("out"), [t for t in tensors.values() if t.requires_grad], dy)
-
-    return forward, backward
+    base = {k: v.to(device) for k, v in layer.inputs(batch, gen).items()}
+    phases = bench.layer_phases(layer, base, impl, device, gen)
+    if phases is None:
+        raise ValueError(f"rung {impl!r} has no kernel for {layer.name}")
+    return phases
 
 
 def _kernels(fn, runs: int) -> tuple[float, dict]:

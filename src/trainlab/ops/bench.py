@@ -238,29 +238,38 @@ def _call(layer: Layer, tensors: dict, impl: str):
     return layer.run(tensors, impl)
 
 
+def layer_phases(layer: Layer, base: dict, impl: str, device: torch.device, gen: torch.Generator):
+    """(forward, backward) of `layer` on rung `impl`, over leaves cloned from `base` and a dy drawn from
+    `gen`; None where the rung has no kernel for the layer. The first call (a build, compile or import)
+    runs here, outside any timing."""
+    tensors = {k: v.detach().clone().requires_grad_(k != "x" or layer.input_needs_grad) for k, v in base.items()}
+    out = _call(layer, tensors, impl)
+    if out is None:
+        return None
+    state = {"dy": torch.randn(out.shape, generator=gen).to(device)}
+
+    def forward():
+        state["out"] = _call(layer, tensors, impl)
+
+    def backward():
+        torch.autograd.grad(state.pop("out"), [t for t in tensors.values() if t.requires_grad], state["dy"])
+
+    return forward, backward
+
+
 def _time_layer(layer: Layer, batch: int, impls: list[str], device: torch.device, skipped: dict, **timing) -> dict:
     """{impl: [fwd summary, bwd summary]}, the rungs interleaved run by run."""
     gen = torch.Generator().manual_seed(0)
     base = {k: v.to(device) for k, v in layer.inputs(batch, gen).items()}
     phases = {}
     for impl in impls:
-        tensors = {k: v.detach().clone().requires_grad_(k != "x" or layer.input_needs_grad) for k, v in base.items()}
         try:
-            out = _call(layer, tensors, impl)  # builds / compiles / imports outside the timing
+            ph = layer_phases(layer, base, impl, device, gen)
         except UserError as e:
             skipped[impl] = str(e)
             continue
-        if out is None:
-            continue
-        state = {"dy": torch.randn(out.shape, generator=gen).to(device)}
-
-        def forward(impl=impl, tensors=tensors, state=state):
-            state["out"] = _call(layer, tensors, impl)
-
-        def backward(tensors=tensors, state=state):
-            torch.autograd.grad(state.pop("out"), [t for t in tensors.values() if t.requires_grad], state["dy"])
-
-        phases[impl] = (forward, backward)
+        if ph is not None:
+            phases[impl] = ph
     return time_interleaved(phases, sync=lambda: synchronize(device), **timing)
 
 
