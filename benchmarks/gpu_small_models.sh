@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Issue 40's GPU measurements in one command (about 4 minutes on one H100/H200), every result in OUT:
-#   1. lenet_time_to_99_cuda.*  the `fast` preset (Muon for the hidden weight matrices, batch 128: 20/20
-#                    validation seeds >= 99 % on the CPU in bf16 and fp32,
-#                    benchmarks/results/lenet_fast_validation_r8_parts/) over 20 seeds beside `fast=fast-muon`
-#                    (the same at batch 96, the preset before: what the step count buys) and
-#                    `fast=fast-adamw` (the recipe before Muon: what Muon costs per step; every optimizer step
-#                    inside the CUDA graph, Muon's as one batched Newton–Schulz) and the seed-style loop
-#                    (2 seeds; goal: 20/20 reach 99 %, median <= 0.2 s, >= 80x). LOOPS changes the rows: a
-#                    candidate recipe of benchmarks/lenet_accuracy.py as fast=VARIANT (timed beside the
-#                    preset, in one run);
+#   1. lenet_time_to_99_cuda.*  the `fast` preset (Muon for the hidden weight matrices, batch 192, average
+#                    pooling: 20/20 validation seeds >= 99 % on the CPU in fp32,
+#                    benchmarks/results/lenet_fast_validation_r11_parts/) over 20 seeds beside
+#                    `fast=fast-b128-max` (the preset before: batch 128, max-pooling, 469 steps instead of 313:
+#                    what the step count buys on a launch-bound step) and `fast=fast-adamw` (the recipe before
+#                    Muon: what Muon costs per step; every optimizer step inside the CUDA graph, Muon's as one
+#                    batched Newton–Schulz) and the seed-style loop (2 seeds; goal: 20/20 reach 99 %, median
+#                    <= 0.2 s, >= 80x). LOOPS changes the rows: a candidate recipe of
+#                    benchmarks/lenet_accuracy.py as fast=VARIANT (timed beside the preset, in one run);
 #   2. gelu_bench.*  GELU fp32 at 256M elements, aten / cuda / triton beside a device copy (goal: Triton
 #                    forward >= 95 % of copy);
 #   3. ops_bench.*   `trainlab ops bench`: LeNet-5's layers at batch 4096, forward and backward, aten vs our
@@ -36,7 +36,7 @@ DRY=0
 PY=${PY:-python3}
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
-LOOPS=${LOOPS:-fast,fast=fast-muon,fast=fast-adamw,seed-style}  # fast-muon: the preset at batch 96
+LOOPS=${LOOPS:-fast,fast=fast-b128-max,fast=fast-adamw,seed-style}  # fast-b128-max: the preset of rounds 5-6
 if [ $DRY = 1 ]; then
   DEV=cpu; BATCH=8; SIZES=1K; IMPLS=(--impl cpp); BUDGET=0.05; SEEDS=0; BASE=0; EXTRA=(--train-subset 512 --max-epochs 1)
   CHECK=(env TRITON_INTERPRET=1 "$PY" -m trainlab ops check --impl triton --op relu --batch 2 --out "$OUT")

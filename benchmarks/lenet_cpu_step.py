@@ -11,6 +11,7 @@ A variant is a '+'-joined list of settings, e.g. `bn+bf16+cl+compile@1`:
     bn234     BatchNorm after conv2, fc1, fc2 only (--no-batchnorm-conv1; the fast preset)
     fused     AdamW(fused=True)                     foreach  AdamW(foreach=True) (the default is chosen by torch)
     muon      --optimizer muon (Muon for the hidden weight matrices, AdamW for the rest; lenet.muon)
+    avg       average pooling (--pool avg; the fast preset since issue 40, round 7)
     actpool   the classic order ReLU → max-pool (LeNet5 pools first since issue 23: the same numbers, cheaper)
     fused1    conv1 → ReLU → max-pool as our one fused C++ operator (--ops fused; trainlab.ops.conv_relu_pool),
               and conv2 computed in NCHW (lenet.model.NCHWConv2d)
@@ -42,7 +43,21 @@ from trainlab.lenet.plan import resolve
 from trainlab.lenet.step import make_step
 from trainlab.stats import time_interleaved
 
-SETTINGS = {"fp32", "cl", "bf16", "bn", "bn234", "compile", "fused", "foreach", "actpool", "fused1", "cl2", "muon"}
+SETTINGS = {
+    "fp32",
+    "cl",
+    "bf16",
+    "bn",
+    "bn234",
+    "compile",
+    "fused",
+    "foreach",
+    "actpool",
+    "fused1",
+    "cl2",
+    "muon",
+    "avg",
+}
 
 
 def parse_variant(spec: str, batch_size: int) -> dict:
@@ -67,6 +82,7 @@ def build_model(v: dict) -> torch.nn.Module:
         batchnorm=bool(v.get("bn") or v.get("bn234")),
         batchnorm_conv1=not v.get("bn234"),
         ops="fused" if v.get("fused1") else "aten",
+        pool="avg" if v.get("avg") else "max",
     )
     if v.get("actpool"):  # swap each (max-pool, ReLU) pair back
         f = list(model.features)

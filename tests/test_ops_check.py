@@ -76,6 +76,9 @@ def test_every_case_runs_entirely_on_the_rungs_device(monkeypatch, case, impl):
     monkeypatch.setattr(check, "compare", _neutral_compare)
     monkeypatch.setattr(check, "_max_diff", lambda a, b: 0.0)
     row = check.check_row(case, impl, torch.float32, batch=2, n=16)
+    if case.impls is not None and impl not in case.impls:  # a case this rung cannot run (average pooling)
+        assert row["skipped"] and row["by_design"] and row["ok"] is None
+        return
     assert row["device"] == "meta"
     assert row["ok"] is True, row["reason"]
 

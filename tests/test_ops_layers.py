@@ -207,7 +207,7 @@ def test_direct_op_calls_are_checked_in_cpp_too(ext):
         )
 
 
-# ---- the fused first stage (conv2d → relu → 2x2 max-pool, ops/conv_relu_pool2d/conv_relu_pool_cpu.cpp) ----------
+# ---- the fused first stage (conv2d → relu → 2x2 max/avg pool, ops/conv_relu_pool2d/conv_relu_pool_cpu.cpp) ------
 
 
 def _fused_inputs(n, seed=0, dtype=torch.float64):
@@ -219,11 +219,14 @@ def _fused_inputs(n, seed=0, dtype=torch.float64):
     )
 
 
-def test_fused_stage_matches_aten_across_chunks_and_layouts(ext):
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_fused_stage_matches_aten_across_chunks_and_layouts(ext, pool):
     """37 samples (not a multiple of the kernel's 8-sample gradient chunks), NCHW and channels-last
-    input: the output, its layout and every gradient match the ATen composition in float64."""
+    input: the output, its layout and every gradient match the ATen composition in float64 (average
+    pooling: every element whose ReLU passed gets a quarter of dy)."""
     from trainlab.ops.conv_relu_pool2d import conv_relu_pool2d
 
+    pool2d = F.avg_pool2d if pool == "avg" else F.max_pool2d
     x, w, b = _fused_inputs(37)
     for channels_last in (None, 0, 1):  # NCHW; x channels-last; the weight channels-last
         # .to restrides a one-channel tensor (.contiguous(channels_last) would keep its strides)
@@ -232,8 +235,8 @@ def test_fused_stage_matches_aten_across_chunks_and_layouts(ext):
             for i, t in enumerate((x, w, b))
         ]
         ref_leaves = [t.detach().clone().requires_grad_() for t in leaves]
-        out = conv_relu_pool2d(*leaves, 2, impl="cpp")
-        ref = F.max_pool2d(F.relu(F.conv2d(*ref_leaves, padding=2)), 2)
+        out = conv_relu_pool2d(*leaves, 2, impl="cpp", pool=pool)
+        ref = pool2d(F.relu(F.conv2d(*ref_leaves, padding=2)), 2)
         assert out.shape == (37, 6, 14, 14)
         if channels_last is None:
             assert out.is_contiguous() and ref.is_contiguous()
@@ -245,7 +248,8 @@ def test_fused_stage_matches_aten_across_chunks_and_layouts(ext):
             torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-11)
 
 
-def test_fused_stage_weight_gradient_does_not_depend_on_the_thread_count(ext):
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_fused_stage_weight_gradient_does_not_depend_on_the_thread_count(ext, pool):
     """dW and db are summed per fixed chunk of samples and the chunks added in order: bit-identical
     with 1 and 2 threads (the same seed gives the same training curve on any CPU thread count)."""
     from trainlab.ops.conv_relu_pool2d import conv_relu_pool2d
@@ -257,7 +261,7 @@ def test_fused_stage_weight_gradient_does_not_depend_on_the_thread_count(ext):
         for n in (1, 2):
             torch.set_num_threads(n)
             wl, bl = w.clone().requires_grad_(), b.clone().requires_grad_()
-            out = conv_relu_pool2d(x, wl, bl, 2, impl="cpp")
+            out = conv_relu_pool2d(x, wl, bl, 2, impl="cpp", pool=pool)
             grads.append(torch.autograd.grad(out, (wl, bl), torch.ones_like(out)))
     finally:
         torch.set_num_threads(threads)

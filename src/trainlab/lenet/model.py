@@ -17,14 +17,14 @@ each conv/linear layer followed directly by ReLU (no BatchNorm between) is one `
 `LinearReLU` and the activation's slot holds an Identity — the same keys and draws, two fewer passes
 over each activation (the ReLU's forward pass and its backward pass) per layer.
 
-`ops="fused"` keeps PyTorch's layers except the first stage, conv1 → ReLU → max-pool, which is our
-fused C++ CPU operator (trainlab.ops.conv_relu_pool): the layers where ours are measured faster
+`ops="fused"` keeps PyTorch's layers except the first stage, conv1 → ReLU → max- or average pool, which is
+our fused C++ CPU operator (trainlab.ops.conv_relu_pool): the layers where ours are measured faster
 (benchmarks/results/lenet_cpu_step_fused.md). The stage keeps its four slots in `features`
 (the fused module, then three Identity), so the state_dict keys are those of the `aten` model and a
 checkpoint moves between the two. The fused model also computes conv2 in NCHW (`NCHWConv2d`: oneDNN's
 input gradient for its 6-channel output is 1.8× as fast there) while the rest stays channels-last.
 `ops="auto"` is `fused` on a CPU where it applies (--act relu,
---pool max, no BatchNorm on conv1) and `aten` everywhere else (a GPU's cuDNN); `build_model`
+no BatchNorm on conv1) and `aten` everywhere else (a GPU's cuDNN); `build_model`
 resolves it with `resolve_ops` once the device is known.
 """
 
@@ -64,8 +64,8 @@ def parse_ops(spec: str) -> str | None:
 
 
 def fused_stage_applies(act: str, pool: str, batchnorm: bool, batchnorm_conv1: bool = True) -> bool:
-    """The fused operator is conv → ReLU → max-pool: no other activation, pooling or a BatchNorm between."""
-    return act == "relu" and pool == "max" and not (batchnorm and batchnorm_conv1)
+    """The fused operator is conv → ReLU → max- or average pool: no other activation, no BatchNorm between."""
+    return act == "relu" and pool in POOLS and not (batchnorm and batchnorm_conv1)
 
 
 def resolve_ops(
@@ -85,8 +85,7 @@ def check_model_options(act: str, pool: str, batchnorm: bool, ops: str, batchnor
     if ops == "fused" and not fused_stage_applies(act, pool, batchnorm, batchnorm_conv1):
         bn1 = " and no BatchNorm on conv1 (add --no-batchnorm-conv1)" if batchnorm and batchnorm_conv1 else ""
         raise ConfigError(
-            f"--ops fused: the fused first stage is conv → ReLU → max-pool; it needs --act relu and --pool max "
-            f"(got --act {act} --pool {pool}){bn1}"
+            f"--ops fused: the fused first stage is conv → ReLU → pool; it needs --act relu (got --act {act}){bn1}"
         )
     if impl is not None:
         if pool != "max":
@@ -151,7 +150,9 @@ class LeNet5(nn.Module):
         self.relu_epilogue = fuse1 or fuse_rest
         # Conv biases are redundant before BatchNorm (it has its own shift). conv1's weights are drawn
         # once, by whichever class runs it: the fused stage starts from the aten model's weights.
-        conv1 = (partial(ConvReluPool2d, impl="cpp") if self.fused else Conv1)(1, 6, 5, padding=2, bias=not bn1)
+        conv1 = (partial(ConvReluPool2d, impl="cpp", pool=pool) if self.fused else Conv1)(
+            1, 6, 5, padding=2, bias=not bn1
+        )
         stage1 = [conv1, norm2d(6) if bn1 else nn.Identity(), Act(act), Pool(2)]  # 28→28→14
         conv2 = (NCHWConv2d if self.fused else Conv2)(6, 16, 5, bias=not batchnorm)
         stage2 = [conv2, norm2d(16), Act(act), Pool(2)]  # 14→10→5

@@ -156,7 +156,7 @@ def verdict(rows: list[dict]) -> tuple[bool, str]:
     by_design = sum(1 for r in rows if r["skipped"] and r.get("by_design"))
     cannot = len(rows) - len(ran) - by_design
     tail = (f", {cannot} skipped (could not run here)" if cannot else "") + (
-        f", {by_design} not checked in reduced precision (unfused rungs of a fused op)" if by_design else ""
+        f", {by_design} not run by design (see the skipped lines)" if by_design else ""
     )
     if not ran:
         why = sorted({r["reason"] for r in rows if r["reason"]})
@@ -223,6 +223,15 @@ def _bounds(case: Case, inputs64: dict, ref_out, dy64, device) -> tuple[torch.Te
 
 
 def _skipped_by_design(row: dict, case: Case, impl: str, dtype: torch.dtype) -> bool:
+    if case.impls is not None and impl not in case.impls:
+        row.update(
+            ok=None,
+            status="skipped",
+            skipped=True,
+            by_design=True,
+            reason=f"this rung does not have what the case runs (only {', '.join(case.impls)} do)",
+        )
+        return True
     if dtype in REDUCED and case.reduced_impls is not None and impl not in case.reduced_impls:
         row.update(
             ok=None,

@@ -159,6 +159,7 @@ class Case:
     variant: str | None = None  # an operator's named variant the case runs (GELU's approximation)
     # (impl, dtype, device) -> {name: value, ..., "ok": bool}: checks of the case's own, in the row's `checks`
     extra: Callable | None = None
+    impls: tuple[str, ...] | None = None  # the rungs that have what the case runs (None: all)
 
 
 @dataclass(frozen=True)

@@ -314,6 +314,13 @@ def _lenet(lab: Lab) -> list[Block]:
                     "the pooling: max(relu(x)) = relu(max(x)), gradient included, on a quarter of the values."
                 )
             )
+        elif c.get("act", "relu") == "relu":
+            blocks.append(
+                para(
+                    f"LeNet-5 {lab.cite('lenet')} with ReLU and average pooling (the original's subsampling, "
+                    "without its trainable scale): ReLU comes before the pooling, which averages the rectified values."
+                )
+            )
     blocks.append(
         para(
             _accuracy_line(s)[0].upper() + _accuracy_line(s)[1:] + ". Curves: ",

@@ -1,9 +1,11 @@
-r"""conv2d → ReLU → 2x2 max-pool as one operator: LeNet-5's first stage, fused on the CPU.
+r"""conv2d → ReLU → 2x2 max-pool (or average pool) as one operator: LeNet-5's first stage, fused on the CPU.
 
-    conv_relu_pool2d(x, weight, bias=None, padding=0, impl="aten" | "python" | "cpp" | "triton" | "cuda")
-    ConvReluPool2d(in_channels, out_channels, kernel_size, padding=0, bias=True, impl="cpp")
+    conv_relu_pool2d(x, weight, bias=None, padding=0, impl="aten" | "python" | "cpp" | "triton" | "cuda",
+                     pool="max" | "avg")
+    ConvReluPool2d(in_channels, out_channels, kernel_size, padding=0, bias=True, impl="cpp", pool="max")
 
     y = max_pool2d(relu(conv2d(x, W, b, padding)), 2)        (stride-1 conv, 2x2 windows, stride 2, floor)
+    y = avg_pool2d(relu(conv2d(x, W, b, padding)), 2)        (pool="avg": the `fast` preset since issue 40, round 7)
 
 Why this operator exists: in the `fast` CPU step (bf16 autocast, channels-last, batch 256) the first
 stage — conv1, its ReLU and its pooling — was two thirds of the step, and ATen's max-pool forward
@@ -21,7 +23,13 @@ that wins output (i, j) — the first maximum, NaN winning, as ATen's max_pool2d
     dW, db, dx = conv2d's backward applied to dc  (ops/conv2d derives it)
 
 ReLU before the max or after it is the same function with the same gradient (max is monotone), so
-the kernel pools first and rectifies a quarter of the values.
+the kernel pools first and rectifies a quarter of the values. Average pooling rectifies all four and
+routes dy/4 to each element whose ReLU passed (one bit each in the code byte):
+
+    dc[n, o, 2i + r, 2j + s] = dy[n, o, i, j] / 4  if c[n, o, 2i + r, 2j + s] > 0, else 0
+
+Average pooling runs on the `aten` and `cpp` rungs only (our other rungs have no average pooling: they
+refuse it in one line).
 
 The ladder: `aten` is F.conv2d → F.relu → F.max_pool2d. `python` and `cuda` run that rung's own
 conv2d, relu and max_pool2d in sequence; `triton` runs its conv2d with the ReLU in the GEMM's
@@ -62,40 +70,57 @@ def check_conv_relu_pool2d(x, weight, bias, padding) -> tuple[int, int]:
     return pad
 
 
+AVG_IMPLS = ("aten", "cpp")  # the rungs with average pooling
+
+
 def conv_relu_pool2d(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, padding=0, impl: str = "aten"
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    padding=0,
+    impl: str = "aten",
+    pool: str = "max",
 ) -> torch.Tensor:
-    """max_pool2d(relu(conv2d(x, weight, bias, padding)), 2) with the chosen implementation; differentiable.
-    OpInputError (one line) for what conv2d refuses or a conv output smaller than 2x2."""
+    """{max,avg}_pool2d(relu(conv2d(x, weight, bias, padding)), 2) with the chosen implementation;
+    differentiable. OpInputError (one line) for what conv2d refuses, a conv output smaller than 2x2, or
+    average pooling on a rung without it."""
     check_impl("conv_relu_pool2d", impl)
+    if pool not in ("max", "avg"):
+        raise OpInputError(f"conv_relu_pool2d pool={pool!r}: expected 'max' or 'avg'")
+    if pool == "avg" and impl not in AVG_IMPLS:
+        raise OpInputError(f"conv_relu_pool2d impl={impl!r}: average pooling runs on {' and '.join(AVG_IMPLS)} only")
     pad = check_conv_relu_pool2d(x, weight, bias, padding)
     check_device("conv_relu_pool2d", impl, x)
     if impl == "aten":
-        return F.max_pool2d(F.relu(F.conv2d(x, weight, bias, padding=pad)), 2)
+        return (F.avg_pool2d if pool == "avg" else F.max_pool2d)(F.relu(F.conv2d(x, weight, bias, padding=pad)), 2)
     if impl == "cpp":
         if x.device.type != "cpu":
             raise OpInputError(
                 f"conv_relu_pool2d impl='cpp': the fused kernel runs on the CPU, the input is on "
                 f"{x.device}; use impl='cuda' (our unfused GPU kernels) or 'aten'"
             )
-        return compiled_rung(impl).conv_relu_pool2d(x, weight, bias, pad)
+        return compiled_rung(impl).conv_relu_pool2d(x, weight, bias, pad, pool == "avg")
     return max_pool2d(conv2d_relu(x, weight, bias, pad, impl=impl), 2, impl=impl)  # triton: the ReLU in the epilogue
 
 
 class ConvReluPool2d(Conv2d):
-    """A conv layer followed by ReLU and 2x2 max-pooling, as one module. It *is* an nn.Conv2d (our
-    Conv2d's constructor: same parameters, same initial draws from the same seed, same state_dict
+    """A conv layer followed by ReLU and 2x2 max- or average pooling, as one module. It *is* an nn.Conv2d
+    (our Conv2d's constructor: same parameters, same initial draws from the same seed, same state_dict
     keys), so a model can swap it in for its first conv and keep its checkpoints."""
 
+    def __init__(self, *args, pool: str = "max", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pool = pool
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return conv_relu_pool2d(x, self.weight, self.bias, self.padding, impl=self.impl)
+        return conv_relu_pool2d(x, self.weight, self.bias, self.padding, impl=self.impl, pool=self.pool)
 
     def conv_relu(self, x: torch.Tensor) -> torch.Tensor:
         """The rectified conv output before pooling (for looking at the first layer's maps)."""
         return F.relu(F.conv2d(x, self.weight, self.bias, padding=self.padding))
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", relu, max_pool 2x2, impl={self.impl!r}"
+        return super().extra_repr() + f", relu, {self.pool}_pool 2x2, impl={self.impl!r}"
 
 
 # ---- registration of the fused C++ ops (compiled into trainlab's one library, ops/build.py) ---------------
@@ -112,7 +137,7 @@ def register_fused() -> None:
     conv_relu_pool_cpu.cpp); called once the library is loaded."""
     ns = torch.ops.trainlab
 
-    def fwd_fake(x, weight, bias, padding):
+    def fwd_fake(x, weight, bias, padding, avg=False):
         ch, cw = conv2d_output_hw(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], padding)
         shape = (x.shape[0], weight.shape[0], ch // 2, cw // 2)
         out = x.new_empty(shape)
@@ -120,26 +145,26 @@ def register_fused() -> None:
             out = out.contiguous(memory_format=torch.channels_last)
         return out, x.new_empty(shape, dtype=torch.uint8)
 
-    def bwd_weight_fake(grad, code, x, weight, padding, bias):
+    def bwd_weight_fake(grad, code, x, weight, padding, bias, avg=False):
         return weight.new_empty(weight.shape), weight.new_empty((weight.shape[0] if bias else 0,))
 
-    def bwd_input_fake(grad, code, weight, input_hw, padding):
+    def bwd_input_fake(grad, code, weight, input_hw, padding, avg=False):
         return weight.new_empty((grad.shape[0], weight.shape[1], input_hw[0], input_hw[1]))
 
     def setup(ctx, inputs, output):
-        x, weight, bias, padding = inputs
+        x, weight, bias, padding, avg = inputs
         ctx.save_for_backward(x, weight, output[1])  # the input and one code byte per output
-        ctx.padding, ctx.has_bias = padding, bias is not None
+        ctx.padding, ctx.has_bias, ctx.avg = padding, bias is not None, avg
 
     def backward(ctx, grad, _grad_code):
         x, weight, code = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         dx = dw = db = None
         if need_x:
-            dx = ns.conv_relu_pool2d_bwd_input(grad, code, weight, list(x.shape[2:]), ctx.padding)
+            dx = ns.conv_relu_pool2d_bwd_input(grad, code, weight, list(x.shape[2:]), ctx.padding, ctx.avg)
         if need_w or (need_b and ctx.has_bias):
-            dw, db = ns.conv_relu_pool2d_bwd_weight(grad, code, x, weight, ctx.padding, ctx.has_bias)
-        return dx, dw if need_w else None, db if (need_b and ctx.has_bias) else None, None
+            dw, db = ns.conv_relu_pool2d_bwd_weight(grad, code, x, weight, ctx.padding, ctx.has_bias, ctx.avg)
+        return dx, dw if need_w else None, db if (need_b and ctx.has_bias) else None, None, None
 
     torch.library.register_fake("trainlab::conv_relu_pool2d_fwd", fwd_fake)
     torch.library.register_fake("trainlab::conv_relu_pool2d_bwd_weight", bwd_weight_fake)
@@ -153,7 +178,7 @@ LIBRARY.on_load(lambda with_cuda: register_fused())
 # ---- check cases (run by ops/check.py) -------------------------------------------------------------
 
 
-def _bound(padding):
+def _bound(padding, pool="max"):
     """S for a sum of products whose terms are chosen by a selection: the convolution of |x| and |W|
     (+|b|), pooled, for the output; for the gradients, |dy| routed the way the float64 reference
     routes dy (its winners, its ReLU cuts) and pushed through the convolution of the absolute
@@ -165,27 +190,29 @@ def _bound(padding):
         x, w, b = t["x"], t["weight"], t["bias"]
         conv_out = F.conv2d(x, w, b, padding=padding).requires_grad_()
         # the reference's own backward through relu and pool routes |dy| (winners, cuts, NaN passing)
-        (routed,) = grad(F.max_pool2d(F.relu(conv_out), 2), [conv_out], dy64.abs())
+        pool2d = F.avg_pool2d if pool == "avg" else F.max_pool2d
+        (routed,) = grad(pool2d(F.relu(conv_out), 2), [conv_out], dy64.abs())
         leaves = {k: v.abs().requires_grad_() for k, v in (("x", x), ("weight", w), ("bias", b)) if v is not None}
         s_conv = F.conv2d(leaves["x"], leaves["weight"], leaves.get("bias"), padding=padding)
         grads = grad(s_conv, list(leaves.values()), routed)
-        return F.max_pool2d(s_conv.detach(), 2), dict(zip(leaves, grads))
+        return pool2d(s_conv.detach(), 2), dict(zip(leaves, grads))
 
     return bound
 
 
-def _case(name, x, w, padding, bias=True, view=None, make=None, edge=False):
+def _case(name, x, w, padding, bias=True, view=None, make=None, edge=False, pool="max"):
     return Case(
         "conv_relu_pool2d",
         name,
         make or random_conv_inputs(x, w, bias),
-        lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], padding, impl=impl),
+        lambda t, impl: conv_relu_pool2d(t["x"], t["weight"], t["bias"], padding, impl=impl, pool=pool),
         True,
         view,
         edge,
-        bound=_bound(padding),
-        reduced_impls=("aten", "cpp"),
-    )  # only the fused rung computes in float32 throughout
+        bound=_bound(padding, pool),
+        reduced_impls=("aten", "cpp"),  # only the fused rung computes in float32 throughout
+        impls=AVG_IMPLS if pool == "avg" else None,
+    )
 
 
 def _channels_last(t: dict) -> dict:
@@ -210,6 +237,10 @@ CASES = [
     _case("strided-input", (2, 2, 10, 22), (3, 2, 3, 3), (1, 1), view=every_other_column),
     _case("wide-kernel", (2, 2, 9, 20), (3, 2, 3, 9), (1, 4)),  # 9 taps: the 16-wide weight-gradient rows
     _case("ties-nan-inf", None, (3, 2, 3, 3), (1, 1), make=_ties_and_nonfinite, edge=True),
+    _case("lenet-stage1-avg", (None, 1, 28, 28), (6, 1, 5, 5), (2, 2), pool="avg"),
+    _case("lenet-stage1-avg-channels-last", (None, 1, 28, 28), (6, 1, 5, 5), (2, 2), view=_channels_last, pool="avg"),
+    _case("multi-channel-odd-avg", (2, 3, 9, 8), (4, 3, 3, 2), (1, 0), bias=False, pool="avg"),
+    _case("ties-nan-inf-avg", None, (3, 2, 3, 3), (1, 1), make=_ties_and_nonfinite, edge=True, pool="avg"),
 ]
 
 

@@ -1,5 +1,5 @@
 // LeNet-5's first stage as ONE operator on the CPU: conv2d (stride 1, zero padding) + bias → ReLU →
-// 2×2/2 max-pooling, forward and backward.
+// 2×2/2 max-pooling or average pooling (`avg`), forward and backward.
 //
 // Why fuse: in the unfused step (bf16, channels-last, batch 256) the first stage costs more than
 // the rest of the network — ATen's max-pool forward alone is ~8 ms of a 25 ms step, because a
@@ -19,6 +19,10 @@
 //                    (ReLU passes no gradient there; a NaN's passes, as in ATen's threshold_backward)
 // ReLU before or after the max is the same function with the same gradient (max is monotone),
 // which is why the operator is defined as conv → ReLU → pool and computed as conv → pool → ReLU.
+// Average pooling (`avg`, the `fast` preset since issue 40, round 7) rectifies each of the four first:
+//   out[i][j]        = (relu(a00) + relu(a01) + relu(a10) + relu(a11)) / 4, summed in that order (ATen's)
+//   code[i][j]       = bit k set when element k's ReLU passed (4 bits; no bit: no gradient)
+// and its backward routes dy/4 to every element whose bit is set, by the same code as max's one winner.
 //
 // Backward: only the winners carry gradient. For each pooled output whose ReLU passed, dW[o] gets
 // g times the winner's KH x KW input patch and db[o] gets g (at most a quarter of a dense dW's
@@ -52,6 +56,20 @@
 namespace trainlab_fused {
 
 constexpr uint8_t kCut = 0x80;     // code bit: the pooled maximum was <= 0, ReLU passes no gradient
+
+// The conv outputs one pooled output's gradient reaches, as window positions k = 2r+s (fills `pos`,
+// returns how many), and the share of dy each gets: max-pooling's winner (none if its ReLU cut),
+// or, under average pooling, every element whose ReLU passed, a quarter each.
+inline int routed(uint8_t code, bool avg, int pos[4]) {
+  int n = 0;
+  if (!avg) {
+    if (!(code & kCut)) pos[n++] = code & 3;
+    return n;
+  }
+  for (int k = 0; k < 4; ++k)
+    if (code & (1 << k)) pos[n++] = k;
+  return n;
+}
 constexpr int64_t kLanes = 16;     // row length is rounded up to this (one AVX-512 float vector)
 constexpr int64_t kChunk = 8;      // samples per weight-gradient partial sum (fixed: thread-count independent)
 
@@ -146,21 +164,25 @@ inline void conv_row_block(const acc_t* xpad, const acc_t* wf, const acc_t* bias
 // db goes into 8 partial sums (j mod 8), so consecutive adds do not wait on each other.
 template <int KWP, typename scalar_t, typename acc_t>
 void sparse_weight_grad(const scalar_t* grad, const int64_t* gs, const uint8_t* code, const acc_t* xpad,
-                        acc_t* dw, acc_t* db8, const Geometry& g) {
+                        acc_t* dw, acc_t* db8, const Geometry& g, bool avg) {
+  const acc_t share = avg ? acc_t(0.25) : acc_t(1);
+  int pos[4];
   for (int64_t o = 0; o < g.O; ++o)
     for (int64_t i = 0; i < g.OH; ++i)
       for (int64_t j = 0; j < g.OW; ++j) {
-        const uint8_t k = code[(o * g.OH + i) * g.OW + j];
-        if (k & kCut) continue;
-        const acc_t gv = static_cast<acc_t>(grad[o * gs[1] + i * gs[2] + j * gs[3]]);
-        db8[o * 8 + (j & 7)] += gv;
-        const int64_t h = 2 * i + (k >> 1), w = 2 * j + (k & 1);
-        for (int64_t c = 0; c < g.C; ++c)
-          for (int64_t p = 0; p < g.KH; ++p) {
-            const acc_t* __restrict row = xpad + (c * g.XH + h + p) * g.XW + w;
-            acc_t* __restrict d = dw + ((o * g.C + c) * g.KH + p) * KWP;
-            for (int q = 0; q < KWP; ++q) d[q] += gv * row[q];
-          }
+        const int n = routed(code[(o * g.OH + i) * g.OW + j], avg, pos);
+        if (n == 0) continue;
+        const acc_t gv = static_cast<acc_t>(grad[o * gs[1] + i * gs[2] + j * gs[3]]) * share;
+        for (int e = 0; e < n; ++e) {
+          db8[o * 8 + (j & 7)] += gv;
+          const int64_t h = 2 * i + (pos[e] >> 1), w = 2 * j + (pos[e] & 1);
+          for (int64_t c = 0; c < g.C; ++c)
+            for (int64_t p = 0; p < g.KH; ++p) {
+              const acc_t* __restrict row = xpad + (c * g.XH + h + p) * g.XW + w;
+              acc_t* __restrict d = dw + ((o * g.C + c) * g.KH + p) * KWP;
+              for (int q = 0; q < KWP; ++q) d[q] += gv * row[q];
+            }
+        }
       }
 }
 
@@ -171,25 +193,32 @@ void sparse_weight_grad(const scalar_t* grad, const int64_t* gs, const uint8_t* 
 // outputs do not wait on each other's multiply-adds.
 typedef float f32x8 __attribute__((vector_size(32)));
 
-template <int KH, typename scalar_t>
-void sparse_weight_grad_f32(const scalar_t* grad, const int64_t* gs, const uint8_t* code, const float* xpad,
-                            float* dw, float* db8, const Geometry& g) {
+// Average pooling (AVG) takes every element of every window, its dy/4 multiplied by its ReLU bit (0 or 1)
+// rather than branching on the bit: about half the elements pass, at random, so such a branch would be
+// mispredicted about half the time.
+template <int KH, bool AVG, typename scalar_t>
+void weight_grad_f32(const scalar_t* grad, const int64_t* gs, const uint8_t* code, const float* xpad,
+                     float* dw, float* db8, const Geometry& g) {
   for (int64_t o = 0; o < g.O; ++o)
     for (int64_t c = 0; c < g.C; ++c) {
       f32x8 even[KH] = {}, odd[KH] = {};
       for (int64_t i = 0; i < g.OH; ++i)
         for (int64_t j = 0; j < g.OW; ++j) {
-          const uint8_t k = code[(o * g.OH + i) * g.OW + j];
-          if (k & kCut) continue;
-          const float gv = static_cast<float>(grad[o * gs[1] + i * gs[2] + j * gs[3]]);
-          if (c == 0) db8[o * 8 + (j & 7)] += gv;
-          const float* row = xpad + (c * g.XH + 2 * i + (k >> 1)) * g.XW + 2 * j + (k & 1);
-          const f32x8 gvec = {gv, gv, gv, gv, gv, gv, gv, gv};
+          const unsigned k = code[(o * g.OH + i) * g.OW + j];
+          if (!AVG && (k & kCut)) continue;
+          const float gv = static_cast<float>(grad[o * gs[1] + i * gs[2] + j * gs[3]]) * (AVG ? 0.25f : 1.0f);
+          if (c == 0) db8[o * 8 + (j & 7)] += AVG ? gv * static_cast<float>(__builtin_popcount(k)) : gv;
           f32x8* acc = (j & 1) ? odd : even;
-          for (int p = 0; p < KH; ++p) {
-            f32x8 xv;
-            std::memcpy(&xv, row + p * g.XW, sizeof(xv));   // an unaligned 8-float load
-            acc[p] += gvec * xv;
+          for (int e = 0; e < (AVG ? 4 : 1); ++e) {
+            const unsigned pos = AVG ? unsigned(e) : (k & 3u);   // the window element: 2r + s
+            const float ge = AVG ? gv * static_cast<float>((k >> e) & 1u) : gv;
+            const f32x8 gvec = {ge, ge, ge, ge, ge, ge, ge, ge};
+            const float* row = xpad + (c * g.XH + 2 * i + (pos >> 1)) * g.XW + 2 * j + (pos & 1);
+            for (int p = 0; p < KH; ++p) {
+              f32x8 xv;
+              std::memcpy(&xv, row + p * g.XW, sizeof(xv));   // an unaligned 8-float load
+              acc[p] += gvec * xv;
+            }
           }
         }
       for (int p = 0; p < KH; ++p) {
@@ -261,9 +290,26 @@ inline void pool_relu_rows(const acc_t* __restrict a0, const acc_t* __restrict a
   }
 }
 
+// Average pooling: rectify the four, sum them in ATen's order (0,0), (0,1), (1,0), (1,1), divide by 4;
+// code[j] has bit k set when element k's ReLU passed (NaN passes, as in threshold_backward).
+template <typename acc_t, typename index_t = std::conditional_t<sizeof(acc_t) == 8, int64_t, int32_t>>
+inline void relu_avg_rows(const acc_t* __restrict a0, const acc_t* __restrict a1, int64_t n,
+                          acc_t* __restrict pooled, index_t* __restrict code) {
+  // written out and without branches like pool_relu_rows, so that it vectorizes (a loop over the four
+  // elements did not, and made the forward 2.9x as long as max-pooling's)
+  for (int64_t j = 0; j < n; ++j) {
+    const acc_t v0 = a0[2 * j], v1 = a0[2 * j + 1], v2 = a1[2 * j], v3 = a1[2 * j + 1];
+    const bool p0 = !(v0 <= acc_t(0)), p1 = !(v1 <= acc_t(0)), p2 = !(v2 <= acc_t(0)), p3 = !(v3 <= acc_t(0));
+    const acc_t r0 = p0 ? v0 : acc_t(0), r1 = p1 ? v1 : acc_t(0), r2 = p2 ? v2 : acc_t(0), r3 = p3 ? v3 : acc_t(0);
+    pooled[j] = (((r0 + r1) + r2) + r3) * acc_t(0.25);   // exact: the same as / 4
+    code[j] = (p0 ? index_t(1) : index_t(0)) | (p1 ? index_t(2) : index_t(0)) | (p2 ? index_t(4) : index_t(0)) |
+              (p3 ? index_t(8) : index_t(0));
+  }
+}
+
 template <typename scalar_t>
 void forward_kernel(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                    at::Tensor& out, at::Tensor& code, const Geometry& g) {
+                    at::Tensor& out, at::Tensor& code, const Geometry& g, bool avg) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t taps = g.C * g.KH * g.KW;
   std::vector<acc_t> wf(g.O * taps), bf(g.O, acc_t(0));
@@ -313,7 +359,10 @@ void forward_kernel(const at::Tensor& x, const at::Tensor& weight, const c10::op
           uint8_t* crow = cp + ((n * g.O + o) * g.OH + i) * g.OW;
           // all RW/2 windows of the computed rows (whole vectors; the ones past OW read the spare
           // columns and are dropped): a 14-iteration loop would run entirely in the scalar epilogue
-          pool_relu_rows(a0, a1, g.RW / 2, pooled.data(), codes.data());
+          if (avg)
+            relu_avg_rows(a0, a1, g.RW / 2, pooled.data(), codes.data());
+          else
+            pool_relu_rows(a0, a1, g.RW / 2, pooled.data(), codes.data());
           for (int64_t j = 0; j < g.OW; ++j) orow[j * os[3]] = static_cast<scalar_t>(pooled[j]);
           for (int64_t j = 0; j < g.OW; ++j) crow[j] = static_cast<uint8_t>(codes[j]);
         }
@@ -322,24 +371,27 @@ void forward_kernel(const at::Tensor& x, const at::Tensor& weight, const c10::op
   });
 }
 
-// G[o][h][w] for one sample: the pooled gradient at each window's winner, zero elsewhere.
+// G[o][h][w] for one sample: the pooled gradient at each window's winner (avg: a quarter of it at every
+// element whose ReLU passed), zero elsewhere.
 template <typename scalar_t, typename acc_t>
-void dense_grad(const scalar_t* grad, const int64_t* gs, const uint8_t* code, acc_t* G, const Geometry& g) {
+void dense_grad(const scalar_t* grad, const int64_t* gs, const uint8_t* code, acc_t* G, const Geometry& g, bool avg) {
   std::fill(G, G + g.O * g.CH * g.RW, acc_t(0));
+  const acc_t share = avg ? acc_t(0.25) : acc_t(1);
+  int pos[4];
   for (int64_t o = 0; o < g.O; ++o)
     for (int64_t i = 0; i < g.OH; ++i)
       for (int64_t j = 0; j < g.OW; ++j) {
-        const uint8_t k = code[(o * g.OH + i) * g.OW + j];
-        if (k & kCut) continue;
-        G[(o * g.CH + 2 * i + (k >> 1)) * g.RW + 2 * j + (k & 1)] =
-            static_cast<acc_t>(grad[o * gs[1] + i * gs[2] + j * gs[3]]);
+        const int n = routed(code[(o * g.OH + i) * g.OW + j], avg, pos);
+        for (int e = 0; e < n; ++e)
+          G[(o * g.CH + 2 * i + (pos[e] >> 1)) * g.RW + 2 * j + (pos[e] & 1)] =
+              static_cast<acc_t>(grad[o * gs[1] + i * gs[2] + j * gs[3]]) * share;
       }
 }
 
 template <typename scalar_t>
 std::tuple<at::Tensor, at::Tensor> backward_weight_kernel(const at::Tensor& grad, const at::Tensor& code,
                                                           const at::Tensor& x, const at::Tensor& weight,
-                                                          const Geometry& g, bool has_bias) {
+                                                          const Geometry& g, bool has_bias, bool avg) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t rows = g.O * g.C * g.KH;                 // dW as rows of KWP taps
   const int64_t chunks = (g.N + kChunk - 1) / kChunk;
@@ -361,7 +413,7 @@ std::tuple<at::Tensor, at::Tensor> backward_weight_kernel(const at::Tensor& grad
         const uint8_t* cn = cp + n * g.O * g.OH * g.OW;
         if (!finite) {
           G.resize(g.O * g.CH * g.RW);
-          dense_grad(gn, gs, cn, G.data(), g);
+          dense_grad(gn, gs, cn, G.data(), g, avg);
           dense_weight_grad(G.data(), xpad.data(), dw, g);
           for (int64_t o = 0; o < g.O; ++o)
             for (int64_t t = 0; t < g.CH * g.RW; ++t) db8[o * 8] += G[o * g.CH * g.RW + t];
@@ -369,13 +421,16 @@ std::tuple<at::Tensor, at::Tensor> backward_weight_kernel(const at::Tensor& grad
         }
         if constexpr (std::is_same_v<acc_t, float>) {
           if (g.KWP == 8 && g.KH == 5) {   // LeNet's 5x5 (the kernels of other heights take the general path)
-            sparse_weight_grad_f32<5>(gn, gs, cn, xpad.data(), dw, db8, g);
+            if (avg)
+              weight_grad_f32<5, true>(gn, gs, cn, xpad.data(), dw, db8, g);
+            else
+              weight_grad_f32<5, false>(gn, gs, cn, xpad.data(), dw, db8, g);
             continue;
           }
         }
         switch (g.KWP) {
-          case 8: sparse_weight_grad<8>(gn, gs, cn, xpad.data(), dw, db8, g); break;
-          case 16: sparse_weight_grad<16>(gn, gs, cn, xpad.data(), dw, db8, g); break;
+          case 8: sparse_weight_grad<8>(gn, gs, cn, xpad.data(), dw, db8, g, avg); break;
+          case 16: sparse_weight_grad<16>(gn, gs, cn, xpad.data(), dw, db8, g, avg); break;
           default: TORCH_CHECK(false, "conv_relu_pool2d_bwd_weight: kernels wider than 16 are not supported");
         }
       }
@@ -398,7 +453,7 @@ std::tuple<at::Tensor, at::Tensor> backward_weight_kernel(const at::Tensor& grad
 
 template <typename scalar_t>
 at::Tensor backward_input_kernel(const at::Tensor& grad, const at::Tensor& code, const at::Tensor& weight,
-                                 const Geometry& g, const at::TensorOptions& options) {
+                                 const Geometry& g, const at::TensorOptions& options, bool avg) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t taps = g.C * g.KH * g.KW;
   std::vector<acc_t> wf(g.O * taps);
@@ -413,7 +468,7 @@ at::Tensor backward_input_kernel(const at::Tensor& grad, const at::Tensor& code,
   at::parallel_for(0, g.N, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> G(g.O * g.CH * g.RW), dxpad(g.C * g.XH * g.XW);
     for (int64_t n = begin; n < end; ++n) {
-      dense_grad(gp + n * gs[0], gs, cp + n * g.O * g.OH * g.OW, G.data(), g);
+      dense_grad(gp + n * gs[0], gs, cp + n * g.O * g.OH * g.OW, G.data(), g, avg);
       std::fill(dxpad.begin(), dxpad.end(), acc_t(0));
       for (int64_t h = 0; h < 2 * g.OH; ++h)
         for (int64_t c = 0; c < g.C; ++c)
@@ -443,40 +498,41 @@ bool unit_channel_stride(const at::Tensor& t) { return t.stride(1) == 1 && t.siz
 bool wants_channels_last(const at::Tensor& x, const at::Tensor& w) { return unit_channel_stride(x) || unit_channel_stride(w); }
 
 std::tuple<at::Tensor, at::Tensor> conv_relu_pool2d_fwd(const at::Tensor& x, const at::Tensor& weight,
-                                                         const c10::optional<at::Tensor>& bias, at::IntArrayRef padding) {
+                                                         const c10::optional<at::Tensor>& bias, at::IntArrayRef padding,
+                                                         bool avg) {
   const Geometry g = geometry("conv_relu_pool2d_fwd", x, weight, padding);
   auto format = wants_channels_last(x, weight) ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
   at::Tensor out = at::empty({g.N, g.O, g.OH, g.OW}, x.options().memory_format(format));
   at::Tensor code = at::empty({g.N, g.O, g.OH, g.OW}, x.options().dtype(at::kByte));
   if (g.N == 0) return {out, code};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "trainlab_conv_relu_pool2d_fwd", [&] {
-    forward_kernel<scalar_t>(x, weight, bias, out, code, g);
+    forward_kernel<scalar_t>(x, weight, bias, out, code, g, avg);
   });
   return {out, code};
 }
 
 std::tuple<at::Tensor, at::Tensor> conv_relu_pool2d_bwd_weight(const at::Tensor& grad, const at::Tensor& code,
                                                                 const at::Tensor& x, const at::Tensor& weight,
-                                                                at::IntArrayRef padding, bool has_bias) {
+                                                                at::IntArrayRef padding, bool has_bias, bool avg) {
   const Geometry g = geometry("conv_relu_pool2d_bwd_weight", x, weight, padding);
   TORCH_CHECK(grad.sizes() == code.sizes() && grad.size(0) == g.N && grad.size(1) == g.O && grad.size(2) == g.OH &&
               grad.size(3) == g.OW, "conv_relu_pool2d_bwd_weight: grad/code do not match the forward's output shape");
   std::tuple<at::Tensor, at::Tensor> result;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "trainlab_conv_relu_pool2d_bwd_weight", [&] {
-    result = backward_weight_kernel<scalar_t>(grad.to(x.scalar_type()), code.contiguous(), x, weight, g, has_bias);
+    result = backward_weight_kernel<scalar_t>(grad.to(x.scalar_type()), code.contiguous(), x, weight, g, has_bias, avg);
   });
   return result;
 }
 
 at::Tensor conv_relu_pool2d_bwd_input(const at::Tensor& grad, const at::Tensor& code, const at::Tensor& weight,
-                                      c10::SymIntArrayRef input_hw, at::IntArrayRef padding) {
+                                      c10::SymIntArrayRef input_hw, at::IntArrayRef padding, bool avg) {
   TORCH_CHECK(input_hw.size() == 2, "conv_relu_pool2d_bwd_input: input_hw must have two entries");
   const at::Tensor shape_of_x = at::empty({grad.size(0), weight.size(1), input_hw[0].expect_int(), input_hw[1].expect_int()},
                                           grad.options().device(at::kMeta));
   const Geometry g = geometry("conv_relu_pool2d_bwd_input", shape_of_x, weight, padding);
   at::Tensor dx;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, weight.scalar_type(), "trainlab_conv_relu_pool2d_bwd_input", [&] {
-    dx = backward_input_kernel<scalar_t>(grad.to(weight.scalar_type()), code.contiguous(), weight, g, weight.options());
+    dx = backward_input_kernel<scalar_t>(grad.to(weight.scalar_type()), code.contiguous(), weight, g, weight.options(), avg);
   });
   return dx;
 }
@@ -484,11 +540,11 @@ at::Tensor conv_relu_pool2d_bwd_input(const at::Tensor& grad, const at::Tensor& 
 }  // namespace trainlab_fused
 
 TORCH_LIBRARY_FRAGMENT(trainlab, m) {
-  m.def("conv_relu_pool2d_fwd(Tensor x, Tensor weight, Tensor? bias, int[2] padding) -> (Tensor, Tensor)");
+  m.def("conv_relu_pool2d_fwd(Tensor x, Tensor weight, Tensor? bias, int[2] padding, bool avg=False) -> (Tensor, Tensor)");
   m.def("conv_relu_pool2d_bwd_weight(Tensor grad, Tensor code, Tensor x, Tensor weight, int[2] padding, "
-        "bool bias) -> (Tensor, Tensor)");
+        "bool bias, bool avg=False) -> (Tensor, Tensor)");
   m.def("conv_relu_pool2d_bwd_input(Tensor grad, Tensor code, Tensor weight, SymInt[2] input_hw, "
-        "int[2] padding) -> Tensor");
+        "int[2] padding, bool avg=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(trainlab, CPU, m) {

@@ -18,7 +18,7 @@ The ops (schemas in layers_cpu.cpp):
     linear_fwd(x, weight, bias?)                                  -> out
     linear_bwd(grad, x, weight, bias)                             -> (dx, dweight, dbias)
     relu_fwd(x) -> out;  relu_bwd(grad, out) -> dx
-    conv_relu_pool2d_fwd(x, weight, bias?, padding)               -> (out, one code byte per output)
+    conv_relu_pool2d_fwd(x, weight, bias?, padding, avg)          -> (out, one code byte per output)
         CPU only (ops/conv_relu_pool2d/conv_relu_pool_cpu.cpp): LeNet's first stage fused, compiled
         into this library (it reuses the layer kernels' headers and one build); registered there
 """
@@ -94,6 +94,6 @@ def relu(x) -> torch.Tensor:
     return torch.ops.trainlab.relu_fwd(x)
 
 
-def conv_relu_pool2d(x, weight, bias, padding) -> torch.Tensor:
+def conv_relu_pool2d(x, weight, bias, padding, avg: bool = False) -> torch.Tensor:
     LIBRARY.ensure()
-    return torch.ops.trainlab.conv_relu_pool2d_fwd(x, weight, bias, list(padding))[0]
+    return torch.ops.trainlab.conv_relu_pool2d_fwd(x, weight, bias, list(padding), avg)[0]
