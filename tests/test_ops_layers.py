@@ -309,6 +309,23 @@ def test_fused_stage_bad_input_is_one_line():
         )
     with pytest.raises(OpInputError, match="x has 2 channels but weight expects 1"):
         conv_relu_pool2d(torch.randn(1, 2, 8, 8), torch.randn(2, 1, 3, 3), None, 0, impl="cpp")
+    x, w = torch.randn(1, 1, 8, 8), torch.randn(2, 1, 3, 3)
+    with pytest.raises(OpInputError, match=r"^conv_relu_pool2d pool='min': expected 'max' or 'avg'$"):
+        conv_relu_pool2d(x, w, None, 0, impl="cpp", pool="min")
+    with pytest.raises(
+        OpInputError, match=r"^conv_relu_pool2d impl='python': average pooling runs on aten and cpp only$"
+    ):
+        conv_relu_pool2d(x, w, None, 0, impl="python", pool="avg")
+
+
+def test_fused_average_pool_op_passes_opcheck(ext):
+    """The C++ op's schema with avg=True (fakes, autograd registration, the schema's `bool avg`) under
+    torch.library.opcheck, as `ops check` runs it for the max-pool form."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 2, 6, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 2, 3, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, generator=g, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.trainlab.conv_relu_pool2d_fwd, (x, w, b, [1, 0], True))
 
 
 def test_the_walkthrough_commands_for_the_fused_stage_run(ext, tmp_path, capsys):
