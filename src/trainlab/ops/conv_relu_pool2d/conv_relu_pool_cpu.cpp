@@ -56,10 +56,12 @@
 namespace trainlab_fused {
 
 constexpr uint8_t kCut = 0x80;     // code bit: the pooled maximum was <= 0, ReLU passes no gradient
+constexpr int64_t kLanes = 16;     // row length is rounded up to this (one AVX-512 float vector)
+constexpr int64_t kChunk = 8;      // samples per weight-gradient partial sum (fixed: thread-count independent)
 
 // The conv outputs one pooled output's gradient reaches, as window positions k = 2r+s (fills `pos`,
-// returns how many), and the share of dy each gets: max-pooling's winner (none if its ReLU cut),
-// or, under average pooling, every element whose ReLU passed, a quarter each.
+// returns how many): max-pooling's winner (none if its ReLU cut), or, under average pooling, every
+// element whose ReLU passed (each gets a quarter of dy: the callers scale).
 inline int routed(uint8_t code, bool avg, int pos[4]) {
   int n = 0;
   if (!avg) {
@@ -70,8 +72,6 @@ inline int routed(uint8_t code, bool avg, int pos[4]) {
     if (code & (1 << k)) pos[n++] = k;
   return n;
 }
-constexpr int64_t kLanes = 16;     // row length is rounded up to this (one AVX-512 float vector)
-constexpr int64_t kChunk = 8;      // samples per weight-gradient partial sum (fixed: thread-count independent)
 
 struct Geometry {
   int64_t N, C, H, W, O, KH, KW, PH, PW;
