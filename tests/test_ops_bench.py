@@ -107,3 +107,23 @@ def test_gpu_layer_profile_runs_at_toy_sizes_and_refuses_bad_flags(tmp_path, mon
             profile.main([*base, *args])
         line = str(stop.value.code) if code is None else capsys.readouterr().err.strip().splitlines()[-1]
         assert (code is None or stop.value.code == code) and expected in line, (args, line)
+
+
+def test_bench_records_what_triton_autotune_chose(monkeypatch):
+    """`ops bench` writes `triton_tuning`: per compiled kernel, each autotune key and the config that won
+    (read from the tuners' caches; here one entry put there by hand, since a CPU tunes nothing)."""
+    triton = pytest.importorskip("triton")
+    from trainlab.ops.gelu import gelu_triton
+
+    def _toy_kernel(x_ptr, BLOCK):  # never launched: only its tuner's cache is read
+        pass
+
+    tuner = gelu_triton.tuned_object(_toy_kernel, False, [({"BLOCK": 256}, 4, 1)], ["n"], {"BLOCK": 256})
+    monkeypatch.setattr(tuner, "cache", {(4096, "torch.float32"): triton.Config({"BLOCK": 256}, num_warps=4)})
+    try:
+        chosen = bench._tuning(["aten", "triton"])["_toy_kernel"]
+        assert chosen == [{"key": ["4096", "torch.float32"], "config": str(tuner.cache[(4096, "torch.float32")])}]
+        assert "BLOCK: 256" in chosen[0]["config"] and bench._tuning(["aten", "cpp"]) == {}
+    finally:
+        gelu_triton._kernels.pop((_toy_kernel, False, "tuned"), None)
+        gelu_triton._kernels.pop((_toy_kernel, False), None)

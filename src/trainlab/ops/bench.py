@@ -182,6 +182,7 @@ def run_gelu_bench(
         "skipped": skipped,
         "rows": rows,
         "bytes_model": "fwd 2N, fwd+bwd 5N element-bytes (fused kernel minimum)",
+        "triton_tuning": _tuning(impls),
     }
 
 
@@ -342,7 +343,17 @@ def run_layer_bench(
         "skipped": skipped,
         "rows": rows,
         "totals": _totals(rows),
+        "triton_tuning": _tuning(impls),
     }
+
+
+def _tuning(impls) -> dict:
+    """The Triton rung's autotuning choices (ops.gelu.gelu_triton.tuning_choices) when it ran, else {}."""
+    if "triton" not in impls:
+        return {}
+    from trainlab.ops.gelu.gelu_triton import tuning_choices
+
+    return tuning_choices()
 
 
 PARTIAL = {"cuda-atomic": "max_pool2d"}  # rungs that time one operator's layers only, by design

@@ -203,6 +203,17 @@ def tuned_object(fn, interpreted: bool, configs, key: list[str], interpreted_met
     return tuner
 
 
+def tuning_choices() -> dict:
+    """What `triton.autotune` chose in this process: {kernel: [{"key": [...], "config": "..."}, ...]} for the
+    compiled kernels (the interpreter's one config is never tuned). `ops bench` records it in its JSON, so a
+    GPU run shows which configs of each small set win, and which never do."""
+    return {
+        fn.__name__: [{"key": [str(v) for v in k], "config": str(cfg)} for k, cfg in tuner.cache.items()]
+        for (fn, interpreted, *tuned), tuner in list(_kernels.items())
+        if tuned and not interpreted and getattr(tuner, "cache", None)
+    }
+
+
 def run_launch(kernel, interpreted: bool, grid, *args, **meta) -> None:
     """kernel[grid](*args, **meta), with NumPy's warnings silenced when interpreted."""
     if interpreted:
