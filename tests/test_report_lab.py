@@ -506,3 +506,26 @@ def test_every_source_path_the_report_cites_exists():
     root = src.parent.parent  # the checkout: "src/…" and "docs/…" are cited from there, the rest from the package
     for rel in cited:
         assert (root / rel if rel.startswith(("src/", "docs/")) else src / rel).exists(), rel
+
+
+def test_the_lenet_section_describes_the_pooling_the_run_used(built, tmp_path):
+    """Max-pooling (the handout's form): ReLU after the pool is explained; average pooling (the `fast` preset
+    since issue 40, round 7): the report says so and does not print the max-pool paragraph."""
+    import json
+    import shutil
+
+    from trainlab.lenet.architecture import architecture_rows
+
+    assert "in its common modern form (ReLU, max-pooling)" in built["page"]
+    assert "with ReLU and average pooling" not in built["page"]
+    lab = tmp_path / "lab"
+    shutil.copytree(built["lab"], lab)
+    run = lab / "steps" / "lenet_train" / "lenet-relu"
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "pool": "avg"}))
+    summary = json.loads((run / "summary.json").read_text())
+    rows = architecture_rows({**config, "pool": "avg"})
+    (run / "summary.json").write_text(json.dumps({**summary, "architecture": rows}))
+    page, _ = _build(lab, tmp_path / "out")
+    assert "with ReLU and average pooling" in page and "common modern form" not in page
+    assert "average pooling 2×2" in page  # the architecture table the run recorded
