@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 40's GPU measurements in one command (about 4 minutes on one H100/H200), every result in OUT:
 #   1. lenet_time_to_99_cuda.*  the `fast` preset (Muon for the hidden weight matrices, batch 192, average
-#                    pooling: 20/20 validation seeds >= 99 % on the CPU in fp32,
-#                    benchmarks/results/lenet_fast_validation_r11_parts/) over 20 seeds beside
-#                    `fast=fast-b128-max` (the preset before: batch 128, max-pooling, 469 steps instead of 313:
+#                    pooling, warm-up 0.3 epoch: 40/40 validation seeds >= 99 % on the CPU in fp32,
+#                    benchmarks/results/lenet_fast_validation_r14_parts/) over 20 seeds beside
+#                    `fast=fast-b128-max` (the preset before: batch 128, max-pooling, warm-up 0.2, 469 steps instead of 313:
 #                    what the step count buys on a launch-bound step) and `fast=fast-adamw` (the recipe before
 #                    Muon: what Muon costs per step; every optimizer step inside the CUDA graph, Muon's as one
 #                    batched Newton–Schulz) and the seed-style loop (2 seeds; goal: 20/20 reach 99 %, median

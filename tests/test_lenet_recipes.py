@@ -207,7 +207,7 @@ def test_presets_resolve_and_explicit_flags_win():
         0.1,
         3.5e-2,
     )
-    assert (fast.batch_size, fast.pool, fast.schedule, fast.warmup_epochs) == (192, "avg", "linear", 0.2)  # linear to 0
+    assert (fast.batch_size, fast.pool, fast.schedule, fast.warmup_epochs) == (192, "avg", "linear", 0.3)  # linear to 0
     assert config_from_args(parser.parse_args(["--preset", "fast"])).epochs == 1
     best = config_from_args(parser.parse_args(["--preset", "best"]))
     for key, value in PRESETS["best"].items():
