@@ -198,6 +198,17 @@ def _r13(variant: str | None, path: Path = _R13) -> str:
     return f"{sum(a >= 99.0 for a in acc)} of {len(acc)} seeds at 99 % or more, mean {sum(acc) / len(acc):.2f} %"
 
 
+def _t99_beside_b128(name: str, path: Path) -> dict:
+    """A CPU time-to-99 run of the preset beside the batch-128 one (fast=fast-b128-max): its four figures."""
+    b128 = "fast=fast-b128-max"
+    return {
+        f"{name}_s": lambda: f"{_t99(path)['median_s']:.1f} s",
+        f"{name}_seeds": lambda: "{reached}/{of}".format(**_t99(path)),
+        f"{name}_b128_s": lambda: f"{_t99(path, b128)['median_s']:.1f} s",
+        f"{name}_b128_seeds": lambda: "{reached}/{of}".format(**_t99(path, b128)),
+    }
+
+
 def _images_per_s(path: Path, variant: str) -> float:
     return {r["variant"]: r for r in _json(path)["rows"]}[variant]["images_per_s"]
 
@@ -285,20 +296,14 @@ FIGURES = {
     ),
     "cpu.w03_test": lambda: f"{_json(_TEST_W03)['mean']:.2f} ± {_json(_TEST_W03)['sd']:.2f} %",
     "cpu.w03_test_min": lambda: f"{_json(_TEST_W03)['min']:.2f}",
-    "cpu.t99_r8_s": lambda: f"{_t99(_T99_R8)['median_s']:.1f} s",
-    "cpu.t99_r8_seeds": lambda: "{reached}/{of}".format(**_t99(_T99_R8)),
-    "cpu.t99_r8_b128_s": lambda: f"{_t99(_T99_R8, 'fast=fast-b128-max')['median_s']:.1f} s",
-    "cpu.t99_r8_b128_seeds": lambda: "{reached}/{of}".format(**_t99(_T99_R8, "fast=fast-b128-max")),
+    **_t99_beside_b128("cpu.t99_r8", _T99_R8),
     "cpu.b192avg_imgs_ratio": lambda: "{:.2f}×".format(
         _images_per_s(_STEP_B192, "bn234+cl+fused1+muon+avg+bs192@2")
         / _images_per_s(_STEP_B192, "bn234+cl+fused1+muon+bs128@2")
     ),
     "cpu.b192avg_test": lambda: f"{_json(_TEST_B192)['mean']:.2f} ± {_json(_TEST_B192)['sd']:.2f} %",
     "cpu.b192avg_test_min": lambda: f"{_json(_TEST_B192)['min']:.2f}",
-    "cpu.t99_r7_s": lambda: f"{_t99(_T99_R7)['median_s']:.1f} s",
-    "cpu.t99_r7_seeds": lambda: "{reached}/{of}".format(**_t99(_T99_R7)),
-    "cpu.t99_r7_b128_s": lambda: f"{_t99(_T99_R7, 'fast=fast-b128-max')['median_s']:.1f} s",
-    "cpu.t99_r7_b128_seeds": lambda: "{reached}/{of}".format(**_t99(_T99_R7, "fast=fast-b128-max")),
+    **_t99_beside_b128("cpu.t99_r7", _T99_R7),
     "cpu.b128_val_bf16": lambda: _val(_R8, "bf16"),
     "cpu.b128_imgs_ratio": lambda: "{:.2f}×".format(
         _images_per_s(_STEP_B128, "bn234+cl+fused1+muon+bs128@1") / _images_per_s(_STEP_B128, "bn234+cl+fused1+muon@1")
